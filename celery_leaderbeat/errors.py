@@ -1,0 +1,33 @@
+"""The exceptions celery_leaderbeat raises: one small hierarchy."""
+
+from __future__ import annotations
+
+
+class LeaderbeatError(Exception):
+    """Base class of every error raised by celery_leaderbeat."""
+
+
+class ConfigurationError(LeaderbeatError):
+    """A setting or a schedule entry is invalid; the message names it, its value and the rule."""
+
+    def __init__(self, problems: list[str] | str) -> None:
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        if len(self.problems) == 1:
+            text = self.problems[0]
+        else:
+            text = f"{len(self.problems)} problems:\n" + "\n".join(
+                f"  - {p}" for p in self.problems
+            )
+        super().__init__(text)
+
+
+class LeaseLostError(LeaderbeatError):
+    """The leader key no longer holds this node's token: another node leads now."""
+
+
+class RedisAuthError(LeaderbeatError):
+    """Redis refused the credentials; retrying cannot help."""
+
+
+class ScriptError(LeaderbeatError):
+    """A Lua script answered a code this version does not know."""
