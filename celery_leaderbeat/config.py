@@ -1,0 +1,192 @@
+"""Settings: one frozen object built from ``app.conf`` and validated as a whole.
+
+Every setting is a lower-case Celery setting named ``leaderbeat_*``; it is
+read with ``app.conf.get`` so Django's ``CELERY_LEADERBEAT_*`` works through
+Celery's namespace. Every problem is collected and reported together, and a
+``leaderbeat_*`` key this version does not know is an error, not ignored.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from .errors import ConfigurationError
+
+CATCHUP_MODES = ("latest", "skip", "all")
+REDIS_DOWN_POLICIES = ("pause", "last-leader")
+REDIS_SCHEMES = ("redis", "rediss", "unix", "sentinel", "redis+cluster", "rediss+cluster")
+
+#: setting name (without ``leaderbeat_``) -> default.  ``None`` means "derived".
+DEFAULTS: dict[str, Any] = {
+    "redis_url": None,
+    "redis_options": {},
+    "key_prefix": None,
+    "node_id": None,
+    "lease_ttl": 10.0,
+    "renew_interval": None,
+    "standby_poll": 1.0,
+    "catchup": "latest",
+    "catchup_window": None,
+    "max_catchup": 100,
+    "recover_unsent": False,
+    "redis_down_policy": "pause",
+    "degraded_max_seconds": 60.0,
+    "max_clock_skew": 2.0,
+    "history_length": 10_000,
+}
+
+
+@dataclass(frozen=True)
+class Config:
+    """The validated settings of one beat process."""
+
+    redis_url: str
+    key_prefix: str
+    node_id: str
+    redis_options: Mapping[str, Any] = field(default_factory=dict)
+    lease_ttl: float = 10.0
+    renew_interval: float = 10.0 / 3
+    standby_poll: float = 1.0
+    catchup: str = "latest"
+    catchup_window: float | None = None
+    max_catchup: int = 100
+    recover_unsent: bool = False
+    redis_down_policy: str = "pause"
+    degraded_max_seconds: float = 60.0
+    max_clock_skew: float = 2.0
+    history_length: int = 10_000
+
+    @property
+    def safety_margin(self) -> float:
+        """Seconds before the lease could lapse at which the leader stops sending."""
+        return min(2.0, self.lease_ttl / 5)
+
+    @classmethod
+    def from_app(cls, app: Any) -> "Config":
+        """Read and validate every ``leaderbeat_*`` setting of a Celery app."""
+        conf = app.conf
+        problems = [
+            f"leaderbeat_{name} is not a setting of celery_leaderbeat "
+            f"(known: {', '.join('leaderbeat_' + k for k in sorted(DEFAULTS))})"
+            for name in _unknown_settings(conf)
+        ]
+        raw = {}
+        for name, default in DEFAULTS.items():
+            value = conf.get(f"leaderbeat_{name}")
+            raw[name] = default if value is None else value
+        if raw["redis_url"] is None:
+            broker = conf.get("broker_url") or ""
+            if isinstance(broker, str) and broker.split("://", 1)[0] in REDIS_SCHEMES:
+                raw["redis_url"] = broker.split(";")[0] if broker.startswith("redis") else broker
+        if raw["key_prefix"] is None:
+            raw["key_prefix"] = f"leaderbeat:{app.main or 'default'}"
+        if raw["node_id"] is None:
+            raw["node_id"] = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        return cls.from_values(raw, problems)
+
+    @classmethod
+    def from_values(cls, raw: Mapping[str, Any], problems: list[str] | None = None) -> "Config":
+        """Validate raw values (names without ``leaderbeat_``); raise every problem at once."""
+        problems = list(problems or [])
+        v = _Validator(problems)
+        url = v.check("redis_url", raw.get("redis_url"), _is_redis_url,
+                      "must be a redis://, rediss://, unix://, sentinel:// or "
+                      "redis+cluster:// URL (none given, and the broker is not Redis)")
+        options = v.check("redis_options", raw.get("redis_options", {}),
+                          lambda x: isinstance(x, Mapping), "must be a dict")
+        prefix = v.check("key_prefix", raw.get("key_prefix"),
+                         lambda x: isinstance(x, str) and x and not set("{}") & set(x),
+                         "must be a non-empty string without '{' or '}'")
+        node_id = v.check("node_id", raw.get("node_id"),
+                          lambda x: isinstance(x, str) and x and "|" not in x,
+                          "must be a non-empty string without '|'")
+        ttl = v.number("lease_ttl", raw.get("lease_ttl"), minimum=1.0)
+        renew = raw.get("renew_interval")
+        if renew is None and ttl is not None:
+            renew = ttl / 3
+        renew = v.number("renew_interval", renew, minimum=0.1)
+        if ttl is not None and renew is not None and not ttl > 2 * renew:
+            problems.append(f"leaderbeat_lease_ttl={ttl!r} must be more than "
+                            f"2 × leaderbeat_renew_interval ({renew!r})")
+        poll = v.number("standby_poll", raw.get("standby_poll"), minimum=0.05)
+        if ttl is not None and poll is not None and poll > ttl:
+            problems.append(f"leaderbeat_standby_poll={poll!r} must not exceed "
+                            f"leaderbeat_lease_ttl ({ttl!r})")
+        catchup = v.check("catchup", raw.get("catchup"), lambda x: x in CATCHUP_MODES,
+                          f"must be one of {', '.join(CATCHUP_MODES)}")
+        window = raw.get("catchup_window")
+        if window is not None:
+            window = v.number("catchup_window", _seconds(window), minimum=0.0)
+        max_catchup = v.check("max_catchup", raw.get("max_catchup"),
+                              lambda x: isinstance(x, int) and not isinstance(x, bool) and x >= 1,
+                              "must be an integer of at least 1")
+        recover = v.check("recover_unsent", raw.get("recover_unsent"),
+                          lambda x: isinstance(x, bool), "must be True or False")
+        down = v.check("redis_down_policy", raw.get("redis_down_policy"),
+                       lambda x: x in REDIS_DOWN_POLICIES,
+                       f"must be one of {', '.join(REDIS_DOWN_POLICIES)}")
+        degraded = v.number("degraded_max_seconds", raw.get("degraded_max_seconds"), minimum=0.0)
+        skew = v.number("max_clock_skew", raw.get("max_clock_skew"), minimum=0.0)
+        history = v.check("history_length", raw.get("history_length"),
+                          lambda x: isinstance(x, int) and not isinstance(x, bool) and x >= 100,
+                          "must be an integer of at least 100")
+        if problems:
+            raise ConfigurationError(problems)
+        return cls(
+            redis_url=url, key_prefix=prefix, node_id=node_id, redis_options=dict(options),
+            lease_ttl=float(ttl), renew_interval=float(renew), standby_poll=float(poll),
+            catchup=catchup, catchup_window=window, max_catchup=max_catchup,
+            recover_unsent=recover, redis_down_policy=down,
+            degraded_max_seconds=float(degraded), max_clock_skew=float(skew),
+            history_length=history,
+        )
+
+
+class _Validator:
+    """Collects problems instead of raising at the first one."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+
+    def check(self, name: str, value: Any, ok: Callable[[Any], bool], rule: str) -> Any:
+        try:
+            good = ok(value)
+        except Exception:  # a predicate that cannot judge the value rejects it
+            good = False
+        if not good:
+            self.problems.append(f"leaderbeat_{name}={value!r} {rule}")
+        return value
+
+    def number(self, name: str, value: Any, *, minimum: float) -> float | None:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            self.problems.append(f"leaderbeat_{name}={value!r} must be a number of seconds")
+            return None
+        if value < minimum:
+            self.problems.append(f"leaderbeat_{name}={value!r} must be at least {minimum}")
+            return None
+        return float(value)
+
+
+def _seconds(value: Any) -> Any:
+    total = getattr(value, "total_seconds", None)
+    return total() if callable(total) else value
+
+
+def _is_redis_url(value: Any) -> bool:
+    return isinstance(value, str) and value.split("://", 1)[0] in REDIS_SCHEMES
+
+
+def _unknown_settings(conf: Any) -> list[str]:
+    """``leaderbeat_*`` names in ``conf`` that are not ours, namespace prefix removed."""
+    unknown = set()
+    for key in list(conf.keys()):
+        low = str(key).lower()
+        if low.startswith("celery_leaderbeat_"):
+            low = low[len("celery_"):]
+        if low.startswith("leaderbeat_") and low[len("leaderbeat_"):] not in DEFAULTS:
+            unknown.add(low[len("leaderbeat_"):])
+    return sorted(unknown)

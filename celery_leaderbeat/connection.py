@@ -1,0 +1,87 @@
+"""Redis clients for celery_leaderbeat, built from one URL in one place.
+
+Supported URLs: ``redis://``, ``rediss://`` (TLS), ``unix://``, kombu-style
+``sentinel://host:port;sentinel://host:port/db`` and ``redis+cluster://`` (or
+``rediss+cluster://``) for Redis Cluster. ``leaderbeat_redis_options`` is
+passed to the client (``password``, ``username``, ``ssl_ca_certs``, ...);
+for Sentinel, ``master_name`` (or ``service_name``) and ``sentinel_kwargs``.
+
+redis-py retries a dead server for about 5 s by default and ``celery beat``
+sets a 30 s global socket timeout; a lease renewal must fail much faster than
+that, so every client gets explicit timeouts and a short retry policy.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+from urllib.parse import unquote, urlparse
+
+import redis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+
+from .errors import ConfigurationError
+
+#: Client options every connection gets unless the user overrides them.
+def default_options(renew_interval: float) -> dict[str, Any]:
+    timeout = max(0.5, min(2.0, renew_interval / 2))
+    return {
+        "socket_timeout": timeout,
+        "socket_connect_timeout": timeout,
+        "retry": Retry(ExponentialBackoff(cap=0.2, base=0.02), retries=1),
+        "health_check_interval": 0,
+    }
+
+
+def make_client(url: str, options: Mapping[str, Any], renew_interval: float) -> Any:
+    """A redis-py client (``Redis``, Sentinel master or ``RedisCluster``) for ``url``."""
+    opts = {**default_options(renew_interval), **dict(options)}
+    scheme = url.split("://", 1)[0]
+    if scheme == "sentinel":
+        return _sentinel_master(url, opts)
+    if scheme.endswith("+cluster"):
+        from redis.cluster import RedisCluster
+
+        opts.pop("health_check_interval", None)
+        return RedisCluster.from_url(url.replace("+cluster", "", 1), **opts)
+    return redis.Redis.from_url(url, **opts)
+
+
+def _sentinel_master(url: str, opts: dict[str, Any]) -> Any:
+    from redis.sentinel import Sentinel
+
+    hosts = []
+    db = 0
+    password = None
+    for part in url.split(";"):
+        parsed = urlparse(part.strip())
+        if parsed.scheme != "sentinel" or not parsed.hostname:
+            raise ConfigurationError(
+                f"leaderbeat_redis_url={url!r}: every part must look like "
+                "sentinel://[:password@]host:port[/db], separated by ';'")
+        hosts.append((parsed.hostname, parsed.port or 26379))
+        if parsed.path.strip("/"):
+            db = int(parsed.path.strip("/"))
+        if parsed.password:
+            password = unquote(parsed.password)
+    service = opts.pop("master_name", None) or opts.pop("service_name", None)
+    if not service:
+        raise ConfigurationError(
+            f"leaderbeat_redis_url={url!r} is a Sentinel URL: set "
+            "leaderbeat_redis_options={'master_name': '<service name>'}")
+    sentinel_kwargs = opts.pop("sentinel_kwargs", None) or {}
+    for key in ("socket_timeout", "socket_connect_timeout"):
+        sentinel_kwargs.setdefault(key, opts[key])
+    if password is not None:
+        opts.setdefault("password", password)
+    sentinel = Sentinel(hosts, sentinel_kwargs=sentinel_kwargs, **{
+        k: v for k, v in opts.items() if k in ("socket_timeout", "socket_connect_timeout")})
+    return sentinel.master_for(service, db=db, **opts)
+
+
+def describe(url: str) -> str:
+    """The URL with any password masked, for log lines."""
+    parsed = urlparse(url.split(";")[0])
+    if parsed.password:
+        return url.replace(f":{parsed.password}@", ":***@")
+    return url

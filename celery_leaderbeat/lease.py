@@ -1,0 +1,198 @@
+"""Leader election: a Redis lease with a fencing epoch, a heartbeat and self-fencing.
+
+The lease is the key ``…:leader`` holding ``<node_id>|<epoch>`` with a PX
+ttl. Acquire, renew and release are Lua calls; renew and release are
+compare-and-set on the exact token, so only the holder can extend or delete it.
+
+Self-fencing: the holder measures time with ``time.monotonic()``. A renewal
+that *started* at ``t`` proves the lease valid until ``t + ttl``; the node
+stops sending at ``t + ttl - safety_margin``, before Redis could give the
+lease to anyone else, even while Redis does not answer at all.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import weakref
+from typing import Any, Callable
+
+import redis
+
+from .config import Config
+from .errors import LeaseLostError
+from .keys import Keys
+from .scripts import Scripts, status, text
+
+logger = logging.getLogger(__name__)
+
+
+class Lease:
+    """This node's view of the leader lease."""
+
+    def __init__(self, client: Any, scripts: Scripts, keys: Keys, config: Config, *,
+                 clock: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], float] = time.time) -> None:
+        self.client = client
+        self.scripts = scripts
+        self.keys = keys
+        self.config = config
+        self.clock = clock
+        self.wall = wall
+        self.token: str | None = None
+        self.epoch: int | None = None
+        self._valid_until = 0.0
+        self._lost = threading.Event()
+        #: seconds this node's clock is ahead of Redis (negative: behind); None until measured
+        self.clock_skew: float | None = None
+        self._heartbeat: Heartbeat | None = None
+
+    @property
+    def ttl_ms(self) -> int:
+        return int(self.config.lease_ttl * 1000)
+
+    def is_held(self) -> bool:
+        """True while this node may send: it holds a token, not lost, deadline not passed."""
+        return (self.token is not None and not self._lost.is_set()
+                and self.clock() < self._valid_until)
+
+    def remaining(self) -> float:
+        """Seconds until self-fencing stops this node from sending."""
+        return max(0.0, self._valid_until - self.clock()) if self.token else 0.0
+
+    def confirm(self, started: float) -> None:
+        """A call that began at monotonic ``started`` proved the lease: push the deadline."""
+        deadline = started + self.config.lease_ttl - self.config.safety_margin
+        if deadline > self._valid_until:
+            self._valid_until = deadline
+
+    def try_acquire(self) -> bool:
+        """Take the lease if it is free. Returns whether this node now leads."""
+        started = self.clock()
+        reply = self.scripts.acquire(
+            keys=[self.keys.leader, self.keys.epoch, self.keys.history],
+            args=[self.config.node_id, self.ttl_ms, self.config.history_length])
+        if status(reply, "acquire") == 0:
+            return False
+        self.epoch = int(reply[1])
+        self.token = f"{self.config.node_id}|{self.epoch}"
+        self._lost.clear()
+        self._valid_until = 0.0
+        self.confirm(started)
+        return True
+
+    def renew(self) -> None:
+        """Extend the lease; raise LeaseLostError when the key holds another token."""
+        if self.token is None:
+            raise LeaseLostError("no lease to renew")
+        started = self.clock()
+        reply = self.scripts.renew(keys=[self.keys.leader], args=[self.token, self.ttl_ms])
+        if status(reply, "renew") == 0:
+            self.mark_lost()
+            holder = text(reply[1]) if len(reply) > 1 and reply[1] else "nobody"
+            raise LeaseLostError(f"lease {self.token} lost; held by {holder}")
+        self.confirm(started)
+        redis_now = int(reply[1]) + int(reply[2]) / 1e6
+        elapsed = self.clock() - started
+        self.clock_skew = self.wall() - elapsed / 2 - redis_now
+
+    def measure_skew(self) -> float:
+        """Compare this node's clock with Redis ``TIME`` (one round trip)."""
+        before = self.wall()
+        seconds, micros = self.client.time()
+        after = self.wall()
+        self.clock_skew = (before + after) / 2 - (int(seconds) + int(micros) / 1e6)
+        return self.clock_skew
+
+    def mark_lost(self) -> None:
+        """Forget the lease at once (fenced by Redis, or told so by a claim)."""
+        self._lost.set()
+        self._valid_until = 0.0
+
+    def release(self, reason: str = "released") -> bool:
+        """Delete the lease if it is still ours and wake the standbys."""
+        token, self.token = self.token, None
+        self._valid_until = 0.0
+        if token is None:
+            return False
+        reply = self.scripts.release(
+            keys=[self.keys.leader, self.keys.history],
+            args=[token, self.config.history_length, self.keys.events, reason])
+        return bool(reply)
+
+    def holder(self) -> tuple[str | None, int]:
+        """The token in the leader key and its remaining ttl in ms (-2 when none)."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.get(self.keys.leader)
+        pipe.pttl(self.keys.leader)
+        token, pttl = pipe.execute()
+        return (text(token) if token else None), int(pttl)
+
+    def start_heartbeat(self, last_tick: Callable[[], float]) -> "Heartbeat":
+        self.stop_heartbeat()
+        self._heartbeat = Heartbeat(self, last_tick)
+        self._heartbeat.start()
+        return self._heartbeat
+
+    def stop_heartbeat(self) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
+            self._heartbeat = None
+
+
+class Heartbeat(threading.Thread):
+    """Renews the lease every ``renew_interval``, whatever the main loop is doing.
+
+    It holds only a weak reference to its lease and lets go when the main loop
+    has not ticked for longer than the lease ttl: a wedged leader must not keep
+    the lease alive. Its end, and why, is visible in ``stopped_because``.
+    """
+
+    def __init__(self, lease: Lease, last_tick: Callable[[], float]) -> None:
+        super().__init__(name=f"leaderbeat-heartbeat-{lease.epoch}", daemon=True)
+        self._lease = weakref.ref(lease)
+        self._last_tick = last_tick
+        self._interval = lease.config.renew_interval
+        self._ttl = lease.config.lease_ttl
+        self._stop_event = threading.Event()
+        self.stopped_because: str | None = None
+
+    def stop(self, timeout: float = 2.0) -> None:
+        self._stop_event.set()
+        if self.is_alive() and threading.current_thread() is not self:
+            self.join(timeout)
+
+    def run(self) -> None:
+        failing = False
+        try:
+            while not self._stop_event.wait(self._interval):
+                lease = self._lease()
+                if lease is None or lease.token is None:
+                    self.stopped_because = "lease gone"
+                    return
+                if time.monotonic() - self._last_tick() > self._ttl:
+                    logger.warning("leaderbeat: beat has not ticked for over %.1f s; "
+                                   "no longer renewing the lease", self._ttl)
+                    self.stopped_because = "main loop stalled"
+                    return
+                try:
+                    lease.renew()
+                except LeaseLostError as exc:
+                    logger.warning("leaderbeat: %s", exc)
+                    self.stopped_because = "lost"
+                    return
+                except redis.RedisError as exc:
+                    if not failing:
+                        logger.warning("leaderbeat: lease renewal failed (%s); the leader stops "
+                                       "sending in %.1f s unless Redis answers",
+                                       exc, lease.remaining())
+                    failing = True
+                    continue
+                if failing:
+                    logger.info("leaderbeat: lease renewal works again")
+                failing = False
+                logger.debug("leaderbeat: lease %s renewed", lease.token)
+        except Exception as exc:  # never die silently
+            logger.exception("leaderbeat: heartbeat thread died")
+            self.stopped_because = f"crashed: {exc!r}"
