@@ -1,0 +1,92 @@
+"""A Celery app configured entirely from environment variables.
+
+Imported by ``celery -A tests.support.beatapp beat`` in a subprocess, so a test
+describes the whole app through the environment:
+
+- ``LB_BROKER_URL``: the broker (a test Redis URL, e.g. db 1 of the test server).
+- ``LB_REDIS_URL``: ``leaderbeat_redis_url`` (optional).
+- ``LB_PREFIX``: ``leaderbeat_key_prefix`` (optional).
+- ``LB_SCHEDULE_FILE``: a JSON file, entry name -> one of
+  ``{"task": ..., "every": seconds}``,
+  ``{"task": ..., "crontab": {crontab kwargs}}``,
+  ``{"task": ..., "cron": "*/5 * * * *"}`` (passed as the string schedule
+  celery_leaderbeat understands), plus optional ``args``, ``kwargs``,
+  ``options`` and ``leaderbeat`` (per-entry overrides, passed through as-is).
+- ``LB_SETTINGS``: a JSON object of extra settings (``leaderbeat_*`` or any
+  Celery setting) applied to ``app.conf`` last.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import timedelta
+from typing import Any
+
+from celery import Celery
+from celery.schedules import crontab
+
+SCHEDULE_KEYS = ("every", "crontab", "cron")
+PASSTHROUGH_KEYS = ("args", "kwargs", "options", "leaderbeat")
+
+
+def build_entry(name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """Turn one JSON entry description into a ``beat_schedule`` entry."""
+    given = [key for key in SCHEDULE_KEYS if key in spec]
+    if len(given) != 1 or "task" not in spec:
+        raise ValueError(
+            f"schedule entry {name!r}: needs 'task' and exactly one of {SCHEDULE_KEYS}, "
+            f"got keys {sorted(spec)}"
+        )
+    schedule: Any
+    if "every" in spec:
+        schedule = timedelta(seconds=float(spec["every"]))
+    elif "crontab" in spec:
+        schedule = crontab(**spec["crontab"])
+    else:
+        schedule = str(spec["cron"])
+    entry: dict[str, Any] = {"task": spec["task"], "schedule": schedule}
+    for key in PASSTHROUGH_KEYS:
+        if key in spec:
+            entry[key] = spec[key]
+    return entry
+
+
+def load_schedule(path: str | None) -> dict[str, dict[str, Any]]:
+    """Read ``LB_SCHEDULE_FILE`` into a ``beat_schedule`` dict (empty without a file)."""
+    if not path:
+        return {}
+    with open(path, encoding="utf-8") as fh:
+        raw = json.load(fh)
+    return {name: build_entry(name, spec) for name, spec in raw.items()}
+
+
+def make_app(env: os._Environ[str] | dict[str, str] = os.environ) -> Celery:
+    """Build the test app from ``env`` (``os.environ`` in a subprocess)."""
+    app = Celery("leaderbeat_test")
+    conf: dict[str, Any] = {
+        "broker_url": env.get("LB_BROKER_URL", "memory://"),
+        "broker_connection_retry_on_startup": True,
+        "result_backend": None,
+        "beat_scheduler": "celery_leaderbeat.Scheduler",
+        "beat_max_loop_interval": 1,
+        "beat_schedule": load_schedule(env.get("LB_SCHEDULE_FILE")),
+        "timezone": "UTC",
+        "enable_utc": True,
+    }
+    if env.get("LB_REDIS_URL"):
+        conf["leaderbeat_redis_url"] = env["LB_REDIS_URL"]
+    if env.get("LB_PREFIX"):
+        conf["leaderbeat_key_prefix"] = env["LB_PREFIX"]
+    conf.update(json.loads(env.get("LB_SETTINGS") or "{}"))
+    app.conf.update(conf)
+    return app
+
+
+app = make_app()
+
+
+@app.task(name="tests.support.beatapp.noop")
+def noop(*args: Any, **kwargs: Any) -> None:
+    """Does nothing: beat tests only look at what was enqueued."""
+    return None
