@@ -92,6 +92,7 @@ class Config:
     def from_values(cls, raw: Mapping[str, Any], problems: list[str] | None = None) -> "Config":
         """Validate raw values (names without ``leaderbeat_``); raise every problem at once."""
         problems = list(problems or [])
+        raw = {**DEFAULTS, **{k: v for k, v in raw.items() if v is not None}}
         v = _Validator(problems)
         url = v.check("redis_url", raw.get("redis_url"), _is_redis_url,
                       "must be a redis://, rediss://, unix://, sentinel:// or "

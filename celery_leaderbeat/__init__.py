@@ -1,0 +1,24 @@
+"""celery_leaderbeat: a highly available Celery beat scheduler.
+
+Run any number of ``celery beat -S celery_leaderbeat.Scheduler`` processes:
+one leads through a fenced Redis lease, and every scheduled slot of every
+periodic task is claimed in Redis before it is sent, so it is enqueued once.
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+__all__ = ["Scheduler", "cron", "__version__"]
+
+
+def __getattr__(name: str):  # lazy: importing the package must not import celery.beat
+    if name == "Scheduler":
+        from .scheduler import Scheduler
+
+        return Scheduler
+    if name == "cron":
+        from .schedules import cron
+
+        return cron
+    raise AttributeError(name)

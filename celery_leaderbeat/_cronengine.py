@@ -1,0 +1,136 @@
+"""One cron engine for Celery ``crontab`` and our ``cron`` strings, with cron's DST rules.
+
+Matching is done by croniter on *naive* wall-clock datetimes (croniter never sees a
+time zone); this module maps each wall-clock match to real instants in the entry's
+zone, the way Vixie cron and cronie do:
+
+* A wall-clock time that occurs twice (fall-back) fires once, at its first
+  occurrence, when the schedule has a fixed hour (its hour field is not all 24
+  hours). A schedule whose hour field is every hour (``*``) fires on every real
+  hour, so in both passes of the repeated hour.
+* A wall-clock time that does not exist (spring-forward) fires once, at the first
+  valid instant after the gap, for fixed-hour schedules (a daily 02:30 fires at
+  03:00 in New York on the spring-forward day). Every-hour schedules just continue
+  in real time: the missing wall-clock times produce nothing extra.
+
+How ``next_after(t)`` stays cheap: with the UTC offset ``o`` at ``t``, the first
+naive match ``m`` after ``t + o`` gives the candidate instant ``m - o``. Offsets only
+change the answer through transitions within a few hours of ``t`` or of that
+candidate (no zone moves its clock by more than 3 hours), so the search walks from
+``t`` one constant-offset segment at a time, finds a transition exactly (by
+bisection on whole seconds) only where one is that close, and jumps over long
+stretches. Assumption, true of every IANA zone in use: at most one transition in
+any 12 hours.
+"""
+
+from __future__ import annotations
+
+import threading
+from datetime import datetime, timedelta, timezone, tzinfo
+
+from croniter import HOUR_FIELD, croniter
+
+UTC = timezone.utc
+_NEAR = timedelta(hours=6)  # more than any clock shift (3 h), so a fold or gap fits inside
+_SECOND = timedelta(seconds=1)
+_TINY = timedelta(microseconds=1)
+_MAX_STEPS = 64
+
+
+class CronEngine:
+    """Next cron instant strictly after a UTC instant, in one zone, with cron's DST rules."""
+
+    def __init__(
+        self,
+        expr: str,
+        tz: tzinfo,
+        *,
+        day_or: bool = True,
+        hash_id: str | None = None,
+        second_at_beginning: bool = False,
+    ) -> None:
+        self.expr = expr
+        self.tz = tz
+        self._iter = croniter(
+            expr,
+            datetime(2000, 1, 1),
+            ret_type=datetime,
+            day_or=day_or,
+            hash_id=hash_id,
+            second_at_beginning=second_at_beginning,
+        )
+        hours = croniter.expand(
+            expr, hash_id=hash_id, second_at_beginning=second_at_beginning
+        )[0][HOUR_FIELD]
+        self.fixed_hour = not (hours == ["*"] or set(hours) >= set(range(24)))
+        self._lock = threading.Lock()
+
+    # -- wall clock -------------------------------------------------------------
+
+    def _offset(self, instant: datetime) -> timedelta:
+        offset = instant.astimezone(self.tz).utcoffset()
+        assert offset is not None
+        return offset
+
+    def _match(self, naive: datetime, inclusive: bool) -> datetime:
+        """The first naive wall-clock match after ``naive`` (or at it, when inclusive)."""
+        with self._lock:
+            self._iter.set_current(naive - _TINY if inclusive else naive, force=True)
+            result: datetime = self._iter.get_next(datetime)
+        return result
+
+    def _transition(self, lo: datetime, hi: datetime) -> datetime:
+        """The first instant in (lo, hi] whose offset differs from lo's (one must exist)."""
+        base = self._offset(lo)
+        lo_s = int(lo.timestamp() // 1)
+        hi_s = int(-(-hi.timestamp() // 1))
+        while hi_s - lo_s > 1:
+            mid = (lo_s + hi_s) // 2
+            if self._offset(datetime.fromtimestamp(mid, UTC)) == base:
+                lo_s = mid
+            else:
+                hi_s = mid
+        return datetime.fromtimestamp(hi_s, UTC)
+
+    def _fall_back_end(self, s: datetime, offset: timedelta) -> datetime | None:
+        """If ``s`` is in the second pass of a repeated hour, the wall time where it ends."""
+        before = s - _NEAR
+        prev = self._offset(before)
+        if prev <= offset:
+            return None
+        at = self._transition(before, s)
+        end = (at + prev).replace(tzinfo=None)  # naive wall time where the repeat ends
+        return end
+
+    # -- the search -------------------------------------------------------------
+
+    def next_after(self, t: datetime) -> datetime:
+        """The first instant strictly after ``t`` (aware) at which the schedule fires, in UTC."""
+        s, inclusive = t.astimezone(UTC), False
+        for _ in range(_MAX_STEPS):
+            offset = self._offset(s)
+            start = (s + offset).replace(tzinfo=None)
+            if self.fixed_hour:
+                end = self._fall_back_end(s, offset)
+                if end is not None and start < end:
+                    # Second pass of a repeated hour: fixed-hour schedules already fired.
+                    start, inclusive = end, True
+            match = self._match(start, inclusive)
+            candidate = (match - offset).replace(tzinfo=UTC)
+            if candidate - s > 2 * _NEAR:
+                if self._offset(s + _NEAR) == offset:
+                    # No transition near s; only one near the candidate can matter.
+                    s, inclusive = candidate - 2 * _NEAR, False
+                    continue
+                boundary = self._transition(s, s + _NEAR)
+            elif self._offset(candidate) == offset:
+                return candidate
+            else:
+                boundary = self._transition(s, candidate)
+            after = self._offset(boundary)
+            gap_end = (boundary + after).replace(tzinfo=None)
+            if after > offset and self.fixed_hour and match < gap_end:
+                # The match does not exist on this day: fire at the first instant after the gap.
+                return boundary
+            s, inclusive = boundary, True
+        raise RuntimeError(f"cron {self.expr!r}: no next time found after {t.isoformat()}")

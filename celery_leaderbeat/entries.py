@@ -1,0 +1,129 @@
+"""Reading ``beat_schedule``: per-entry leaderbeat options and schedule strings.
+
+An entry may carry its own catch-up policy, jitter and time zone under the
+key ``leaderbeat`` (in the entry itself, or in its ``options``)::
+
+    "report": {
+        "task": "proj.tasks.report",
+        "schedule": "30 2 * * *",           # a cron string becomes celery_leaderbeat.cron
+        "leaderbeat": {"catchup": "all", "max_catchup": 10, "jitter": 30,
+                       "tz": "Europe/Berlin", "catchup_window": 3600},
+    }
+
+These options are removed before the entry is built, so they never reach
+``apply_async`` or the broker message.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta, tzinfo
+from typing import Any, Mapping
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from .config import CATCHUP_MODES, Config
+from .errors import ConfigurationError
+from .slots import CatchupPolicy
+
+ENTRY_OPTIONS = ("catchup", "catchup_window", "max_catchup", "jitter", "tz")
+
+
+@dataclass(frozen=True)
+class EntryOptions:
+    """The leaderbeat options of one entry, defaults filled from the settings."""
+
+    policy: CatchupPolicy
+    jitter: float | None
+    tz: tzinfo | None
+
+
+def split_entries(
+    schedule: Mapping[str, Any], config: Config,
+) -> tuple[dict[str, dict[str, Any]], dict[str, EntryOptions]]:
+    """Split each entry into what Celery builds an entry from, and our options.
+
+    Every problem in every entry is collected and raised together.
+    """
+    from .schedules import parse_entry_schedule  # late: schedules imports celery
+
+    problems: list[str] = []
+    celery_entries: dict[str, dict[str, Any]] = {}
+    options: dict[str, EntryOptions] = {}
+    for name, raw in (schedule or {}).items():
+        if not isinstance(raw, Mapping):
+            problems.append(f"beat_schedule entry {name!r}={raw!r} must be a dict")
+            continue
+        entry = dict(raw)
+        ours = dict(entry.pop("leaderbeat", None) or {})
+        if isinstance(entry.get("options"), Mapping) and "leaderbeat" in entry["options"]:
+            entry["options"] = dict(entry["options"])
+            ours.update(entry["options"].pop("leaderbeat") or {})
+        parsed = _entry_options(name, ours, config, problems)
+        if "task" not in entry:
+            problems.append(f"beat_schedule entry {name!r} has no 'task'")
+        if "schedule" not in entry:
+            problems.append(f"beat_schedule entry {name!r} has no 'schedule'")
+        else:
+            try:
+                entry["schedule"] = parse_entry_schedule(
+                    name, entry["schedule"], parsed.tz if parsed else None)
+            except ConfigurationError as exc:
+                problems.extend(exc.problems)
+        if parsed is not None:
+            options[name] = parsed
+        celery_entries[name] = entry
+    if problems:
+        raise ConfigurationError(problems)
+    return celery_entries, options
+
+
+def default_options(config: Config) -> EntryOptions:
+    return EntryOptions(policy=_policy(config, {}), jitter=None, tz=None)
+
+
+def _policy(config: Config, ours: Mapping[str, Any]) -> CatchupPolicy:
+    window = ours.get("catchup_window", config.catchup_window)
+    if isinstance(window, timedelta):
+        window = window.total_seconds()
+    return CatchupPolicy(
+        mode=ours.get("catchup", config.catchup),
+        window=None if window is None else timedelta(seconds=window),
+        max_catchup=ours.get("max_catchup", config.max_catchup),
+    )
+
+
+def _entry_options(name: str, ours: dict[str, Any], config: Config,
+                   problems: list[str]) -> EntryOptions | None:
+    before = len(problems)
+    where = f"beat_schedule entry {name!r}: leaderbeat option"
+    for key in sorted(set(ours) - set(ENTRY_OPTIONS)):
+        problems.append(f"{where} {key!r} is unknown (known: {', '.join(ENTRY_OPTIONS)})")
+    if "catchup" in ours and ours["catchup"] not in CATCHUP_MODES:
+        problems.append(f"{where} catchup={ours['catchup']!r} must be one of "
+                        f"{', '.join(CATCHUP_MODES)}")
+    if "max_catchup" in ours and not (isinstance(ours["max_catchup"], int)
+                                      and not isinstance(ours["max_catchup"], bool)
+                                      and ours["max_catchup"] >= 1):
+        problems.append(f"{where} max_catchup={ours['max_catchup']!r} must be an integer >= 1")
+    for key in ("catchup_window", "jitter"):
+        value = ours.get(key)
+        if isinstance(value, timedelta):
+            value = ours[key] = value.total_seconds()
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or value < 0):
+            problems.append(f"{where} {key}={value!r} must be a number of seconds >= 0")
+    tz = None
+    if ours.get("tz") is not None:
+        tz = ours["tz"]
+        if isinstance(tz, str):
+            try:
+                tz = ZoneInfo(tz)
+            except (ZoneInfoNotFoundError, ValueError):
+                problems.append(f"{where} tz={ours['tz']!r} is not an IANA time zone name")
+                tz = None
+        elif not isinstance(tz, tzinfo):
+            problems.append(f"{where} tz={tz!r} must be an IANA time zone name")
+            tz = None
+    if len(problems) > before:
+        return None
+    return EntryOptions(policy=_policy(config, ours), jitter=ours.get("jitter") or None, tz=tz)

@@ -1,0 +1,395 @@
+"""The Celery beat Scheduler: standbys try to lead; the leader claims, then sends.
+
+Celery's own ``tick()`` sends one entry per call and compares every entry on
+every call; ours takes every due entry in one pass, claims them all in one
+Redis call, publishes the granted ones and marks them sent in one more. The
+schedule definition is re-read only when it changes, not on every tick.
+
+Lifecycle traps this class respects (see CELERY_NOTES.md): it is built twice
+(once ``lazy`` for the banner: no network I/O then); ``beat_init`` swallows
+exceptions (so nothing happens there); ``close()`` runs twice on SIGTERM; under
+``worker -B`` beat runs in a forked child (clients are made per process).
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import os
+import socket
+import time
+from datetime import datetime, timezone
+from typing import Any
+
+import redis
+from celery import beat
+
+from . import __version__
+from .config import Config
+from .connection import describe, make_client
+from .entries import EntryOptions, default_options, split_entries
+from .errors import LeaseLostError, RedisAuthError
+from .keys import Keys
+from .lease import Lease
+from .ledger import ANCHOR, CLAIM, CLAIMED, SKIP, ClaimItem, Event, Ledger, SlotState
+from .publish import publish
+from .scripts import Scripts
+from .slots import clock_for, from_ms, plan, to_ms
+
+logger = logging.getLogger(__name__)
+
+STANDBY, LEADER = "standby", "leader"
+
+
+class _Tracked:
+    """What the leader knows of one entry: its clock, options and last slot."""
+
+    __slots__ = ("name", "clock", "options", "last", "next_fire")
+
+    def __init__(self, name: str, clock: Any, options: EntryOptions, last: datetime) -> None:
+        self.name = name
+        self.clock = clock
+        self.options = options
+        self.last = last
+        self.next_fire = clock.fire_time(clock.next_after(last))
+
+
+class Scheduler(beat.Scheduler):
+    """Highly available beat scheduler: run it on any number of nodes."""
+
+    def __init__(self, app: Any, *args: Any, lazy: bool = False, **kwargs: Any) -> None:
+        self.lb_config = Config.from_app(app)
+        self.keys = Keys(self.lb_config.key_prefix)
+        self.role = STANDBY
+        self._entry_options: dict[str, EntryOptions] = {}
+        self._schedule_version = 0
+        self._tracked_version = -1
+        self._tracked: dict[str, _Tracked] = {}
+        self._heap: list[tuple[float, str]] = []  # type: ignore[assignment]
+        self._pid: int | None = None
+        self._client: Any = None
+        self._pubsub: Any = None
+        self._since = datetime.now(timezone.utc)
+        self._last_tick = time.monotonic()
+        self._last_wall = (time.time(), time.monotonic())
+        self._redis_failures = 0
+        self._skew_refused = False
+        self._closed = False
+        self._unsent: list[tuple[str, datetime]] = []
+        super().__init__(app, *args, lazy=lazy, **kwargs)
+
+    # -- the schedule definition ------------------------------------------------
+
+    def setup_schedule(self) -> None:
+        """Read ``beat_schedule``; harmless on standbys (no I/O, nothing sent)."""
+        entries, options = split_entries(self.app.conf.beat_schedule or {}, self.lb_config)
+        self._entry_options = options
+        self.install_default_entries(self.data)
+        self.merge_inplace(entries)
+
+    def merge_inplace(self, b: Any) -> None:
+        super().merge_inplace(b)
+        self._schedule_version += 1
+
+    def update_from_dict(self, dict_: Any) -> None:
+        super().update_from_dict(dict_)
+        self._schedule_version += 1
+
+    def add(self, **kwargs: Any) -> Any:
+        entry = super().add(**kwargs)
+        self._schedule_version += 1
+        return entry
+
+    def schedule_changed(self) -> None:
+        """Tell the scheduler that entries were edited in place."""
+        self._schedule_version += 1
+
+    @property
+    def info(self) -> str:
+        c = self.lb_config
+        return (f"    . leaderbeat -> {describe(c.redis_url)} prefix={c.key_prefix} "
+                f"node={c.node_id} ttl={c.lease_ttl}s catchup={c.catchup}")
+
+    # -- Redis, per process ---------------------------------------------------------
+
+    def _connect(self) -> None:
+        """Make the Redis client in this process (after a ``worker -B`` fork too)."""
+        if self._pid == os.getpid() and self._client is not None:
+            return
+        self._pid = os.getpid()
+        self._client = make_client(self.lb_config.redis_url, self.lb_config.redis_options,
+                                   self.lb_config.renew_interval)
+        scripts = Scripts(self._client)
+        self.lease = Lease(self._client, scripts, self.keys, self.lb_config)
+        self.ledger = Ledger(self._client, scripts, self.keys, self.lb_config)
+        self._pubsub = None
+
+    # -- the tick --------------------------------------------------------------------
+
+    def tick(self, *args: Any, **kwargs: Any) -> float:
+        """One pass: a standby tries to lead; the leader sends every due slot."""
+        self._last_tick = time.monotonic()
+        try:
+            self._connect()
+            self._watch_wall_clock()
+            delay = self._lead() if self.role == LEADER else self._stand_by()
+        except LeaseLostError as exc:
+            self._step_down(f"{exc}")
+            return 0.0
+        except redis.AuthenticationError as exc:
+            raise RedisAuthError(
+                f"Redis at {describe(self.lb_config.redis_url)} refused the credentials "
+                f"({exc}); check the password/username in leaderbeat_redis_url or "
+                "leaderbeat_redis_options") from exc
+        except (redis.RedisError, OSError) as exc:
+            return self._redis_trouble(exc)
+        if self._redis_failures:
+            logger.info("leaderbeat: Redis at %s answers again",
+                        describe(self.lb_config.redis_url))
+            self._redis_failures = 0
+        return delay
+
+    def _redis_trouble(self, exc: Exception) -> float:
+        if not self._redis_failures:
+            logger.warning("leaderbeat: Redis at %s unreachable (%s); %s, retrying with backoff",
+                           describe(self.lb_config.redis_url), exc,
+                           "leader stops sending until its lease is confirmed"
+                           if self.role == LEADER else "standing by")
+        self._redis_failures += 1
+        self._pubsub = None
+        if self.role == LEADER and not self.lease.is_held():
+            self._step_down("lease could not be confirmed while Redis was unreachable",
+                            release=False)
+        return min(0.25 * 2 ** min(self._redis_failures - 1, 6),
+                   max(2.0, self.lb_config.standby_poll))
+
+    def _watch_wall_clock(self) -> None:
+        """A forward wall-clock step makes the slots it jumped over 'missed' (catch-up policy)."""
+        wall, mono = time.time(), time.monotonic()
+        last_wall, last_mono = self._last_wall
+        self._last_wall = (wall, mono)
+        jump = (wall - last_wall) - (mono - last_mono)
+        if abs(jump) > max(2.0, self.lb_config.max_clock_skew):
+            logger.warning("leaderbeat: the wall clock stepped %+.1f s; slots it skipped follow "
+                           "the catch-up policy, claimed slots are never re-sent", jump)
+            if jump > 0:
+                self._since = datetime.now(timezone.utc)
+
+    # -- standby ---------------------------------------------------------------------
+
+    def _stand_by(self) -> float:
+        skew = self.lease.measure_skew()
+        if abs(skew) > self.lb_config.max_clock_skew:
+            if not self._skew_refused:
+                logger.warning("leaderbeat: this node's clock is %+.3f s off Redis TIME, beyond "
+                               "leaderbeat_max_clock_skew=%s; refusing to lead",
+                               skew, self.lb_config.max_clock_skew)
+            self._skew_refused = True
+            return self.lb_config.standby_poll
+        if self._skew_refused:
+            logger.info("leaderbeat: clock skew %+.3f s is within limits again", skew)
+            self._skew_refused = False
+        if self.lease.try_acquire():
+            self._become_leader()
+            return 0.0
+        self._wait_for_release(self.lb_config.standby_poll)
+        return 0.0
+
+    def _wait_for_release(self, timeout: float) -> None:
+        """Sleep up to ``timeout``, waking at once when the leader publishes 'released'."""
+        if self._pubsub is None:
+            self._pubsub = self._client.pubsub(ignore_subscribe_messages=True)
+            self._pubsub.subscribe(self.keys.events)
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            message = self._pubsub.get_message(timeout=left)
+            if message and message.get("data") in (b"released", "released"):
+                return
+
+    def _become_leader(self) -> None:
+        self.role = LEADER
+        self._since = datetime.now(timezone.utc)
+        self._tracked_version = -1  # drop whatever this node knew: reload from Redis
+        self.lease.start_heartbeat(lambda: self._last_tick)
+        logger.info("leaderbeat: %s elected leader (epoch %s)",
+                    self.lb_config.node_id, self.lease.epoch)
+        self._register(LEADER)
+        self._reload(report_unsent=True)
+
+    def _step_down(self, why: str, release: bool = False) -> None:
+        if self.role == LEADER:
+            logger.warning("leaderbeat: %s steps down: %s", self.lb_config.node_id, why)
+        self.role = STANDBY
+        self.lease.stop_heartbeat()
+        if release:
+            self.lease.release("step-down")
+        self.lease.mark_lost()
+        self.lease.token = None
+        self._tracked = {}
+        self._heap = []
+
+    def _register(self, role: str) -> None:
+        self.ledger.register_node(role, {"host": socket.gethostname(), "pid": os.getpid(),
+                                         "version": __version__,
+                                         "epoch": self.lease.epoch if role == LEADER else None})
+
+    # -- leader ----------------------------------------------------------------------
+
+    def _reload(self, report_unsent: bool = False) -> None:
+        """Rebuild what the leader tracks from the schedule and the state in Redis."""
+        stored = self.ledger.load()
+        now = from_ms(to_ms(datetime.now(timezone.utc)))
+        tz = self.app.timezone
+        anchors: list[ClaimItem] = []
+        tracked: dict[str, _Tracked] = {}
+        for name, entry in self.schedule.items():
+            options = self._entry_options.get(name) or default_options(self.lb_config)
+            clock = clock_for(entry.schedule, name=name, tz=options.tz or tz,
+                              jitter=options.jitter)
+            state = stored.get(name)
+            if state is None:
+                anchors.append(ClaimItem(name, to_ms(now), ANCHOR))
+                last = now
+            else:
+                last = from_ms(state.slot_ms)
+                if report_unsent and state.state == CLAIMED and state.epoch != self.lease.epoch:
+                    self._unsent.append((name, last))
+            tracked[name] = _Tracked(name, clock, options, last)
+        if anchors:
+            refused = self.ledger.claim(self.lease.token, self.lease.epoch, anchors)
+            for item, state in zip(anchors, refused):
+                if state is not None:
+                    tracked[item.name].last = from_ms(state.slot_ms)
+                    tracked[item.name].next_fire = _next_fire(tracked[item.name])
+        self._tracked = tracked
+        self._heap = [(t.next_fire.timestamp(), name) for name, t in tracked.items()]
+        heapq.heapify(self._heap)
+        self._tracked_version = self._schedule_version
+        if self._unsent:
+            self._report_unsent()
+
+    def _report_unsent(self) -> None:
+        """Slots claimed by an earlier leader and never confirmed sent."""
+        unsent, self._unsent = self._unsent, []
+        logger.warning("leaderbeat: %d slot(s) were claimed but not confirmed sent by an earlier "
+                       "leader: %s%s", len(unsent), ", ".join(f"{n}@{s.isoformat()}"
+                                                              for n, s in unsent[:10]),
+                       "" if self.lb_config.recover_unsent else
+                       " (leaderbeat_recover_unsent is off: not re-sent)")
+        events = [Event(n, to_ms(s), "unsent", "claimed by an earlier leader") for n, s in unsent]
+        if self.lb_config.recover_unsent:
+            for name, slot in unsent:
+                entry = self.schedule.get(name)
+                if entry is not None and self._send(entry, slot):
+                    events.append(Event(name, to_ms(slot), "sent", "recovered"))
+        self.ledger.record(self.lease.epoch, events)
+
+    def _lead(self) -> float:
+        if not self.lease.is_held():
+            self._step_down("lease not confirmed in time (self-fencing)")
+            return 0.0
+        if self._tracked_version != self._schedule_version:
+            self._reload()
+        now = datetime.now(timezone.utc)
+        now_ts = now.timestamp()
+        due: list[tuple[_Tracked, Any]] = []
+        while self._heap and self._heap[0][0] <= now_ts:
+            _, name = heapq.heappop(self._heap)
+            tracked = self._tracked[name]
+            due.append((tracked, plan(tracked.clock, last=tracked.last, now=now,
+                                      since=self._since, policy=tracked.options.policy)))
+        if due:
+            try:
+                self._claim_and_send(due)
+            finally:
+                for tracked, _ in due:
+                    heapq.heappush(self._heap, (tracked.next_fire.timestamp(), tracked.name))
+        if not self._heap:
+            return float(self.max_interval)
+        return max(0.0, min(self._heap[0][0] - time.time(), float(self.max_interval)))
+
+    def _claim_and_send(self, due: list[tuple[_Tracked, Any]]) -> None:
+        items: list[ClaimItem] = []
+        for tracked, p in due:
+            items += [ClaimItem(tracked.name, to_ms(s), CLAIM) for s in p.send]
+            if not p.send or p.last > p.send[-1]:
+                if p.last > tracked.last:
+                    items.append(ClaimItem(tracked.name, to_ms(p.last), SKIP))
+        results = self.ledger.claim(self.lease.token, self.lease.epoch, items) if items else []
+        refused: dict[str, SlotState] = {}
+        granted: set[tuple[str, int]] = set()
+        for item, state in zip(items, results):
+            if state is None:
+                granted.add((item.name, item.slot_ms))
+            else:
+                refused[item.name] = state
+        events: list[Event] = []
+        fenced = False
+        for tracked, p in due:
+            for slot in p.send:
+                if (tracked.name, to_ms(slot)) not in granted:
+                    continue
+                if fenced or not self.lease.is_held():
+                    fenced = True
+                    events.append(Event(tracked.name, to_ms(slot), "unsent", "lease expired"))
+                elif self._send(self.schedule[tracked.name], slot):
+                    events.append(Event(tracked.name, to_ms(slot), "sent"))
+                else:
+                    events.append(Event(tracked.name, to_ms(slot), "unsent", "publish failed"))
+            events += [Event(tracked.name, to_ms(m.slot), "missed", m.reason) for m in p.missed]
+            if p.missed_total > len(p.missed):
+                events.append(Event(tracked.name, to_ms(p.last), "missed",
+                                    f"{p.missed_total - len(p.missed)} older slots not listed"))
+            if tracked.name in refused:
+                tracked.last = max(p.last, from_ms(refused[tracked.name].slot_ms))
+            else:
+                tracked.last = p.last
+            tracked.next_fire = _next_fire(tracked)
+        if events:
+            self.ledger.record(self.lease.epoch, events)
+        if fenced:
+            raise LeaseLostError("lease expired while sending (self-fencing)")
+
+    def _send(self, entry: Any, slot: datetime) -> bool:
+        """Publish one slot; a failure is logged and reported, never swallowed."""
+        try:
+            publish(self, entry, slot, self.lease.epoch)
+        except Exception as exc:
+            logger.error("leaderbeat: could not send %s for slot %s: %s",
+                         entry.name, slot.isoformat(), exc, exc_info=True)
+            return False
+        entry.last_run_at = slot
+        entry.total_run_count += 1
+        return True
+
+    # -- shutdown ----------------------------------------------------------------------
+
+    def sync(self) -> None:
+        """Nothing to persist: the shared state already lives in Redis."""
+
+    def close(self) -> None:
+        """Release the lease (standbys take over at once) and close; safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self._client is not None and self._pid == os.getpid():
+                self.lease.stop_heartbeat()
+                if self.role == LEADER and self.lease.release("released"):
+                    logger.info("leaderbeat: %s released the lease", self.lb_config.node_id)
+                self.role = STANDBY
+                self.ledger.unregister_node()
+        except (redis.RedisError, OSError) as exc:
+            logger.warning("leaderbeat: could not release the lease on close (%s); "
+                           "standbys take over when it expires", exc)
+        finally:
+            if self._pubsub is not None:
+                try:
+                    self._pubsub.close()
+                except Exception:
+                    pass
+            super().close()
+
+
+def _next_fire(tracked: _Tracked) -> datetime:
+    return tracked.clock.fire_time(tracked.clock.next_after(tracked.last))

@@ -1,0 +1,162 @@
+"""The leader lease against a real Redis: acquire, renew, release, fencing, self-fencing."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from celery_leaderbeat.config import Config
+from celery_leaderbeat.errors import LeaseLostError
+from celery_leaderbeat.keys import Keys
+from celery_leaderbeat.lease import Lease
+from celery_leaderbeat.scripts import Scripts
+
+
+def make_lease(client, prefix: str, node: str, ttl: float = 3.0, clock=time.monotonic) -> Lease:
+    config = Config.from_values({"redis_url": "redis://x", "key_prefix": prefix, "node_id": node,
+                                 "lease_ttl": ttl, "renew_interval": ttl / 3})
+    return Lease(client, Scripts(client), Keys(prefix), config, clock=clock)
+
+
+class FakeClock:
+    """A monotonic clock a test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_only_one_of_two_nodes_acquires_a_free_lease(redis_client, key_prefix):
+    a, b = make_lease(redis_client, key_prefix, "a"), make_lease(redis_client, key_prefix, "b")
+    assert a.try_acquire() is True
+    assert b.try_acquire() is False
+    assert a.is_held() and not b.is_held()
+    assert a.holder()[0] == f"a|{a.epoch}"
+
+
+def test_each_acquisition_gets_a_higher_epoch(redis_client, key_prefix):
+    a, b = make_lease(redis_client, key_prefix, "a"), make_lease(redis_client, key_prefix, "b")
+    assert a.try_acquire()
+    first = a.epoch
+    assert a.release()
+    assert b.try_acquire()
+    assert b.epoch == first + 1
+
+
+def test_a_stolen_token_makes_renew_raise_lease_lost(redis_client, key_prefix):
+    a = make_lease(redis_client, key_prefix, "a")
+    assert a.try_acquire()
+    redis_client.set(Keys(key_prefix).leader, "intruder|99", px=5000)
+    with pytest.raises(LeaseLostError, match="intruder"):
+        a.renew()
+    assert not a.is_held()
+
+
+def test_an_expired_lease_is_taken_by_another_node(redis_client, key_prefix):
+    a = make_lease(redis_client, key_prefix, "a", ttl=1.0)
+    b = make_lease(redis_client, key_prefix, "b", ttl=1.0)
+    assert a.try_acquire()
+    deadline = time.monotonic() + 3
+    while not b.try_acquire():
+        assert time.monotonic() < deadline, "b never acquired the expired lease"
+        time.sleep(0.05)
+    assert b.epoch > a.epoch
+
+
+def test_a_resumed_stale_holder_cannot_renew_or_release_the_new_leaders_lease(redis_client, key_prefix):
+    a = make_lease(redis_client, key_prefix, "a", ttl=1.0)
+    b = make_lease(redis_client, key_prefix, "b", ttl=1.0)
+    assert a.try_acquire()
+    redis_client.delete(Keys(key_prefix).leader)  # as if a's lease expired while it was paused
+    assert b.try_acquire()
+    with pytest.raises(LeaseLostError):
+        a.renew()
+    assert a.release() is False
+    assert b.holder()[0] == f"b|{b.epoch}"
+
+
+def test_release_is_compare_and_set_and_publishes_released(redis_client, key_prefix):
+    a = make_lease(redis_client, key_prefix, "a")
+    pubsub = redis_client.pubsub(ignore_subscribe_messages=True)
+    pubsub.subscribe(Keys(key_prefix).events)
+    assert a.try_acquire()
+    assert a.release() is True
+    assert redis_client.get(Keys(key_prefix).leader) is None
+    deadline = time.monotonic() + 2
+    message = None
+    while message is None and time.monotonic() < deadline:
+        message = pubsub.get_message(timeout=0.2)
+    assert message is not None and message["data"] == b"released"
+    pubsub.close()
+
+
+def test_self_fencing_stops_sending_before_the_ttl_lapses_without_asking_redis(redis_client, key_prefix):
+    clock = FakeClock()
+    a = make_lease(redis_client, key_prefix, "a", ttl=10.0, clock=clock)
+    assert a.try_acquire()
+    margin = a.config.safety_margin
+    clock.now += 10.0 - margin - 0.01
+    assert a.is_held()
+    clock.now += 0.02
+    assert not a.is_held(), "the lease must be given up before ttl - safety margin"
+
+
+def test_a_successful_renew_pushes_the_deadline_from_when_the_call_started(redis_client, key_prefix):
+    clock = FakeClock()
+    a = make_lease(redis_client, key_prefix, "a", ttl=10.0, clock=clock)
+    assert a.try_acquire()
+    clock.now += 5
+    a.renew()
+    assert a.remaining() == pytest.approx(10.0 - a.config.safety_margin)
+    assert a.clock_skew is not None and abs(a.clock_skew) < 1.0
+
+
+def test_the_same_node_retakes_its_own_leftover_key_with_a_new_epoch(redis_client, key_prefix):
+    a = make_lease(redis_client, key_prefix, "a")
+    assert a.try_acquire()
+    old = a.epoch
+    a.mark_lost()
+    assert a.try_acquire()
+    assert a.epoch == old + 1
+
+
+def test_heartbeat_keeps_the_lease_alive_past_its_ttl(redis_client, key_prefix):
+    a = make_lease(redis_client, key_prefix, "a", ttl=1.0)
+    b = make_lease(redis_client, key_prefix, "b", ttl=1.0)
+    assert a.try_acquire()
+    beat = a.start_heartbeat(time.monotonic)
+    try:
+        time.sleep(2.5)
+        assert b.try_acquire() is False
+        assert a.is_held()
+    finally:
+        a.stop_heartbeat()
+    assert not beat.is_alive()
+
+
+def test_heartbeat_lets_go_when_the_main_loop_stalls(redis_client, key_prefix):
+    a = make_lease(redis_client, key_prefix, "a", ttl=1.0)
+    stalled_since = time.monotonic()
+    assert a.try_acquire()
+    beat = a.start_heartbeat(lambda: stalled_since)
+    beat.join(5)
+    assert beat.stopped_because == "main loop stalled"
+    b = make_lease(redis_client, key_prefix, "b", ttl=1.0)
+    deadline = time.monotonic() + 3
+    while not b.try_acquire():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
+def test_heartbeat_reports_a_lost_lease(redis_client, key_prefix):
+    a = make_lease(redis_client, key_prefix, "a", ttl=1.0)
+    assert a.try_acquire()
+    beat = a.start_heartbeat(time.monotonic)
+    redis_client.set(Keys(key_prefix).leader, "other|1", px=5000)
+    beat.join(3)
+    assert beat.stopped_because == "lost"
+    assert not a.is_held()

@@ -1,0 +1,95 @@
+"""Slot claims against a real Redis: monotonic, fenced, recorded."""
+
+from __future__ import annotations
+
+import pytest
+
+from celery_leaderbeat.config import Config
+from celery_leaderbeat.errors import LeaseLostError
+from celery_leaderbeat.keys import Keys
+from celery_leaderbeat.lease import Lease
+from celery_leaderbeat.ledger import ANCHOR, CLAIM, SKIP, ClaimItem, Event, Ledger
+from celery_leaderbeat.scripts import Scripts
+
+
+@pytest.fixture
+def parts(redis_client, key_prefix):
+    def make(node: str):
+        config = Config.from_values({"redis_url": "redis://x", "key_prefix": key_prefix,
+                                     "node_id": node})
+        scripts = Scripts(redis_client)
+        keys = Keys(key_prefix)
+        return Lease(redis_client, scripts, keys, config), Ledger(redis_client, scripts, keys, config)
+    return make
+
+
+def test_a_slot_is_granted_once_and_refused_after(parts):
+    lease, ledger = parts("a")
+    assert lease.try_acquire()
+    assert ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 1000, CLAIM)]) == [None]
+    refused = ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 1000, CLAIM)])
+    assert refused[0] is not None and refused[0].slot_ms == 1000 and refused[0].state == "c"
+
+
+def test_claims_are_monotonic_per_entry(parts):
+    lease, ledger = parts("a")
+    assert lease.try_acquire()
+    items = [ClaimItem("e", 2000, CLAIM), ClaimItem("e", 1000, CLAIM), ClaimItem("f", 500, CLAIM)]
+    results = ledger.claim(lease.token, lease.epoch, items)
+    assert results[0] is None and results[2] is None
+    assert results[1] is not None and results[1].slot_ms == 2000
+
+
+def test_a_node_that_lost_the_lease_is_granted_nothing(parts, redis_client, key_prefix):
+    old, old_ledger = parts("old")
+    new, _ = parts("new")
+    assert old.try_acquire()
+    redis_client.delete(Keys(key_prefix).leader)
+    assert new.try_acquire()
+    with pytest.raises(LeaseLostError, match="new"):
+        old_ledger.claim(old.token, old.epoch, [ClaimItem("e", 1000, CLAIM)])
+    assert old_ledger.load() == {}
+
+
+def test_an_anchor_is_written_only_when_the_entry_has_no_state(parts):
+    lease, ledger = parts("a")
+    assert lease.try_acquire()
+    assert ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 1000, ANCHOR)]) == [None]
+    again = ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 5000, ANCHOR)])
+    assert again[0].slot_ms == 1000 and again[0].state == "a"
+    assert ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 1001, CLAIM)]) == [None]
+
+
+def test_sent_marks_only_the_current_slot_and_writes_history(parts):
+    lease, ledger = parts("a")
+    assert lease.try_acquire()
+    ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 1000, CLAIM)])
+    assert ledger.record(lease.epoch, [Event("e", 999, "sent"), Event("e", 1000, "sent")]) == 1
+    assert ledger.load()["e"].state == "s"
+    events = [(h["event"], h.get("entry")) for h in ledger.history()]
+    assert ("sent", "e") in events and events[0] == ("elected", None)
+
+
+def test_a_skip_advances_the_last_slot_without_a_claim(parts):
+    lease, ledger = parts("a")
+    assert lease.try_acquire()
+    assert ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 3000, SKIP)]) == [None]
+    state = ledger.load()["e"]
+    assert (state.slot_ms, state.state, state.epoch) == (3000, "k", lease.epoch)
+    assert ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 2000, CLAIM)])[0] is not None
+
+
+def test_a_claim_renews_the_lease(parts, redis_client, key_prefix):
+    lease, ledger = parts("a")
+    assert lease.try_acquire()
+    redis_client.pexpire(Keys(key_prefix).leader, 100)
+    ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 1, CLAIM)])
+    assert redis_client.pttl(Keys(key_prefix).leader) > 1000
+
+
+def test_thousands_of_claims_in_one_call_are_chunked_and_all_granted(parts):
+    lease, ledger = parts("a")
+    assert lease.try_acquire()
+    items = [ClaimItem(f"e{i}", 1000, CLAIM) for i in range(4500)]
+    assert ledger.claim(lease.token, lease.epoch, items) == [None] * 4500
+    assert len(ledger.load()) == 4500
