@@ -15,8 +15,9 @@ from __future__ import annotations
 import hashlib
 import secrets
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 import redis
@@ -26,8 +27,8 @@ REPO_ROOT = str(Path(__file__).resolve().parents[1])
 if REPO_ROOT not in sys.path:
     sys.path.insert(0, REPO_ROOT)
 
-from tests.support.proxy import TcpProxy  # noqa: E402
-from tests.support.redis_server import RedisServer  # noqa: E402
+from tests.support.proxy import TcpProxy
+from tests.support.redis_server import RedisServer
 
 pytest_plugins = ("celery.contrib.pytest",)
 

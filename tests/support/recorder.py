@@ -18,8 +18,9 @@ import base64
 import json
 import time
 from collections import Counter, defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 import redis
 
@@ -110,9 +111,7 @@ class Recorder:
         self.messages.extend(new)
         return new
 
-    def wait_for(
-        self, count: int, timeout: float = 10.0, task: str | None = None
-    ) -> list[Message]:
+    def wait_for(self, count: int, timeout: float = 10.0, task: str | None = None) -> list[Message]:
         """Drain until at least ``count`` messages (of ``task``, if given) were seen in total."""
         deadline = time.monotonic() + timeout
         while True:
