@@ -1,0 +1,194 @@
+"""Several real ``celery beat`` processes on one Redis: exactly once through faults.
+
+Every message the beats enqueue is read back from the broker (a Redis server
+of its own, so killing the leaderbeat Redis does not lose the evidence) and
+checked by its ``leaderbeat_slot`` header.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timedelta
+
+import pytest
+
+from tests.support.beat import NOOP, BeatCluster, Recorder, beat_env, duplicates, slots_by_entry
+
+pytestmark = pytest.mark.slow
+
+TTL, RENEW, POLL = 3.0, 1.0, 0.5
+FAST = {"leaderbeat_lease_ttl": TTL, "leaderbeat_renew_interval": RENEW,
+        "leaderbeat_standby_poll": POLL}
+
+
+def every(seconds: float, n: int = 1, prefix: str = "e") -> dict:
+    return {f"{prefix}{i}": {"task": NOOP, "every": seconds} for i in range(n)}
+
+
+def leader_token(client, prefix: str) -> str | None:
+    raw = client.get("{" + prefix + "}:leader")
+    return raw.decode() if raw else None
+
+
+def leader_pid(token: str) -> int:
+    return int(token.split("|")[0].split(":")[-2])
+
+
+def wait_for_leader(client, prefix: str, *, other_than: str | None = None,
+                    timeout: float = 15.0) -> tuple[str, float]:
+    """Poll the leader key until it names a leader (not ``other_than``); (token, when)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        token = leader_token(client, prefix)
+        if token and token != other_than and token.split("|")[0] != (other_than or "|").split("|")[0]:
+            return token, time.monotonic()
+        time.sleep(0.01)
+    raise AssertionError(f"no new leader within {timeout}s (old: {other_than})")
+
+
+def beat_by_pid(cluster: BeatCluster, pid: int):
+    return next(b for b in cluster if b.pid == pid)
+
+
+def slot_times(messages) -> dict[str, list[datetime]]:
+    return {entry: sorted(datetime.fromisoformat(s) for s in slots)
+            for entry, slots in slots_by_entry(messages).items()}
+
+
+def gaps(slots: list[datetime], step: float) -> list[tuple[datetime, datetime]]:
+    """Pairs of consecutive slots further apart than one step."""
+    return [(a, b) for a, b in zip(slots, slots[1:]) if (b - a) > timedelta(seconds=step * 1.01)]
+
+
+@pytest.fixture
+def two_servers(make_redis_server):
+    """(leaderbeat redis, broker redis): separate, so the broker outlives Redis faults."""
+    return make_redis_server(), make_redis_server()
+
+
+def start(tmp_path, two_servers, key_prefix, schedule, n=3, settings=None):
+    state, broker = two_servers
+    env = beat_env(tmp_path, broker_url=broker.url_for(0), redis_url=state.url,
+                   prefix=key_prefix, schedule=schedule, settings={**FAST, **(settings or {})})
+    return BeatCluster(n, env, tmp_path), Recorder(broker.client())
+
+
+def test_three_beats_send_every_slot_of_every_entry_exactly_once(tmp_path, two_servers, key_prefix):
+    cluster, recorder = start(tmp_path, two_servers, key_prefix, every(1.0, 5))
+    with cluster:
+        recorder.wait_for(5 * 6, timeout=20)
+        time.sleep(1)
+        assert all(b.alive for b in cluster)
+    messages = recorder.drain() and recorder.messages
+    assert duplicates(messages) == []
+    by_entry = slot_times(messages)
+    assert sorted(by_entry) == [f"e{i}" for i in range(5)]
+    for entry, slots in by_entry.items():
+        assert len(slots) >= 6
+        assert gaps(slots, 1.0) == [], f"{entry} missed a slot in steady state"
+        assert all((b - a) == timedelta(seconds=1) for a, b in zip(slots, slots[1:]))
+    leaders = {m.epoch for m in messages}
+    assert len(leaders) == 1, "one leader, one epoch, in steady state"
+
+
+def test_a_killed_leader_is_replaced_within_ttl_plus_poll_without_duplicates(
+        tmp_path, two_servers, key_prefix):
+    state, _ = two_servers
+    client = state.client()
+    cluster, recorder = start(tmp_path, two_servers, key_prefix, every(1.0, 3))
+    with cluster:
+        recorder.wait_for(6, timeout=20)
+        token, _ = wait_for_leader(client, key_prefix)
+        leader = beat_by_pid(cluster, leader_pid(token))
+        killed_at = time.monotonic()
+        leader.kill()
+        new_token, took_over = wait_for_leader(client, key_prefix, other_than=token)
+        takeover = took_over - killed_at
+        print(f"takeover after SIGKILL: {takeover:.2f} s")
+        assert takeover < TTL + POLL + 1.0
+        before = len(recorder.drain() and recorder.messages)
+        recorder.wait_for(before + 3 * 3, timeout=10)
+        assert sum(b.alive for b in cluster) == 2
+    messages = recorder.messages
+    assert duplicates(messages) == []
+    for entry, slots in slot_times(messages).items():
+        # A slot missed while no leader existed is collapsed into one run (policy
+        # "latest"), so the only gap allowed is the failover window.
+        for a, b in gaps(slots, 1.0):
+            assert (b - a).total_seconds() <= TTL + POLL + 2.0, (entry, a, b)
+
+
+def test_a_terminated_leader_hands_over_in_under_a_second_and_no_slot_is_lost(
+        tmp_path, two_servers, key_prefix):
+    state, _ = two_servers
+    client = state.client()
+    cluster, recorder = start(tmp_path, two_servers, key_prefix, every(1.0, 3))
+    with cluster:
+        recorder.wait_for(6, timeout=20)
+        token, _ = wait_for_leader(client, key_prefix)
+        leader = beat_by_pid(cluster, leader_pid(token))
+        termed_at = time.monotonic()
+        leader.proc.send_signal(15)
+        new_token, took_over = wait_for_leader(client, key_prefix, other_than=token)
+        handover = took_over - termed_at
+        print(f"handover after SIGTERM: {handover:.3f} s")
+        assert handover < 1.0
+        assert leader.wait_exit(10) == 0
+        assert "released the lease" in leader.log_text()
+        before = len(recorder.drain() and recorder.messages)
+        recorder.wait_for(before + 3 * 3, timeout=10)
+    messages = recorder.messages
+    assert duplicates(messages) == []
+    for entry, slots in slot_times(messages).items():
+        assert gaps(slots, 1.0) == [], f"{entry} lost a slot during a graceful handover"
+
+
+def test_a_leader_paused_past_its_ttl_mid_batch_sends_no_duplicate_and_becomes_standby(
+        tmp_path, two_servers, key_prefix):
+    state, broker = two_servers
+    client, broker_client = state.client(), broker.client()
+    n = 2000
+    cluster, recorder = start(tmp_path, two_servers, key_prefix, every(5.0, n))
+    with cluster:
+        token, _ = wait_for_leader(client, key_prefix)
+        leader = beat_by_pid(cluster, leader_pid(token))
+        deadline = time.monotonic() + 20
+        while broker_client.llen("celery") < 50:  # the first batch is being published
+            assert time.monotonic() < deadline, "the leader never started its batch"
+            time.sleep(0.002)
+        leader.stop()
+        paused_at = time.monotonic()
+        new_token, _ = wait_for_leader(client, key_prefix, other_than=token)
+        time.sleep(max(0.0, TTL + 1.0 - (time.monotonic() - paused_at)))
+        leader.cont()
+        leader.wait_for_log(r"steps down", timeout=10)
+        recorder.wait_for(n + 1, timeout=20)  # the new leader's batch is arriving too
+        time.sleep(6)  # one more full period
+        assert leader.alive, "a resumed leader must become a standby, not exit"
+        assert all(b.alive for b in cluster)
+    messages = recorder.drain() and recorder.messages
+    dups = duplicates(messages)
+    print(f"paused-leader run: {len(messages)} messages, {len(dups)} duplicate slots")
+    assert dups == []
+
+
+def test_beats_survive_a_redis_restart_and_resume_sending_without_duplicates(
+        tmp_path, two_servers, key_prefix):
+    state, _ = two_servers
+    cluster, recorder = start(tmp_path, two_servers, key_prefix, every(1.0, 3))
+    with cluster:
+        recorder.wait_for(6, timeout=20)
+        state.kill()
+        time.sleep(3)
+        recorder.drain()
+        sent_before_restart = len(recorder.messages)
+        state.restart()
+        restarted_at = time.monotonic()
+        recorder.wait_for(sent_before_restart + 3, timeout=15)
+        resumed = time.monotonic() - restarted_at
+        print(f"sending resumed {resumed:.2f} s after the Redis restart")
+        assert resumed < TTL + 5
+        recorder.wait_for(sent_before_restart + 3 * 4, timeout=10)
+        assert all(b.alive for b in cluster), "no beat may exit because Redis went away"
+    assert duplicates(recorder.messages) == []
+    assert any("unreachable" in b.log_text() for b in cluster)
