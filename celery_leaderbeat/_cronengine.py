@@ -51,16 +51,17 @@ class CronEngine:
     ) -> None:
         self.expr = expr
         self.tz = tz
+        seed = None if hash_id is None else hash_id.encode()  # croniter.expand() wants bytes
         self._iter = croniter(
             expr,
             datetime(2000, 1, 1),
             ret_type=datetime,
             day_or=day_or,
-            hash_id=hash_id,
+            hash_id=seed,
             second_at_beginning=second_at_beginning,
         )
         hours = croniter.expand(
-            expr, hash_id=hash_id, second_at_beginning=second_at_beginning
+            expr, hash_id=seed, second_at_beginning=second_at_beginning
         )[0][HOUR_FIELD]
         self.fixed_hour = not (hours == ["*"] or set(hours) >= set(range(24)))
         self._lock = threading.Lock()

@@ -89,11 +89,11 @@ def _parse(expr: str, name: str | None) -> str:
     names = (("second",) if len(fields) == 6 else ()) + _FIELDS
     seconds_first = len(fields) == 6
     try:
-        croniter.expand(text, hash_id="probe", second_at_beginning=seconds_first)
+        croniter.expand(text, hash_id=b"probe", second_at_beginning=seconds_first)
     except CroniterError as exc:
         for i, (field, value) in enumerate(zip(names, fields)):
             alone = " ".join(value if j == i else "*" for j in range(len(fields)))
-            if not croniter.is_valid(alone, hash_id="probe", second_at_beginning=seconds_first):
+            if not croniter.is_valid(alone, hash_id=b"probe", second_at_beginning=seconds_first):
                 raise ConfigurationError(
                     f"{who}: cron expression {expr!r} is not valid: the {field} field {value!r}"
                     f" is not allowed (use {_ALLOWED[field]}, lists a,b, ranges a-b,"
@@ -101,7 +101,7 @@ def _parse(expr: str, name: str | None) -> str:
                 ) from None
         raise ConfigurationError(f"{who}: cron expression {expr!r} is not valid: {exc}") from None
     try:
-        croniter(text, _PROBE, hash_id="probe", second_at_beginning=seconds_first).get_next()
+        croniter(text, _PROBE, hash_id=b"probe", second_at_beginning=seconds_first).get_next()
     except CroniterError:
         raise ConfigurationError(
             f"{who}: cron expression {expr!r} never fires (its days never occur in its months)"
