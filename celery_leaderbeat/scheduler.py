@@ -75,6 +75,7 @@ class Scheduler(beat.Scheduler):
         self._redis_failures = 0
         self._skew_refused = False
         self._closed = False
+        self._registered_at = 0.0
         self._unsent: list[tuple[str, datetime]] = []
         super().__init__(app, *args, lazy=lazy, **kwargs)
 
@@ -133,6 +134,7 @@ class Scheduler(beat.Scheduler):
             self._connect()
             self._watch_wall_clock()
             delay = self._lead() if self.role == LEADER else self._stand_by()
+            self._heartbeat_registry()
         except LeaseLostError as exc:
             self._step_down(f"{exc}")
             return 0.0
@@ -228,7 +230,13 @@ class Scheduler(beat.Scheduler):
         self._tracked = {}
         self._heap = []
 
+    def _heartbeat_registry(self) -> None:
+        """Refresh this node's entry in the node registry about once per renew interval."""
+        if time.monotonic() - self._registered_at >= self.lb_config.renew_interval:
+            self._register(self.role)
+
     def _register(self, role: str) -> None:
+        self._registered_at = time.monotonic()
         self.ledger.register_node(role, {"host": socket.gethostname(), "pid": os.getpid(),
                                          "version": __version__,
                                          "epoch": self.lease.epoch if role == LEADER else None})
@@ -293,22 +301,29 @@ class Scheduler(beat.Scheduler):
         now = datetime.now(timezone.utc)
         now_ts = now.timestamp()
         due: list[tuple[_Tracked, Any]] = []
+        earliest = self._heap[0][0] if self._heap else now_ts
         while self._heap and self._heap[0][0] <= now_ts:
             _, name = heapq.heappop(self._heap)
             tracked = self._tracked[name]
             due.append((tracked, plan(tracked.clock, last=tracked.last, now=now,
                                       since=self._since, policy=tracked.options.policy)))
         if due:
+            started = time.monotonic()
             try:
-                self._claim_and_send(due)
+                sent = self._claim_and_send(due)
             finally:
                 for tracked, _ in due:
                     heapq.heappush(self._heap, (tracked.next_fire.timestamp(), tracked.name))
+            if sent:
+                logger.info("leaderbeat: sent %d slot(s) of %d due entries in %.0f ms, "
+                            "%.0f ms after the earliest was due", sent, len(due),
+                            (time.monotonic() - started) * 1000, (now_ts - earliest) * 1000)
         if not self._heap:
             return float(self.max_interval)
         return max(0.0, min(self._heap[0][0] - time.time(), float(self.max_interval)))
 
-    def _claim_and_send(self, due: list[tuple[_Tracked, Any]]) -> None:
+    def _claim_and_send(self, due: list[tuple[_Tracked, Any]]) -> int:
+        """Claim every due slot in one call, send the granted ones; returns how many were sent."""
         items: list[ClaimItem] = []
         for tracked, p in due:
             items += [ClaimItem(tracked.name, to_ms(s), CLAIM) for s in p.send]
@@ -349,6 +364,7 @@ class Scheduler(beat.Scheduler):
             self.ledger.record(self.lease.epoch, events)
         if fenced:
             raise LeaseLostError("lease expired while sending (self-fencing)")
+        return sum(1 for ev in events if ev.event == "sent")
 
     def _send(self, entry: Any, slot: datetime) -> bool:
         """Publish one slot; a failure is logged and reported, never swallowed."""
