@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import threading
 from datetime import datetime, timedelta, timezone, tzinfo
 from typing import Any
 
@@ -104,12 +105,14 @@ class SolarClock(_Clock):
         # A private copy: Celery's solar mutates its observer on every call.
         self.schedule = copy.copy(schedule)
         self.schedule.cal = copy.copy(schedule.cal)
+        self._lock = threading.Lock()
 
     def _event(self, start: datetime) -> datetime:
         ephem = self.schedule.ephem
         naive = start.astimezone(UTC).replace(tzinfo=None)
-        self.schedule.cal.date = naive
-        found = self.schedule._next_event(ephem.Date(naive))
+        with self._lock:
+            self.schedule.cal.date = naive
+            found = self.schedule._next_event(ephem.Date(naive))
         event = found.datetime().replace(tzinfo=UTC)
         return event.replace(microsecond=0) + timedelta(seconds=event.microsecond >= 500_000)
 
@@ -132,8 +135,9 @@ class GenericClock(_Clock):
         pinned = copy.copy(self.schedule)
         pinned.nowfun = lambda: t
         remaining = pinned.remaining_estimate(t)
-        # A schedule that says "due now" still has to move on: at least one millisecond.
-        return t + max(remaining, _MS)
+        # Whole milliseconds, as slots are stored; a schedule that says "due now" still
+        # has to move on, by at least one.
+        return t + max(-(-remaining // _MS), 1) * _MS
 
 
 def clock_tz(tz: tzinfo | str) -> tzinfo:

@@ -113,7 +113,7 @@ def _is_hashed(text: str) -> bool:
     return any(_HASHED.search(field) for field in text.split(" "))
 
 
-class cron(BaseSchedule):  # noqa: N801 - named like celery.schedules.crontab
+class cron(BaseSchedule):
     """A cron expression as a Celery schedule; see the module docstring for the syntax."""
 
     def __init__(
@@ -179,7 +179,7 @@ class cron(BaseSchedule):  # noqa: N801 - named like celery.schedules.crontab
         name = f" name={self.name!r}" if self.name else ""
         return f"<cron: {self.expr!r}{zone}{name}>"
 
-    def __eq__(self, other: Any) -> bool:
+    def __eq__(self, other: object) -> bool:
         if isinstance(other, cron):
             return self._key() == other._key()
         return NotImplemented
@@ -216,13 +216,14 @@ def engine_for_crontab(schedule: crontab, tz: tzinfo) -> CronEngine:
     return CronEngine(expr, tz, day_or=False)
 
 
-def parse_entry_schedule(name: str, value: Any, app_tz: tzinfo) -> BaseSchedule:
+def parse_entry_schedule(name: str, value: Any, app_tz: tzinfo | None) -> BaseSchedule:
     """The schedule of a beat_schedule entry: a cron string, a Celery schedule, or seconds.
 
     Strings become ``cron(value, name=name)``; numbers and timedeltas become an
     interval as in Celery (``maybe_schedule``); schedule objects pass through. The
-    result is checked to have a next slot in ``app_tz``, so a schedule that never
-    fires fails at start-up, naming the entry.
+    result is checked to have a next slot in ``app_tz`` (UTC when None), so a schedule
+    that never fires fails at start-up, naming the entry. A cron string is not pinned
+    to ``app_tz``: its zone is the one :func:`~celery_leaderbeat.slots.clock_for` gets.
     """
     if isinstance(value, str):
         result: Any = cron(value, name=name)
@@ -241,5 +242,5 @@ def parse_entry_schedule(name: str, value: Any, app_tz: tzinfo) -> BaseSchedule:
             " a timedelta or a Celery schedule"
         )
     if isinstance(result, cron):
-        result.engine(name, app_tz).next_after(datetime.now(timezone.utc))
+        result.engine(name, app_tz or timezone.utc).next_after(datetime.now(timezone.utc))
     return result

@@ -197,6 +197,25 @@ def test_a_sparse_cron_after_years_is_counted_exactly_by_walking() -> None:
     assert (p.missed_total, p.missed_estimated) == (100, False)
 
 
+@pytest.mark.parametrize(
+    ("expr", "days", "mode", "exact_count"),
+    [("* * * * *", 4, "all", True), ("*/10 * * * * *", 1, "skip", True),
+     ("* 9-17 * * 1-5", 6, "latest", False)],
+)
+def test_jumping_over_a_long_outage_sends_and_records_exactly_what_walking_would(
+    expr: str, days: int, mode: str, exact_count: bool
+) -> None:
+    clock = clock_for(cron(expr), name="e", tz=ZoneInfo("America/New_York"))
+    now = datetime(2026, 3, 9, 15, 0, 30, tzinfo=UTC)  # spans the spring-forward day
+    last, since, policy = now - timedelta(days=days), now - 3 * MINUTE, CatchupPolicy(mode, max_catchup=150)
+    p = plan(clock, last=last, now=now, since=since, policy=policy)
+    send, missed, total, following = _reference_plan(clock, last, now, since, policy)
+    assert p.missed_estimated
+    assert (p.send, tuple(m.slot for m in p.missed), p.next_due) == (send, missed, following)
+    if exact_count:
+        assert abs(p.missed_total - total) <= total // 100
+
+
 # -- ids and milliseconds ---------------------------------------------------------------
 
 def test_slot_id_is_the_same_on_every_node_and_every_run() -> None:
@@ -259,22 +278,35 @@ def test_any_other_schedule_falls_back_to_its_remaining_estimate_at_t() -> None:
 
 # -- properties --------------------------------------------------------------------------
 
-ZONES = ["Europe/Berlin", "America/New_York", "Australia/Lord_Howe", "UTC"]
-TRANSITIONS = [datetime.fromisoformat(s).replace(tzinfo=UTC) for s in (
-    "2026-03-08 07:00", "2026-11-01 06:00", "2026-03-29 01:00", "2026-10-25 01:00",
-    "2026-10-03 15:30", "2026-04-04 15:00", "2024-02-29 00:00", "2025-12-31 23:00",
-    "2028-02-29 12:00", "2027-04-30 22:00")]
-starts = st.one_of(
-    st.datetimes(datetime(2000, 1, 1), datetime(2040, 1, 1), timezones=st.just(UTC)),
-    st.builds(lambda base, d: base + d, st.sampled_from(TRANSITIONS),
-              st.timedeltas(timedelta(hours=-7), timedelta(hours=3))),
-)
+def _utc(*texts: str) -> list[datetime]:
+    return [datetime.fromisoformat(t).replace(tzinfo=UTC) for t in texts]
+
+
+CALENDAR_EDGES = _utc("2024-02-29 00:00", "2025-12-31 23:00", "2028-02-29 12:00", "2027-04-30 22:00")
+TRANSITIONS = {
+    "America/New_York": _utc("2026-03-08 07:00", "2026-11-01 06:00", "2024-03-10 07:00", "2024-11-03 06:00"),
+    "Europe/Berlin": _utc("2026-03-29 01:00", "2026-10-25 01:00", "2024-03-31 01:00", "2024-10-27 01:00"),
+    "Australia/Lord_Howe": _utc("2026-10-03 15:30", "2026-04-04 15:00", "2025-10-04 15:30"),
+    "UTC": [],
+}
+ZONES = list(TRANSITIONS)
+
+
+def _starts(zone: str) -> st.SearchStrategy[datetime]:
+    """Mostly a few hours before one of the zone's transitions or a calendar edge."""
+    near = st.builds(lambda base, d: base + d, st.sampled_from(TRANSITIONS[zone] + CALENDAR_EDGES),
+                     st.timedeltas(timedelta(hours=-7), timedelta(hours=3)))
+    anywhere = st.datetimes(datetime(2000, 1, 1), datetime(2040, 1, 1), timezones=st.just(UTC))
+    return st.one_of(near, near, anywhere)
+
+
+zones_and_starts = st.sampled_from(ZONES).flatmap(lambda z: st.tuples(st.just(z), _starts(z)))
 five_fields = st.tuples(
     st.sampled_from(["*", "*/7", "0", "5,35", "0-10/5", "59", "30"]),
-    st.sampled_from(["*", "2", "1-3", "*/5", "0,12", "23", "1"]),
-    st.sampled_from(["*", "*", "1", "29", "31", "15-20"]),
-    st.sampled_from(["*", "*", "2", "*/3", "3,10,11"]),
-    st.sampled_from(["*", "*", "0", "1-5", "6"]),
+    st.sampled_from(["*", "2", "1-3", "*/5", "0,12", "23", "1", "1,2"]),
+    st.sampled_from(["*"] * 5 + ["1", "29", "31", "15-20"]),
+    st.sampled_from(["*"] * 5 + ["2", "*/3", "3,10,11"]),
+    st.sampled_from(["*"] * 5 + ["0", "1-5", "6"]),
 )
 
 
@@ -325,8 +357,9 @@ def _reference(expr: str, zone: ZoneInfo, start: datetime, end: datetime) -> set
 
 
 @settings(max_examples=150, deadline=None)
-@given(expr=expressions, zone=st.sampled_from(ZONES), start=starts)
-def test_cron_slots_are_exactly_those_a_brute_force_scan_finds(expr: str, zone: str, start: datetime) -> None:
+@given(expr=expressions, zone_start=zones_and_starts)
+def test_cron_slots_are_exactly_those_a_brute_force_scan_finds(expr: str, zone_start: tuple) -> None:
+    zone, start = zone_start
     tz = ZoneInfo(zone)
     span = timedelta(hours=2) if len(expr.split()) == 6 else timedelta(hours=9)
     begin = start.replace(second=0, microsecond=0)
@@ -338,8 +371,9 @@ def test_cron_slots_are_exactly_those_a_brute_force_scan_finds(expr: str, zone: 
 
 
 @settings(max_examples=100, deadline=None)
-@given(expr=expressions, zone=st.sampled_from(ZONES), start=starts)
-def test_next_after_is_strictly_increasing_and_never_repeats(expr: str, zone: str, start: datetime) -> None:
+@given(expr=expressions, zone_start=zones_and_starts)
+def test_next_after_is_strictly_increasing_and_never_repeats(expr: str, zone_start: tuple) -> None:
+    zone, start = zone_start
     clock = clock_for(cron(expr), name="p", tz=ZoneInfo(zone))
     t, seen = start, []
     for _ in range(15):
