@@ -14,8 +14,11 @@ Other schedules are walked slot by slot for at most ``_HEAD_LIMIT`` missed slots
 past that, :func:`plan` estimates the mean gap between slots from the walk, jumps to
 a point shortly before ``since`` that should leave enough missed slots to fill the
 record and the catch-up, walks from there, and *estimates* how many slots it jumped
-over (``Plan.missed_estimated`` is then True). Skipped slots are never sent by any
-policy, so only the count is approximate, never what is sent.
+over (``Plan.missed_estimated`` is then True) from that mean gap: exact for evenly
+spaced schedules, rough for uneven ones (a business-hours-only schedule over a
+weekend was measured at about 2x). Skipped slots are never sent by any policy and
+are older than every recorded one, so only the count is approximate, never what is
+sent or recorded. On-time slots (at or after ``since``) are always all walked.
 """
 
 from __future__ import annotations
