@@ -85,3 +85,25 @@ def describe(url: str) -> str:
     if parsed.password:
         return url.replace(f":{parsed.password}@", ":***@")
     return url
+
+
+#: maxmemory policies under which Redis may evict our keys silently
+EVICTING_POLICIES = ("allkeys-lru", "allkeys-lfu", "allkeys-random",
+                     "volatile-lru", "volatile-lfu", "volatile-random", "volatile-ttl")
+
+
+def server_warnings(client: Any) -> list[str]:
+    """What about this Redis server puts the schedule's guarantees at risk (checked once)."""
+    warnings = []
+    try:
+        policy = client.config_get("maxmemory-policy").get("maxmemory-policy")
+    except redis.ResponseError:  # CONFIG may be disabled (managed Redis, ACL): nothing to say
+        return warnings
+    if isinstance(policy, bytes):
+        policy = policy.decode()
+    if policy in EVICTING_POLICIES:
+        warnings.append(
+            f"Redis maxmemory-policy is {policy!r}: under memory pressure Redis may evict the "
+            "lease, slot and history keys silently (a missing slot state is treated as 'first "
+            "seen'). Use 'noeviction' or a dedicated database for leaderbeat.")
+    return warnings

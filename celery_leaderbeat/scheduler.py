@@ -26,7 +26,7 @@ from celery import beat
 
 from . import __version__
 from .config import Config
-from .connection import describe, make_client
+from .connection import describe, make_client, server_warnings
 from .entries import EntryOptions, default_options, split_entries
 from .errors import LeaseLostError, RedisAuthError
 from .keys import Keys
@@ -76,6 +76,7 @@ class Scheduler(beat.Scheduler):
         self._skew_refused = False
         self._closed = False
         self._registered_at = 0.0
+        self._server_checked = False
         self._unsent: list[tuple[str, datetime]] = []
         super().__init__(app, *args, lazy=lazy, **kwargs)
 
@@ -180,6 +181,10 @@ class Scheduler(beat.Scheduler):
     # -- standby ---------------------------------------------------------------------
 
     def _stand_by(self) -> float:
+        if not self._server_checked:
+            for warning in server_warnings(self._client):
+                logger.warning("leaderbeat: %s", warning)
+            self._server_checked = True
         skew = self.lease.measure_skew()
         if abs(skew) > self.lb_config.max_clock_skew:
             if not self._skew_refused:
