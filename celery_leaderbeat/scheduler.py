@@ -69,7 +69,7 @@ class Scheduler(beat.Scheduler):
         self._pid: int | None = None
         self._client: Any = None
         self._pubsub: Any = None
-        self._since = datetime.now(timezone.utc)
+        self._since = _utcnow()
         self._last_tick = time.monotonic()
         self._last_wall = (time.time(), time.monotonic())
         self._redis_failures = 0
@@ -176,7 +176,7 @@ class Scheduler(beat.Scheduler):
             logger.warning("leaderbeat: the wall clock stepped %+.1f s; slots it skipped follow "
                            "the catch-up policy, claimed slots are never re-sent", jump)
             if jump > 0:
-                self._since = datetime.now(timezone.utc)
+                self._since = _utcnow()
 
     # -- standby ---------------------------------------------------------------------
 
@@ -215,7 +215,7 @@ class Scheduler(beat.Scheduler):
 
     def _become_leader(self) -> None:
         self.role = LEADER
-        self._since = datetime.now(timezone.utc)
+        self._since = _utcnow()
         self._tracked_version = -1  # drop whatever this node knew: reload from Redis
         self.lease.start_heartbeat(lambda: self._last_tick)
         logger.info("leaderbeat: %s elected leader (epoch %s)",
@@ -251,7 +251,7 @@ class Scheduler(beat.Scheduler):
     def _reload(self, report_unsent: bool = False) -> None:
         """Rebuild what the leader tracks from the schedule and the state in Redis."""
         stored = self.ledger.load()
-        now = from_ms(to_ms(datetime.now(timezone.utc)))
+        now = from_ms(to_ms(_utcnow()))
         tz = self.app.timezone
         anchors: list[ClaimItem] = []
         tracked: dict[str, _Tracked] = {}
@@ -303,7 +303,7 @@ class Scheduler(beat.Scheduler):
             return 0.0
         if self._tracked_version != self._schedule_version:
             self._reload()
-        now = datetime.now(timezone.utc)
+        now = _utcnow()
         now_ts = now.timestamp()
         due: list[tuple[_Tracked, Any]] = []
         earliest = self._heap[0][0] if self._heap else now_ts
@@ -410,6 +410,11 @@ class Scheduler(beat.Scheduler):
                 except Exception:
                     pass
             super().close()
+
+
+def _utcnow() -> datetime:
+    """Wall-clock now, read through ``time.time`` so a test can shift one process's clock."""
+    return datetime.fromtimestamp(time.time(), timezone.utc)
 
 
 def _next_fire(tracked: _Tracked) -> datetime:

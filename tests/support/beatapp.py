@@ -12,6 +12,8 @@ describes the whole app through the environment:
   ``{"task": ..., "cron": "*/5 * * * *"}`` (passed as the string schedule
   celery_leaderbeat understands), plus optional ``args``, ``kwargs``,
   ``options`` and ``leaderbeat`` (per-entry overrides, passed through as-is).
+- ``LB_CLOCK_OFFSET``: seconds added to this process's wall clock (``time.time``),
+  to test clock skew; monotonic time is untouched.
 - ``LB_SETTINGS``: a JSON object of extra settings (``leaderbeat_*`` or any
   Celery setting) applied to ``app.conf`` last.
 """
@@ -82,6 +84,17 @@ def make_app(env: os._Environ[str] | dict[str, str] = os.environ) -> Celery:
     app.conf.update(conf)
     return app
 
+
+def shift_wall_clock(offset: float) -> None:
+    """Make ``time.time()`` in this process run ``offset`` seconds ahead (or behind)."""
+    import time
+
+    real = time.time
+    time.time = lambda: real() + offset  # type: ignore[assignment]
+
+
+if os.environ.get("LB_CLOCK_OFFSET"):
+    shift_wall_clock(float(os.environ["LB_CLOCK_OFFSET"]))
 
 app = make_app()
 
