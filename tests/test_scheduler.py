@@ -1,0 +1,203 @@
+"""The Scheduler in-process against real Redis: lifecycle traps, entries, claims, sends."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from celery import Celery
+
+from celery_leaderbeat.errors import ConfigurationError
+from celery_leaderbeat.keys import Keys
+from celery_leaderbeat.ledger import CLAIM, ClaimItem
+from celery_leaderbeat.scheduler import LEADER, STANDBY, Scheduler
+from celery_leaderbeat.schedules import cron
+from celery_leaderbeat.slots import from_ms, slot_id, to_ms
+from tests.support.beat import NOOP, BeatProcess, Recorder, beat_env, duplicates
+
+
+def make_app(state_url: str, broker_url: str, prefix: str, schedule: dict, **settings) -> Celery:
+    app = Celery("proj")
+    app.conf.update(broker_url=broker_url, leaderbeat_redis_url=state_url,
+                    leaderbeat_key_prefix=prefix, beat_schedule=schedule, timezone="UTC",
+                    leaderbeat_lease_ttl=3, leaderbeat_renew_interval=1,
+                    leaderbeat_standby_poll=0.2, **settings)
+    return app
+
+
+@pytest.fixture
+def servers(make_redis_server):
+    return make_redis_server(), make_redis_server()
+
+
+def connections_received(server) -> int:
+    return int(server.client().info("stats")["total_connections_received"])
+
+
+def tick_until(scheduler: Scheduler, condition, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        delay = scheduler.tick()
+        if condition():
+            return
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(min(delay, 0.2))
+
+
+def test_building_the_scheduler_lazily_or_not_opens_no_redis_connection(servers, key_prefix):
+    state, broker = servers
+    app = make_app(state.url, broker.url, key_prefix, {"a": {"task": NOOP, "schedule": 1.0}})
+    before = connections_received(state)
+    Scheduler(app=app, lazy=True)
+    scheduler = Scheduler(app=app)
+    assert "a" in scheduler.schedule
+    assert connections_received(state) - before == 1  # only our own INFO call above
+
+
+def test_a_leader_sends_due_slots_with_deterministic_ids_and_headers(servers, key_prefix):
+    state, broker = servers
+    app = make_app(state.url, broker.url, key_prefix, {"a": {"task": NOOP, "schedule": 0.5}})
+    scheduler = Scheduler(app=app)
+    recorder = Recorder(broker.client())
+    try:
+        tick_until(scheduler, lambda: len(recorder.drain() and recorder.messages) >= 2)
+    finally:
+        scheduler.close()
+    first = recorder.messages[0]
+    slot = first.slot
+    assert scheduler.role == STANDBY  # close() steps down
+    assert first.entry == "a" and first.task == NOOP
+    assert first.id == slot_id(key_prefix, "a", __import__("datetime").datetime.fromisoformat(slot))
+    assert first.headers["leaderbeat_epoch"] == 1
+    assert first.headers["celery_beat_task"] is True
+    assert duplicates(recorder.messages) == []
+
+
+def test_close_twice_is_safe_and_releases_the_lease_at_once(servers, key_prefix):
+    state, broker = servers
+    app = make_app(state.url, broker.url, key_prefix, {"a": {"task": NOOP, "schedule": 60.0}})
+    scheduler = Scheduler(app=app)
+    tick_until(scheduler, lambda: scheduler.role == LEADER)
+    assert state.client().get(Keys(key_prefix).leader) is not None
+    scheduler.close()
+    scheduler.close()
+    assert state.client().get(Keys(key_prefix).leader) is None
+
+
+def test_a_second_scheduler_stays_standby_and_sends_nothing(servers, key_prefix):
+    state, broker = servers
+    schedule = {"a": {"task": NOOP, "schedule": 0.3}}
+    first = Scheduler(app=make_app(state.url, broker.url, key_prefix, schedule))
+    second = Scheduler(app=make_app(state.url, broker.url, key_prefix, schedule))
+    try:
+        tick_until(first, lambda: first.role == LEADER)
+        for _ in range(5):
+            second.tick()
+        assert second.role == STANDBY
+    finally:
+        first.close()
+        second.close()
+
+
+def test_string_schedules_become_cron_and_entry_options_never_reach_celery(servers, key_prefix):
+    state, broker = servers
+    schedule = {"c": {"task": NOOP, "schedule": "*/5 * * * *",
+                      "leaderbeat": {"catchup": "all", "jitter": 3},
+                      "options": {"queue": "q1", "leaderbeat": {"max_catchup": 5}}}}
+    scheduler = Scheduler(app=make_app(state.url, broker.url, key_prefix, schedule))
+    entry = scheduler.schedule["c"]
+    assert isinstance(entry.schedule, cron)
+    assert entry.options == {"queue": "q1"}
+    options = scheduler._entry_options["c"]
+    assert (options.policy.mode, options.policy.max_catchup, options.jitter) == ("all", 5, 3)
+
+
+def test_every_bad_entry_is_reported_together_naming_entry_and_value(servers, key_prefix):
+    state, broker = servers
+    schedule = {
+        "bad-cron": {"task": NOOP, "schedule": "61 * * * *"},
+        "bad-option": {"task": NOOP, "schedule": 10.0, "leaderbeat": {"catchup_mode": "all"}},
+        "bad-policy": {"task": NOOP, "schedule": 10.0, "leaderbeat": {"catchup": "never"}},
+    }
+    with pytest.raises(ConfigurationError) as info:
+        Scheduler(app=make_app(state.url, broker.url, key_prefix, schedule))
+    text = str(info.value)
+    assert "3 problems" in text
+    assert "'bad-cron'" in text and "61 * * * *" in text
+    assert "'bad-option'" in text and "'catchup_mode' is unknown" in text
+    assert "'bad-policy'" in text and "catchup='never'" in text
+
+
+def test_a_slot_claimed_but_not_sent_by_an_earlier_leader_is_reported_and_recovered(
+        servers, key_prefix):
+    state, broker = servers
+    schedule = {"a": {"task": NOOP, "schedule": 3600.0}}
+    app = make_app(state.url, broker.url, key_prefix, schedule, leaderbeat_recover_unsent=True)
+    # An earlier leader (epoch 1) claimed slot S of "a" and died before publishing it.
+    earlier = Scheduler(app=app)
+    tick_until(earlier, lambda: earlier.role == LEADER)
+    slot = from_ms(to_ms(earlier._tracked["a"].last) + 1000)
+    earlier.ledger.claim(earlier.lease.token, earlier.lease.epoch, [ClaimItem("a", to_ms(slot), CLAIM)])
+    earlier.lease.stop_heartbeat()
+    state.client().delete(Keys(key_prefix).leader)  # as if it was killed and its lease expired
+    recorder = Recorder(broker.client())
+    later = Scheduler(app=app)
+    try:
+        tick_until(later, lambda: later.role == LEADER)
+    finally:
+        later.close()
+    recovered = recorder.drain()
+    assert [(m.entry, m.slot) for m in recovered] == [("a", slot.isoformat())]
+    assert recovered[0].id == slot_id(key_prefix, "a", slot)
+    events = [(h["event"], h.get("detail")) for h in later.ledger.history(20)]
+    assert ("unsent", "claimed by an earlier leader") in events
+    assert ("sent", "recovered") in events
+
+
+def test_a_failed_publish_is_recorded_as_unsent_not_swallowed(servers, key_prefix):
+    state, _ = servers
+    schedule = {"a": {"task": NOOP, "schedule": 0.3}}
+    app = make_app(state.url, "redis://127.0.0.1:1/0", key_prefix, schedule,
+                   broker_connection_max_retries=1, broker_connection_timeout=0.2,
+                   task_publish_retry=False, broker_connection_retry=False)
+    scheduler = Scheduler(app=app)
+    try:
+        tick_until(scheduler, lambda: any(h["event"] == "unsent"
+                                          for h in scheduler.ledger.history(20)), timeout=20)
+    finally:
+        scheduler.close()
+    unsent = [h for h in scheduler.ledger.history(20) if h["event"] == "unsent"]
+    assert unsent[0]["entry"] == "a" and unsent[0]["detail"] == "publish failed"
+
+
+@pytest.mark.slow
+def test_a_beat_started_while_redis_is_down_stays_up_and_leads_once_redis_is_back(
+        tmp_path, servers, key_prefix):
+    state, broker = servers
+    state.kill()
+    env = beat_env(tmp_path, broker_url=broker.url, redis_url=state.url, prefix=key_prefix,
+                   schedule={"a": {"task": NOOP, "every": 1}},
+                   settings={"leaderbeat_lease_ttl": 3, "leaderbeat_renew_interval": 1})
+    with BeatProcess(env=env, log_path=tmp_path / "beat.log") as beat:
+        beat.wait_for_log(r"unreachable", timeout=15)
+        time.sleep(1.5)
+        assert beat.alive
+        assert beat.log_text().count("unreachable") == 1, "one log line per state change"
+        state.restart()
+        beat.wait_for_log(r"answers again", timeout=15)
+        Recorder(broker.client()).wait_for(2, timeout=15)
+        assert beat.alive
+
+
+@pytest.mark.slow
+def test_a_bad_setting_stops_beat_at_start_up_with_every_problem_named(tmp_path, servers, key_prefix):
+    state, broker = servers
+    env = beat_env(tmp_path, broker_url=broker.url, redis_url=state.url, prefix=key_prefix,
+                   schedule={"a": {"task": NOOP, "every": 1}},
+                   settings={"leaderbeat_lease_ttl": 3, "leaderbeat_renew_interval": 2,
+                             "leaderbeat_catchup": "sometimes"})
+    with BeatProcess(env=env, log_path=tmp_path / "beat.log") as beat:
+        assert beat.wait_exit(30) != 0
+        log = beat.log_text()
+    assert "leaderbeat_lease_ttl=3.0 must be more than 2 × leaderbeat_renew_interval (2.0)" in log
+    assert "leaderbeat_catchup='sometimes' must be one of latest, skip, all" in log
