@@ -12,6 +12,8 @@ describes the whole app through the environment:
   ``{"task": ..., "cron": "*/5 * * * *"}`` (passed as the string schedule
   celery_leaderbeat understands), plus optional ``args``, ``kwargs``,
   ``options`` and ``leaderbeat`` (per-entry overrides, passed through as-is).
+- ``LB_RECORD_URL``: a Redis URL where the ``record`` task appends what it ran
+  (JSON: entry, slot, id, hostname) to the list ``executed``.
 - ``LB_CLOCK_OFFSET``: seconds added to this process's wall clock (``time.time``),
   to test clock skew; monotonic time is untouched.
 - ``LB_SETTINGS``: a JSON object of extra settings (``leaderbeat_*`` or any
@@ -103,3 +105,20 @@ app = make_app()
 def noop(*args: Any, **kwargs: Any) -> None:
     """Does nothing: beat tests only look at what was enqueued."""
     return
+
+
+@app.task(name="tests.support.beatapp.record", bind=True)
+def record(self: Any, *args: Any, **kwargs: Any) -> None:
+    """Append what ran (entry, slot, task id, worker) to the list ``executed``."""
+    import redis
+
+    headers = self.request.headers or {}
+    row = {
+        "entry": headers.get("leaderbeat_entry", getattr(self.request, "leaderbeat_entry", None)),
+        "slot": headers.get("leaderbeat_slot", getattr(self.request, "leaderbeat_slot", None)),
+        "id": self.request.id,
+        "hostname": self.request.hostname,
+    }
+    client = redis.Redis.from_url(os.environ["LB_RECORD_URL"])
+    client.rpush("executed", json.dumps(row))
+    client.close()
