@@ -1,0 +1,781 @@
+"""The chaos harness: N real beats, a seeded fault injector, and the verdict.
+
+    run = ChaosRun(workdir, seed=1234, nodes=3, duration=40.0)
+    report = run.run()          # starts everything, injects faults, tears down
+    print(report.summary())
+    assert report.ok, report.failure_text()
+
+What runs:
+
+- two ``redis-server`` processes: the leaderbeat state (killed and restarted
+  empty by the injector) and the broker (never touched, so the evidence
+  survives every fault);
+- N ``celery beat -S celery_leaderbeat.Scheduler`` processes, each talking to
+  the state Redis through its own :class:`TcpProxy` (so one beat's link can be
+  cut or stalled) and to the broker directly;
+- a monitor thread that polls the leader key every 20 ms (failover times) and
+  copies the history stream out of Redis every 0.2 s (a Redis restart empties
+  it, so it must be copied while it exists);
+- the injector, driven only by ``random.Random(seed)``: every fault's kind,
+  target choice and duration are drawn from the seed in a fixed order, so a
+  seed replays the same fault plan (the interleaving with the beats' own
+  timing of course differs from run to run).
+
+Fault kinds (:data:`FAULT_KINDS`): SIGKILL the leader (a fresh beat replaces
+it), SIGSTOP the leader past the lease TTL then SIGCONT (it must step down and
+stay alive as a standby), SIGTERM a node (the leader, more often than not;
+replaced), restart the state Redis (kill + start on the same port: it comes
+back empty), drop or blackhole one beat's link (the leader's, more often than
+not) for a few seconds.
+
+Verdict (:func:`verdict`): zero duplicate (entry, slot); every expected slot
+that was not sent is explained, either by the history (``missed`` or
+``unsent``) or by falling in a fault window widened by the failover bound
+(start - 1 s .. end + ttl + poll + 2 s); no off-grid slot; no slot both
+recorded ``missed`` and sent; no beat exited except the ones the injector
+killed or terminated; a resumed leader stepped down; every leader-removing
+fault was followed by a new leader within a generous bound.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from tests.support.beat import NOOP, BeatProcess, Recorder, beat_env
+from tests.support.proxy import TcpProxy
+from tests.support.redis_server import RedisServer
+
+TTL, RENEW, POLL = 3.0, 1.0, 0.5
+SETTINGS: dict[str, Any] = {
+    "leaderbeat_lease_ttl": TTL,
+    "leaderbeat_renew_interval": RENEW,
+    "leaderbeat_standby_poll": POLL,
+}
+
+#: entry name -> spec for :func:`beat_env`
+SCHEDULE: dict[str, dict[str, Any]] = {
+    "every1a": {"task": NOOP, "every": 1},
+    "every1b": {"task": NOOP, "every": 1},
+    "every2": {"task": NOOP, "every": 2},
+    "cron2s": {"task": NOOP, "cron": "*/2 * * * * *"},
+}
+
+FAULT_KINDS = (
+    "kill_leader",
+    "stop_leader",
+    "term_node",
+    "restart_redis",
+    "cut_link",
+    "stall_link",
+)
+
+#: how far a fault window is widened: before its start, and after its end
+WINDOW_BEFORE = 1.0
+WINDOW_AFTER = TTL + POLL + 2.0
+
+#: generous bounds on the time until a new leader token appears (seconds)
+FAILOVER_BOUND = {
+    "kill_leader": TTL + POLL + 2.5,  # from the SIGKILL
+    "stop_leader": TTL + POLL + 2.5,  # from the SIGSTOP
+    "term_node": 2.5,  # from the SIGTERM (designed: ~100 ms)
+    "restart_redis": 2.0 + POLL + 3.5,  # from Redis being back (reconnect backoff caps at 2 s)
+    "cut_link": TTL + POLL + 2.5,  # from the cut, when another node took over
+    "stall_link": TTL + POLL + 2.5,
+}
+
+#: slots newer than the end of the run minus this are not expected yet
+END_MARGIN = 3.0
+
+
+# -- small helpers ------------------------------------------------------------------------
+
+
+def pid_of(token: str | None) -> int | None:
+    """The pid inside a leader token ``host:pid:random|epoch``."""
+    if not token:
+        return None
+    try:
+        return int(token.rsplit("|", 1)[0].split(":")[-2])
+    except (IndexError, ValueError):
+        return None
+
+
+def node_of(token: str | None) -> str | None:
+    return token.rsplit("|", 1)[0] if token else None
+
+
+def slot_ms(value: Any) -> int:
+    """A ``leaderbeat_slot`` header (ISO time) as integer epoch milliseconds."""
+    return round(datetime.fromisoformat(str(value)).timestamp() * 1000)
+
+
+def iso(ms: int) -> str:
+    return datetime.utcfromtimestamp(ms / 1000).strftime("%H:%M:%S.%f")[:-3]
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float, step: float = 0.02) -> Any:
+    """Poll ``predicate`` until truthy; its value, or None after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(step)
+
+
+@dataclass
+class Fault:
+    """One injected fault, with monotonic and wall-clock start and end."""
+
+    kind: str
+    target: str
+    start_mono: float
+    start_wall: float
+    end_mono: float = 0.0
+    end_wall: float = 0.0
+    leader_before: str | None = None
+    hit_leader: bool = False  # the target was the leader when the fault began
+    failover: float | None = None  # seconds until a new leader token appeared
+    failover_from: str = ""  # "start" or "end" (Redis restart: from Redis being back)
+    note: str = ""
+
+    def window_ms(self) -> tuple[int, int]:
+        return (round((self.start_wall - WINDOW_BEFORE) * 1000),
+                round((self.end_wall + WINDOW_AFTER) * 1000))
+
+
+@dataclass
+class Observation:
+    mono: float
+    wall: float
+    token: str | None
+    ok: bool  # False: Redis did not answer
+
+
+class Monitor(threading.Thread):
+    """Polls the leader key (changes only are kept) and copies the history stream."""
+
+    def __init__(self, server: RedisServer, prefix: str, interval: float = 0.02) -> None:
+        super().__init__(name="chaos-monitor", daemon=True)
+        self.client = server.client(timeout=0.5)
+        self.leader_key = "{" + prefix + "}:leader"
+        self.history_key = "{" + prefix + "}:history"
+        self.interval = interval
+        self.lock = threading.Lock()
+        self.observations: list[Observation] = []
+        self.history: dict[tuple[str, ...], dict[str, str]] = {}
+        self._last_id = "-"
+        self._stop = threading.Event()
+
+    def run(self) -> None:
+        n = 0
+        while not self._stop.is_set():
+            self._poll_leader()
+            if n % 10 == 0:
+                self._copy_history()
+            n += 1
+            self._stop.wait(self.interval)
+        self._copy_history()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.join(10)
+        self.client.close()
+
+    def _poll_leader(self) -> None:
+        try:
+            raw = self.client.get(self.leader_key)
+            obs = Observation(time.monotonic(), time.time(), raw.decode() if raw else None, True)
+        except Exception:
+            obs = Observation(time.monotonic(), time.time(), None, False)
+        with self.lock:
+            last = self.observations[-1] if self.observations else None
+            if last is None or (last.token, last.ok) != (obs.token, obs.ok):
+                self.observations.append(obs)
+
+    def _copy_history(self) -> None:
+        try:
+            start = "-" if self._last_id == "-" else "(" + self._last_id
+            rows = self.client.xrange(self.history_key, min=start, max="+", count=10000)
+        except Exception:
+            self._last_id = "-"  # Redis may come back empty: read the new stream from its start
+            return
+        with self.lock:
+            for event_id, fields in rows:
+                row = {k.decode(): v.decode() for k, v in fields.items()}
+                row["id"] = event_id.decode()
+                key = (row["id"], row.get("event", ""), row.get("entry", ""),
+                       row.get("slot", ""), row.get("node", ""))
+                self.history[key] = row
+        if rows:
+            self._last_id = rows[-1][0].decode()
+
+    def snapshot(self) -> tuple[list[Observation], list[dict[str, str]]]:
+        with self.lock:
+            return list(self.observations), list(self.history.values())
+
+
+@dataclass
+class Node:
+    """One of the N beat seats: its proxy and its current process (replaced on kill/term)."""
+
+    index: int
+    proxy: TcpProxy
+    proc: BeatProcess
+    generation: int = 0
+
+
+@dataclass
+class Spawned:
+    proc: BeatProcess
+    label: str
+    expected_exit: str = ""  # why the injector ended it ("" = it must be alive)
+
+
+# -- the report ---------------------------------------------------------------------------
+
+
+@dataclass
+class Report:
+    seed: int
+    nodes: int
+    wall_seconds: float = 0.0
+    chaos_seconds: float = 0.0
+    faults: list[Fault] = field(default_factory=list)
+    expected: int = 0
+    messages: int = 0
+    unique: int = 0
+    duplicates: list[tuple[str, str]] = field(default_factory=list)
+    missing: int = 0
+    explained_history: int = 0
+    explained_unsent: int = 0
+    explained_window: int = 0
+    unexplained: list[tuple[str, str]] = field(default_factory=list)
+    issues: list[str] = field(default_factory=list)
+    info: list[str] = field(default_factory=list)
+    workdir: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.duplicates and not self.unexplained and not self.issues
+
+    @property
+    def longest_failover(self) -> Fault | None:
+        measured = [f for f in self.faults if f.failover is not None]
+        return max(measured, key=lambda f: f.failover or 0.0) if measured else None
+
+    def summary(self) -> str:
+        kinds = Counter(f.kind for f in self.faults)
+        kinds_text = " ".join(f"{k}={kinds[k]}" for k in FAULT_KINDS if kinds[k])
+        longest = self.longest_failover
+        longest_text = (f"{longest.failover:.2f}s ({longest.kind}, {longest.failover_from})"
+                        if longest else "n/a")
+        per_kind = []
+        for kind in FAULT_KINDS:
+            values = [f.failover for f in self.faults if f.kind == kind and f.failover is not None]
+            if values:
+                per_kind.append(f"{kind}<={max(values):.2f}s")
+        s = f"chaos seed={self.seed}"
+        lines = [
+            f"{s} nodes={self.nodes} duration={self.wall_seconds:.1f}s "
+            f"(chaos {self.chaos_seconds:.1f}s) faults={len(self.faults)} [{kinds_text}]",
+            f"{s} slots expected={self.expected} sent={self.messages} unique={self.unique} "
+            f"duplicate={len(self.duplicates)} missed-explained="
+            f"{self.explained_history + self.explained_unsent + self.explained_window} "
+            f"(history-missed={self.explained_history} history-unsent={self.explained_unsent} "
+            f"fault-window={self.explained_window}) missed-unexplained={len(self.unexplained)}",
+            f"{s} longest failover={longest_text} [{' '.join(per_kind)}]",
+            f"{s} verdict={'PASS' if self.ok else 'FAIL'} issues={len(self.issues)} "
+            f"(replay: LEADERBEAT_CHAOS_SEED={self.seed}) logs={self.workdir}",
+        ]
+        return "\n".join(lines)
+
+    def fault_table(self, t0_mono: float | None = None) -> str:
+        t0 = t0_mono if t0_mono is not None else (self.faults[0].start_mono if self.faults else 0)
+        rows = []
+        for f in self.faults:
+            fo = f"{f.failover:.2f}s from {f.failover_from}" if f.failover is not None else "-"
+            rows.append(f"  +{f.start_mono - t0:6.1f}s {f.kind:<13} {f.target:<28} "
+                        f"{f.end_mono - f.start_mono:5.1f}s  wall {iso(round(f.start_wall*1000))}"
+                        f"..{iso(round(f.end_wall*1000))}  failover {fo} {f.note}")
+        return "\n".join(rows)
+
+    def failure_text(self) -> str:
+        parts = [self.summary(), "faults:", self.fault_table()]
+        if self.duplicates:
+            parts.append(f"DUPLICATE (entry, slot): {self.duplicates[:20]}")
+        if self.unexplained:
+            parts.append(f"UNEXPLAINED missing slots: {self.unexplained[:30]}")
+        parts += [f"ISSUE: {i}" for i in self.issues]
+        parts += [f"info: {i}" for i in self.info]
+        return "\n".join(parts)
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        data["ok"] = self.ok
+        return json.dumps(data, indent=1, default=str)
+
+
+# -- the verdict (pure: no processes, no Redis) -----------------------------------------
+
+
+def expected_slots(kind: str, step_ms: int, observed: Sequence[int], restarts_ms: Sequence[int],
+                   end_ms: int) -> tuple[list[int], list[int]]:
+    """(expected slots, off-grid observed slots) of one entry, up to ``end_ms``.
+
+    ``kind`` "cron": a fixed grid of multiples of ``step_ms`` (``*/2`` seconds) from the
+    first observed slot. ``kind`` "interval": the phase is the entry's anchor, which a
+    Redis restart (state lost) re-anchors at "now"; so the observed slots are split into
+    segments at each restart (slots older than the kill belong to the segment before),
+    each segment is a grid ``first + k*step``, and a segment's grid runs until the next
+    non-empty segment's anchor (its first slot minus one step) or ``end_ms``.
+    """
+    observed = sorted(set(observed))
+    if not observed:
+        return [], []
+    if kind == "cron":
+        start = observed[0] - observed[0] % step_ms
+        grid = list(range(start, end_ms + 1, step_ms))
+        return grid, [s for s in observed if s % step_ms]
+    bounds = sorted(restarts_ms)
+    segments: list[list[int]] = [[] for _ in range(len(bounds) + 1)]
+    for s in observed:
+        segments[sum(1 for b in bounds if s >= b)].append(s)
+    segments = [seg for seg in segments if seg]
+    grid: list[int] = []
+    off: list[int] = []
+    for i, seg in enumerate(segments):
+        first = seg[0]
+        limit = segments[i + 1][0] - step_ms if i + 1 < len(segments) else end_ms
+        grid += list(range(first, max(limit, seg[-1]) + 1, step_ms))
+        off += [s for s in seg if (s - first) % step_ms]
+    return sorted(set(grid)), off
+
+
+def verdict(report: Report, *, schedule: Mapping[str, Mapping[str, Any]],
+            messages: Iterable[tuple[str | None, Any]], history: Iterable[Mapping[str, str]],
+            restarts_wall: Sequence[float], end_wall: float) -> Report:
+    """Fill ``report``'s slot counts from what the broker received and the history said."""
+    msgs = [(entry, slot) for entry, slot in messages]
+    report.messages = len(msgs)
+    counts = Counter(msgs)
+    report.duplicates = sorted((str(e), str(s)) for (e, s), n in counts.items() if n > 1)
+    report.unique = len(counts)
+    unknown = sorted({str(e) for e, _ in msgs if e not in schedule})
+    if unknown:
+        report.issues.append(f"messages for unknown entries (or without headers): {unknown}")
+
+    observed: dict[str, list[int]] = defaultdict(list)
+    for entry, slot in counts:
+        if entry in schedule and slot is not None:
+            observed[entry].append(slot_ms(slot))
+
+    missed_hist: set[tuple[str, int]] = set()
+    unsent_hist: set[tuple[str, int]] = set()
+    for row in history:
+        if row.get("event") not in ("missed", "unsent") or not row.get("slot"):
+            continue
+        if "not listed" in row.get("detail", ""):
+            continue  # an aggregate count, not this slot
+        key = (row.get("entry", ""), int(row["slot"]))
+        (missed_hist if row["event"] == "missed" else unsent_hist).add(key)
+
+    windows = [f.window_ms() for f in report.faults]
+    restarts_ms = [round(w * 1000) for w in restarts_wall]
+    end_ms = round((end_wall - END_MARGIN) * 1000)
+    for entry, spec in schedule.items():
+        seen = observed.get(entry, [])
+        if not seen:
+            report.issues.append(f"entry {entry}: no message at all")
+            continue
+        if "every" in spec:
+            kind, step = "interval", round(float(spec["every"]) * 1000)
+        elif spec.get("cron") == "*/2 * * * * *":
+            kind, step = "cron", 2000
+        else:
+            raise ValueError(f"the verdict does not know the slots of {entry}: {spec}")
+        grid, off = expected_slots(kind, step, seen, restarts_ms, end_ms)
+        if off:
+            report.issues.append(f"entry {entry}: {len(off)} slot(s) off its grid: "
+                                 f"{[iso(s) for s in off[:10]]}")
+        seen_set = set(seen)
+        report.expected += len(grid)
+        sent_missed = sorted(s for (e, s) in missed_hist if e == entry and s in seen_set)
+        if sent_missed:
+            report.issues.append(f"entry {entry}: {len(sent_missed)} slot(s) recorded 'missed' "
+                                 f"in the history but sent: {[iso(s) for s in sent_missed[:10]]}")
+        for s in grid:
+            if s in seen_set:
+                continue
+            report.missing += 1
+            if (entry, s) in missed_hist:
+                report.explained_history += 1
+            elif (entry, s) in unsent_hist:
+                report.explained_unsent += 1
+            elif any(lo <= s <= hi for lo, hi in windows):
+                report.explained_window += 1
+            else:
+                report.unexplained.append((entry, iso(s)))
+    return report
+
+
+def measure_failovers(faults: Iterable[Fault], observations: Sequence[Observation],
+                      report: Report) -> None:
+    """Per fault: seconds until a new leader token appeared; issues where over the bound."""
+    for f in faults:
+        if f.kind == "restart_redis":
+            ref, f.failover_from = f.end_mono, "Redis back"
+            new = next((o for o in observations
+                        if o.mono >= ref and o.ok and o.token), None)
+        elif f.hit_leader:
+            ref, f.failover_from = f.start_mono, "fault start"
+            new = next((o for o in observations
+                        if o.mono >= ref and o.ok and o.token and o.token != f.leader_before),
+                       None)
+        else:
+            continue
+        if new is None:
+            report.issues.append(f"{f.kind} at wall {iso(round(f.start_wall * 1000))}: no new "
+                                 f"leader token ever appeared (before: {f.leader_before})")
+            continue
+        took = new.mono - ref
+        if f.kind in ("cut_link", "stall_link") and new.mono > f.end_mono + TTL + POLL + 5:
+            f.note += " leader kept its lease (no takeover)"
+            continue
+        if f.kind in ("cut_link", "stall_link") and node_of(new.token) == node_of(f.leader_before):
+            f.note += " same node re-elected"
+        f.failover = took
+        if took > FAILOVER_BOUND[f.kind]:
+            report.issues.append(f"{f.kind} at wall {iso(round(f.start_wall * 1000))}: new leader "
+                                 f"after {took:.2f}s > bound {FAILOVER_BOUND[f.kind]:.1f}s")
+
+
+# -- the run ------------------------------------------------------------------------------
+
+
+class ChaosRun:
+    """One chaos run in ``workdir``; :meth:`run` returns the :class:`Report`."""
+
+    def __init__(self, workdir: str | Path, *, seed: int, nodes: int = 3,
+                 duration: float = 40.0, gap: tuple[float, float] = (2.0, 5.0),
+                 steady: float = 8.0, log: Callable[[str], None] = print) -> None:
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.seed = seed
+        self.rng = random.Random(seed)
+        self.n = nodes
+        self.duration = duration
+        self.gap = gap
+        self.steady = steady
+        self._print = log
+        self.prefix = f"chaos-{seed}"
+        self.report = Report(seed=seed, nodes=nodes, workdir=str(self.workdir))
+        self.faults: list[Fault] = []
+        self.restarts_wall: list[float] = []
+        self.spawned: list[Spawned] = []
+        self.nodes: list[Node] = []
+        self._bag: list[str] = []
+        self._events = open(self.workdir / "chaos-events.log", "a")  # noqa: SIM115
+        self.t0 = time.monotonic()
+
+    # -- logging
+
+    def log(self, text: str) -> None:
+        line = f"[chaos seed={self.seed} +{time.monotonic() - self.t0:6.1f}s] {text}"
+        self._events.write(line + "\n")
+        self._events.flush()
+        self._print(line)
+
+    # -- lifecycle
+
+    def run(self) -> Report:
+        self.log(f"start: seed={self.seed} nodes={self.n} chaos={self.duration:.0f}s "
+                 f"workdir={self.workdir} (replay: LEADERBEAT_CHAOS_SEED={self.seed})")
+        self.state = RedisServer(workdir=self.workdir / "redis-state")
+        self.broker = RedisServer(workdir=self.workdir / "redis-broker")
+        self.ctl = self.state.client(timeout=0.5)
+        self.recorder = Recorder(self.broker.client())
+        self.monitor = Monitor(self.state, self.prefix)
+        try:
+            self.env = beat_env(self.workdir, broker_url=self.broker.url_for(0),
+                                redis_url=self.state.url, prefix=self.prefix,
+                                schedule=SCHEDULE, settings=SETTINGS)
+            for i in range(self.n):
+                proxy = TcpProxy("127.0.0.1", self.state.port)
+                self.nodes.append(Node(i, proxy, self._spawn(i, proxy, 0)))
+            self.monitor.start()
+            self._warm_up()
+            chaos_start = time.monotonic()
+            chaos_end = chaos_start + self.duration
+            while True:
+                gap = self.rng.uniform(*self.gap)
+                kind = self._next_kind()
+                params = (self.rng.random(), self.rng.random(), self.rng.uniform(1.5, 5.0))
+                if time.monotonic() + gap >= chaos_end:
+                    break
+                time.sleep(gap)
+                self._inject(kind, *params)
+                self._settle()
+            self.report.chaos_seconds = time.monotonic() - chaos_start
+            self.log(f"chaos over after {len(self.faults)} faults; steady for {self.steady:.0f}s")
+            time.sleep(self.steady)
+            end_wall = time.time()
+            self.recorder.drain()
+            self._check_processes()
+        finally:
+            if self.monitor.is_alive():
+                self.monitor.stop()
+            self._teardown()
+        observations, history = self.monitor.snapshot()
+        report = self.report
+        report.faults = self.faults
+        report.wall_seconds = time.monotonic() - self.t0
+        measure_failovers(self.faults, observations, report)
+        verdict(report, schedule=SCHEDULE,
+                messages=((m.entry, m.slot) for m in self.recorder.messages),
+                history=history, restarts_wall=self.restarts_wall, end_wall=end_wall)
+        self._info(history)
+        (self.workdir / "chaos-report.json").write_text(report.to_json())
+        (self.workdir / "chaos-history.json").write_text(json.dumps(history, indent=0))
+        (self.workdir / "chaos-leader.json").write_text(
+            json.dumps([asdict(o) for o in observations], indent=0))
+        self.log("faults:\n" + report.fault_table(self.t0))
+        for line in report.summary().splitlines():
+            self.log(line)
+        self._events.close()
+        return report
+
+    def _warm_up(self) -> None:
+        """Wait for a leader and a first message of every entry (conditions, not sleeps)."""
+        if not wait_until(self._live_leader, 40):
+            raise AssertionError(f"seed {self.seed}: no leader within 40s\n{self._logs_tail()}")
+        entries = set(SCHEDULE)
+
+        def all_seen() -> bool:
+            self.recorder.drain()
+            return entries <= {m.entry for m in self.recorder.messages}
+
+        if not wait_until(all_seen, 20, step=0.1):
+            raise AssertionError(f"seed {self.seed}: not every entry was sent within 20s\n"
+                                 f"{self._logs_tail()}")
+        self.log(f"warm: leader {self._read_leader()}, {len(self.recorder.messages)} messages")
+
+    def _teardown(self) -> None:
+        for sp in self.spawned:
+            try:
+                sp.proc.close()
+            except Exception:
+                pass
+        for node in self.nodes:
+            node.proxy.close()
+        try:
+            self.ctl.close()
+            self.recorder.client.close()
+        except Exception:
+            pass
+        self.state.kill()
+        self.broker.kill()
+
+    # -- processes
+
+    def _spawn(self, index: int, proxy: TcpProxy, generation: int) -> BeatProcess:
+        env = dict(self.env, LB_REDIS_URL=proxy.url_for(0))
+        proc = BeatProcess(env=env, log_path=self.workdir / f"beat-{index}-{generation}.log")
+        self.spawned.append(Spawned(proc, f"beat-{index}-{generation}"))
+        return proc
+
+    def _replace(self, node: Node) -> None:
+        node.generation += 1
+        node.proc = self._spawn(node.index, node.proxy, node.generation)
+
+    def _expect_exit(self, proc: BeatProcess, why: str) -> None:
+        for sp in self.spawned:
+            if sp.proc is proc:
+                sp.expected_exit = why
+
+    def _check_processes(self) -> None:
+        for sp in self.spawned:
+            if sp.expected_exit:
+                if sp.expected_exit == "SIGTERM" and sp.proc.returncode not in (0, None):
+                    self.report.issues.append(
+                        f"{sp.label} (pid {sp.proc.pid}) exited {sp.proc.returncode} after "
+                        f"SIGTERM, expected 0\n{_tail(sp.proc.log_text())}")
+                continue
+            if not sp.proc.alive:
+                self.report.issues.append(
+                    f"{sp.label} (pid {sp.proc.pid}) exited ({sp.proc.returncode}) though "
+                    f"nothing killed it\n{_tail(sp.proc.log_text())}")
+
+    def _logs_tail(self) -> str:
+        return "\n".join(f"--- {sp.label} pid {sp.proc.pid} ---\n{_tail(sp.proc.log_text(), 15)}"
+                         for sp in self.spawned)
+
+    # -- leadership
+
+    def _read_leader(self) -> str | None:
+        try:
+            raw = self.ctl.get("{" + self.prefix + "}:leader")
+        except Exception:
+            return None
+        return raw.decode() if raw else None
+
+    def _node_by_pid(self, pid: int | None) -> Node | None:
+        return next((n for n in self.nodes if pid is not None and n.proc.pid == pid), None)
+
+    def _live_leader(self) -> tuple[str, Node] | None:
+        """(token, node) when the leader key names one of our running, not stopped, beats."""
+        token = self._read_leader()
+        node = self._node_by_pid(pid_of(token))
+        if token and node and node.proc.alive:
+            return token, node
+        return None
+
+    def _settle(self, timeout: float = 25.0) -> None:
+        """After a fault: wait for N live beats and a live leader among them."""
+        ok = wait_until(lambda: all(n.proc.alive for n in self.nodes) and self._live_leader(),
+                        timeout)
+        if not ok:
+            self.report.issues.append(
+                f"no live leader {timeout:.0f}s after the fault of "
+                f"{self.faults[-1].kind if self.faults else '-'} (leader key: "
+                f"{self._read_leader()})")
+            self.log(f"ISSUE: no live leader within {timeout:.0f}s")
+
+    # -- faults
+
+    def _next_kind(self) -> str:
+        if not self._bag:
+            self._bag = list(FAULT_KINDS)
+            self.rng.shuffle(self._bag)
+        return self._bag.pop()
+
+    def _pick(self, u_leader: float, u_index: float, leader_bias: float) -> tuple[Node, str | None]:
+        """The leader with probability ``leader_bias``, else one of the others."""
+        live = self._live_leader()
+        token, leader = (live if live else (self._read_leader(), None))
+        if leader is not None and u_leader < leader_bias:
+            return leader, token
+        others = [n for n in self.nodes if n is not leader]
+        return others[int(u_index * len(others)) % len(others)], token
+
+    def _begin(self, kind: str, target: str, token: str | None, hit_leader: bool) -> Fault:
+        fault = Fault(kind, target, time.monotonic(), time.time(), leader_before=token,
+                      hit_leader=hit_leader)
+        self.faults.append(fault)
+        self.log(f"fault {kind} -> {target} (leader {token})")
+        return fault
+
+    def _end(self, fault: Fault, note: str = "") -> None:
+        fault.end_mono, fault.end_wall = time.monotonic(), time.time()
+        fault.note += note
+        self.log(f"fault {fault.kind} over after {fault.end_mono - fault.start_mono:.1f}s {note}")
+
+    def _inject(self, kind: str, u_leader: float, u_index: float, duration: float) -> None:
+        getattr(self, f"_fault_{kind}")(u_leader, u_index, duration)
+
+    def _fault_kill_leader(self, u_leader: float, u_index: float, duration: float) -> None:
+        node, token = self._pick(u_leader, u_index, 1.0)
+        hit = token is not None and pid_of(token) == node.proc.pid
+        proc = node.proc
+        fault = self._begin("kill_leader", f"beat-{node.index} pid {proc.pid}", token, hit)
+        self._expect_exit(proc, "SIGKILL")
+        proc.kill()
+        self._end(fault)
+        self._replace(node)
+
+    def _fault_stop_leader(self, u_leader: float, u_index: float, duration: float) -> None:
+        node, token = self._pick(u_leader, u_index, 1.0)
+        proc = node.proc
+        fault = self._begin("stop_leader", f"beat-{node.index} pid {proc.pid}", token, False)
+        proc.stop()
+        # Was it still the leader once frozen? (Only then must it step down on SIGCONT.)
+        fault.hit_leader = token is not None and self._read_leader() == token \
+            and pid_of(token) == proc.pid
+        wait_until(lambda: (t := self._read_leader()) is not None and t != token,
+                   TTL + POLL + 8)
+        past = fault.start_mono + TTL + 0.5 + duration / 5  # 0.8 .. 1.5 s past the TTL
+        time.sleep(max(0.0, past - time.monotonic()))
+        since = len(proc.log_text())
+        proc.cont()
+        self._end(fault)
+        if fault.hit_leader:
+            try:
+                proc.wait_for_log(r"steps down", timeout=10, since=since)
+            except AssertionError as exc:
+                self.report.issues.append(f"stop_leader: the resumed leader did not step down "
+                                          f"(or exited): {exc}")
+
+    def _fault_term_node(self, u_leader: float, u_index: float, duration: float) -> None:
+        node, token = self._pick(u_leader, u_index, 0.6)
+        proc = node.proc
+        hit = token is not None and pid_of(token) == proc.pid
+        fault = self._begin("term_node", f"beat-{node.index} pid {proc.pid}"
+                            f"{' (leader)' if hit else ''}", token, hit)
+        self._expect_exit(proc, "SIGTERM")
+        try:
+            code = proc.term(timeout=15)
+            note = f"exit {code}"
+        except AssertionError as exc:
+            self.report.issues.append(f"term_node: {exc}")
+            note = "ignored SIGTERM"
+        self._end(fault, note)
+        self._replace(node)
+
+    def _fault_restart_redis(self, u_leader: float, u_index: float, duration: float) -> None:
+        token = self._read_leader()
+        fault = self._begin("restart_redis", f"redis :{self.state.port}", token, True)
+        self.state.kill()
+        self.restarts_wall.append(fault.start_wall)
+        time.sleep(duration / 2)  # down for 0.75 .. 2.5 s
+        self.state.restart()
+        self._end(fault, "(back empty)")
+
+    def _fault_link(self, kind: str, mode: str, u_leader: float, u_index: float,
+                    duration: float) -> None:
+        node, token = self._pick(u_leader, u_index, 0.75)
+        hit = token is not None and pid_of(token) == node.proc.pid
+        fault = self._begin(kind, f"beat-{node.index} link{' (leader)' if hit else ''}",
+                            token, hit)
+        node.proxy.set_mode(mode)  # type: ignore[arg-type]
+        time.sleep(duration)
+        node.proxy.set_mode("forward")
+        self._end(fault)
+
+    def _fault_cut_link(self, u_leader: float, u_index: float, duration: float) -> None:
+        self._fault_link("cut_link", "drop", u_leader, u_index, duration)
+
+    def _fault_stall_link(self, u_leader: float, u_index: float, duration: float) -> None:
+        self._fault_link("stall_link", "blackhole", u_leader, u_index, duration)
+
+    # -- extra information
+
+    def _info(self, history: list[dict[str, str]]) -> None:
+        events = Counter(row.get("event") for row in history)
+        self.report.info.append(f"history events copied: {dict(events)}")
+        epochs = Counter(str(m.epoch) for m in self.recorder.messages)
+        self.report.info.append(f"messages per epoch: {dict(sorted(epochs.items()))}")
+        tracebacks = {sp.label: sp.proc.log_text().count("Traceback") for sp in self.spawned}
+        tracebacks = {k: v for k, v in tracebacks.items() if v}
+        if tracebacks:
+            self.report.info.append(f"tracebacks in beat logs: {tracebacks}")
+
+
+def _tail(text: str, lines: int = 25) -> str:
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def seed_from_env(environ: Mapping[str, str]) -> int:
+    """``LEADERBEAT_CHAOS_SEED`` when set, else a fresh random seed."""
+    raw = environ.get("LEADERBEAT_CHAOS_SEED", "").strip()
+    return int(raw) if raw else random.SystemRandom().randrange(1, 10**6)

@@ -1,0 +1,49 @@
+"""Chaos: N real beats under seeded random faults; zero duplicates, every miss explained.
+
+- ``test_chaos_short``: about 60 s, 3 beats; part of the default test command (``slow``).
+- ``test_chaos_soak``: ``LEADERBEAT_SOAK=<seconds>`` of chaos with 5 beats (skipped
+  otherwise). ``python bench/soak.py`` runs the same outside pytest.
+
+Every run prints its seed first and its summary last (to the terminal, not captured);
+replay one with ``LEADERBEAT_CHAOS_SEED=<seed>``. Logs, the fault list, the copied
+history and the leader-key timeline stay in the test's ``tmp_path``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from .harness import ChaosRun, seed_from_env
+
+SHORT_CHAOS_SECONDS = 40.0
+
+
+def run_chaos(tmp_path, capsys, *, nodes: int, duration: float):
+    seed = seed_from_env(os.environ)
+    with capsys.disabled():
+        print(f"\nchaos seed={seed} (replay: LEADERBEAT_CHAOS_SEED={seed})", flush=True)
+    lines: list[str] = []
+    run = ChaosRun(tmp_path / "chaos", seed=seed, nodes=nodes, duration=duration,
+                   log=lines.append)
+    report = run.run()
+    with capsys.disabled():
+        print(report.summary(), flush=True)
+    print("\n".join(lines))  # captured: shown with a failure
+    assert report.ok, f"chaos run FAILED; replay with LEADERBEAT_CHAOS_SEED={seed}\n" \
+                      f"{report.failure_text()}"
+    return report
+
+
+@pytest.mark.slow
+def test_chaos_short(tmp_path, capsys):
+    run_chaos(tmp_path, capsys, nodes=3, duration=SHORT_CHAOS_SECONDS)
+
+
+@pytest.mark.slow
+@pytest.mark.soak
+@pytest.mark.skipif(not os.environ.get("LEADERBEAT_SOAK"),
+                    reason="set LEADERBEAT_SOAK=<seconds> for the chaos soak")
+def test_chaos_soak(tmp_path, capsys):
+    run_chaos(tmp_path, capsys, nodes=5, duration=float(os.environ["LEADERBEAT_SOAK"]))

@@ -1,0 +1,73 @@
+"""The chaos verdict itself, on hand-made evidence (fast, no processes)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from .harness import (
+    Fault,
+    Observation,
+    Report,
+    expected_slots,
+    measure_failovers,
+    pid_of,
+    verdict,
+)
+
+T0 = 1_700_000_000_000  # ms, an even second
+
+
+def iso(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, timezone.utc).isoformat()
+
+
+def test_interval_grid_is_split_at_redis_restarts_and_phase_may_change():
+    before = [T0 + k * 1000 for k in range(5)]  # ..T0+4000
+    after = [T0 + 9_300 + k * 1000 for k in range(4)]  # re-anchored with a new phase
+    grid, off = expected_slots("interval", 1000, before + after, [T0 + 5_000], T0 + 12_300)
+    assert off == []
+    assert grid == before + [T0 + 5000, T0 + 6000, T0 + 7000, T0 + 8000] + after
+
+
+def test_off_grid_slots_are_reported():
+    grid, off = expected_slots("interval", 2000, [T0, T0 + 2000, T0 + 3000, T0 + 4000], [], T0 + 4000)
+    assert off == [T0 + 3000]
+    grid, off = expected_slots("cron", 2000, [T0, T0 + 1000], [], T0 + 4000)
+    assert off == [T0 + 1000] and grid == [T0, T0 + 2000, T0 + 4000]
+
+
+def test_missing_slots_are_explained_by_history_or_window_else_reported():
+    schedule = {"a": {"every": 1}}
+    sent = [T0, T0 + 1000, T0 + 4000, T0 + 20_000]  # 2000, 3000 and 5000..19000 missing
+    fault = Fault("kill_leader", "x", 0.0, (T0 + 4500) / 1000, 0.0, (T0 + 4500) / 1000)
+    report = verdict(Report(seed=1, nodes=3, faults=[fault]), schedule=schedule,
+                     messages=[("a", iso(s)) for s in sent + [T0]],
+                     history=[{"event": "missed", "entry": "a", "slot": str(T0 + 2000),
+                               "detail": "latest"}],
+                     restarts_wall=[], end_wall=(T0 + 23_000) / 1000)
+    assert report.duplicates == [("a", iso(T0))]
+    assert report.explained_history == 1  # 2000
+    # 3000 .. 10000 lie in [4500 - 1000, 4500 + ttl + poll + 2] = [3500, 10000]? 3000 does not
+    assert report.explained_window == len(range(T0 + 5000, T0 + 10_001, 1000))
+    unexplained = {e_slot for e_slot in report.unexplained}
+    assert len(unexplained) == 1 + len(range(T0 + 11_000, T0 + 20_000, 1000))
+    assert not report.ok
+
+
+def test_history_missed_but_sent_is_an_issue():
+    report = verdict(Report(seed=1, nodes=3), schedule={"a": {"every": 1}},
+                     messages=[("a", iso(T0)), ("a", iso(T0 + 1000))],
+                     history=[{"event": "missed", "entry": "a", "slot": str(T0 + 1000),
+                               "detail": "latest"}],
+                     restarts_wall=[], end_wall=(T0 + 4000) / 1000)
+    assert report.missing == 0 and any("recorded 'missed'" in i for i in report.issues)
+
+
+def test_failover_is_time_to_a_different_token():
+    f = Fault("kill_leader", "x", 10.0, 0.0, 10.0, 0.0, leader_before="h:1:a|1", hit_leader=True)
+    obs = [Observation(9.0, 0, "h:1:a|1", True), Observation(12.0, 0, None, True),
+           Observation(13.4, 0, "h:2:b|2", True)]
+    report = Report(seed=1, nodes=3)
+    measure_failovers([f], obs, report)
+    assert abs(f.failover - 3.4) < 1e-9 and report.issues == []
+    assert pid_of("host:1234:abc|7") == 1234
