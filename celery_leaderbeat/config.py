@@ -85,7 +85,7 @@ class Config:
         if raw["key_prefix"] is None:
             raw["key_prefix"] = f"leaderbeat:{app.main or 'default'}"
         if raw["node_id"] is None:
-            raw["node_id"] = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+            raw["node_id"] = default_node_id()
         return cls.from_values(raw, problems)
 
     @classmethod
@@ -145,6 +145,21 @@ class Config:
             degraded_max_seconds=float(degraded), max_clock_skew=float(skew),
             history_length=history,
         )
+
+
+_node_ids: dict[int, str] = {}
+
+
+def default_node_id() -> str:
+    """``host:pid:random``, the same for every scheduler built in this process.
+
+    Celery builds the scheduler twice (lazily for the banner, then for real):
+    both must name the same node. A forked ``worker -B`` child gets its own.
+    """
+    pid = os.getpid()
+    if pid not in _node_ids:
+        _node_ids[pid] = f"{socket.gethostname()}:{pid}:{uuid.uuid4().hex[:6]}"
+    return _node_ids[pid]
 
 
 class _Validator:

@@ -57,6 +57,11 @@ class Lease:
         return (self.token is not None and not self._lost.is_set()
                 and self.clock() < self._valid_until)
 
+    @property
+    def lost(self) -> bool:
+        """True once Redis said the lease belongs to someone else (not merely unconfirmed)."""
+        return self._lost.is_set()
+
     def remaining(self) -> float:
         """Seconds until self-fencing stops this node from sending."""
         return max(0.0, self._valid_until - self.clock()) if self.token else 0.0

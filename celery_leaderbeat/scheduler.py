@@ -77,6 +77,10 @@ class Scheduler(beat.Scheduler):
         self._closed = False
         self._registered_at = 0.0
         self._server_checked = False
+        self._redis_back_at = 0.0
+        #: last-leader mode: monotonic start of the outage, and what was sent meanwhile
+        self._degraded_since: float | None = None
+        self._degraded_sent: list[tuple[str, datetime]] = []
         self._unsent: list[tuple[str, datetime]] = []
         super().__init__(app, *args, lazy=lazy, **kwargs)
 
@@ -134,6 +138,8 @@ class Scheduler(beat.Scheduler):
         try:
             self._connect()
             self._watch_wall_clock()
+            if self._degraded_since is not None:
+                return self._lead_degraded()
             delay = self._lead() if self.role == LEADER else self._stand_by()
             self._heartbeat_registry()
         except LeaseLostError as exc:
@@ -150,6 +156,7 @@ class Scheduler(beat.Scheduler):
             logger.info("leaderbeat: Redis at %s answers again",
                         describe(self.lb_config.redis_url))
             self._redis_failures = 0
+            self._redis_back_at = time.monotonic()
         return delay
 
     def _redis_trouble(self, exc: Exception) -> float:
@@ -160,7 +167,13 @@ class Scheduler(beat.Scheduler):
                            if self.role == LEADER else "standing by")
         self._redis_failures += 1
         self._pubsub = None
-        if self.role == LEADER and not self.lease.is_held():
+        if (self.role == LEADER and self.lb_config.redis_down_policy == "last-leader"
+                and self._degraded_since is None and not self.lease.lost):
+            self._degraded_since = time.monotonic()
+            logger.warning("leaderbeat: redis_down_policy=last-leader: %s keeps sending from its "
+                           "own state for at most %s s while Redis is unreachable",
+                           self.lb_config.node_id, self.lb_config.degraded_max_seconds)
+        elif self.role == LEADER and self._degraded_since is None and not self.lease.is_held():
             self._step_down("lease could not be confirmed while Redis was unreachable",
                             release=False)
         return min(0.25 * 2 ** min(self._redis_failures - 1, 6),
@@ -196,6 +209,11 @@ class Scheduler(beat.Scheduler):
         if self._skew_refused:
             logger.info("leaderbeat: clock skew %+.3f s is within limits again", skew)
             self._skew_refused = False
+        if (self.lb_config.redis_down_policy == "last-leader" and self._redis_back_at
+                and time.monotonic() - self._redis_back_at < self.lb_config.lease_ttl):
+            # after an outage the previous leader goes first: it reconciles what it sent
+            self._wait_for_release(self.lb_config.standby_poll)
+            return 0.0
         if self.lease.try_acquire():
             self._become_leader()
             return 0.0
@@ -299,19 +317,22 @@ class Scheduler(beat.Scheduler):
 
     def _lead(self) -> float:
         if not self.lease.is_held():
+            if self.lb_config.redis_down_policy == "last-leader" and not self.lease.lost:
+                self._client.ping()  # unreachable: the last leader goes on (degraded mode)
             self._step_down("lease not confirmed in time (self-fencing)")
+            return 0.0
+        skew = self.lease.clock_skew
+        if skew is not None and abs(skew) > self.lb_config.max_clock_skew:
+            self._step_down(f"clock is {skew:+.3f} s off Redis TIME, beyond "
+                            f"leaderbeat_max_clock_skew={self.lb_config.max_clock_skew}",
+                            release=True)
             return 0.0
         if self._tracked_version != self._schedule_version:
             self._reload()
         now = _utcnow()
         now_ts = now.timestamp()
-        due: list[tuple[_Tracked, Any]] = []
         earliest = self._heap[0][0] if self._heap else now_ts
-        while self._heap and self._heap[0][0] <= now_ts:
-            _, name = heapq.heappop(self._heap)
-            tracked = self._tracked[name]
-            due.append((tracked, plan(tracked.clock, last=tracked.last, now=now,
-                                      since=self._since, policy=tracked.options.policy)))
+        due = self._pop_due(now)
         if due:
             started = time.monotonic()
             try:
@@ -323,9 +344,79 @@ class Scheduler(beat.Scheduler):
                 logger.info("leaderbeat: sent %d slot(s) of %d due entries in %.0f ms, "
                             "%.0f ms after the earliest was due", sent, len(due),
                             (time.monotonic() - started) * 1000, (now_ts - earliest) * 1000)
+        return self._delay()
+
+    def _delay(self) -> float:
         if not self._heap:
             return float(self.max_interval)
         return max(0.0, min(self._heap[0][0] - time.time(), float(self.max_interval)))
+
+    def _pop_due(self, now: datetime) -> list[tuple[_Tracked, Any]]:
+        """Take every entry due by ``now`` off the heap, with its plan."""
+        due = []
+        now_ts = now.timestamp()
+        while self._heap and self._heap[0][0] <= now_ts:
+            _, name = heapq.heappop(self._heap)
+            tracked = self._tracked[name]
+            due.append((tracked, plan(tracked.clock, last=tracked.last, now=now,
+                                      since=self._since, policy=tracked.options.policy)))
+        return due
+
+    # -- leader while Redis is unreachable (redis_down_policy = "last-leader") -------------
+
+    def _lead_degraded(self) -> float:
+        """Send from local state without claims; reconcile as soon as Redis answers."""
+        due = self._pop_due(_utcnow())
+        for tracked, p in due:
+            for slot in p.send:
+                if self._send(self.schedule[tracked.name], slot):
+                    self._degraded_sent.append((tracked.name, slot))
+            tracked.last = p.last
+            tracked.next_fire = _next_fire(tracked)
+            heapq.heappush(self._heap, (tracked.next_fire.timestamp(), tracked.name))
+        try:
+            self._client.ping()
+        except (redis.RedisError, OSError):
+            assert self._degraded_since is not None
+            if time.monotonic() - self._degraded_since > self.lb_config.degraded_max_seconds:
+                self._degraded_since = None
+                self._step_down("Redis unreachable for longer than "
+                                f"leaderbeat_degraded_max_seconds={self.lb_config.degraded_max_seconds}")
+            return min(self._delay(), 1.0)
+        self._reconcile()
+        return 0.0
+
+    def _reconcile(self) -> None:
+        """Redis is back: record what was sent while it was away, under a valid lease."""
+        sent, self._degraded_sent = self._degraded_sent, []
+        self._degraded_since = None
+        self._redis_failures = 0
+        logger.info("leaderbeat: Redis answers again; reconciling %d slot(s) sent while it was "
+                    "unreachable", len(sent))
+        try:
+            self.lease.renew()
+        except LeaseLostError:
+            self.lease.stop_heartbeat()
+            if not self.lease.try_acquire():
+                logger.warning("leaderbeat: another node leads after the outage; %d slot(s) this "
+                               "node sent meanwhile may be sent again (redis_down_policy="
+                               "last-leader)", len(sent))
+                self._step_down("another node leads after the Redis outage")
+                return
+            self.lease.start_heartbeat(lambda: self._last_tick)
+        items = [ClaimItem(name, to_ms(slot), CLAIM) for name, slot in sent]
+        refused = [item for item, state in
+                   zip(items, self.ledger.claim(self.lease.token, self.lease.epoch, items))
+                   if state is not None]
+        if refused:
+            logger.warning("leaderbeat: %d slot(s) sent during the outage were also claimed by "
+                           "another leader: %s", len(refused),
+                           ", ".join(f"{i.name}@{from_ms(i.slot_ms).isoformat()}"
+                                     for i in refused[:10]))
+        granted = [i for i in items if i not in refused]
+        self.ledger.record(self.lease.epoch,
+                           [Event(i.name, i.slot_ms, "sent", "while Redis was unreachable")
+                            for i in granted])
 
     def _claim_and_send(self, due: list[tuple[_Tracked, Any]]) -> int:
         """Claim every due slot in one call, send the granted ones; returns how many were sent."""

@@ -29,8 +29,14 @@ def test_defaults_follow_the_design():
     assert config.redis_down_policy == "pause"
 
 
-def test_node_ids_are_unique_per_scheduler_instance():
-    assert Config.from_app(app_with()).node_id != Config.from_app(app_with()).node_id
+def test_the_default_node_id_is_stable_within_a_process_and_names_host_and_pid():
+    import os
+    import socket
+
+    first, second = Config.from_app(app_with()).node_id, Config.from_app(app_with()).node_id
+    assert first == second  # the banner's lazy scheduler and the real one are one node
+    host, pid, suffix = first.rsplit(":", 2)
+    assert (host, int(pid), len(suffix)) == (socket.gethostname(), os.getpid(), 6)
 
 
 def test_django_namespaced_settings_are_read(monkeypatch):

@@ -79,7 +79,8 @@ def test_three_beats_send_every_slot_of_every_entry_exactly_once(tmp_path, two_s
         recorder.wait_for(5 * 6, timeout=20)
         time.sleep(1)
         assert all(b.alive for b in cluster)
-    messages = recorder.drain() and recorder.messages
+    recorder.drain()
+    messages = recorder.messages
     assert duplicates(messages) == []
     by_entry = slot_times(messages)
     assert sorted(by_entry) == [f"e{i}" for i in range(5)]
@@ -106,7 +107,7 @@ def test_a_killed_leader_is_replaced_within_ttl_plus_poll_without_duplicates(
         takeover = took_over - killed_at
         print(f"takeover after SIGKILL: {takeover:.2f} s")
         assert takeover < TTL + POLL + 1.0
-        before = len(recorder.drain() and recorder.messages)
+        before = len(recorder.drain_all())
         recorder.wait_for(before + 3 * 3, timeout=10)
         assert sum(b.alive for b in cluster) == 2
     messages = recorder.messages
@@ -135,7 +136,7 @@ def test_a_terminated_leader_hands_over_in_under_a_second_and_no_slot_is_lost(
         assert handover < 1.0
         assert leader.wait_exit(10) == 0
         assert "released the lease" in leader.log_text()
-        before = len(recorder.drain() and recorder.messages)
+        before = len(recorder.drain_all())
         recorder.wait_for(before + 3 * 3, timeout=10)
     messages = recorder.messages
     assert duplicates(messages) == []
@@ -166,7 +167,8 @@ def test_a_leader_paused_past_its_ttl_mid_batch_sends_no_duplicate_and_becomes_s
         time.sleep(6)  # one more full period
         assert leader.alive, "a resumed leader must become a standby, not exit"
         assert all(b.alive for b in cluster)
-    messages = recorder.drain() and recorder.messages
+    recorder.drain()
+    messages = recorder.messages
     dups = duplicates(messages)
     print(f"paused-leader run: {len(messages)} messages, {len(dups)} duplicate slots")
     assert dups == []

@@ -60,7 +60,7 @@ def test_a_leader_sends_due_slots_with_deterministic_ids_and_headers(servers, ke
     scheduler = Scheduler(app=app)
     recorder = Recorder(broker.client())
     try:
-        tick_until(scheduler, lambda: len(recorder.drain() and recorder.messages) >= 2)
+        tick_until(scheduler, lambda: len(recorder.drain_all()) >= 2)
     finally:
         scheduler.close()
     first = recorder.messages[0]

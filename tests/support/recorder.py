@@ -111,6 +111,11 @@ class Recorder:
         self.messages.extend(new)
         return new
 
+    def drain_all(self) -> list[Message]:
+        """Drain, then return every message seen so far (not only the new ones)."""
+        self.drain()
+        return self.messages
+
     def wait_for(self, count: int, timeout: float = 10.0, task: str | None = None) -> list[Message]:
         """Drain until at least ``count`` messages (of ``task``, if given) were seen in total."""
         deadline = time.monotonic() + timeout

@@ -1,0 +1,91 @@
+"""Redis unreachable: "pause" (default) sends nothing; "last-leader" keeps the leader going."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timedelta
+
+import pytest
+
+from tests.support.beat import NOOP, BeatCluster, Recorder, beat_env, duplicates, slots_by_entry
+
+pytestmark = pytest.mark.slow
+
+FAST = {"leaderbeat_lease_ttl": 3, "leaderbeat_renew_interval": 1,
+        "leaderbeat_standby_poll": 0.5}
+
+
+def start(tmp_path, state, broker, key_prefix, **settings):
+    env = beat_env(tmp_path, broker_url=broker.url, redis_url=state.url, prefix=key_prefix,
+                   schedule={f"e{i}": {"task": NOOP, "every": 1} for i in range(2)},
+                   settings={**FAST, **settings})
+    return BeatCluster(2, env, tmp_path), Recorder(broker.client())
+
+
+def slots_in(messages, start: datetime, end: datetime) -> list:
+    return [m for m in messages if start <= datetime.fromisoformat(m.slot) <= end]
+
+
+def outage(state, recorder, seconds: float) -> tuple[datetime, datetime]:
+    recorder.drain()
+    began = datetime.now().astimezone()
+    state.kill()
+    time.sleep(seconds)
+    ended = datetime.now().astimezone()
+    state.restart()
+    return began, ended
+
+
+def test_pause_policy_sends_nothing_while_redis_is_down(tmp_path, make_redis_server, key_prefix):
+    state, broker = make_redis_server(), make_redis_server()
+    cluster, recorder = start(tmp_path, state, broker, key_prefix)
+    with cluster:
+        recorder.wait_for(4, timeout=20)
+        began, ended = outage(state, recorder, 4)
+        recorder.wait_for(len(recorder.messages) + 4, timeout=15)
+        assert all(b.alive for b in cluster)
+    during = slots_in(recorder.messages, began + timedelta(seconds=0.5), ended)
+    assert during == [], "no slot may be sent while Redis cannot confirm a claim"
+    assert duplicates(recorder.messages) == []
+
+
+def test_last_leader_keeps_sending_through_an_outage_and_reconciles_without_duplicates(
+        tmp_path, make_redis_server, key_prefix):
+    state, broker = make_redis_server(), make_redis_server()
+    cluster, recorder = start(tmp_path, state, broker, key_prefix,
+                              leaderbeat_redis_down_policy="last-leader",
+                              leaderbeat_degraded_max_seconds=30)
+    with cluster:
+        recorder.wait_for(4, timeout=20)
+        began, ended = outage(state, recorder, 4)
+        assert any("keeps sending" in b.log_text() for b in cluster)
+        deadline = time.monotonic() + 15
+        while not any("reconciling" in b.log_text() for b in cluster):
+            assert time.monotonic() < deadline, "the last leader never reconciled"
+            time.sleep(0.1)
+        recorder.wait_for(len(recorder.messages) + 2 * 4, timeout=15)
+        assert all(b.alive for b in cluster)
+    recorder.drain()
+    messages = recorder.messages
+    assert duplicates(messages) == []
+    during = slots_in(messages, began + timedelta(seconds=1), ended - timedelta(seconds=0.5))
+    assert len({m.slot for m in during if m.entry == "e0"}) >= 2, "the leader went on sending"
+    for entry, slots in slots_by_entry(messages).items():
+        times = sorted(datetime.fromisoformat(s) for s in slots)
+        assert all(b - a == timedelta(seconds=1) for a, b in zip(times, times[1:])), (
+            f"{entry}: the last leader keeps the phase and loses no slot")
+
+
+def test_last_leader_stops_after_degraded_max_seconds(tmp_path, make_redis_server, key_prefix):
+    state, broker = make_redis_server(), make_redis_server()
+    cluster, recorder = start(tmp_path, state, broker, key_prefix,
+                              leaderbeat_redis_down_policy="last-leader",
+                              leaderbeat_degraded_max_seconds=1.5)
+    with cluster:
+        recorder.wait_for(4, timeout=20)
+        began, ended = outage(state, recorder, 6)
+        recorder.wait_for(len(recorder.messages) + 4, timeout=20)
+        assert all(b.alive for b in cluster)
+    late = slots_in(recorder.messages, began + timedelta(seconds=3.5), ended)
+    assert late == [], "nothing may be sent once degraded_max_seconds has passed"
+    assert duplicates(recorder.messages) == []
