@@ -147,19 +147,9 @@ class Config:
         )
 
 
-_node_ids: dict[int, str] = {}
-
-
 def default_node_id() -> str:
-    """``host:pid:random``, the same for every scheduler built in this process.
-
-    Celery builds the scheduler twice (lazily for the banner, then for real):
-    both must name the same node. A forked ``worker -B`` child gets its own.
-    """
-    pid = os.getpid()
-    if pid not in _node_ids:
-        _node_ids[pid] = f"{socket.gethostname()}:{pid}:{uuid.uuid4().hex[:6]}"
-    return _node_ids[pid]
+    """``host:pid:random``: unique per scheduler instance, so two never share a lease token."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
 
 class _Validator:

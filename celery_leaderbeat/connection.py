@@ -47,9 +47,39 @@ def make_client(url: str, options: Mapping[str, Any], renew_interval: float) -> 
     return redis.Redis.from_url(url, **opts)
 
 
-def _sentinel_master(url: str, opts: dict[str, Any]) -> Any:
-    from redis.sentinel import Sentinel
+def _sentinel_class() -> Any:
+    from redis.sentinel import MasterNotFoundError, Sentinel
 
+    class _Sentinel(Sentinel):
+        """Tells "the Sentinels refused our password" apart from "no master found".
+
+        redis-py counts a Sentinel that refuses AUTH as unreachable and answers
+        MasterNotFoundError, which beat would retry for ever; a refused password
+        is a configuration error that retrying cannot fix.
+        """
+
+        def discover_master(self, service_name: str) -> Any:
+            try:
+                return super().discover_master(service_name)
+            except MasterNotFoundError:
+                for sentinel in self.sentinels:
+                    try:
+                        sentinel.ping()
+                    except redis.AuthenticationError as exc:
+                        kw = sentinel.connection_pool.connection_kwargs
+                        raise redis.AuthenticationError(
+                            f"Sentinel {kw.get('host')}:{kw.get('port')}: {exc} (the Sentinels' "
+                            "own password goes in leaderbeat_redis_options['sentinel_kwargs'])"
+                        ) from exc
+                    except (redis.RedisError, OSError):
+                        continue
+                raise
+
+    return _Sentinel
+
+
+def _sentinel_master(url: str, opts: dict[str, Any]) -> Any:
+    _Sentinel = _sentinel_class()
     hosts = []
     db = 0
     password = None
@@ -69,12 +99,12 @@ def _sentinel_master(url: str, opts: dict[str, Any]) -> Any:
         raise ConfigurationError(
             f"leaderbeat_redis_url={url!r} is a Sentinel URL: set "
             "leaderbeat_redis_options={'master_name': '<service name>'}")
-    sentinel_kwargs = opts.pop("sentinel_kwargs", None) or {}
-    for key in ("socket_timeout", "socket_connect_timeout"):
+    sentinel_kwargs = dict(opts.pop("sentinel_kwargs", None) or {})  # never edit the setting
+    for key in ("socket_timeout", "socket_connect_timeout", "retry"):
         sentinel_kwargs.setdefault(key, opts[key])
     if password is not None:
         opts.setdefault("password", password)
-    sentinel = Sentinel(hosts, sentinel_kwargs=sentinel_kwargs, **{
+    sentinel = _Sentinel(hosts, sentinel_kwargs=sentinel_kwargs, **{
         k: v for k, v in opts.items() if k in ("socket_timeout", "socket_connect_timeout")})
     return sentinel.master_for(service, db=db, **opts)
 

@@ -113,8 +113,12 @@ class Scheduler(beat.Scheduler):
     @property
     def info(self) -> str:
         c = self.lb_config
+        # The banner comes from a lazy instance whose generated node id is not the
+        # running one's; the "elected" log line names the real id.
+        node = c.node_id if self.app.conf.get("leaderbeat_node_id") else c.node_id.rsplit(":", 1)[0]
         return (f"    . leaderbeat -> {describe(c.redis_url)} prefix={c.key_prefix} "
-                f"node={c.node_id} ttl={c.lease_ttl}s catchup={c.catchup}")
+                f"node={node} ttl={c.lease_ttl}s catchup={c.catchup} "
+                f"redis_down_policy={c.redis_down_policy}")
 
     # -- Redis, per process ---------------------------------------------------------
 
