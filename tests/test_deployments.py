@@ -148,6 +148,42 @@ def test_a_sentinel_url_without_a_master_name_is_a_configuration_error(sentinel_
         make_client(sentinel_set.url, {}, 1.0)
 
 
+@pytest.fixture(scope="module")
+def sentinel_set_with_passwords(tmp_path_factory):
+    with SentinelSet(tmp_path_factory.mktemp("sentinel-pw"), password="data-pw",
+                     sentinel_password="sentinel-pw") as deployment:
+        yield deployment
+
+
+def test_sentinels_and_data_nodes_may_each_have_their_own_password(
+        sentinel_set_with_passwords, key_prefix):
+    exercise_every_call(sentinel_set_with_passwords.url, key_prefix, master_name=MASTER,
+                        password="data-pw", sentinel_kwargs={"password": "sentinel-pw"})
+
+
+@pytest.mark.parametrize("data_pw, sentinel_pw, says", [
+    ("data-pw", "wrong", "sentinel_kwargs"),
+    ("data-pw", None, "sentinel_kwargs"),
+    ("wrong", "sentinel-pw", "invalid username-password"),
+], ids=["wrong-sentinel-password", "no-sentinel-password", "wrong-data-password"])
+def test_a_password_refused_behind_sentinel_is_an_authentication_error_not_a_retry(
+        sentinel_set_with_passwords, data_pw, sentinel_pw, says):
+    options = {"master_name": MASTER, "password": data_pw}
+    if sentinel_pw:
+        options["sentinel_kwargs"] = {"password": sentinel_pw}
+    client = make_client(sentinel_set_with_passwords.url, options, 1.0)
+    started = time.monotonic()
+    with pytest.raises(redis.AuthenticationError, match=says):
+        client.time()
+    assert time.monotonic() - started < 3
+
+
+def test_the_sentinel_kwargs_setting_is_not_modified(sentinel_set):
+    sentinel_kwargs = {"socket_keepalive": True}
+    make_client(sentinel_set.url, {"master_name": MASTER, "sentinel_kwargs": sentinel_kwargs}, 1.0)
+    assert sentinel_kwargs == {"socket_keepalive": True}
+
+
 @pytest.mark.slow
 def test_beats_behind_sentinel_ride_out_an_ordered_failover_and_a_killed_master(
         tmp_path, sentinel_set, make_redis_server, key_prefix):

@@ -20,22 +20,31 @@ DATA_ARGS = ["--repl-diskless-sync-delay", "0", "--repl-diskless-sync", "yes"]
 
 class SentinelSet:
     def __init__(self, directory: Path, *, down_after_ms: int = 1000,
-                 failover_timeout_ms: int = 3000) -> None:
+                 failover_timeout_ms: int = 3000, password: str | None = None,
+                 sentinel_password: str | None = None) -> None:
+        """``password``: the data nodes' (requirepass + masterauth); ``sentinel_password``:
+        the Sentinels' own."""
+        data_args = list(DATA_ARGS)
+        if password:
+            data_args += ["--requirepass", password, "--masterauth", password]
+        sentinel_args = ["--requirepass", sentinel_password] if sentinel_password else []
         self.data: list[RedisServer] = []
         self.sentinels: list[RedisServer] = []
         try:
             # an empty config file each: Sentinel rewrites the roles into it (CONFIG REWRITE)
-            master = RedisServer(DATA_ARGS, config_text="", workdir=directory / "data-0")
+            master = RedisServer(data_args, config_text="", workdir=directory / "data-0")
             self.data.append(master)
             self.data.append(RedisServer(
-                [*DATA_ARGS, "--replicaof", "127.0.0.1", str(master.port)],
+                [*data_args, "--replicaof", "127.0.0.1", str(master.port)],
                 config_text="", workdir=directory / "data-1"))
             conf = (f"sentinel monitor {MASTER} 127.0.0.1 {master.port} 2\n"
                     f"sentinel down-after-milliseconds {MASTER} {down_after_ms}\n"
                     f"sentinel failover-timeout {MASTER} {failover_timeout_ms}\n"
                     f"sentinel parallel-syncs {MASTER} 1\n")
+            if password:
+                conf += f"sentinel auth-pass {MASTER} {password}\n"
             for i in range(3):
-                self.sentinels.append(RedisServer(config_text=conf, sentinel=True,
+                self.sentinels.append(RedisServer(sentinel_args, config_text=conf, sentinel=True,
                                                   workdir=directory / f"sentinel-{i}"))
             self.wait_settled()
         except BaseException:
