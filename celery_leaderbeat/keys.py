@@ -48,16 +48,6 @@ class Keys:
         return self._key("history")
 
     @property
-    def paused(self) -> str:
-        """Set: paused entry names."""
-        return self._key("paused")
-
-    @property
-    def triggers(self) -> str:
-        """List: entry names an operator asked to run now."""
-        return self._key("triggers")
-
-    @property
     def events(self) -> str:
         """Pub/sub channel: ``released`` and ``step-down`` messages."""
         return self._key("events")
