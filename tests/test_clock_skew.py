@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from datetime import datetime, timedelta
+from itertools import pairwise
 
 import pytest
 
@@ -139,7 +140,7 @@ def test_nodes_skewed_within_the_limit_hand_over_without_duplicates_or_phase_dri
 
     for entry, step in (("every-second", timedelta(seconds=1)), ("interval", INTERVAL)):
         times = slots(messages, entry)
-        diffs = {b_ - a_ for a_, b_ in zip(times, times[1:])}
+        diffs = {b_ - a_ for a_, b_ in pairwise(times)}
         print(f"\n{entry}: {len(times)} slots {times[0]:%H:%M:%S.%f}..{times[-1]:%H:%M:%S.%f}, "
               f"gaps between consecutive slots: {sorted(d.total_seconds() for d in diffs)}")
         assert diffs == {step}, f"{entry}: a slot was lost or re-sent, or the phase moved"
