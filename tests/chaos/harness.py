@@ -176,20 +176,20 @@ class Monitor(threading.Thread):
         self.observations: list[Observation] = []
         self.history: dict[tuple[str, ...], dict[str, str]] = {}
         self._last_id = "-"
-        self._stop = threading.Event()
+        self._halt = threading.Event()
 
     def run(self) -> None:
         n = 0
-        while not self._stop.is_set():
+        while not self._halt.is_set():
             self._poll_leader()
             if n % 10 == 0:
                 self._copy_history()
             n += 1
-            self._stop.wait(self.interval)
+            self._halt.wait(self.interval)
         self._copy_history()
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()
         self.join(10)
         self.client.close()
 
@@ -241,6 +241,7 @@ class Spawned:
     proc: BeatProcess
     label: str
     expected_exit: str = ""  # why the injector ended it ("" = it must be alive)
+    expected_why: str = ""  # e.g. "the leader" or "a standby"
 
 
 # -- the report ---------------------------------------------------------------------------
@@ -468,14 +469,17 @@ class ChaosRun:
     """One chaos run in ``workdir``; :meth:`run` returns the :class:`Report`."""
 
     def __init__(self, workdir: str | Path, *, seed: int, nodes: int = 3,
-                 duration: float = 40.0, gap: tuple[float, float] = (2.0, 5.0),
-                 steady: float = 8.0, log: Callable[[str], None] = print) -> None:
+                 duration: float = 40.0, max_faults: int | None = None,
+                 gap: tuple[float, float] = (2.0, 5.0), steady: float = 8.0,
+                 log: Callable[[str], None] = print) -> None:
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.seed = seed
         self.rng = random.Random(seed)
         self.n = nodes
         self.duration = duration
+        self.max_faults = max_faults
+        self._terms = 0
         self.gap = gap
         self.steady = steady
         self._print = log
@@ -523,6 +527,8 @@ class ChaosRun:
                 kind = self._next_kind()
                 params = (self.rng.random(), self.rng.random(), self.rng.uniform(1.5, 5.0))
                 if time.monotonic() + gap >= chaos_end:
+                    break
+                if self.max_faults is not None and len(self.faults) >= self.max_faults:
                     break
                 time.sleep(gap)
                 self._inject(kind, *params)
@@ -599,23 +605,26 @@ class ChaosRun:
         node.generation += 1
         node.proc = self._spawn(node.index, node.proxy, node.generation)
 
-    def _expect_exit(self, proc: BeatProcess, why: str) -> None:
+    def _expect_exit(self, proc: BeatProcess, how: str, role: str = "") -> None:
         for sp in self.spawned:
             if sp.proc is proc:
-                sp.expected_exit = why
+                sp.expected_exit, sp.expected_why = how, role
 
     def _check_processes(self) -> None:
         for sp in self.spawned:
             if sp.expected_exit:
                 if sp.expected_exit == "SIGTERM" and sp.proc.returncode not in (0, None):
+                    critical = [line for line in sp.proc.log_text().splitlines()
+                                if "CRITICAL" in line]
                     self.report.issues.append(
-                        f"{sp.label} (pid {sp.proc.pid}) exited {sp.proc.returncode} after "
-                        f"SIGTERM, expected 0\n{_tail(sp.proc.log_text())}")
+                        f"SIGTERM-EXIT-STATUS: {sp.label} (pid {sp.proc.pid}, {sp.expected_why}) "
+                        f"exited {sp.proc.returncode} after SIGTERM, expected 0: "
+                        f"{critical[:2]} (log {sp.proc.log_path})")
                 continue
             if not sp.proc.alive:
                 self.report.issues.append(
-                    f"{sp.label} (pid {sp.proc.pid}) exited ({sp.proc.returncode}) though "
-                    f"nothing killed it\n{_tail(sp.proc.log_text())}")
+                    f"UNEXPECTED-EXIT: {sp.label} (pid {sp.proc.pid}) exited "
+                    f"({sp.proc.returncode}) though nothing killed it\n{_tail(sp.proc.log_text())}")
 
     def _logs_tail(self) -> str:
         return "\n".join(f"--- {sp.label} pid {sp.proc.pid} ---\n{_tail(sp.proc.log_text(), 15)}"
@@ -655,8 +664,9 @@ class ChaosRun:
     # -- faults
 
     def _next_kind(self) -> str:
+        """Kinds come from a shuffled bag: every kind once per bag (term_node twice)."""
         if not self._bag:
-            self._bag = list(FAULT_KINDS)
+            self._bag = list(FAULT_KINDS) + ["term_node"]
             self.rng.shuffle(self._bag)
         return self._bag.pop()
 
@@ -717,12 +727,14 @@ class ChaosRun:
                                           f"(or exited): {exc}")
 
     def _fault_term_node(self, u_leader: float, u_index: float, duration: float) -> None:
-        node, token = self._pick(u_leader, u_index, 0.6)
+        # Alternately a standby and the leader: one bag of faults always has both.
+        self._terms += 1
+        node, token = self._pick(u_leader, u_index, 1.0 if self._terms % 2 == 0 else 0.0)
         proc = node.proc
         hit = token is not None and pid_of(token) == proc.pid
         fault = self._begin("term_node", f"beat-{node.index} pid {proc.pid}"
                             f"{' (leader)' if hit else ''}", token, hit)
-        self._expect_exit(proc, "SIGTERM")
+        self._expect_exit(proc, "SIGTERM", "the leader" if hit else "a standby")
         try:
             code = proc.term(timeout=15)
             note = f"exit {code}"
