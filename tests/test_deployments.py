@@ -337,6 +337,13 @@ def test_acl_credentials_may_be_given_as_options(acl_redis, key_prefix):
                         username="lb", password="pw")
 
 
+def test_a_user_limited_to_the_prefix_and_without_config_is_enough(acl_redis, key_prefix):
+    tag = "{" + key_prefix + "}"
+    acl_redis.client().execute_command("ACL", "SETUSER", "narrow", "on", ">pw", f"~{tag}:*",
+                                       f"&{tag}:*", "+@all", "-config")
+    exercise_every_call(f"redis://narrow:pw@127.0.0.1:{acl_redis.port}/0", key_prefix)
+
+
 @pytest.mark.parametrize("credentials", ["lb:wrong@", ":wrong@", "nobody:pw@", ""],
                          ids=["wrong-user-password", "wrong-default-password", "unknown-user",
                               "no-password"])
