@@ -13,7 +13,8 @@ that, so every client gets explicit timeouts and a short retry policy.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 from urllib.parse import unquote, urlparse
 
 import redis
@@ -21,6 +22,7 @@ from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
 from .errors import ConfigurationError
+
 
 #: Client options every connection gets unless the user overrides them.
 def default_options(renew_interval: float) -> dict[str, Any]:
@@ -124,7 +126,7 @@ EVICTING_POLICIES = ("allkeys-lru", "allkeys-lfu", "allkeys-random",
 
 def server_warnings(client: Any) -> list[str]:
     """What about this Redis server puts the schedule's guarantees at risk (checked once)."""
-    warnings = []
+    warnings: list[str] = []
     try:
         policy = client.config_get("maxmemory-policy").get("maxmemory-policy")
     except redis.ResponseError:  # CONFIG may be disabled (managed Redis, ACL): nothing to say

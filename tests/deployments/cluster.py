@@ -10,6 +10,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from typing_extensions import Self
+
 from tests.support.redis_server import RedisServer, free_port
 
 SLOTS = 16384
@@ -69,7 +71,7 @@ class RedisClusterSet:
         for node in self.nodes:
             node.close()
 
-    def __enter__(self) -> "RedisClusterSet":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import redis
+from typing_extensions import Self
 
 from tests.support.redis_server import RedisServer
 
@@ -125,7 +126,7 @@ class SentinelSet:
         for server in self.sentinels + self.data:
             server.close()
 
-    def __enter__(self) -> "SentinelSet":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
