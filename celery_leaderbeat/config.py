@@ -37,6 +37,7 @@ DEFAULTS: dict[str, Any] = {
     "degraded_max_seconds": 60.0,
     "max_clock_skew": 2.0,
     "history_length": 10_000,
+    "min_replicas": 0,
 }
 
 
@@ -59,6 +60,7 @@ class Config:
     degraded_max_seconds: float = 60.0
     max_clock_skew: float = 2.0
     history_length: int = 10_000
+    min_replicas: int = 0
 
     @property
     def safety_margin(self) -> float:
@@ -135,6 +137,12 @@ class Config:
         history = v.check("history_length", raw.get("history_length"),
                           lambda x: isinstance(x, int) and not isinstance(x, bool) and x >= 100,
                           "must be an integer of at least 100")
+        replicas = v.check("min_replicas", raw.get("min_replicas"),
+                           lambda x: isinstance(x, int) and not isinstance(x, bool) and x >= 0,
+                           "must be an integer of at least 0")
+        if replicas and isinstance(url, str) and "+cluster" in url:
+            problems.append(f"leaderbeat_min_replicas={replicas!r} is not supported with Redis "
+                            "Cluster (leaderbeat_redis_url is a redis+cluster:// URL)")
         if problems:
             raise ConfigurationError(problems)
         return cls(
@@ -143,7 +151,7 @@ class Config:
             catchup=catchup, catchup_window=window, max_catchup=max_catchup,
             recover_unsent=recover, redis_down_policy=down,
             degraded_max_seconds=float(degraded), max_clock_skew=float(skew),
-            history_length=history,
+            history_length=history, min_replicas=replicas,
         )
 
 

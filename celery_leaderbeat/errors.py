@@ -25,6 +25,10 @@ class LeaseLostError(LeaderbeatError):
     """The leader key no longer holds this node's token: another node leads now."""
 
 
+class NotReplicatedError(LeaderbeatError):
+    """A claim was not acknowledged by ``leaderbeat_min_replicas`` replicas in time."""
+
+
 class RedisAuthError(LeaderbeatError):
     """Redis refused the credentials; retrying cannot help."""
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
 from .config import Config
-from .errors import LeaseLostError
+from .errors import LeaseLostError, NotReplicatedError
 from .keys import Keys
 from .scripts import Scripts, status, text
 
@@ -85,7 +85,18 @@ class Ledger:
                 holder = text(reply[1]) if len(reply) > 1 and reply[1] else "nobody"
                 raise LeaseLostError(f"claim refused: lease {token} lost; held by {holder}")
             results += [None if r == 1 else SlotState.parse(r) for r in reply[1:]]
+            if self.config.min_replicas:
+                self._wait_for_replicas()
         return results
+
+    def _wait_for_replicas(self) -> None:
+        """Block until ``min_replicas`` replicas have the claims, or raise NotReplicatedError."""
+        timeout_ms = int(self.config.renew_interval * 500)
+        acked = int(self.client.execute_command("WAIT", self.config.min_replicas, timeout_ms))
+        if acked < self.config.min_replicas:
+            raise NotReplicatedError(
+                f"claims reached {acked} replica(s) within {timeout_ms} ms; "
+                f"leaderbeat_min_replicas={self.config.min_replicas}")
 
     def record(self, epoch: int, events: Iterable[Event]) -> int:
         """Write events to the history; ``sent`` events also mark their slot sent."""

@@ -28,7 +28,7 @@ from . import __version__
 from .config import Config
 from .connection import describe, make_client, server_warnings
 from .entries import EntryOptions, default_options, split_entries
-from .errors import LeaseLostError, RedisAuthError
+from .errors import LeaseLostError, NotReplicatedError, RedisAuthError
 from .keys import Keys
 from .lease import Lease
 from .ledger import ANCHOR, CLAIM, CLAIMED, SKIP, ClaimItem, Event, Ledger, SlotState
@@ -154,6 +154,11 @@ class Scheduler(beat.Scheduler):
                 f"Redis at {describe(self.lb_config.redis_url)} refused the credentials "
                 f"({exc}); check the password/username in leaderbeat_redis_url or "
                 "leaderbeat_redis_options") from exc
+        except redis.exceptions.NoPermissionError as exc:
+            raise RedisAuthError(
+                f"the Redis user of {describe(self.lb_config.redis_url)} lacks a permission "
+                f"leaderbeat needs ({exc}); it needs the keys and channels '{{{self.keys.prefix}}}:*' "
+                "and the script, string, hash, stream, pub/sub, TIME and PING commands") from exc
         except (redis.RedisError, OSError) as exc:
             return self._redis_trouble(exc)
         if self._redis_failures:
@@ -430,7 +435,15 @@ class Scheduler(beat.Scheduler):
             if not p.send or p.last > p.send[-1]:
                 if p.last > tracked.last:
                     items.append(ClaimItem(tracked.name, to_ms(p.last), SKIP))
-        results = self.ledger.claim(self.lease.token, self.lease.epoch, items) if items else []
+        replicated = True
+        try:
+            results = self.ledger.claim(self.lease.token, self.lease.epoch, items) if items else []
+        except NotReplicatedError as exc:
+            # Granted on the master, but a failover could lose the claims: sending could
+            # then duplicate. Not sending keeps G1; the slots are recorded unsent.
+            logger.warning("leaderbeat: %s; not sending this batch", exc)
+            replicated = False
+            results = [None] * len(items)
         refused: dict[str, SlotState] = {}
         granted: set[tuple[str, int]] = set()
         for item, state in zip(items, results):
@@ -444,7 +457,9 @@ class Scheduler(beat.Scheduler):
             for slot in p.send:
                 if (tracked.name, to_ms(slot)) not in granted:
                     continue
-                if fenced or not self.lease.is_held():
+                if not replicated:
+                    events.append(Event(tracked.name, to_ms(slot), "unsent", "not replicated"))
+                elif fenced or not self.lease.is_held():
                     fenced = True
                     events.append(Event(tracked.name, to_ms(slot), "unsent", "lease expired"))
                 elif self._send(self.schedule[tracked.name], slot):

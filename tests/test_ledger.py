@@ -93,3 +93,45 @@ def test_thousands_of_claims_in_one_call_are_chunked_and_all_granted(parts):
     items = [ClaimItem(f"e{i}", 1000, CLAIM) for i in range(4500)]
     assert ledger.claim(lease.token, lease.epoch, items) == [None] * 4500
     assert len(ledger.load()) == 4500
+
+
+def _replicated_parts(client, prefix: str, min_replicas: int):
+    config = Config.from_values({"redis_url": "redis://x", "key_prefix": prefix, "node_id": "a",
+                                 "lease_ttl": 3, "renew_interval": 1,
+                                 "min_replicas": min_replicas})
+    scripts = Scripts(client)
+    keys = Keys(prefix)
+    return Lease(client, scripts, keys, config), Ledger(client, scripts, keys, config)
+
+
+def test_with_min_replicas_a_claim_returns_once_a_replica_has_it(make_redis_server, key_prefix):
+    import time
+
+    master = make_redis_server("--repl-diskless-sync-delay", "0")
+    replica = make_redis_server("--replicaof", "127.0.0.1", str(master.port),
+                                "--repl-diskless-sync-delay", "0")
+    deadline = time.monotonic() + 10
+    while replica.client().info("replication").get("master_link_status") != "up":
+        assert time.monotonic() < deadline, "replica never synced"
+        time.sleep(0.05)
+    lease, ledger = _replicated_parts(master.client(), key_prefix, 1)
+    assert lease.try_acquire()
+    assert ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 1000, CLAIM)]) == [None]
+    assert replica.client().hget(Keys(key_prefix).slots, "e") is not None
+
+
+def test_with_min_replicas_and_no_replica_a_claim_is_refused_quickly(make_redis_server, key_prefix):
+    from celery_leaderbeat.errors import NotReplicatedError
+
+    lease, ledger = _replicated_parts(make_redis_server().client(), key_prefix, 1)
+    assert lease.try_acquire()
+    with pytest.raises(NotReplicatedError, match="reached 0 replica"):
+        ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 1000, CLAIM)])
+
+
+def test_min_replicas_is_refused_with_redis_cluster():
+    from celery_leaderbeat.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="not supported with Redis Cluster"):
+        Config.from_values({"redis_url": "redis+cluster://h:7000", "key_prefix": "p",
+                            "node_id": "a", "min_replicas": 1})
