@@ -2,7 +2,10 @@
 
 Matching is done by croniter on *naive* wall-clock datetimes (croniter never sees a
 time zone); this module maps each wall-clock match to real instants in the entry's
-zone, the way Vixie cron and cronie do:
+zone, following Vixie cron's and cronie's rules for fixed-time schedules
+(``30 2 * * *``) and every-hour ones (``0 * * * *``); cron classifies a job by
+whether its minute or hour field starts with ``*``, we by the hour field alone
+(README.md, "DST rules", lists where that differs):
 
 * A wall-clock time that occurs twice (fall-back) fires once, at its first
   occurrence, when the schedule has a fixed hour (its hour field is not all 24

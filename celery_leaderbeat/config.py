@@ -123,7 +123,7 @@ class Config:
                           f"must be one of {', '.join(CATCHUP_MODES)}")
         window = raw.get("catchup_window")
         if window is not None:
-            window = v.number("catchup_window", _seconds(window), minimum=0.0)
+            window = v.number("catchup_window", _seconds(window), minimum=0.001)
         max_catchup = v.check("max_catchup", raw.get("max_catchup"),
                               lambda x: isinstance(x, int) and not isinstance(x, bool) and x >= 1,
                               "must be an integer of at least 1")

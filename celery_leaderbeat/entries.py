@@ -105,13 +105,14 @@ def _entry_options(name: str, ours: dict[str, Any], config: Config,
                                       and not isinstance(ours["max_catchup"], bool)
                                       and ours["max_catchup"] >= 1):
         problems.append(f"{where} max_catchup={ours['max_catchup']!r} must be an integer >= 1")
-    for key in ("catchup_window", "jitter"):
+    for key, positive in (("catchup_window", True), ("jitter", False)):
         value = ours.get(key)
         if isinstance(value, timedelta):
             value = ours[key] = value.total_seconds()
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                  or value < 0):
-            problems.append(f"{where} {key}={value!r} must be a number of seconds >= 0")
+                                  or value < 0 or (positive and value == 0)):
+            rule = "> 0" if positive else ">= 0"
+            problems.append(f"{where} {key}={value!r} must be a number of seconds {rule}")
     tz = None
     if ours.get("tz") is not None:
         tz = ours["tz"]

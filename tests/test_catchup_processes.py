@@ -222,14 +222,7 @@ def test_per_entry_options_never_reach_the_broker_message(
          ["entry 'bad'", "catchup='sometimes'"]),
         pytest.param(
             {"task": NOOP, "cron": "*/2 * * * * *", "leaderbeat": {"catchup_window": 0}},
-            ["entry 'bad'", "catchup_window"],
-            marks=pytest.mark.xfail(strict=True, reason=(
-                "entries._entry_options accepts catchup_window >= 0, but CatchupPolicy needs"
-                " > 0: catchup_window=0 escapes as a bare ConfigurationError('catchup window"
-                " datetime.timedelta(0) must be a positive timedelta or None') that names"
-                " neither the entry nor the option, and is not collected with the other"
-                " problems (same for the global leaderbeat_catchup_window=0, which"
-                " Config accepts)"))),
+            ["entry 'bad'", "catchup_window=0 must be a number of seconds > 0"]),
     ],
     ids=["cron-field", "cron-field-count", "unknown-option", "bad-policy", "zero-window"],
 )

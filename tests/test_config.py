@@ -94,3 +94,8 @@ def test_supported_redis_urls_are_accepted(url):
 def test_a_prefix_with_braces_is_refused_because_it_would_break_the_hash_tag():
     with pytest.raises(ConfigurationError, match="leaderbeat_key_prefix='a{b}'"):
         Config.from_app(app_with(leaderbeat_key_prefix="a{b}"))
+
+
+def test_a_zero_catchup_window_is_refused_naming_the_setting():
+    with pytest.raises(ConfigurationError, match=r"leaderbeat_catchup_window=0 must be at least"):
+        Config.from_app(app_with(leaderbeat_catchup_window=0))
