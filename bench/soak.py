@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.chaos.harness import ChaosRun, seed_from_env  # noqa: E402
+from tests.chaos.harness import ChaosRun, seed_from_env
 
 
 def main() -> int:

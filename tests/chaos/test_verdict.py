@@ -51,6 +51,8 @@ def test_missing_slots_are_explained_by_history_or_window_else_reported():
     assert report.explained_window == len(range(T0 + 5000, T0 + 10_001, 1000))
     unexplained = {e_slot for e_slot in report.unexplained}
     assert len(unexplained) == 1 + len(range(T0 + 11_000, T0 + 20_000, 1000))
+    assert report.unrecorded == report.explained_window  # G3: a kill's misses must be recorded
+    assert any(i.startswith("G3-UNRECORDED-MISS") for i in report.issues)
     assert not report.ok
 
 
