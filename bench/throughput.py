@@ -23,8 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.support.beat import NOOP, BeatProcess, Recorder, beat_env, duplicates  # noqa: E402
-from tests.support.redis_server import RedisServer  # noqa: E402
+from tests.support.beat import NOOP, BeatProcess, Recorder, beat_env, duplicates
+from tests.support.redis_server import RedisServer
 
 
 def cpu_seconds(pid: int) -> float:

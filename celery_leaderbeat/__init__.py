@@ -9,7 +9,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["Scheduler", "cron", "__version__"]
+__all__ = ["Scheduler", "__version__", "cron"]
 
 
 def __getattr__(name: str):  # lazy: importing the package must not import celery.beat

@@ -11,8 +11,9 @@ from __future__ import annotations
 import os
 import socket
 import uuid
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from .errors import ConfigurationError
 
@@ -68,7 +69,7 @@ class Config:
         return min(2.0, self.lease_ttl / 5)
 
     @classmethod
-    def from_app(cls, app: Any) -> "Config":
+    def from_app(cls, app: Any) -> Config:
         """Read and validate every ``leaderbeat_*`` setting of a Celery app."""
         conf = app.conf
         problems = [
@@ -91,7 +92,7 @@ class Config:
         return cls.from_values(raw, problems)
 
     @classmethod
-    def from_values(cls, raw: Mapping[str, Any], problems: list[str] | None = None) -> "Config":
+    def from_values(cls, raw: Mapping[str, Any], problems: list[str] | None = None) -> Config:
         """Validate raw values (names without ``leaderbeat_``); raise every problem at once."""
         problems = list(problems or [])
         raw = {**DEFAULTS, **{k: v for k, v in raw.items() if v is not None}}
@@ -102,10 +103,10 @@ class Config:
         options = v.check("redis_options", raw.get("redis_options", {}),
                           lambda x: isinstance(x, Mapping), "must be a dict")
         prefix = v.check("key_prefix", raw.get("key_prefix"),
-                         lambda x: isinstance(x, str) and x and not set("{}") & set(x),
+                         lambda x: isinstance(x, str) and bool(x) and not set("{}") & set(x),
                          "must be a non-empty string without '{' or '}'")
         node_id = v.check("node_id", raw.get("node_id"),
-                          lambda x: isinstance(x, str) and x and "|" not in x,
+                          lambda x: isinstance(x, str) and bool(x) and "|" not in x,
                           "must be a non-empty string without '|'")
         ttl = v.number("lease_ttl", raw.get("lease_ttl"), minimum=1.0)
         renew = raw.get("renew_interval")
@@ -145,6 +146,8 @@ class Config:
                             "Cluster (leaderbeat_redis_url is a redis+cluster:// URL)")
         if problems:
             raise ConfigurationError(problems)
+        assert ttl is not None and renew is not None and poll is not None
+        assert degraded is not None and skew is not None
         return cls(
             redis_url=url, key_prefix=prefix, node_id=node_id, redis_options=dict(options),
             lease_ttl=float(ttl), renew_interval=float(renew), standby_poll=float(poll),
@@ -169,7 +172,7 @@ class _Validator:
     def check(self, name: str, value: Any, ok: Callable[[Any], bool], rule: str) -> Any:
         try:
             good = ok(value)
-        except Exception:  # a predicate that cannot judge the value rejects it
+        except Exception:  # noqa: BLE001 - a predicate that cannot judge the value rejects it
             good = False
         if not good:
             self.problems.append(f"leaderbeat_{name}={value!r} {rule}")

@@ -16,9 +16,10 @@ These options are removed before the entry is built, so they never reach
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta, tzinfo
-from typing import Any, Mapping
+from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from .config import CATCHUP_MODES, Config

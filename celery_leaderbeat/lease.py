@@ -16,7 +16,8 @@ import logging
 import threading
 import time
 import weakref
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import redis
 
@@ -62,6 +63,12 @@ class Lease:
         """True once Redis said the lease belongs to someone else (not merely unconfirmed)."""
         return self._lost.is_set()
 
+    def credentials(self) -> tuple[str, int]:
+        """(token, epoch) of the lease this node holds; LeaseLostError when it holds none."""
+        if self.token is None or self.epoch is None:
+            raise LeaseLostError("this node holds no lease")
+        return self.token, self.epoch
+
     def remaining(self) -> float:
         """Seconds until self-fencing stops this node from sending."""
         return max(0.0, self._valid_until - self.clock()) if self.token else 0.0
@@ -69,8 +76,7 @@ class Lease:
     def confirm(self, started: float) -> None:
         """A call that began at monotonic ``started`` proved the lease: push the deadline."""
         deadline = started + self.config.lease_ttl - self.config.safety_margin
-        if deadline > self._valid_until:
-            self._valid_until = deadline
+        self._valid_until = max(self._valid_until, deadline)
 
     def try_acquire(self) -> bool:
         """Take the lease if it is free. Returns whether this node now leads."""
@@ -134,7 +140,7 @@ class Lease:
         token, pttl = pipe.execute()
         return (text(token) if token else None), int(pttl)
 
-    def start_heartbeat(self, last_tick: Callable[[], float]) -> "Heartbeat":
+    def start_heartbeat(self, last_tick: Callable[[], float]) -> Heartbeat:
         self.stop_heartbeat()
         self._heartbeat = Heartbeat(self, last_tick)
         self._heartbeat.start()

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from .config import Config
 from .errors import LeaseLostError, NotReplicatedError
@@ -38,7 +39,7 @@ class SlotState:
     state: str
 
     @classmethod
-    def parse(cls, raw: Any) -> "SlotState":
+    def parse(cls, raw: Any) -> SlotState:
         slot, epoch, state = text(raw).split("|")
         return cls(int(slot), int(epoch), state)
 

@@ -44,7 +44,7 @@ STANDBY, LEADER = "standby", "leader"
 class _Tracked:
     """What the leader knows of one entry: its clock, options and last slot."""
 
-    __slots__ = ("name", "clock", "options", "last", "next_fire")
+    __slots__ = ("clock", "last", "name", "next_fire", "options")
 
     def __init__(self, name: str, clock: Any, options: EntryOptions, last: datetime) -> None:
         self.name = name
@@ -296,7 +296,7 @@ class Scheduler(beat.Scheduler):
                     self._unsent.append((name, last))
             tracked[name] = _Tracked(name, clock, options, last)
         if anchors:
-            refused = self.ledger.claim(self.lease.token, self.lease.epoch, anchors)
+            refused = self.ledger.claim(*self.lease.credentials(), anchors)
             for item, state in zip(anchors, refused):
                 if state is not None:
                     tracked[item.name].last = from_ms(state.slot_ms)
@@ -322,7 +322,7 @@ class Scheduler(beat.Scheduler):
                 entry = self.schedule.get(name)
                 if entry is not None and self._send(entry, slot):
                     events.append(Event(name, to_ms(slot), "sent", "recovered"))
-        self.ledger.record(self.lease.epoch, events)
+        self.ledger.record(self.lease.credentials()[1], events)
 
     def _lead(self) -> float:
         if not self.lease.is_held():
@@ -415,7 +415,7 @@ class Scheduler(beat.Scheduler):
             self.lease.start_heartbeat(lambda: self._last_tick)
         items = [ClaimItem(name, to_ms(slot), CLAIM) for name, slot in sent]
         refused = [item for item, state in
-                   zip(items, self.ledger.claim(self.lease.token, self.lease.epoch, items))
+                   zip(items, self.ledger.claim(*self.lease.credentials(), items))
                    if state is not None]
         if refused:
             logger.warning("leaderbeat: %d slot(s) sent during the outage were also claimed by "
@@ -423,7 +423,7 @@ class Scheduler(beat.Scheduler):
                            ", ".join(f"{i.name}@{from_ms(i.slot_ms).isoformat()}"
                                      for i in refused[:10]))
         granted = [i for i in items if i not in refused]
-        self.ledger.record(self.lease.epoch,
+        self.ledger.record(self.lease.credentials()[1],
                            [Event(i.name, i.slot_ms, "sent", "while Redis was unreachable")
                             for i in granted])
 
@@ -432,12 +432,12 @@ class Scheduler(beat.Scheduler):
         items: list[ClaimItem] = []
         for tracked, p in due:
             items += [ClaimItem(tracked.name, to_ms(s), CLAIM) for s in p.send]
-            if not p.send or p.last > p.send[-1]:
-                if p.last > tracked.last:
-                    items.append(ClaimItem(tracked.name, to_ms(p.last), SKIP))
+            # missed slots newer than anything sent: advance past them without sending
+            if (not p.send or p.last > p.send[-1]) and p.last > tracked.last:
+                items.append(ClaimItem(tracked.name, to_ms(p.last), SKIP))
         replicated = True
         try:
-            results = self.ledger.claim(self.lease.token, self.lease.epoch, items) if items else []
+            results = self.ledger.claim(*self.lease.credentials(), items) if items else []
         except NotReplicatedError as exc:
             # Granted on the master, but a failover could lose the claims: sending could
             # then duplicate. Not sending keeps G1; the slots are recorded unsent.
@@ -476,7 +476,7 @@ class Scheduler(beat.Scheduler):
                 tracked.last = p.last
             tracked.next_fire = _next_fire(tracked)
         if events:
-            self.ledger.record(self.lease.epoch, events)
+            self.ledger.record(self.lease.credentials()[1], events)
         if fenced:
             raise LeaseLostError("lease expired while sending (self-fencing)")
         return sum(1 for ev in events if ev.event == "sent")
@@ -485,9 +485,9 @@ class Scheduler(beat.Scheduler):
         """Publish one slot; a failure is logged and reported, never swallowed."""
         try:
             publish(self, entry, slot, self.lease.epoch)
-        except Exception as exc:
-            logger.error("leaderbeat: could not send %s for slot %s: %s",
-                         entry.name, slot.isoformat(), exc, exc_info=True)
+        except Exception as exc:  # noqa: BLE001 - any publish failure is recorded as unsent
+            logger.exception("leaderbeat: could not send %s for slot %s: %s",
+                             entry.name, slot.isoformat(), exc)
             return False
         entry.last_run_at = slot
         entry.total_run_count += 1
@@ -517,8 +517,8 @@ class Scheduler(beat.Scheduler):
             if self._pubsub is not None:
                 try:
                     self._pubsub.close()
-                except Exception:
-                    pass
+                except (redis.RedisError, OSError) as exc:
+                    logger.debug("leaderbeat: closing the pub/sub connection failed: %s", exc)
             super().close()
 
 

@@ -6,7 +6,7 @@ redis-py's ``Script`` objects reload themselves when Redis answers NOSCRIPT
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 from importlib import resources
 from typing import Any
 
@@ -15,10 +15,10 @@ from .errors import ScriptError
 NAMES = ("acquire", "renew", "release", "claim", "record")
 
 
-@lru_cache(maxsize=None)
+@cache
 def source(name: str) -> str:
     """The text of ``lua/<name>.lua``."""
-    return resources.files(__package__).joinpath("lua", f"{name}.lua").read_text()
+    return resources.files(__package__).joinpath("lua").joinpath(f"{name}.lua").read_text()
 
 
 class Scripts:

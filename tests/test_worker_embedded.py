@@ -23,7 +23,7 @@ def start_worker(env: dict, name: str, log_path) -> subprocess.Popen:
     full_env = {**os.environ, **env, "PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", "tests.support.beatapp", "worker", "-B",
-         "-S", "celery_leaderbeat.Scheduler", "--pool=solo", "-n", f"{name}@%h",
+         "--scheduler", "celery_leaderbeat.Scheduler", "--pool=solo", "-n", f"{name}@%h",
          "--loglevel=INFO", "-s", str(log_path.with_suffix(".schedule"))],
         cwd=REPO_ROOT, env=full_env, stdout=open(log_path, "ab"), stderr=subprocess.STDOUT,
         start_new_session=True)
