@@ -271,7 +271,8 @@ class Scheduler(beat.Scheduler):
         self._registered_at = time.monotonic()
         self.ledger.register_node(role, {"host": socket.gethostname(), "pid": os.getpid(),
                                          "version": __version__,
-                                         "epoch": self.lease.epoch if role == LEADER else None})
+                                         "epoch": self.lease.epoch if role == LEADER else None,
+                                         "clock_skew": self.lease.clock_skew})
 
     # -- leader ----------------------------------------------------------------------
 

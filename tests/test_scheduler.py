@@ -201,3 +201,25 @@ def test_a_bad_setting_stops_beat_at_start_up_with_every_problem_named(tmp_path,
         log = beat.log_text()
     assert "leaderbeat_lease_ttl=3.0 must be more than 2 × leaderbeat_renew_interval (2.0)" in log
     assert "leaderbeat_catchup='sometimes' must be one of latest, skip, all" in log
+
+
+def test_a_leader_whose_clock_drifts_past_the_limit_steps_down_and_releases(
+        servers, key_prefix, monkeypatch):
+    state, broker = servers
+    app = make_app(state.url, broker.url, key_prefix, {"a": {"task": NOOP, "schedule": 60.0}},
+                   leaderbeat_max_clock_skew=2)
+    scheduler = Scheduler(app=app)
+    try:
+        tick_until(scheduler, lambda: scheduler.role == LEADER)
+        nodes = scheduler.ledger.nodes()
+        assert abs(nodes[scheduler.lb_config.node_id]["clock_skew"]) < 1.0  # exposed for status
+        real = time.time
+        monkeypatch.setattr(time, "time", lambda: real() + 10)  # the wall clock steps 10 s ahead
+        scheduler.lease.renew()  # what the heartbeat does: measures skew against Redis TIME
+        tick_until(scheduler, lambda: scheduler.role == STANDBY)
+        assert state.client().get(Keys(key_prefix).leader) is None, "released for the others"
+        for _ in range(3):
+            scheduler.tick()
+        assert scheduler.role == STANDBY, "it refuses to lead while skewed"
+    finally:
+        scheduler.close()
