@@ -13,6 +13,8 @@ history and the leader-key timeline stay in the test's ``tmp_path``.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 
 import pytest
 
@@ -33,6 +35,12 @@ def run_chaos(tmp_path, capsys, *, nodes: int, duration: float, max_faults: int 
     with capsys.disabled():
         print(report.summary(), flush=True)
     print("\n".join(lines))  # captured: shown with a failure
+    if not report.ok:  # pytest keeps only the last few tmp dirs: keep the evidence
+        kept = tempfile.mkdtemp(prefix=f"leaderbeat-chaos-{seed}-")
+        shutil.copytree(run.workdir, kept, dirs_exist_ok=True)
+        report.info.append(f"logs kept in {kept}")
+        with capsys.disabled():
+            print(f"chaos seed={seed} FAILED: logs kept in {kept}", flush=True)
     assert report.ok, f"chaos run FAILED; replay with LEADERBEAT_CHAOS_SEED={seed}\n" \
                       f"{report.failure_text()}"
     return report
