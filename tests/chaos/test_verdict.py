@@ -73,3 +73,14 @@ def test_failover_is_time_to_a_different_token():
     measure_failovers([f], obs, report)
     assert abs(f.failover - 3.4) < 1e-9 and report.issues == []
     assert pid_of("host:1234:abc|7") == 1234
+
+
+def test_a_link_fault_the_leader_survived_gets_no_failover_from_the_next_fault():
+    stall = Fault("stall_link", "x", 10.0, 0.0, 12.0, 0.0, leader_before="h:1:a|1",
+                  hit_leader=True)
+    cut = Fault("cut_link", "x", 16.0, 0.0, 20.0, 0.0, leader_before="h:1:a|1", hit_leader=True)
+    obs = [Observation(9.0, 0, "h:1:a|1", True), Observation(19.0, 0, "h:2:b|2", True)]
+    report = Report(seed=1, nodes=3)
+    measure_failovers([stall, cut], obs, report)
+    assert stall.failover is None and "kept its lease" in stall.note
+    assert abs(cut.failover - 3.0) < 1e-9 and report.issues == []
