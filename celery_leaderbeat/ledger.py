@@ -20,8 +20,9 @@ from .keys import Keys
 from .scripts import Scripts, status, text
 
 #: states of an entry's last slot, as stored in the slots hash
-CLAIMED, SENT, SKIPPED, ANCHOR = "c", "s", "k", "a"
-STATE_NAMES = {CLAIMED: "claimed", SENT: "sent", SKIPPED: "skipped", ANCHOR: "anchor"}
+CLAIMED, SENT, SKIPPED, ANCHOR, UNSENT = "c", "s", "k", "a", "u"
+STATE_NAMES = {CLAIMED: "claimed", SENT: "sent", SKIPPED: "skipped", ANCHOR: "anchor",
+               UNSENT: "unsent (reported)"}
 
 #: what a claim asks for, per item
 CLAIM, SKIP = CLAIMED, SKIPPED

@@ -31,7 +31,7 @@ from .entries import EntryOptions, default_options, split_entries
 from .errors import LeaseLostError, NotReplicatedError, RedisAuthError
 from .keys import Keys
 from .lease import Lease
-from .ledger import ANCHOR, CLAIM, CLAIMED, SKIP, ClaimItem, Event, Ledger, SlotState
+from .ledger import ANCHOR, CLAIM, CLAIMED, SKIP, UNSENT, ClaimItem, Event, Ledger, SlotState
 from .publish import publish
 from .scripts import Scripts
 from .slots import clock_for, from_ms, plan, to_ms
@@ -81,7 +81,7 @@ class Scheduler(beat.Scheduler):
         #: last-leader mode: monotonic start of the outage, and what was sent meanwhile
         self._degraded_since: float | None = None
         self._degraded_sent: list[tuple[str, datetime]] = []
-        self._unsent: list[tuple[str, datetime]] = []
+        self._unsent: list[tuple[str, datetime, bool]] = []
         super().__init__(app, *args, lazy=lazy, **kwargs)
 
     # -- the schedule definition ------------------------------------------------
@@ -293,8 +293,9 @@ class Scheduler(beat.Scheduler):
                 last = now
             else:
                 last = from_ms(state.slot_ms)
-                if report_unsent and state.state == CLAIMED and state.epoch != self.lease.epoch:
-                    self._unsent.append((name, last))
+                if (report_unsent and state.state in (CLAIMED, UNSENT)
+                        and state.epoch != self.lease.epoch):
+                    self._unsent.append((name, last, state.state == CLAIMED))
             tracked[name] = _Tracked(name, clock, options, last)
         if anchors:
             refused = self.ledger.claim(*self.lease.credentials(), anchors)
@@ -310,16 +311,22 @@ class Scheduler(beat.Scheduler):
             self._report_unsent()
 
     def _report_unsent(self) -> None:
-        """Slots claimed by an earlier leader and never confirmed sent."""
+        """Slots claimed by an earlier leader and never confirmed sent.
+
+        Each is reported once (its state becomes 'u'); with recover_unsent, every
+        such slot, reported or not, is re-sent under its own task id.
+        """
         unsent, self._unsent = self._unsent, []
-        logger.warning("leaderbeat: %d slot(s) were claimed but not confirmed sent by an earlier "
-                       "leader: %s%s", len(unsent), ", ".join(f"{n}@{s.isoformat()}"
-                                                              for n, s in unsent[:10]),
-                       "" if self.lb_config.recover_unsent else
-                       " (leaderbeat_recover_unsent is off: not re-sent)")
-        events = [Event(n, to_ms(s), "unsent", "claimed by an earlier leader") for n, s in unsent]
+        new = [(n, s) for n, s, unreported in unsent if unreported]
+        if new:
+            logger.warning("leaderbeat: %d slot(s) were claimed but not confirmed sent by an "
+                           "earlier leader: %s%s", len(new),
+                           ", ".join(f"{n}@{s.isoformat()}" for n, s in new[:10]),
+                           "" if self.lb_config.recover_unsent else
+                           " (leaderbeat_recover_unsent is off: not re-sent)")
+        events = [Event(n, to_ms(s), "unsent", "claimed by an earlier leader") for n, s in new]
         if self.lb_config.recover_unsent:
-            for name, slot in unsent:
+            for name, slot, _ in unsent:
                 entry = self.schedule.get(name)
                 if entry is not None and self._send(entry, slot):
                     events.append(Event(name, to_ms(slot), "sent", "recovered"))
@@ -515,11 +522,10 @@ class Scheduler(beat.Scheduler):
             logger.warning("leaderbeat: could not release the lease on close (%s); "
                            "standbys take over when it expires", exc)
         finally:
-            if self._pubsub is not None:
-                try:
-                    self._pubsub.close()
-                except (redis.RedisError, OSError) as exc:
-                    logger.debug("leaderbeat: closing the pub/sub connection failed: %s", exc)
+            # Dropped, not closed: on SIGTERM close() runs inside the signal handler, on
+            # top of a standby blocked reading this very socket; closing it there makes
+            # redis-py's unwinding fail. Its last reference goes with that frame.
+            self._pubsub = None
             super().close()
 
 

@@ -23,11 +23,11 @@ def parts(redis_client, key_prefix):
     return make
 
 
-def test_a_slot_is_granted_once_and_refused_after(parts):
+def test_a_slot_is_granted_once_and_a_skip_of_it_is_refused_after(parts):
     lease, ledger = parts("a")
     assert lease.try_acquire()
     assert ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 1000, CLAIM)]) == [None]
-    refused = ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 1000, CLAIM)])
+    refused = ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 1000, SKIP)])
     assert refused[0] is not None and refused[0].slot_ms == 1000 and refused[0].state == "c"
 
 
@@ -135,3 +135,35 @@ def test_min_replicas_is_refused_with_redis_cluster():
     with pytest.raises(ConfigurationError, match="not supported with Redis Cluster"):
         Config.from_values({"redis_url": "redis+cluster://h:7000", "key_prefix": "p",
                             "node_id": "a", "min_replicas": 1})
+
+
+def test_a_retried_claim_whose_reply_was_lost_is_granted_again_not_refused(parts):
+    lease, ledger = parts("a")
+    assert lease.try_acquire()
+    item = ClaimItem("e", 1000, CLAIM)
+    assert ledger.claim(lease.token, lease.epoch, [item]) == [None]
+    # the same call again, as redis-py's retry sends it when the first reply is lost
+    assert ledger.claim(lease.token, lease.epoch, [item]) == [None]
+    assert ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 999, CLAIM)])[0] is not None
+
+
+def test_the_same_slot_claimed_under_an_older_epoch_is_refused(parts, redis_client, key_prefix):
+    old, old_ledger = parts("a")
+    assert old.try_acquire()
+    old_ledger.claim(old.token, old.epoch, [ClaimItem("e", 1000, CLAIM)])
+    redis_client.delete(Keys(key_prefix).leader)
+    new, new_ledger = parts("b")
+    assert new.try_acquire()
+    refused = new_ledger.claim(new.token, new.epoch, [ClaimItem("e", 1000, CLAIM)])
+    assert refused[0] is not None and refused[0].epoch == old.epoch
+
+
+def test_an_unsent_event_marks_a_claimed_slot_reported_but_not_a_newer_one(parts):
+    lease, ledger = parts("a")
+    assert lease.try_acquire()
+    ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 1000, CLAIM)])
+    ledger.record(lease.epoch, [Event("e", 1000, "unsent", "lease expired")])
+    assert ledger.load()["e"].state == "u"
+    ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 2000, CLAIM)])
+    ledger.record(lease.epoch, [Event("e", 1000, "unsent", "late")])
+    assert ledger.load()["e"].state == "c"

@@ -7,7 +7,9 @@
 --   op 'a'  record the entry's anchor if it has no state yet (state 'a')
 -- Slot state is stored as "<slot_ms>|<epoch>|<state>". A claim or skip is
 -- granted only when the slot is newer than the stored one: claims are
--- monotonic per entry, so no slot can be granted twice.
+-- monotonic per entry, so no slot can be granted twice. Asking again for the
+-- exact state this epoch already wrote answers 1 again (idempotent): a client
+-- that lost the reply and retried must not mistake its own grant for a refusal.
 -- Returns {0, holder_token or false}   not the leader: nothing granted
 --         {1, r1, r2, ...}             one result per group: 1 granted,
 --                                      else the stored state that refused it
@@ -26,8 +28,11 @@ for i = 4, #ARGV, 3 do
   else
     granted = (not stored) or slot > tonumber(string.match(stored, '^(%d+)'))
   end
+  local value = ARGV[i + 1] .. '|' .. ARGV[3] .. '|' .. op
   if granted then
-    redis.call('HSET', KEYS[2], name, ARGV[i + 1] .. '|' .. ARGV[3] .. '|' .. op)
+    redis.call('HSET', KEYS[2], name, value)
+    out[#out + 1] = 1
+  elseif stored == value then
     out[#out + 1] = 1
   else
     out[#out + 1] = stored
