@@ -16,6 +16,7 @@ import argparse
 import os
 import re
 import statistics
+from collections import Counter
 import sys
 import tempfile
 import time
@@ -64,14 +65,23 @@ def main() -> None:
         finally:
             beat.kill()
         expected = args.entries * args.seconds / args.every
-        lateness = [float(m) for m in re.findall(r"(\d+) ms after the earliest was due",
-                                                   beat.log_text())]
+        log = beat.log_text()
+        lateness = [float(m) for m in re.findall(r"(\d+) ms after the earliest was due", log)]
+        durations = [float(m) for m in re.findall(r"due entries in (\d+) ms", log)]
+        by_slot = Counter(m.slot for m in recorder.messages if m.slot)
         print(f"scheduler            {scheduler}")
         print(f"entries x period     {args.entries} x {args.every} s for {args.seconds:.0f} s")
         print(f"slots sent           {sent} (expected about {expected:.0f}, "
               f"{100 * sent / expected:.1f}%)")
         print(f"duplicate slots      {len(duplicates(recorder.messages)) if not args.stock else 'n/a'}")
         print(f"beat CPU             {cpu:.2f} s = {1000 * cpu / max(sent, 1):.3f} s per 1,000 sends")
+        if by_slot:
+            full = sum(1 for n in by_slot.values() if n == args.entries)
+            print(f"slot batches         {len(by_slot)}, of which {full} carry all "
+                  f"{args.entries} entries (first/last may be cut by the window)")
+        if durations:
+            print(f"batch send time      median {statistics.median(durations):.0f} ms, "
+                  f"max {max(durations):.0f} ms (claim + publish + mark sent)")
         if lateness:
             print(f"batch start lateness median {statistics.median(lateness):.0f} ms, "
                   f"max {max(lateness):.0f} ms over {len(lateness)} batches")
