@@ -13,7 +13,6 @@ exceptions (so nothing happens there); ``close()`` runs twice on SIGTERM; under
 
 from __future__ import annotations
 
-import heapq
 import logging
 import os
 import socket
@@ -25,33 +24,22 @@ import redis
 from celery import beat
 
 from . import __version__
+from .agenda import Agenda, Tracked, Unsent, adopt_refused_anchors, claim_items, load, missed_events
 from .config import Config
 from .connection import describe, make_client, server_warnings
+from .degraded import Outage
 from .entries import EntryOptions, default_options, split_entries
 from .errors import LeaseLostError, NotReplicatedError, RedisAuthError
 from .keys import Keys
 from .lease import Lease
-from .ledger import ANCHOR, CLAIM, CLAIMED, SKIP, UNSENT, ClaimItem, Event, Ledger, SlotState
+from .ledger import Event, Ledger, SlotState
 from .publish import publish
 from .scripts import Scripts
-from .slots import clock_for, from_ms, plan, to_ms
+from .slots import Plan, from_ms, to_ms
 
 logger = logging.getLogger(__name__)
 
 STANDBY, LEADER = "standby", "leader"
-
-
-class _Tracked:
-    """What the leader knows of one entry: its clock, options and last slot."""
-
-    __slots__ = ("clock", "last", "name", "next_fire", "options")
-
-    def __init__(self, name: str, clock: Any, options: EntryOptions, last: datetime) -> None:
-        self.name = name
-        self.clock = clock
-        self.options = options
-        self.last = last
-        self.next_fire = clock.fire_time(clock.next_after(last))
 
 
 class Scheduler(beat.Scheduler):
@@ -64,8 +52,7 @@ class Scheduler(beat.Scheduler):
         self._entry_options: dict[str, EntryOptions] = {}
         self._schedule_version = 0
         self._tracked_version = -1
-        self._tracked: dict[str, _Tracked] = {}
-        self._heap: list[tuple[float, str]] = []  # type: ignore[assignment]
+        self._agenda = Agenda()
         self._pid: int | None = None
         self._client: Any = None
         self._pubsub: Any = None
@@ -78,10 +65,8 @@ class Scheduler(beat.Scheduler):
         self._registered_at = 0.0
         self._server_checked = False
         self._redis_back_at = 0.0
-        #: last-leader mode: monotonic start of the outage, and what was sent meanwhile
-        self._degraded_since: float | None = None
-        self._degraded_sent: list[tuple[str, datetime]] = []
-        self._unsent: list[tuple[str, datetime, bool]] = []
+        self._outage: Outage | None = None  # set while leading through a Redis outage
+        self._unsent: list[Unsent] = []
         super().__init__(app, *args, lazy=lazy, **kwargs)
 
     # -- the schedule definition ------------------------------------------------
@@ -142,8 +127,8 @@ class Scheduler(beat.Scheduler):
         try:
             self._connect()
             self._watch_wall_clock()
-            if self._degraded_since is not None:
-                return self._lead_degraded()
+            if self._outage is not None:
+                return self._lead_degraded(self._outage)
             delay = self._lead() if self.role == LEADER else self._stand_by()
             self._heartbeat_registry()
         except LeaseLostError as exc:
@@ -177,12 +162,9 @@ class Scheduler(beat.Scheduler):
         self._redis_failures += 1
         self._pubsub = None
         if (self.role == LEADER and self.lb_config.redis_down_policy == "last-leader"
-                and self._degraded_since is None and not self.lease.lost):
-            self._degraded_since = time.monotonic()
-            logger.warning("leaderbeat: redis_down_policy=last-leader: %s keeps sending from its "
-                           "own state for at most %s s while Redis is unreachable",
-                           self.lb_config.node_id, self.lb_config.degraded_max_seconds)
-        elif self.role == LEADER and self._degraded_since is None and not self.lease.is_held():
+                and self._outage is None and not self.lease.lost):
+            self._outage = Outage.begin(self.lb_config)
+        elif self.role == LEADER and self._outage is None and not self.lease.is_held():
             self._step_down("lease could not be confirmed while Redis was unreachable",
                             release=False)
         return min(0.25 * 2 ** min(self._redis_failures - 1, 6),
@@ -259,8 +241,7 @@ class Scheduler(beat.Scheduler):
             self.lease.release("step-down")
         self.lease.mark_lost()
         self.lease.token = None
-        self._tracked = {}
-        self._heap = []
+        self._agenda = Agenda()
 
     def _heartbeat_registry(self) -> None:
         """Refresh this node's entry in the node registry about once per renew interval."""
@@ -276,36 +257,22 @@ class Scheduler(beat.Scheduler):
 
     # -- leader ----------------------------------------------------------------------
 
+    @property
+    def _tracked(self) -> dict[str, Tracked]:
+        """The entries the leader tracks, by name (empty on a standby)."""
+        return self._agenda.tracked
+
     def _reload(self, report_unsent: bool = False) -> None:
         """Rebuild what the leader tracks from the schedule and the state in Redis."""
-        stored = self.ledger.load()
-        now = from_ms(to_ms(_utcnow()))
-        tz = self.app.timezone
-        anchors: list[ClaimItem] = []
-        tracked: dict[str, _Tracked] = {}
-        for name, entry in self.schedule.items():
-            options = self._entry_options.get(name) or default_options(self.lb_config)
-            clock = clock_for(entry.schedule, name=name, tz=options.tz or tz,
-                              jitter=options.jitter)
-            state = stored.get(name)
-            if state is None:
-                anchors.append(ClaimItem(name, to_ms(now), ANCHOR))
-                last = now
-            else:
-                last = from_ms(state.slot_ms)
-                if (report_unsent and state.state in (CLAIMED, UNSENT)
-                        and state.epoch != self.lease.epoch):
-                    self._unsent.append((name, last, state.state == CLAIMED))
-            tracked[name] = _Tracked(name, clock, options, last)
-        if anchors:
-            refused = self.ledger.claim(*self.lease.credentials(), anchors)
-            for item, state in zip(anchors, refused):
-                if state is not None:
-                    tracked[item.name].last = from_ms(state.slot_ms)
-                    tracked[item.name].next_fire = _next_fire(tracked[item.name])
-        self._tracked = tracked
-        self._heap = [(t.next_fire.timestamp(), name) for name, t in tracked.items()]
-        heapq.heapify(self._heap)
+        loaded = load(self.schedule, self.ledger.load(), now=from_ms(to_ms(_utcnow())),
+                      tz=self.app.timezone, options=self._entry_options,
+                      default=default_options(self.lb_config), epoch=self.lease.epoch)
+        if report_unsent:
+            self._unsent += loaded.unsent
+        if loaded.anchors:
+            adopt_refused_anchors(
+                loaded, self.ledger.claim(*self.lease.credentials(), loaded.anchors))
+        self._agenda = Agenda(loaded.tracked)
         self._tracked_version = self._schedule_version
         if self._unsent:
             self._report_unsent()
@@ -348,15 +315,17 @@ class Scheduler(beat.Scheduler):
             self._reload()
         now = _utcnow()
         now_ts = now.timestamp()
-        earliest = self._heap[0][0] if self._heap else now_ts
-        due = self._pop_due(now)
+        earliest = self._agenda.earliest()
+        if earliest is None:
+            earliest = now_ts
+        due = self._agenda.pop_due(now, self._since)
         if due:
             started = time.monotonic()
             try:
                 sent = self._claim_and_send(due)
             finally:
                 for tracked, _ in due:
-                    heapq.heappush(self._heap, (tracked.next_fire.timestamp(), tracked.name))
+                    self._agenda.push(tracked)
             if sent:
                 logger.info("leaderbeat: sent %d slot(s) of %d due entries in %.0f ms, "
                             "%.0f ms after the earliest was due", sent, len(due),
@@ -364,85 +333,29 @@ class Scheduler(beat.Scheduler):
         return self._delay()
 
     def _delay(self) -> float:
-        if not self._heap:
-            return float(self.max_interval)
-        return max(0.0, min(self._heap[0][0] - time.time(), float(self.max_interval)))
+        return self._agenda.delay(time.time(), float(self.max_interval))
 
-    def _pop_due(self, now: datetime) -> list[tuple[_Tracked, Any]]:
-        """Take every entry due by ``now`` off the heap, with its plan."""
-        due = []
-        now_ts = now.timestamp()
-        while self._heap and self._heap[0][0] <= now_ts:
-            _, name = heapq.heappop(self._heap)
-            tracked = self._tracked[name]
-            due.append((tracked, plan(tracked.clock, last=tracked.last, now=now,
-                                      since=self._since, policy=tracked.options.policy)))
-        return due
-
-    # -- leader while Redis is unreachable (redis_down_policy = "last-leader") -------------
-
-    def _lead_degraded(self) -> float:
-        """Send from local state without claims; reconcile as soon as Redis answers."""
-        due = self._pop_due(_utcnow())
-        for tracked, p in due:
-            for slot in p.send:
-                if self._send(self.schedule[tracked.name], slot):
-                    self._degraded_sent.append((tracked.name, slot))
-            tracked.last = p.last
-            tracked.next_fire = _next_fire(tracked)
-            heapq.heappush(self._heap, (tracked.next_fire.timestamp(), tracked.name))
+    def _lead_degraded(self, outage: Outage) -> float:
+        """Redis is unreachable: send from the agenda alone; reconcile once Redis answers."""
+        outage.send_due(self._agenda, _utcnow(), self._since,
+                        lambda name, slot: self._send(self.schedule[name], slot))
         try:
             self._client.ping()
         except (redis.RedisError, OSError):
-            assert self._degraded_since is not None
-            if time.monotonic() - self._degraded_since > self.lb_config.degraded_max_seconds:
-                self._degraded_since = None
+            if outage.expired():
+                self._outage = None
                 self._step_down("Redis unreachable for longer than "
                                 f"leaderbeat_degraded_max_seconds={self.lb_config.degraded_max_seconds}")
             return min(self._delay(), 1.0)
-        self._reconcile()
+        self._outage = None
+        self._redis_failures = 0
+        if not outage.reconcile(self.lease, self.ledger, lambda: self._last_tick):
+            self._step_down("another node leads after the Redis outage")
         return 0.0
 
-    def _reconcile(self) -> None:
-        """Redis is back: record what was sent while it was away, under a valid lease."""
-        sent, self._degraded_sent = self._degraded_sent, []
-        self._degraded_since = None
-        self._redis_failures = 0
-        logger.info("leaderbeat: Redis answers again; reconciling %d slot(s) sent while it was "
-                    "unreachable", len(sent))
-        try:
-            self.lease.renew()
-        except LeaseLostError:
-            self.lease.stop_heartbeat()
-            if not self.lease.try_acquire():
-                logger.warning("leaderbeat: another node leads after the outage; %d slot(s) this "
-                               "node sent meanwhile may be sent again (redis_down_policy="
-                               "last-leader)", len(sent))
-                self._step_down("another node leads after the Redis outage")
-                return
-            self.lease.start_heartbeat(lambda: self._last_tick)
-        items = [ClaimItem(name, to_ms(slot), CLAIM) for name, slot in sent]
-        refused = [item for item, state in
-                   zip(items, self.ledger.claim(*self.lease.credentials(), items))
-                   if state is not None]
-        if refused:
-            logger.warning("leaderbeat: %d slot(s) sent during the outage were also claimed by "
-                           "another leader: %s", len(refused),
-                           ", ".join(f"{i.name}@{from_ms(i.slot_ms).isoformat()}"
-                                     for i in refused[:10]))
-        granted = [i for i in items if i not in refused]
-        self.ledger.record(self.lease.credentials()[1],
-                           [Event(i.name, i.slot_ms, "sent", "while Redis was unreachable")
-                            for i in granted])
-
-    def _claim_and_send(self, due: list[tuple[_Tracked, Any]]) -> int:
+    def _claim_and_send(self, due: list[tuple[Tracked, Plan]]) -> int:
         """Claim every due slot in one call, send the granted ones; returns how many were sent."""
-        items: list[ClaimItem] = []
-        for tracked, p in due:
-            items += [ClaimItem(tracked.name, to_ms(s), CLAIM) for s in p.send]
-            # missed slots newer than anything sent: advance past them without sending
-            if (not p.send or p.last > p.send[-1]) and p.last > tracked.last:
-                items.append(ClaimItem(tracked.name, to_ms(p.last), SKIP))
+        items = claim_items(due)
         replicated = True
         try:
             results = self.ledger.claim(*self.lease.credentials(), items) if items else []
@@ -474,15 +387,11 @@ class Scheduler(beat.Scheduler):
                     events.append(Event(tracked.name, to_ms(slot), "sent"))
                 else:
                     events.append(Event(tracked.name, to_ms(slot), "unsent", "publish failed"))
-            events += [Event(tracked.name, to_ms(m.slot), "missed", m.reason) for m in p.missed]
-            if p.missed_total > len(p.missed):
-                events.append(Event(tracked.name, to_ms(p.last), "missed",
-                                    f"{p.missed_total - len(p.missed)} older slots not listed"))
+            events += missed_events(tracked, p)
             if tracked.name in refused:
-                tracked.last = max(p.last, from_ms(refused[tracked.name].slot_ms))
+                tracked.advance(max(p.last, from_ms(refused[tracked.name].slot_ms)))
             else:
-                tracked.last = p.last
-            tracked.next_fire = _next_fire(tracked)
+                tracked.advance(p.last)
         if events:
             self.ledger.record(self.lease.credentials()[1], events)
         if fenced:
@@ -532,7 +441,3 @@ class Scheduler(beat.Scheduler):
 def _utcnow() -> datetime:
     """Wall-clock now, read through ``time.time`` so a test can shift one process's clock."""
     return datetime.fromtimestamp(time.time(), timezone.utc)
-
-
-def _next_fire(tracked: _Tracked) -> datetime:
-    return tracked.clock.fire_time(tracked.clock.next_after(tracked.last))

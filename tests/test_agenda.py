@@ -1,0 +1,153 @@
+"""The leader's agenda, pure: loading entries from stored slots, what is due, what to claim."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from types import SimpleNamespace
+
+from celery.schedules import schedule
+
+from celery_leaderbeat.agenda import (
+    Agenda,
+    Unsent,
+    adopt_refused_anchors,
+    claim_items,
+    load,
+    missed_events,
+)
+from celery_leaderbeat.entries import EntryOptions
+from celery_leaderbeat.ledger import (
+    ANCHOR,
+    CLAIM,
+    CLAIMED,
+    SENT,
+    SKIP,
+    SKIPPED,
+    UNSENT,
+    ClaimItem,
+    SlotState,
+)
+from celery_leaderbeat.slots import CatchupPolicy, to_ms
+
+UTC = timezone.utc
+T0 = datetime(2026, 5, 4, 10, 0, tzinfo=UTC)
+LATEST = EntryOptions(policy=CatchupPolicy("latest"), jitter=None, tz=None)
+
+
+def every(seconds: float) -> SimpleNamespace:
+    """A beat entry as the agenda sees it: only its schedule matters."""
+    return SimpleNamespace(schedule=schedule(timedelta(seconds=seconds)))
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+def stored(seconds: float, epoch: int = 1, state: str = SENT) -> SlotState:
+    return SlotState(to_ms(at(seconds)), epoch, state)
+
+
+def load_at(now: datetime, entries: dict, states: dict | None = None, *, epoch: int = 2,
+            options: dict | None = None):
+    return load(entries, states or {}, now=now, tz=UTC, options=options or {},
+                default=LATEST, epoch=epoch)
+
+
+def test_an_entry_with_no_stored_slot_is_anchored_at_now_and_fires_one_interval_later():
+    loaded = load_at(T0, {"a": every(10)})
+    assert loaded.anchors == [ClaimItem("a", to_ms(T0), ANCHOR)]
+    assert loaded.tracked["a"].last == T0
+    assert loaded.tracked["a"].next_fire == at(10)
+    assert loaded.unsent == []
+
+
+def test_an_entry_with_a_stored_slot_continues_from_it_without_an_anchor():
+    loaded = load_at(at(100), {"a": every(10)}, {"a": stored(30)})
+    assert loaded.anchors == []
+    assert loaded.tracked["a"].last == at(30)
+    assert loaded.tracked["a"].next_fire == at(40)
+
+
+def test_claimed_and_unsent_slots_of_an_earlier_epoch_are_unsent_only_claimed_ones_unreported():
+    entries = {n: every(10) for n in ("claimed", "reported", "sent", "skipped", "mine")}
+    states = {"claimed": stored(10, 1, CLAIMED), "reported": stored(20, 1, UNSENT),
+              "sent": stored(30, 1, SENT), "skipped": stored(40, 1, SKIPPED),
+              "mine": stored(50, 2, CLAIMED)}
+    loaded = load_at(at(60), entries, states, epoch=2)
+    assert loaded.unsent == [Unsent("claimed", at(10), True), Unsent("reported", at(20), False)]
+
+
+def test_an_entry_uses_its_own_options_and_the_others_the_default():
+    own = EntryOptions(policy=CatchupPolicy("all", max_catchup=3), jitter=None, tz=None)
+    loaded = load_at(T0, {"a": every(10), "b": every(10)}, options={"a": own})
+    assert loaded.tracked["a"].options is own
+    assert loaded.tracked["b"].options is LATEST
+
+
+def test_a_refused_anchor_starts_the_entry_from_the_slot_that_refused_it():
+    loaded = load_at(at(100), {"a": every(10), "b": every(10)})
+    adopt_refused_anchors(loaded, [stored(95), None])
+    assert (loaded.tracked["a"].last, loaded.tracked["a"].next_fire) == (at(95), at(105))
+    assert (loaded.tracked["b"].last, loaded.tracked["b"].next_fire) == (at(100), at(110))
+
+
+def test_pop_due_takes_only_the_due_entries_with_their_plan_until_pushed_back():
+    loaded = load_at(T0, {"fast": every(10), "slow": every(60)})
+    agenda = Agenda(loaded.tracked)
+    assert agenda.earliest() == at(10).timestamp()
+    assert agenda.pop_due(at(9), since=T0) == []
+    due = agenda.pop_due(at(25), since=T0)
+    assert [(t.name, p.send) for t, p in due] == [("fast", (at(10), at(20)))]
+    assert agenda.earliest() == at(60).timestamp(), "a popped entry stays off until pushed"
+    assert agenda.pop_due(at(25), since=T0) == []
+    tracked, p = due[0]
+    tracked.advance(p.last)
+    agenda.push(tracked)
+    assert agenda.earliest() == at(30).timestamp()
+
+
+def test_slots_due_before_since_were_missed_and_follow_the_entry_policy():
+    agenda = Agenda(load_at(T0, {"a": every(10)}).tracked)
+    [(tracked, p)] = agenda.pop_due(at(45), since=at(42))
+    assert p.send == (at(40),), "latest: only the newest missed slot"
+    assert [m.slot for m in p.missed] == [at(10), at(20), at(30)]
+    assert tracked.last == T0, "popping plans; it does not advance the entry"
+
+
+def test_the_delay_runs_to_the_next_fire_time_never_negative_never_past_the_limit():
+    agenda = Agenda(load_at(T0, {"a": every(10)}).tracked)
+    assert agenda.delay(at(4).timestamp(), limit=300.0) == 6.0
+    assert agenda.delay(at(4).timestamp(), limit=5.0) == 5.0
+    assert agenda.delay(at(12).timestamp(), limit=300.0) == 0.0
+    assert Agenda().delay(T0.timestamp(), limit=300.0) == 300.0
+    assert Agenda().earliest() is None
+
+
+def test_each_slot_to_send_is_claimed_and_newer_missed_slots_are_skipped_past():
+    agenda = Agenda(load_at(T0, {"a": every(10)}).tracked)
+    sent_latest = agenda.pop_due(at(45), since=at(42))
+    assert claim_items(sent_latest) == [ClaimItem("a", to_ms(at(40)), CLAIM)]
+
+    skipping = EntryOptions(policy=CatchupPolicy("skip"), jitter=None, tz=None)
+    agenda = Agenda(load_at(T0, {"a": every(10)}, options={"a": skipping}).tracked)
+    sent_none = agenda.pop_due(at(45), since=at(42))
+    assert claim_items(sent_none) == [ClaimItem("a", to_ms(at(40)), SKIP)]
+
+
+def test_an_entry_with_nothing_new_to_skip_claims_only_what_it_sends():
+    agenda = Agenda(load_at(T0, {"a": every(10)}).tracked)
+    on_time = agenda.pop_due(at(25), since=T0)
+    assert claim_items(on_time) == [ClaimItem("a", to_ms(at(10)), CLAIM),
+                                    ClaimItem("a", to_ms(at(20)), CLAIM)]
+
+
+def test_missed_events_list_each_recorded_slot_and_count_the_older_ones():
+    agenda = Agenda(load_at(T0, {"a": every(1)}).tracked)
+    [(tracked, p)] = agenda.pop_due(at(500), since=at(500))
+    events = missed_events(tracked, p)
+    listed = [e for e in events if "older slots" not in e.detail]
+    assert len(listed) == len(p.missed)
+    assert all(e.event == "missed" and e.detail == "latest" for e in listed)
+    [count] = [e for e in events if "older slots" in e.detail]
+    assert count.detail == f"{p.missed_total - len(p.missed)} older slots not listed"
+    assert count.slot_ms == to_ms(p.last)
