@@ -58,9 +58,11 @@ class Outage:
     def reconcile(self, lease: Lease, ledger: Ledger, last_tick: Callable[[], float]) -> bool:
         """Redis is back: record what was sent while it was away, under a valid lease.
 
-        Returns False, having claimed nothing, when another node leads by now.
+        Returns False, having claimed nothing, when another node leads by now. A Redis
+        error on the way leaves the outage as it was (same start, same slots), so a
+        flapping Redis neither loses the record nor restarts the degraded clock.
         """
-        sent, self.sent = self.sent, []
+        sent = list(self.sent)
         logger.info("leaderbeat: Redis answers again; reconciling %d slot(s) sent while it was "
                     "unreachable", len(sent))
         try:
@@ -86,4 +88,5 @@ class Outage:
         ledger.record(lease.credentials()[1],
                       [Event(i.name, i.slot_ms, "sent", "while Redis was unreachable")
                        for i in granted])
+        self.sent = self.sent[len(sent):]
         return True

@@ -347,9 +347,10 @@ class Scheduler(beat.Scheduler):
                 self._step_down("Redis unreachable for longer than "
                                 f"leaderbeat_degraded_max_seconds={self.lb_config.degraded_max_seconds}")
             return min(self._delay(), 1.0)
-        self._outage = None
+        reconciled = outage.reconcile(self.lease, self.ledger, lambda: self._last_tick)
+        self._outage = None  # only now: a Redis error above leaves the outage in place
         self._redis_failures = 0
-        if not outage.reconcile(self.lease, self.ledger, lambda: self._last_tick):
+        if not reconciled:
             self._step_down("another node leads after the Redis outage")
         return 0.0
 
@@ -402,9 +403,9 @@ class Scheduler(beat.Scheduler):
         """Publish one slot; a failure is logged and reported, never swallowed."""
         try:
             publish(self, entry, slot, self.lease.epoch)
-        except Exception as exc:  # noqa: BLE001 - any publish failure is recorded as unsent
-            logger.exception("leaderbeat: could not send %s for slot %s: %s",
-                             entry.name, slot.isoformat(), exc)
+        except Exception:  # any publish failure: logged with its traceback, recorded unsent
+            logger.exception("leaderbeat: could not send %s for slot %s",
+                             entry.name, slot.isoformat())
             return False
         entry.last_run_at = slot
         entry.total_run_count += 1

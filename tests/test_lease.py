@@ -159,3 +159,29 @@ def test_heartbeat_reports_a_lost_lease(redis_client, key_prefix):
     beat.join(3)
     assert beat.stopped_because == "lost"
     assert not a.is_held()
+
+
+def test_a_reconcile_cut_short_by_redis_keeps_the_slots_sent_during_the_outage(make_redis_server):
+    """last-leader: if Redis drops again mid-reconcile, nothing sent meanwhile is forgotten."""
+    import redis as redis_py
+
+    from celery_leaderbeat.degraded import Outage
+    from celery_leaderbeat.ledger import Ledger
+    from celery_leaderbeat.slots import from_ms
+
+    server = make_redis_server()
+    client = server.client()
+    lease = make_lease(client, "rc", "a")
+    ledger = Ledger(client, lease.scripts, lease.keys, lease.config)
+    assert lease.try_acquire()
+    outage = Outage(lease.config, started=time.monotonic())
+    outage.sent = [("e", from_ms(1000)), ("e", from_ms(2000))]
+    server.kill()
+    with pytest.raises(redis_py.ConnectionError):
+        outage.reconcile(lease, ledger, time.monotonic)
+    assert outage.sent == [("e", from_ms(1000)), ("e", from_ms(2000))]
+    server.restart()
+    assert outage.reconcile(lease, ledger, time.monotonic) is True
+    assert outage.sent == []
+    assert ledger.load()["e"].slot_ms == 2000
+    lease.stop_heartbeat()

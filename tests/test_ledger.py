@@ -111,7 +111,9 @@ def test_with_min_replicas_a_claim_returns_once_a_replica_has_it(make_redis_serv
     replica = make_redis_server("--replicaof", "127.0.0.1", str(master.port),
                                 "--repl-diskless-sync-delay", "0")
     deadline = time.monotonic() + 10
-    while replica.client().info("replication").get("master_link_status") != "up":
+    # WAIT counts the replicas the *master* sees online, which can lag the replica's view
+    while (replica.client().info("replication").get("master_link_status") != "up"
+           or "online" not in str(master.client().info("replication").get("slave0", ""))):
         assert time.monotonic() < deadline, "replica never synced"
         time.sleep(0.05)
     lease, ledger = _replicated_parts(master.client(), key_prefix, 1)
