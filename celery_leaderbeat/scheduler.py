@@ -272,6 +272,12 @@ class Scheduler(beat.Scheduler):
         if loaded.anchors:
             adopt_refused_anchors(
                 loaded, self.ledger.claim(*self.lease.credentials(), loaded.anchors))
+            # One line per reload, not per entry: after a Redis restart that lost its data
+            # this is the only trace. Unknown state is "start from now", never "never ran".
+            logger.info("leaderbeat: %d of %d entries had no slot state in Redis (new entries, "
+                        "or Redis lost its data); they start from now, without catch-up: %s",
+                        len(loaded.anchors), len(loaded.tracked),
+                        ", ".join(item.name for item in loaded.anchors[:10]))
         self._agenda = Agenda(loaded.tracked)
         self._tracked_version = self._schedule_version
         if self._unsent:
