@@ -41,6 +41,10 @@ logger = logging.getLogger(__name__)
 
 STANDBY, LEADER = "standby", "leader"
 
+#: seconds by which the wall clock must move against the monotonic one to count as a
+#: step (NTP slews smaller offsets; GC pauses and SIGSTOP move both clocks alike)
+CLOCK_STEP = 2.0
+
 
 class Scheduler(beat.Scheduler):
     """Highly available beat scheduler: run it on any number of nodes."""
@@ -65,6 +69,7 @@ class Scheduler(beat.Scheduler):
         self._registered_at = 0.0
         self._server_checked = False
         self._redis_back_at = 0.0
+        self._capped: set[str] = set()  # entries whose catch-up hit max_catchup (logged)
         self._outage: Outage | None = None  # set while leading through a Redis outage
         self._unsent: list[Unsent] = []
         super().__init__(app, *args, lazy=lazy, **kwargs)
@@ -176,7 +181,7 @@ class Scheduler(beat.Scheduler):
         last_wall, last_mono = self._last_wall
         self._last_wall = (wall, mono)
         jump = (wall - last_wall) - (mono - last_mono)
-        if abs(jump) > max(2.0, self.lb_config.max_clock_skew):
+        if abs(jump) > CLOCK_STEP:
             logger.warning("leaderbeat: the wall clock stepped %+.1f s; slots it skipped follow "
                            "the catch-up policy, claimed slots are never re-sent", jump)
             if jump > 0:
@@ -395,6 +400,7 @@ class Scheduler(beat.Scheduler):
                 else:
                     events.append(Event(tracked.name, to_ms(slot), "unsent", "publish failed"))
             events += missed_events(tracked, p)
+            self._say_capped_once(tracked, p)
             if tracked.name in refused:
                 tracked.advance(max(p.last, from_ms(refused[tracked.name].slot_ms)))
             else:
@@ -404,6 +410,17 @@ class Scheduler(beat.Scheduler):
         if fenced:
             raise LeaseLostError("lease expired while sending (self-fencing)")
         return sum(1 for ev in events if ev.event == "sent")
+
+    def _say_capped_once(self, tracked: Tracked, p: Plan) -> None:
+        """A catch-up larger than ``max_catchup`` is logged once per entry, not per tick."""
+        policy = tracked.options.policy
+        if (policy.mode == "all" and tracked.name not in self._capped
+                and any(m.reason == "max_catchup" for m in p.missed)):
+            self._capped.add(tracked.name)
+            logger.warning("leaderbeat: entry %r has more missed slots than max_catchup=%d: "
+                           "the newest %d are sent, %d older ones are only recorded as missed "
+                           "(said once per entry)", tracked.name, policy.max_catchup,
+                           policy.max_catchup, p.missed_total)
 
     def _send(self, entry: Any, slot: datetime) -> bool:
         """Publish one slot; a failure is logged and reported, never swallowed."""
