@@ -24,13 +24,10 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from .closing import Closing
 from .recorder import Message, Recorder, duplicates, slots_by_entry
-
-if TYPE_CHECKING:
-    from typing_extensions import Self
 
 __all__ = [
     "APP_MODULE",
@@ -74,7 +71,7 @@ def beat_env(
     return env
 
 
-class BeatProcess:
+class BeatProcess(Closing):
     """One ``celery beat`` subprocess; started at construction."""
 
     def __init__(
@@ -201,17 +198,6 @@ class BeatProcess:
             self.kill()
         self._log.close()
 
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
     def __repr__(self) -> str:
         return f"<BeatProcess pid={self.pid} alive={self.alive} log={self.log_path}>"
 
@@ -234,7 +220,7 @@ class BeatProcess:
         return f"--- {self.log_path} (tail) ---\n{text}"
 
 
-class BeatCluster:
+class BeatCluster(Closing):
     """``n`` beat processes sharing one environment, killed at teardown.
 
     ``node_env(i)`` may add per-node variables (e.g. a distinct
@@ -296,14 +282,3 @@ class BeatCluster:
         """Kill every process; never leaves one running."""
         for beat in self.beats:
             beat.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()

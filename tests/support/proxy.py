@@ -25,18 +25,16 @@ import select
 import socket
 import threading
 import time
-from types import TracebackType
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
-if TYPE_CHECKING:
-    from typing_extensions import Self
+from .closing import Closing
 
 Mode = Literal["forward", "drop", "blackhole", "delay"]
 MODES: tuple[str, ...] = ("forward", "drop", "blackhole", "delay")
 POLL = 0.05  # how often an idle pump re-checks the mode and the closed flag
 
 
-class TcpProxy:
+class TcpProxy(Closing):
     """Listens on 127.0.0.1:<free port> and relays to ``target_host:target_port``."""
 
     def __init__(self, target_host: str, target_port: int) -> None:
@@ -113,17 +111,6 @@ class TcpProxy:
         self.drop_connections()
         self._acceptor.join(5)
         self._listener.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"<TcpProxy :{self.port} -> {self.target[0]}:{self.target[1]} {self._mode}>"

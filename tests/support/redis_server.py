@@ -21,17 +21,13 @@ import time
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
-from types import TracebackType
-from typing import TYPE_CHECKING
 
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from .closing import Closing
 from .redis_binary import find_redis_server, free_port
-
-if TYPE_CHECKING:
-    from typing_extensions import Self
 
 __all__ = ["RedisServer", "RedisServerError", "find_redis_server", "free_port"]
 
@@ -45,7 +41,7 @@ class RedisServerError(RuntimeError):
     """A test Redis server failed to start; the message ends with its log tail."""
 
 
-class RedisServer:
+class RedisServer(Closing):
     """One ``redis-server`` process on a free local port, in its own directory.
 
     ``extra_args`` are appended to the command line (``--requirepass``,
@@ -185,17 +181,6 @@ class RedisServer:
         self._finalizer.detach()
         if self._own_dir:
             shutil.rmtree(self.dir, ignore_errors=True)
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"<RedisServer port={self.port} pid={self.pid} alive={self.alive}>"
