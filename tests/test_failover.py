@@ -50,6 +50,13 @@ def beat_by_pid(cluster: BeatCluster, pid: int):
     return next(b for b in cluster if b.pid == pid)
 
 
+def steady_leader(client, prefix: str, cluster: BeatCluster, recorder: Recorder):
+    """Once slots flow: (the leader's token, its BeatProcess)."""
+    recorder.wait_for(6, timeout=20)
+    token, _ = wait_for_leader(client, prefix)
+    return token, beat_by_pid(cluster, leader_pid(token))
+
+
 def slot_times(messages) -> dict[str, list[datetime]]:
     return {entry: sorted(datetime.fromisoformat(s) for s in slots)
             for entry, slots in slots_by_entry(messages).items()}
@@ -98,9 +105,7 @@ def test_a_killed_leader_is_replaced_within_ttl_plus_poll_without_duplicates(
     client = state.client()
     cluster, recorder = start(tmp_path, two_servers, key_prefix, every(1.0, 3))
     with cluster:
-        recorder.wait_for(6, timeout=20)
-        token, _ = wait_for_leader(client, key_prefix)
-        leader = beat_by_pid(cluster, leader_pid(token))
+        token, leader = steady_leader(client, key_prefix, cluster, recorder)
         killed_at = time.monotonic()
         leader.kill()
         new_token, took_over = wait_for_leader(client, key_prefix, other_than=token)
@@ -125,9 +130,7 @@ def test_a_terminated_leader_hands_over_in_under_a_second_and_no_slot_is_lost(
     client = state.client()
     cluster, recorder = start(tmp_path, two_servers, key_prefix, every(1.0, 3))
     with cluster:
-        recorder.wait_for(6, timeout=20)
-        token, _ = wait_for_leader(client, key_prefix)
-        leader = beat_by_pid(cluster, leader_pid(token))
+        token, leader = steady_leader(client, key_prefix, cluster, recorder)
         termed_at = time.monotonic()
         leader.proc.send_signal(15)
         new_token, took_over = wait_for_leader(client, key_prefix, other_than=token)
