@@ -54,10 +54,10 @@ class Loaded(NamedTuple):
     unsent: list[Unsent]  # slots claimed under another epoch, never confirmed sent
 
 
-def load(schedule: Mapping[str, Any], stored: Mapping[str, SlotState], *, now: datetime,
+def load(schedule: Mapping[str, Any], stored: Mapping[str, SlotState], *, start: datetime,
          tz: tzinfo, options: Mapping[str, EntryOptions], default: EntryOptions,
          epoch: int | None) -> Loaded:
-    """Track every entry of ``schedule`` from its stored last slot (or from ``now``).
+    """Track every entry of ``schedule`` from its stored last slot, else from ``start``.
 
     ``epoch`` is the leader's own: a claimed or unsent slot of any other epoch
     was left behind by an earlier leader.
@@ -70,8 +70,8 @@ def load(schedule: Mapping[str, Any], stored: Mapping[str, SlotState], *, now: d
         clock = clock_for(entry.schedule, name=name, tz=opts.tz or tz, jitter=opts.jitter)
         state = stored.get(name)
         if state is None:
-            anchors.append(ClaimItem(name, to_ms(now), ANCHOR))
-            last = now
+            anchors.append(ClaimItem(name, to_ms(start), ANCHOR))
+            last = start
         else:
             last = from_ms(state.slot_ms)
             if state.state in (CLAIMED, UNSENT) and state.epoch != epoch:

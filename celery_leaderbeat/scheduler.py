@@ -45,6 +45,9 @@ STANDBY, LEADER = "standby", "leader"
 #: step (NTP slews smaller offsets; GC pauses and SIGSTOP move both clocks alike)
 CLOCK_STEP = 2.0
 
+#: cap, in seconds, of how far past "now" an entry with no stored state starts
+UNKNOWN_STATE_MARGIN = 5.0
+
 
 class Scheduler(beat.Scheduler):
     """Highly available beat scheduler: run it on any number of nodes."""
@@ -269,7 +272,12 @@ class Scheduler(beat.Scheduler):
 
     def _reload(self, report_unsent: bool = False) -> None:
         """Rebuild what the leader tracks from the schedule and the state in Redis."""
-        loaded = load(self.schedule, self.ledger.load(), now=from_ms(to_ms(_utcnow())),
+        # An entry without stored state (new, or Redis lost its data) starts after
+        # now + max_clock_skew (5 s at most): a slot an earlier leader sent just before
+        # the data was lost cannot come round again on a node whose clock is behind.
+        margin = min(self.lb_config.max_clock_skew, UNKNOWN_STATE_MARGIN)
+        start = from_ms(to_ms(_utcnow()) + int(margin * 1000))
+        loaded = load(self.schedule, self.ledger.load(), start=start,
                       tz=self.app.timezone, options=self._entry_options,
                       default=default_options(self.lb_config), epoch=self.lease.epoch)
         if report_unsent:

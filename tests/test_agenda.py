@@ -49,7 +49,7 @@ def stored(seconds: float, epoch: int = 1, state: str = SENT) -> SlotState:
 
 def load_at(now: datetime, entries: dict, states: dict | None = None, *, epoch: int = 2,
             options: dict | None = None):
-    return load(entries, states or {}, now=now, tz=UTC, options=options or {},
+    return load(entries, states or {}, start=now, tz=UTC, options=options or {},
                 default=LATEST, epoch=epoch)
 
 

@@ -21,7 +21,8 @@ def make_app(state_url: str, broker_url: str, prefix: str, schedule: dict, **set
     app.conf.update(broker_url=broker_url, leaderbeat_redis_url=state_url,
                     leaderbeat_key_prefix=prefix, beat_schedule=schedule, timezone="UTC",
                     leaderbeat_lease_ttl=3, leaderbeat_renew_interval=1,
-                    leaderbeat_standby_poll=0.2, **settings)
+                    leaderbeat_standby_poll=0.2,
+                    **{"leaderbeat_max_clock_skew": 0.5, **settings})
     return app
 
 
