@@ -111,11 +111,11 @@ def test_with_min_replicas_a_claim_returns_once_a_replica_has_it(make_redis_serv
     replica = make_redis_server("--replicaof", "127.0.0.1", str(master.port),
                                 "--repl-diskless-sync-delay", "0")
     deadline = time.monotonic() + 10
-    # WAIT counts the replicas the *master* sees online, which can lag the replica's view
-    while (replica.client().info("replication").get("master_link_status") != "up"
-           or "online" not in str(master.client().info("replication").get("slave0", ""))):
-        assert time.monotonic() < deadline, "replica never synced"
-        time.sleep(0.05)
+    # A freshly synced replica is counted by WAIT only once it has acknowledged an
+    # offset (up to a second after the sync): wait until it acknowledges writes.
+    probe = master.client()
+    while not (probe.set("probe", "1") and probe.execute_command("WAIT", 1, 100) == 1):
+        assert time.monotonic() < deadline, "replica never acknowledged a write"
     lease, ledger = _replicated_parts(master.client(), key_prefix, 1)
     assert lease.try_acquire()
     assert ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 1000, CLAIM)]) == [None]
