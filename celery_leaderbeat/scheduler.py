@@ -24,15 +24,16 @@ import redis
 from celery import beat
 
 from . import __version__
-from .agenda import Agenda, Tracked, Unsent, adopt_refused_anchors, claim_items, load, missed_events
+from .agenda import Agenda, Tracked, Unsent, adopt_refused_anchors, load
+from .batch import claim_and_send, report_unsent
 from .config import Config
 from .connection import describe, make_client, server_warnings
 from .degraded import Outage
 from .entries import EntryOptions, default_options, split_entries
-from .errors import LeaseLostError, NotReplicatedError, RedisAuthError
+from .errors import LeaseLostError, RedisAuthError
 from .keys import Keys
 from .lease import Lease
-from .ledger import Event, Ledger, SlotState
+from .ledger import Ledger
 from .publish import publish
 from .scripts import Scripts
 from .slots import Plan, from_ms, to_ms
@@ -297,26 +298,9 @@ class Scheduler(beat.Scheduler):
             self._report_unsent()
 
     def _report_unsent(self) -> None:
-        """Slots claimed by an earlier leader and never confirmed sent.
-
-        Each is reported once (its state becomes 'u'); with recover_unsent, every
-        such slot, reported or not, is re-sent under its own task id.
-        """
         unsent, self._unsent = self._unsent, []
-        new = [(n, s) for n, s, unreported in unsent if unreported]
-        if new:
-            logger.warning("leaderbeat: %d slot(s) were claimed but not confirmed sent by an "
-                           "earlier leader: %s%s", len(new),
-                           ", ".join(f"{n}@{s.isoformat()}" for n, s in new[:10]),
-                           "" if self.lb_config.recover_unsent else
-                           " (leaderbeat_recover_unsent is off: not re-sent)")
-        events = [Event(n, to_ms(s), "unsent", "claimed by an earlier leader") for n, s in new]
-        if self.lb_config.recover_unsent:
-            for name, slot, _ in unsent:
-                entry = self.schedule.get(name)
-                if entry is not None and self._send(entry, slot):
-                    events.append(Event(name, to_ms(slot), "sent", "recovered"))
-        self.ledger.record(self.lease.credentials()[1], events)
+        report_unsent(unsent, lease=self.lease, ledger=self.ledger, send=self._send_slot,
+                      recover=self.lb_config.recover_unsent)
 
     def _lead(self) -> float:
         if not self.lease.is_held():
@@ -356,8 +340,7 @@ class Scheduler(beat.Scheduler):
 
     def _lead_degraded(self, outage: Outage) -> float:
         """Redis is unreachable: send from the agenda alone; reconcile once Redis answers."""
-        outage.send_due(self._agenda, _utcnow(), self._since,
-                        lambda name, slot: self._send(self.schedule[name], slot))
+        outage.send_due(self._agenda, _utcnow(), self._since, self._send_slot)
         try:
             self._client.ping()
         except (redis.RedisError, OSError):
@@ -374,61 +357,13 @@ class Scheduler(beat.Scheduler):
         return 0.0
 
     def _claim_and_send(self, due: list[tuple[Tracked, Plan]]) -> int:
-        """Claim every due slot in one call, send the granted ones; returns how many were sent."""
-        items = claim_items(due)
-        replicated = True
-        try:
-            results = self.ledger.claim(*self.lease.credentials(), items) if items else []
-        except NotReplicatedError as exc:
-            # Granted on the master, but a failover could lose the claims: sending could
-            # then duplicate. Not sending keeps G1; the slots are recorded unsent.
-            logger.warning("leaderbeat: %s; not sending this batch", exc)
-            replicated = False
-            results = [None] * len(items)
-        refused: dict[str, SlotState] = {}
-        granted: set[tuple[str, int]] = set()
-        for item, state in zip(items, results):
-            if state is None:
-                granted.add((item.name, item.slot_ms))
-            else:
-                refused[item.name] = state
-        events: list[Event] = []
-        fenced = False
-        for tracked, p in due:
-            for slot in p.send:
-                if (tracked.name, to_ms(slot)) not in granted:
-                    continue
-                if not replicated:
-                    events.append(Event(tracked.name, to_ms(slot), "unsent", "not replicated"))
-                elif fenced or not self.lease.is_held():
-                    fenced = True
-                    events.append(Event(tracked.name, to_ms(slot), "unsent", "lease expired"))
-                elif self._send(self.schedule[tracked.name], slot):
-                    events.append(Event(tracked.name, to_ms(slot), "sent"))
-                else:
-                    events.append(Event(tracked.name, to_ms(slot), "unsent", "publish failed"))
-            events += missed_events(tracked, p)
-            self._say_capped_once(tracked, p)
-            if tracked.name in refused:
-                tracked.advance(max(p.last, from_ms(refused[tracked.name].slot_ms)))
-            else:
-                tracked.advance(p.last)
-        if events:
-            self.ledger.record(self.lease.credentials()[1], events)
-        if fenced:
-            raise LeaseLostError("lease expired while sending (self-fencing)")
-        return sum(1 for ev in events if ev.event == "sent")
+        return claim_and_send(due, lease=self.lease, ledger=self.ledger,
+                              send=self._send_slot, capped=self._capped)
 
-    def _say_capped_once(self, tracked: Tracked, p: Plan) -> None:
-        """A catch-up larger than ``max_catchup`` is logged once per entry, not per tick."""
-        policy = tracked.options.policy
-        if (policy.mode == "all" and tracked.name not in self._capped
-                and any(m.reason == "max_catchup" for m in p.missed)):
-            self._capped.add(tracked.name)
-            logger.warning("leaderbeat: entry %r has more missed slots than max_catchup=%d: "
-                           "the newest %d are sent, %d older ones are only recorded as missed "
-                           "(said once per entry)", tracked.name, policy.max_catchup,
-                           policy.max_catchup, p.missed_total)
+    def _send_slot(self, name: str, slot: datetime) -> bool:
+        """Publish ``slot`` of the entry named ``name``, if it is still scheduled."""
+        entry = self.schedule.get(name)
+        return entry is not None and self._send(entry, slot)
 
     def _send(self, entry: Any, slot: datetime) -> bool:
         """Publish one slot; a failure is logged and reported, never swallowed."""
