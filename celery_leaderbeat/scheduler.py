@@ -30,13 +30,13 @@ from .config import Config
 from .connection import describe, make_client, server_warnings
 from .degraded import Outage
 from .entries import EntryOptions, default_options, split_entries
-from .errors import LeaseLostError, RedisAuthError
+from .errors import ConfigurationError, LeaseLostError, RedisAuthError
 from .keys import Keys
 from .lease import Lease
 from .ledger import Ledger
 from .publish import publish
 from .scripts import Scripts
-from .slots import Plan, from_ms, to_ms
+from .slots import Plan, clock_for, from_ms, to_ms
 
 logger = logging.getLogger(__name__)
 
@@ -81,11 +81,25 @@ class Scheduler(beat.Scheduler):
     # -- the schedule definition ------------------------------------------------
 
     def setup_schedule(self) -> None:
-        """Read ``beat_schedule``; harmless on standbys (no I/O, nothing sent)."""
+        """Read ``beat_schedule``; harmless on standbys (no I/O, nothing sent).
+
+        Every entry's slot clock is built once here, so a schedule the leader could
+        not follow stops start-up with the others, not a later election.
+        """
         entries, options = split_entries(self.app.conf.beat_schedule or {}, self.lb_config)
         self._entry_options = options
         self.install_default_entries(self.data)
         self.merge_inplace(entries)
+        problems = []
+        for name, entry in self.schedule.items():
+            opts = options.get(name) or default_options(self.lb_config)
+            try:
+                clock_for(entry.schedule, name=name, tz=opts.tz or self.app.timezone,
+                          jitter=opts.jitter)
+            except ConfigurationError as exc:
+                problems += exc.problems
+        if problems:
+            raise ConfigurationError(problems)
 
     def merge_inplace(self, b: Any) -> None:
         super().merge_inplace(b)

@@ -224,3 +224,13 @@ def test_a_leader_whose_clock_drifts_past_the_limit_steps_down_and_releases(
         assert scheduler.role == STANDBY, "it refuses to lead while skewed"
     finally:
         scheduler.close()
+
+
+def test_a_schedule_the_leader_could_not_follow_stops_construction_not_a_later_election():
+    app = Celery("proj")
+    app.conf.update(broker_url="redis://127.0.0.1:1/0", beat_schedule={
+        "tiny": {"task": NOOP, "schedule": 0.0005},
+        "fine": {"task": NOOP, "schedule": 1.0}})
+    with pytest.raises(ConfigurationError, match=r"entry 'tiny': interval 0.0005s must be a "
+                                                 r"positive whole number of milliseconds"):
+        Scheduler(app=app)
