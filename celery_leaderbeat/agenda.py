@@ -50,7 +50,7 @@ class Loaded(NamedTuple):
     """What :func:`load` found: the entries, and what the leader must do about them."""
 
     tracked: dict[str, Tracked]
-    anchors: list[ClaimItem]  # entries with no stored slot yet: anchor them at ``now``
+    anchors: list[ClaimItem]  # entries with no stored slot yet: anchored at ``start``
     unsent: list[Unsent]  # slots claimed under another epoch, never confirmed sent
 
 
