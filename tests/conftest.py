@@ -13,9 +13,11 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import secrets
 import sys
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -50,32 +52,21 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
 @pytest.fixture
 def make_redis_server(tmp_path: Path) -> Iterator[Callable[..., RedisServer]]:
     """Factory: ``make_redis_server("--requirepass", "pw")``; all are killed at teardown."""
-    servers: list[RedisServer] = []
+    with ExitStack() as stack:
+        count = itertools.count()
 
-    def make(*extra_args: str, **kwargs: Any) -> RedisServer:
-        kwargs.setdefault("workdir", tmp_path / f"redis-{len(servers)}")
-        server = RedisServer(extra_args, **kwargs)
-        servers.append(server)
-        return server
+        def make(*extra_args: str, **kwargs: Any) -> RedisServer:
+            kwargs.setdefault("workdir", tmp_path / f"redis-{next(count)}")
+            return stack.enter_context(RedisServer(extra_args, **kwargs))
 
-    yield make
-    for server in servers:
-        server.close()
+        yield make
 
 
 @pytest.fixture
 def make_proxy() -> Iterator[Callable[[RedisServer], TcpProxy]]:
     """Factory: ``make_proxy(server)`` -> a forwarding proxy, closed at teardown."""
-    proxies: list[TcpProxy] = []
-
-    def make(server: RedisServer) -> TcpProxy:
-        proxy = TcpProxy("127.0.0.1", server.port)
-        proxies.append(proxy)
-        return proxy
-
-    yield make
-    for proxy in proxies:
-        proxy.close()
+    with ExitStack() as stack:
+        yield lambda server: stack.enter_context(TcpProxy("127.0.0.1", server.port))
 
 
 @pytest.fixture

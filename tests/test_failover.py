@@ -50,11 +50,18 @@ def beat_by_pid(cluster: BeatCluster, pid: int):
     return next(b for b in cluster if b.pid == pid)
 
 
-def steady_leader(client, prefix: str, cluster: BeatCluster, recorder: Recorder):
-    """Once slots flow: (the leader's token, its BeatProcess)."""
+def replace_leader(client, prefix: str, cluster: BeatCluster, recorder: Recorder, how: str):
+    """Once slots flow, ``how`` ("kill" or "term") the leader and time the next election.
+
+    Returns (the old leader's BeatProcess, seconds from the signal to a new token).
+    """
     recorder.wait_for(6, timeout=20)
     token, _ = wait_for_leader(client, prefix)
-    return token, beat_by_pid(cluster, leader_pid(token))
+    leader = beat_by_pid(cluster, leader_pid(token))
+    signalled_at = time.monotonic()
+    leader.kill() if how == "kill" else leader.proc.send_signal(15)
+    _, took_over = wait_for_leader(client, prefix, other_than=token)
+    return leader, took_over - signalled_at
 
 
 def slot_times(messages) -> dict[str, list[datetime]]:
@@ -105,11 +112,7 @@ def test_a_killed_leader_is_replaced_within_ttl_plus_poll_without_duplicates(
     client = state.client()
     cluster, recorder = start(tmp_path, two_servers, key_prefix, every(1.0, 3))
     with cluster:
-        token, leader = steady_leader(client, key_prefix, cluster, recorder)
-        killed_at = time.monotonic()
-        leader.kill()
-        new_token, took_over = wait_for_leader(client, key_prefix, other_than=token)
-        takeover = took_over - killed_at
+        _, takeover = replace_leader(client, key_prefix, cluster, recorder, "kill")
         print(f"takeover after SIGKILL: {takeover:.2f} s")
         assert takeover < TTL + POLL + 1.0
         before = len(recorder.drain_all())
@@ -130,11 +133,7 @@ def test_a_terminated_leader_hands_over_in_under_a_second_and_no_slot_is_lost(
     client = state.client()
     cluster, recorder = start(tmp_path, two_servers, key_prefix, every(1.0, 3))
     with cluster:
-        token, leader = steady_leader(client, key_prefix, cluster, recorder)
-        termed_at = time.monotonic()
-        leader.proc.send_signal(15)
-        new_token, took_over = wait_for_leader(client, key_prefix, other_than=token)
-        handover = took_over - termed_at
+        leader, handover = replace_leader(client, key_prefix, cluster, recorder, "term")
         print(f"handover after SIGTERM: {handover:.3f} s")
         assert handover < 1.0
         assert leader.wait_exit(10) == 0
@@ -162,7 +161,7 @@ def test_a_leader_paused_past_its_ttl_mid_batch_sends_no_duplicate_and_becomes_s
             time.sleep(0.002)
         leader.stop()
         paused_at = time.monotonic()
-        new_token, _ = wait_for_leader(client, key_prefix, other_than=token)
+        wait_for_leader(client, key_prefix, other_than=token)
         time.sleep(max(0.0, TTL + 1.0 - (time.monotonic() - paused_at)))
         leader.cont()
         leader.wait_for_log(r"steps down", timeout=10)

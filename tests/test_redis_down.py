@@ -26,24 +26,30 @@ def slots_in(messages, start: datetime, end: datetime) -> list:
     return [m for m in messages if start <= datetime.fromisoformat(m.slot) <= end]
 
 
-def outage(state, recorder, seconds: float) -> tuple[datetime, datetime]:
+def through_outage(cluster, state, recorder, seconds: float,
+                   during=lambda: None) -> tuple[datetime, datetime]:
+    """Once slots flow, kill Redis for ``seconds`` and restart it (empty); ``during``
+    runs after the restart. Returns the outage's (start, end); every beat must survive
+    it and send again afterwards."""
+    with cluster:
+        recorder.wait_for(4, timeout=20)
+        recorder.drain()
+        began = datetime.now().astimezone()
+        state.kill()
+        time.sleep(seconds)  # the outage itself is a span of time
+        ended = datetime.now().astimezone()
+        state.restart()
+        during()
+        recorder.wait_for(len(recorder.messages) + 4, timeout=20)
+        assert all(b.alive for b in cluster)
     recorder.drain()
-    began = datetime.now().astimezone()
-    state.kill()
-    time.sleep(seconds)
-    ended = datetime.now().astimezone()
-    state.restart()
     return began, ended
 
 
 def test_pause_policy_sends_nothing_while_redis_is_down(tmp_path, make_redis_server, key_prefix):
     state, broker = make_redis_server(), make_redis_server()
     cluster, recorder = start(tmp_path, state, broker, key_prefix)
-    with cluster:
-        recorder.wait_for(4, timeout=20)
-        began, ended = outage(state, recorder, 4)
-        recorder.wait_for(len(recorder.messages) + 4, timeout=15)
-        assert all(b.alive for b in cluster)
+    began, ended = through_outage(cluster, state, recorder, 4)
     during = slots_in(recorder.messages, began + timedelta(seconds=0.5), ended)
     assert during == [], "no slot may be sent while Redis cannot confirm a claim"
     assert duplicates(recorder.messages) == []
@@ -55,17 +61,15 @@ def test_last_leader_keeps_sending_through_an_outage_and_reconciles_without_dupl
     cluster, recorder = start(tmp_path, state, broker, key_prefix,
                               leaderbeat_redis_down_policy="last-leader",
                               leaderbeat_degraded_max_seconds=30)
-    with cluster:
-        recorder.wait_for(4, timeout=20)
-        began, ended = outage(state, recorder, 4)
+
+    def reconciled() -> None:
         assert any("keeps sending" in b.log_text() for b in cluster)
         deadline = time.monotonic() + 15
         while not any("reconciling" in b.log_text() for b in cluster):
             assert time.monotonic() < deadline, "the last leader never reconciled"
             time.sleep(0.1)
-        recorder.wait_for(len(recorder.messages) + 2 * 4, timeout=15)
-        assert all(b.alive for b in cluster)
-    recorder.drain()
+
+    began, ended = through_outage(cluster, state, recorder, 4, during=reconciled)
     messages = recorder.messages
     assert duplicates(messages) == []
     during = slots_in(messages, began + timedelta(seconds=1), ended - timedelta(seconds=0.5))
@@ -81,11 +85,7 @@ def test_last_leader_stops_after_degraded_max_seconds(tmp_path, make_redis_serve
     cluster, recorder = start(tmp_path, state, broker, key_prefix,
                               leaderbeat_redis_down_policy="last-leader",
                               leaderbeat_degraded_max_seconds=1.5)
-    with cluster:
-        recorder.wait_for(4, timeout=20)
-        began, ended = outage(state, recorder, 6)
-        recorder.wait_for(len(recorder.messages) + 4, timeout=20)
-        assert all(b.alive for b in cluster)
+    began, ended = through_outage(cluster, state, recorder, 6)
     late = slots_in(recorder.messages, began + timedelta(seconds=3.5), ended)
     assert late == [], "nothing may be sent once degraded_max_seconds has passed"
     assert duplicates(recorder.messages) == []
