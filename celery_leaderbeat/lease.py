@@ -146,6 +146,13 @@ class Lease:
         self._heartbeat.start()
         return self._heartbeat
 
+    def heartbeat_stopped(self) -> str | None:
+        """Why the heartbeat thread ended, if it did while this node still holds a token."""
+        beat = self._heartbeat
+        if beat is None or beat.is_alive():
+            return None
+        return beat.stopped_because or "ended"
+
     def stop_heartbeat(self) -> None:
         if self._heartbeat is not None:
             self._heartbeat.stop()

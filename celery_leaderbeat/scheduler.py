@@ -114,10 +114,6 @@ class Scheduler(beat.Scheduler):
         self._schedule_version += 1
         return entry
 
-    def schedule_changed(self) -> None:
-        """Tell the scheduler that entries were edited in place."""
-        self._schedule_version += 1
-
     @property
     def info(self) -> str:
         c = self.lb_config
@@ -321,6 +317,10 @@ class Scheduler(beat.Scheduler):
             if self.lb_config.redis_down_policy == "last-leader" and not self.lease.lost:
                 self._client.ping()  # unreachable: the last leader goes on (degraded mode)
             self._step_down("lease not confirmed in time (self-fencing)")
+            return 0.0
+        stopped = self.lease.heartbeat_stopped()
+        if stopped is not None:  # nothing renews the lease any more: let it go now
+            self._step_down(f"the heartbeat thread stopped ({stopped})", release=True)
             return 0.0
         skew = self.lease.clock_skew
         if skew is not None and abs(skew) > self.lb_config.max_clock_skew:

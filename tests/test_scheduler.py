@@ -234,3 +234,26 @@ def test_a_schedule_the_leader_could_not_follow_stops_construction_not_a_later_e
     with pytest.raises(ConfigurationError, match=r"entry 'tiny': interval 0.0005s must be a "
                                                  r"positive whole number of milliseconds"):
         Scheduler(app=app)
+
+
+def test_a_leader_whose_heartbeat_thread_dies_steps_down_at_once(servers, key_prefix, monkeypatch):
+    state, broker = servers
+    app = make_app(state.url, broker.url, key_prefix, {"a": {"task": NOOP, "schedule": 60.0}})
+    scheduler = Scheduler(app=app)
+    try:
+        tick_until(scheduler, lambda: scheduler.role == LEADER)
+
+        def broken_renew() -> None:
+            raise RuntimeError("bug in renewal")
+
+        monkeypatch.setattr(scheduler.lease, "renew", broken_renew)  # fault in our code, not Redis
+        deadline = time.monotonic() + 5
+        while scheduler.lease.heartbeat_stopped() is None:
+            assert time.monotonic() < deadline, "the heartbeat never noticed"
+            time.sleep(0.05)
+        assert scheduler.lease.is_held(), "the lease alone would still look fine"
+        scheduler.tick()
+        assert scheduler.role == STANDBY
+        assert state.client().get(Keys(key_prefix).leader) is None, "released for the others"
+    finally:
+        scheduler.close()
