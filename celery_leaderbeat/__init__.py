@@ -7,7 +7,7 @@ periodic task is claimed in Redis before it is sent, so it is enqueued once.
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 __all__ = ["Scheduler", "__version__", "cron"]
 

@@ -10,13 +10,21 @@ claims and sends their slots, and puts each one back with :meth:`Agenda.push`.
 from __future__ import annotations
 
 import heapq
+import logging
+import time
 from collections.abc import Mapping, Sequence
-from datetime import datetime, tzinfo
+from datetime import datetime, timedelta, timezone, tzinfo
 from typing import Any, NamedTuple
 
 from .entries import EntryOptions
-from .ledger import ANCHOR, CLAIM, CLAIMED, SKIP, UNSENT, ClaimItem, Event, SlotState
+from .ledger import CLAIMED, UNSENT, ClaimItem, Op, SlotState
+from .policy import CatchupPolicy
 from .slots import Plan, SlotClock, clock_for, from_ms, plan, to_ms
+
+logger = logging.getLogger(__name__)
+
+#: seconds before an entry whose schedule raised is asked again
+RETRY_BROKEN = 60.0
 
 
 class Tracked:
@@ -29,13 +37,21 @@ class Tracked:
         self.name = name
         self.clock = clock
         self.options = options
-        self.last = last
-        self.next_fire = clock.fire_time(clock.next_after(last))
+        self.next_fire = last
+        self.advance(last)
 
     def advance(self, last: datetime) -> None:
-        """Make ``last`` the entry's last slot; its next fire time follows from it."""
+        """Make ``last`` the entry's last slot; its next fire time follows from it.
+
+        A schedule that raises here (a user's own) is asked again later, not fatal.
+        """
         self.last = last
-        self.next_fire = self.clock.fire_time(self.clock.next_after(last))
+        try:
+            self.next_fire = self.clock.fire_time(self.clock.next_after(last))
+        except Exception as exc:  # noqa: BLE001 - a user's schedule: one bad entry never stops the rest
+            logger.error("leaderbeat: the schedule of entry %r raised %r after slot %s; asked "
+                         "again in %.0f s", self.name, exc, last.isoformat(), RETRY_BROKEN)
+            self.next_fire = max(last, _utcnow()) + timedelta(seconds=RETRY_BROKEN)
 
 
 class Unsent(NamedTuple):
@@ -70,7 +86,7 @@ def load(schedule: Mapping[str, Any], stored: Mapping[str, SlotState], *, start:
         clock = clock_for(entry.schedule, name=name, tz=opts.tz or tz, jitter=opts.jitter)
         state = stored.get(name)
         if state is None:
-            anchors.append(ClaimItem(name, to_ms(start), ANCHOR))
+            anchors.append(ClaimItem(name, to_ms(start), Op.ANCHOR))
             last = start
         else:
             last = from_ms(state.slot_ms)
@@ -94,30 +110,61 @@ class Agenda:
         self.tracked: dict[str, Tracked] = tracked if tracked is not None else {}
         self._heap = [(t.next_fire.timestamp(), name) for name, t in self.tracked.items()]
         heapq.heapify(self._heap)
+        self.broken: list[tuple[str, str]] = []
 
     def earliest(self) -> float | None:
         """The earliest next fire time (a timestamp), None when nothing is tracked."""
         return self._heap[0][0] if self._heap else None
 
-    def pop_due(self, now: datetime, since: datetime) -> list[tuple[Tracked, Plan]]:
+    def pop_due(self, now: datetime, since: datetime, policy: CatchupPolicy | None = None
+                ) -> list[tuple[Tracked, Plan]]:
         """Take every entry due by ``now`` off the heap, with its plan.
 
-        ``since`` is when this node started leading (or the wall clock last
-        stepped forward): due slots before it were missed, see :func:`slots.plan`.
-        Each entry stays off the heap until :meth:`push` puts it back.
+        ``since`` is when this node could first have sent (see :func:`slots.plan`):
+        due slots before it were missed. ``policy`` overrides every entry's own (a
+        standby plans with ``skip``: it never catches up). Each entry stays off the
+        heap until :meth:`push` puts it back. An entry whose schedule raises is put
+        back :data:`RETRY_BROKEN` seconds later and reported in :attr:`broken`; the
+        others go on.
         """
         due = []
         now_ts = now.timestamp()
         while self._heap and self._heap[0][0] <= now_ts:
             _, name = heapq.heappop(self._heap)
-            tracked = self.tracked[name]
-            due.append((tracked, plan(tracked.clock, last=tracked.last, now=now,
-                                      since=since, policy=tracked.options.policy)))
+            tracked = self.tracked.get(name)
+            if tracked is None:
+                continue  # dropped from the schedule since it was pushed
+            try:
+                due.append((tracked, plan(tracked.clock, last=tracked.last, now=now,
+                                          since=since, policy=policy or tracked.options.policy)))
+            except Exception as exc:  # noqa: BLE001 - a user's schedule: one bad entry never stops the rest
+                self._broken(tracked, now_ts, exc)
         return due
+
+    def _broken(self, tracked: Tracked, now_ts: float, exc: Exception) -> None:
+        logger.error("leaderbeat: the schedule of entry %r raised %r; it is skipped and asked "
+                     "again in %.0f s", tracked.name, exc, RETRY_BROKEN, exc_info=exc)
+        self.broken.append((tracked.name, f"{type(exc).__name__}: {exc}"[:200]))
+        heapq.heappush(self._heap, (now_ts + RETRY_BROKEN, tracked.name))
+
+    def take_broken(self) -> list[tuple[str, str]]:
+        """Entries whose schedule raised since the last call, with what it raised."""
+        broken, self.broken = self.broken, []
+        return broken
 
     def push(self, tracked: Tracked) -> None:
         """Put an entry back on the heap at its (updated) next fire time."""
         heapq.heappush(self._heap, (tracked.next_fire.timestamp(), tracked.name))
+
+    def add(self, tracked: Tracked) -> None:
+        """Track one more entry."""
+        self.tracked[tracked.name] = tracked
+        self.push(tracked)
+
+    def push_all(self, due: Sequence[tuple[Tracked, Plan]]) -> None:
+        """Put back every entry :meth:`pop_due` took."""
+        for tracked, _ in due:
+            self.push(tracked)
 
     def delay(self, now_ts: float, limit: float) -> float:
         """Seconds from ``now_ts`` until the next fire time, at most ``limit``."""
@@ -126,21 +173,5 @@ class Agenda:
         return max(0.0, min(self._heap[0][0] - now_ts, limit))
 
 
-def claim_items(due: Sequence[tuple[Tracked, Plan]]) -> list[ClaimItem]:
-    """What to claim for the due entries: each slot to send, and a skip past newer missed ones."""
-    items: list[ClaimItem] = []
-    for tracked, p in due:
-        items += [ClaimItem(tracked.name, to_ms(s), CLAIM) for s in p.send]
-        # missed slots newer than anything sent: advance past them without sending
-        if (not p.send or p.last > p.send[-1]) and p.last > tracked.last:
-            items.append(ClaimItem(tracked.name, to_ms(p.last), SKIP))
-    return items
-
-
-def missed_events(tracked: Tracked, p: Plan) -> list[Event]:
-    """History events for the slots ``p`` passes over; the oldest only as a count."""
-    events = [Event(tracked.name, to_ms(m.slot), "missed", m.reason) for m in p.missed]
-    if p.missed_total > len(p.missed):
-        events.append(Event(tracked.name, to_ms(p.last), "missed",
-                            f"{p.missed_total - len(p.missed)} older slots not listed"))
-    return events
+def _utcnow() -> datetime:
+    return datetime.fromtimestamp(time.time(), timezone.utc)

@@ -1,97 +1,232 @@
-"""One batch of the leader: claim every due slot in one call, send the granted, record.
+"""One batch of due slots: claim a chunk, send what was granted, record; repeat.
 
 The order is the guarantee: nothing is published before Redis granted its
-claim under this node's token, and nothing is published once the lease can
-no longer be confirmed (self-fencing), so a slot is sent at most once. What
-happened to each slot (sent, unsent and why, missed and why) goes to the
-history in one more call.
+claim, and a leader publishes nothing once its lease can no longer be
+confirmed (self-fencing), so a slot is sent at most once. Claims go in chunks
+of at most :data:`CHUNK` items, and the record of one chunk (sent, unsent and
+why, refused and by whom) rides on the claim of the next, so a batch costs
+about one Redis round trip per chunk and none per entry. A node paused in the
+middle of a batch holds at most one chunk claimed and unsent; the rest stays
+unclaimed, for a standby to rescue or the next leader to send.
+
+A chunk never holds two slots of one entry: a claim overwrites the entry's
+last slot, so after a crash every claimed, unconfirmed slot must still be the
+one the slots hash shows. An entry catching up on several slots therefore
+spreads over several chunks, one slot each.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Protocol
 
-from .agenda import Tracked, Unsent, claim_items, missed_events
+from .agenda import Tracked, Unsent
 from .errors import LeaseLostError, NotReplicatedError
 from .lease import Lease
-from .ledger import Event, Ledger, SlotState
+from .ledger import ClaimItem, Event, Ledger, Op, SlotState
 from .slots import Plan, from_ms, to_ms
 
 logger = logging.getLogger(__name__)
+
+#: claim items per script call: what a leader can publish in well under a renew interval
+CHUNK = 100
 
 #: publishes one slot of one entry; False when the broker refused it
 Send = Callable[[str, datetime], bool]
 
 
-def claim_and_send(due: Sequence[tuple[Tracked, Plan]], *, lease: Lease, ledger: Ledger,
-                   send: Send, capped: set[str]) -> int:
-    """Claim, send and record one batch; advance each entry. Returns how many were sent.
+class Gate(Protocol):
+    """Who claims: the leader (fenced by its lease) or a standby (rescue, no lease)."""
 
-    Raises LeaseLostError when the claim was refused (another node leads) or the
-    lease expired while sending; the slots not sent are recorded ``unsent``.
+    detail: str  # the history detail of a slot this gate sent
+    records_refusals: bool  # a refused claim goes to the history (the leader's, not a rescue's)
+
+    def claim(self, items: Sequence[ClaimItem],
+              events: Sequence[Event]) -> Sequence[SlotState | None | str]: ...
+
+    def may_send(self) -> bool: ...
+
+    def record(self, events: Sequence[Event]) -> None: ...
+
+
+class LeaderGate:
+    """Claims under the lease: refused wholesale once another node leads."""
+
+    detail = ""
+    records_refusals = True
+
+    def __init__(self, lease: Lease, ledger: Ledger) -> None:
+        self.lease = lease
+        self.ledger = ledger
+
+    def claim(self, items: Sequence[ClaimItem],
+              events: Sequence[Event]) -> Sequence[SlotState | None | str]:
+        return self.ledger.claim(*self.lease.credentials(), items, events)
+
+    def may_send(self) -> bool:
+        return self.lease.is_held()
+
+    def record(self, events: Sequence[Event]) -> None:
+        self.ledger.record(self.lease.epoch or 0, events)
+
+
+class RescueGate:
+    """A standby's claims: granted only for slots ``rescue_after`` late by Redis TIME."""
+
+    detail = "rescued"
+    records_refusals = False  # the normal case: the leader claimed it first
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+        self.redis_now_ms = 0
+
+    def claim(self, items: Sequence[ClaimItem],
+              events: Sequence[Event]) -> Sequence[SlotState | None | str]:
+        claimed = self.ledger.rescue(items, events)
+        self.redis_now_ms = claimed.redis_now_ms
+        return claimed.results
+
+    def may_send(self) -> bool:
+        return True  # the claim is the only gate: nobody else can be granted the slot
+
+    def record(self, events: Sequence[Event]) -> None:
+        self.ledger.record(0, events)
+
+
+@dataclass
+class Outcome:
+    """What one batch did."""
+
+    sent: int = 0
+    refused: int = 0
+    waiting: list[str] = field(default_factory=list)  # rescue: not late enough by Redis TIME
+    unknown: list[str] = field(default_factory=list)  # rescue: the entry has no state yet
+
+
+def run_batch(due: Sequence[tuple[Tracked, Plan]], gate: Gate, send: Send, *,
+              record_missed: bool = True) -> Outcome:
+    """Claim, send and record the due slots; advance each entry past what was settled.
+
+    Raises LeaseLostError when the leader's claim was refused (another node leads)
+    or its lease expired while sending; what was sent is recorded first, and the
+    slots not yet claimed stay unclaimed.
     """
-    items = claim_items(due)
-    replicated = True
-    try:
-        results = ledger.claim(*lease.credentials(), items) if items else []
-    except NotReplicatedError as exc:
-        # Granted on the master, but a failover could lose the claims: sending could
-        # then duplicate. Not sending keeps G1; the slots are recorded unsent.
-        logger.warning("leaderbeat: %s; not sending this batch", exc)
-        replicated = False
-        results = [None] * len(items)
-    refused: dict[str, SlotState] = {}
-    granted: set[tuple[str, int]] = set()
-    for item, state in zip(items, results):
-        if state is None:
-            granted.add((item.name, item.slot_ms))
-        else:
-            refused[item.name] = state
-    events: list[Event] = []
+    outcome = Outcome()
+    pending: list[Event] = []
+    if record_missed:
+        for tracked, p in due:
+            pending += missed_events(tracked, p)
+    position = {tracked.name: tracked.last for tracked, _ in due}
+    stopped: set[str] = set()  # entries with a slot left unsettled: not advanced past it
     fenced = False
-    for tracked, p in due:
-        for slot in p.send:
-            if (tracked.name, to_ms(slot)) not in granted:
+    try:
+        for chunk in chunks(due):
+            chunk = [(t, slot, op) for t, slot, op in chunk if t.name not in stopped]
+            if not chunk:
                 continue
-            if not replicated:
-                events.append(Event(tracked.name, to_ms(slot), "unsent", "not replicated"))
-            elif fenced or not lease.is_held():
+            if not gate.may_send():
                 fenced = True
-                events.append(Event(tracked.name, to_ms(slot), "unsent", "lease expired"))
-            elif send(tracked.name, slot):
-                events.append(Event(tracked.name, to_ms(slot), "sent"))
-            else:
-                events.append(Event(tracked.name, to_ms(slot), "unsent", "publish failed"))
-        events += missed_events(tracked, p)
-        _say_capped_once(tracked, p, capped)
-        if tracked.name in refused:
-            tracked.advance(max(p.last, from_ms(refused[tracked.name].slot_ms)))
-        else:
-            tracked.advance(p.last)
-    if events:
-        ledger.record(lease.credentials()[1], events)
+                break
+            items = [ClaimItem(t.name, to_ms(slot), op, to_ms(t.clock.fire_time(slot)))
+                     for t, slot, op in chunk]
+            writing, pending = pending, []  # written by the claim call, even when refused
+            try:
+                results = gate.claim(items, writing)
+                replicated = True
+            except NotReplicatedError as exc:
+                # Granted on the master, but a failover could lose the claims: sending
+                # could then duplicate. Not sending keeps G1; the slots are recorded unsent.
+                logger.warning("leaderbeat: %s; not sending this chunk", exc)
+                results, replicated = [None] * len(items), False
+            for (tracked, slot, op), result in zip(chunk, results):
+                name, slot_ms = tracked.name, to_ms(slot)
+                if result is None:
+                    position[name] = max(position[name], slot)
+                    if op != Op.CLAIM:
+                        continue
+                    if not replicated:
+                        pending.append(Event(name, slot_ms, "unsent", "not replicated"))
+                    elif fenced or not gate.may_send():
+                        fenced = True
+                        pending.append(Event(name, slot_ms, "unsent", "lease expired"))
+                    elif send(name, slot):
+                        outcome.sent += 1
+                        pending.append(Event(name, slot_ms, "sent", gate.detail))
+                    else:
+                        pending.append(Event(name, slot_ms, "unsent", "publish failed"))
+                elif isinstance(result, SlotState):
+                    position[name] = max(position[name], from_ms(result.slot_ms))
+                    if op == Op.CLAIM and gate.records_refusals:
+                        outcome.refused += 1
+                        pending.append(Event(name, slot_ms, "skipped",
+                                             _refusal(slot_ms, result)))
+                else:
+                    stopped.add(name)
+                    (outcome.waiting if result == "early" else outcome.unknown).append(name)
+    finally:
+        if pending:
+            gate.record(pending)
+    for tracked, p in due:
+        last = position[tracked.name]
+        tracked.advance(last if tracked.name in stopped or fenced else max(last, p.last))
     if fenced:
         raise LeaseLostError("lease expired while sending (self-fencing)")
-    return sum(1 for ev in events if ev.event == "sent")
+    return outcome
 
 
-def _say_capped_once(tracked: Tracked, p: Plan, capped: set[str]) -> None:
+def chunks(due: Sequence[tuple[Tracked, Plan]], size: int = CHUNK
+           ) -> list[list[tuple[Tracked, datetime, str]]]:
+    """The claims of a batch in chunks of at most ``size``, never two of one entry in one.
+
+    Round ``r`` holds each entry's ``r``-th slot to send (oldest first); an entry
+    that passes over newer missed slots without sending them ends with a skip.
+    """
+    rounds: list[list[tuple[Tracked, datetime, str]]] = []
+    for tracked, p in due:
+        ops = [(s, Op.CLAIM) for s in p.send]
+        if (not p.send or p.last > p.send[-1]) and p.last > tracked.last:
+            ops.append((p.last, Op.SKIP))  # missed slots newer than anything sent
+        for r, (slot, op) in enumerate(ops):
+            if r == len(rounds):
+                rounds.append([])
+            rounds[r].append((tracked, slot, op))
+    return [rnd[i:i + size] for rnd in rounds for i in range(0, len(rnd), size)]
+
+
+def missed_events(tracked: Tracked, p: Plan) -> list[Event]:
+    """History events for the slots ``p`` passes over; the oldest only as a count."""
+    events = [Event(tracked.name, to_ms(m.slot), "missed", m.reason) for m in p.missed]
+    if p.missed_total > len(p.missed):
+        events.append(Event(tracked.name, to_ms(p.last), "missed",
+                            f"{p.missed_total - len(p.missed)} older slots not listed"))
+    return events
+
+
+def _refusal(slot_ms: int, state: SlotState) -> str:
+    if state.slot_ms == slot_ms:
+        return f"already claimed by {state.claimant()}"
+    return f"a newer slot was claimed by {state.claimant()}"
+
+
+def say_capped_once(due: Sequence[tuple[Tracked, Plan]], capped: set[str]) -> None:
     """A catch-up larger than ``max_catchup`` is logged once per entry, not per tick."""
-    policy = tracked.options.policy
-    if (policy.mode == "all" and tracked.name not in capped
-            and any(m.reason == "max_catchup" for m in p.missed)):
-        capped.add(tracked.name)
-        logger.warning("leaderbeat: entry %r has more missed slots than max_catchup=%d: "
-                       "the newest %d are sent, %d older ones are only recorded as missed "
-                       "(said once per entry)", tracked.name, policy.max_catchup,
-                       policy.max_catchup, p.missed_total)
+    for tracked, p in due:
+        policy = tracked.options.policy
+        if (policy.mode == "all" and tracked.name not in capped
+                and any(m.reason == "max_catchup" for m in p.missed)):
+            capped.add(tracked.name)
+            logger.warning("leaderbeat: entry %r has more missed slots than max_catchup=%d: "
+                           "the newest %d are sent, %d older ones are only recorded as missed "
+                           "(said once per entry)", tracked.name, policy.max_catchup,
+                           policy.max_catchup, p.missed_total)
 
 
-def report_unsent(unsent: Sequence[Unsent], *, lease: Lease, ledger: Ledger, send: Send,
+def report_unsent(unsent: Sequence[Unsent], *, gate: LeaderGate, send: Send,
                   recover: bool) -> None:
-    """Slots claimed by an earlier leader and never confirmed sent.
+    """Slots claimed by an earlier leader (or a standby) and never confirmed sent.
 
     Each is reported once (its state becomes 'u'); with ``recover``
     (``leaderbeat_recover_unsent``) every such slot, reported before or not, is
@@ -106,5 +241,5 @@ def report_unsent(unsent: Sequence[Unsent], *, lease: Lease, ledger: Ledger, sen
     events = [Event(n, to_ms(s), "unsent", "claimed by an earlier leader") for n, s in new]
     if recover:
         events += [Event(name, to_ms(slot), "sent", "recovered")
-                   for name, slot, _ in unsent if send(name, slot)]
-    ledger.record(lease.credentials()[1], events)
+                   for name, slot, _ in unsent if gate.may_send() and send(name, slot)]
+    gate.record(events)

@@ -22,7 +22,7 @@ import redis
 
 from .config import Config
 from .connection import describe, make_client
-from .entries import default_options, split_entries
+from .entries import EntryOptions, split_entries
 from .errors import LeaderbeatError
 from .keys import Keys
 from .ledger import STATE_NAMES, Ledger
@@ -38,7 +38,7 @@ class _View:
         self.config = Config.from_app(app)
         self.keys = Keys(self.config.key_prefix)
         self.client = make_client(self.config.redis_url, self.config.redis_options,
-                                  self.config.renew_interval)
+                                  self.config.socket_timeout)
         self.ledger = Ledger(self.client, Scripts(self.client), self.keys, self.config)
 
     def leader(self) -> dict[str, Any] | None:
@@ -68,7 +68,7 @@ class _View:
                            task_id=slot_id(self.config.key_prefix, name, last)
                            if state.state not in ("a", "k") else None)
             if name in schedule:
-                opts = options.get(name) or default_options(self.config)
+                opts = options.get(name) or EntryOptions.defaults(self.config)
                 clock = clock_for(schedule[name]["schedule"], name=name,
                                   tz=opts.tz or self.app.timezone, jitter=opts.jitter)
                 after = from_ms(state.slot_ms) if state else datetime.now(timezone.utc)

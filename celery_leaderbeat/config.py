@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import ConfigurationError
+from .policy import catchup_problems
 
-CATCHUP_MODES = ("latest", "skip", "all")
 REDIS_DOWN_POLICIES = ("pause", "last-leader")
 REDIS_SCHEMES = ("redis", "rediss", "unix", "sentinel", "redis+cluster", "rediss+cluster")
 
@@ -39,6 +39,7 @@ DEFAULTS: dict[str, Any] = {
     "max_clock_skew": 2.0,
     "history_length": 10_000,
     "min_replicas": 0,
+    "rescue_after": 2.0,
 }
 
 
@@ -62,6 +63,13 @@ class Config:
     max_clock_skew: float = 2.0
     history_length: int = 10_000
     min_replicas: int = 0
+    rescue_after: float = 2.0
+
+    @property
+    def socket_timeout(self) -> float:
+        """Seconds a Redis call may take: the user's ``socket_timeout``, else ours."""
+        given = self.redis_options.get("socket_timeout")
+        return float(given) if given else max(0.5, min(2.0, self.renew_interval / 2))
 
     @property
     def safety_margin(self) -> float:
@@ -120,14 +128,11 @@ class Config:
         if ttl is not None and poll is not None and poll > ttl:
             problems.append(f"leaderbeat_standby_poll={poll!r} must not exceed "
                             f"leaderbeat_lease_ttl ({ttl!r})")
-        catchup = v.check("catchup", raw.get("catchup"), lambda x: x in CATCHUP_MODES,
-                          f"must be one of {', '.join(CATCHUP_MODES)}")
-        window = raw.get("catchup_window")
-        if window is not None:
-            window = v.number("catchup_window", _seconds(window), minimum=0.001)
-        max_catchup = v.check("max_catchup", raw.get("max_catchup"),
-                              lambda x: isinstance(x, int) and not isinstance(x, bool) and x >= 1,
-                              "must be an integer of at least 1")
+        catchup, window, max_catchup = (raw.get("catchup"), raw.get("catchup_window"),
+                                        raw.get("max_catchup"))
+        problems += catchup_problems(catchup, window, max_catchup,
+                                     named=lambda key: f"leaderbeat_{key}")
+        window = _seconds(window)
         recover = v.check("recover_unsent", raw.get("recover_unsent"),
                           lambda x: isinstance(x, bool), "must be True or False")
         down = v.check("redis_down_policy", raw.get("redis_down_policy"),
@@ -141,6 +146,7 @@ class Config:
         replicas = v.check("min_replicas", raw.get("min_replicas"),
                            lambda x: isinstance(x, int) and not isinstance(x, bool) and x >= 0,
                            "must be an integer of at least 0")
+        rescue = v.number("rescue_after", raw.get("rescue_after"), minimum=0.5)
         if replicas and isinstance(url, str) and "+cluster" in url:
             problems.append(f"leaderbeat_min_replicas={replicas!r} is not supported with Redis "
                             "Cluster (leaderbeat_redis_url is a redis+cluster:// URL)")
@@ -151,10 +157,11 @@ class Config:
         return cls(
             redis_url=url, key_prefix=prefix, node_id=node_id, redis_options=dict(options),
             lease_ttl=float(ttl), renew_interval=float(renew), standby_poll=float(poll),
-            catchup=catchup, catchup_window=window, max_catchup=max_catchup,
+            catchup=str(catchup), catchup_window=window,
+            max_catchup=max_catchup,  # type: ignore[arg-type]  # checked above
             recover_unsent=recover, redis_down_policy=down,
             degraded_max_seconds=float(degraded), max_clock_skew=float(skew),
-            history_length=history, min_replicas=replicas,
+            history_length=history, min_replicas=replicas, rescue_after=float(rescue or DEFAULTS["rescue_after"]),
         )
 
 

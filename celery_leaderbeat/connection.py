@@ -24,9 +24,8 @@ from redis.retry import Retry
 from .errors import ConfigurationError
 
 
-#: Client options every connection gets unless the user overrides them.
-def default_options(renew_interval: float) -> dict[str, Any]:
-    timeout = max(0.5, min(2.0, renew_interval / 2))
+def client_defaults(timeout: float) -> dict[str, Any]:
+    """Client options every connection gets unless the user overrides them."""
     return {
         "socket_timeout": timeout,
         "socket_connect_timeout": timeout,
@@ -35,9 +34,12 @@ def default_options(renew_interval: float) -> dict[str, Any]:
     }
 
 
-def make_client(url: str, options: Mapping[str, Any], renew_interval: float) -> Any:
-    """A redis-py client (``Redis``, Sentinel master or ``RedisCluster``) for ``url``."""
-    opts = {**default_options(renew_interval), **dict(options)}
+def make_client(url: str, options: Mapping[str, Any], timeout: float) -> Any:
+    """A redis-py client (``Redis``, Sentinel master or ``RedisCluster``) for ``url``.
+
+    ``timeout`` is the socket timeout (``Config.socket_timeout``) unless ``options`` sets one.
+    """
+    opts = {**client_defaults(timeout), **dict(options)}
     scheme = url.split("://", 1)[0]
     if scheme == "sentinel":
         return _sentinel_master(url, opts)

@@ -17,9 +17,9 @@ from datetime import datetime
 
 from .agenda import Agenda
 from .config import Config
-from .errors import LeaseLostError
+from .errors import LeaseLostError, NotReplicatedError
 from .lease import Lease
-from .ledger import CLAIM, ClaimItem, Event, Ledger
+from .ledger import ClaimItem, Event, Ledger, Op
 from .slots import from_ms, to_ms
 
 logger = logging.getLogger(__name__)
@@ -55,7 +55,7 @@ class Outage:
         """True once the outage has lasted longer than ``degraded_max_seconds``."""
         return time.monotonic() - self.started > self.config.degraded_max_seconds
 
-    def reconcile(self, lease: Lease, ledger: Ledger, last_tick: Callable[[], float]) -> bool:
+    def reconcile(self, lease: Lease, ledger: Ledger, wake_by: Callable[[], float]) -> bool:
         """Redis is back: record what was sent while it was away, under a valid lease.
 
         Returns False, having claimed nothing, when another node leads by now. A Redis
@@ -74,11 +74,15 @@ class Outage:
                                "node sent meanwhile may be sent again (redis_down_policy="
                                "last-leader)", len(sent))
                 return False
-            lease.start_heartbeat(last_tick)
-        items = [ClaimItem(name, to_ms(slot), CLAIM) for name, slot in sent]
-        refused = [item for item, state in
-                   zip(items, ledger.claim(*lease.credentials(), items))
-                   if state is not None]
+            lease.start_heartbeat(wake_by)
+        items = [ClaimItem(name, to_ms(slot), Op.CLAIM) for name, slot in sent]
+        try:
+            states = ledger.claim(*lease.credentials(), items)
+        except NotReplicatedError as exc:  # already sent: recording them is all that is left
+            logger.warning("leaderbeat: %s for the slots sent during the outage; recording them",
+                           exc)
+            states = [None] * len(items)
+        refused = [item for item, state in zip(items, states) if state is not None]
         if refused:
             logger.warning("leaderbeat: %d slot(s) sent during the outage were also claimed by "
                            "another leader: %s", len(refused),

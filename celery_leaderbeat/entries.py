@@ -22,9 +22,9 @@ from datetime import timedelta, tzinfo
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from .config import CATCHUP_MODES, Config
+from .config import Config
 from .errors import ConfigurationError
-from .slots import CatchupPolicy
+from .policy import CatchupPolicy, catchup_problems
 
 ENTRY_OPTIONS = ("catchup", "catchup_window", "max_catchup", "jitter", "tz")
 
@@ -36,6 +36,11 @@ class EntryOptions:
     policy: CatchupPolicy
     jitter: float | None
     tz: tzinfo | None
+
+    @classmethod
+    def defaults(cls, config: Config) -> EntryOptions:
+        """The options of an entry that sets none of its own."""
+        return cls(policy=_policy(config, {}), jitter=None, tz=None)
 
 
 def split_entries(
@@ -78,8 +83,6 @@ def split_entries(
     return celery_entries, options
 
 
-def default_options(config: Config) -> EntryOptions:
-    return EntryOptions(policy=_policy(config, {}), jitter=None, tz=None)
 
 
 def _policy(config: Config, ours: Mapping[str, Any]) -> CatchupPolicy:
@@ -99,21 +102,16 @@ def _entry_options(name: str, ours: dict[str, Any], config: Config,
     where = f"beat_schedule entry {name!r}: leaderbeat option"
     for key in sorted(set(ours) - set(ENTRY_OPTIONS)):
         problems.append(f"{where} {key!r} is unknown (known: {', '.join(ENTRY_OPTIONS)})")
-    if "catchup" in ours and ours["catchup"] not in CATCHUP_MODES:
-        problems.append(f"{where} catchup={ours['catchup']!r} must be one of "
-                        f"{', '.join(CATCHUP_MODES)}")
-    if "max_catchup" in ours and not (isinstance(ours["max_catchup"], int)
-                                      and not isinstance(ours["max_catchup"], bool)
-                                      and ours["max_catchup"] >= 1):
-        problems.append(f"{where} max_catchup={ours['max_catchup']!r} must be an integer >= 1")
-    for key, positive in (("catchup_window", True), ("jitter", False)):
-        value = ours.get(key)
-        if isinstance(value, timedelta):
-            value = ours[key] = value.total_seconds()
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                  or value < 0 or (positive and value == 0)):
-            rule = "> 0" if positive else ">= 0"
-            problems.append(f"{where} {key}={value!r} must be a number of seconds {rule}")
+    problems += catchup_problems(ours.get("catchup", config.catchup),
+                                 ours.get("catchup_window", config.catchup_window),
+                                 ours.get("max_catchup", config.max_catchup),
+                                 named=lambda key: f"{where} {key}")
+    jitter = ours.get("jitter")
+    if isinstance(jitter, timedelta):
+        jitter = ours["jitter"] = jitter.total_seconds()
+    if jitter is not None and (isinstance(jitter, bool) or not isinstance(jitter, (int, float))
+                               or jitter < 0):
+        problems.append(f"{where} jitter={jitter!r} must be a number of seconds >= 0")
     tz = None
     if ours.get("tz") is not None:
         tz = ours["tz"]

@@ -48,6 +48,14 @@ class Lease:
         #: seconds this node's clock is ahead of Redis (negative: behind); None until measured
         self.clock_skew: float | None = None
         self._heartbeat: Heartbeat | None = None
+        #: the highest fencing epoch this node has seen; acquire lifts the counter above
+        #: it, so epochs never go backwards even after Redis lost its data
+        self.highest_epoch = 0
+
+    def observe_epoch(self, epoch: int | None) -> None:
+        """Note an epoch seen elsewhere (a holder's token, a stored slot state)."""
+        if epoch is not None and epoch > self.highest_epoch:
+            self.highest_epoch = epoch
 
     @property
     def ttl_ms(self) -> int:
@@ -83,28 +91,47 @@ class Lease:
         started = self.clock()
         reply = self.scripts.acquire(
             keys=[self.keys.leader, self.keys.epoch, self.keys.history],
-            args=[self.config.node_id, self.ttl_ms, self.config.history_length])
-        if status(reply, "acquire") == 0:
+            args=[self.config.node_id, self.ttl_ms, self.config.history_length,
+                  self.highest_epoch])
+        acquired = status(reply, "acquire") == 1
+        self._measured(started, reply[-2], reply[-1])
+        if not acquired:
+            self.observe_epoch(_epoch_of(reply[1]))
             return False
         self.epoch = int(reply[1])
+        self.observe_epoch(self.epoch)
         self.token = f"{self.config.node_id}|{self.epoch}"
         self._lost.clear()
         self._valid_until = 0.0
         self.confirm(started)
         return True
 
-    def renew(self) -> None:
-        """Extend the lease; raise LeaseLostError when the key holds another token."""
-        if self.token is None:
+    def renew(self, token: str | None = None) -> None:
+        """Extend the lease ``token`` (default: the one held now).
+
+        Raises LeaseLostError when the key holds another token. A renewal of a token
+        this node no longer holds (a heartbeat thread that outlived its lease) neither
+        confirms nor marks lost the lease held now.
+        """
+        token = token or self.token
+        if token is None:
             raise LeaseLostError("no lease to renew")
         started = self.clock()
-        reply = self.scripts.renew(keys=[self.keys.leader], args=[self.token, self.ttl_ms])
+        reply = self.scripts.renew(keys=[self.keys.leader], args=[token, self.ttl_ms])
+        current = token == self.token
         if status(reply, "renew") == 0:
-            self.mark_lost()
+            if current:
+                self.mark_lost()
             holder = text(reply[1]) if len(reply) > 1 and reply[1] else "nobody"
-            raise LeaseLostError(f"lease {self.token} lost; held by {holder}")
+            raise LeaseLostError(f"lease {token} lost; held by {holder}")
+        if not current:
+            return
         self.confirm(started)
-        redis_now = int(reply[1]) + int(reply[2]) / 1e6
+        self._measured(started, reply[1], reply[2])
+
+    def _measured(self, started: float, seconds: Any, micros: Any) -> None:
+        """A call that began at monotonic ``started`` read Redis TIME: note the skew."""
+        redis_now = int(seconds) + int(micros) / 1e6
         elapsed = self.clock() - started
         self.clock_skew = self.wall() - elapsed / 2 - redis_now
 
@@ -140,9 +167,10 @@ class Lease:
         token, pttl = pipe.execute()
         return (text(token) if token else None), int(pttl)
 
-    def start_heartbeat(self, last_tick: Callable[[], float]) -> Heartbeat:
+    def start_heartbeat(self, wake_by: Callable[[], float]) -> Heartbeat:
+        """Renew in the background while the main loop keeps its word (see Heartbeat)."""
         self.stop_heartbeat()
-        self._heartbeat = Heartbeat(self, last_tick)
+        self._heartbeat = Heartbeat(self, wake_by)
         self._heartbeat.start()
         return self._heartbeat
 
@@ -160,17 +188,21 @@ class Lease:
 
 
 class Heartbeat(threading.Thread):
-    """Renews the lease every ``renew_interval``, whatever the main loop is doing.
+    """Renews one lease every ``renew_interval``, whatever the main loop is doing.
 
-    It holds only a weak reference to its lease and lets go when the main loop
-    has not ticked for longer than the lease ttl: a wedged leader must not keep
-    the lease alive. Its end, and why, is visible in ``stopped_because``.
+    The main loop says when it will be back (``wake_by()``, a monotonic time: the
+    end of the sleep it was told to take, or the start of the pass it is in). A
+    leader asleep until its next slot is kept alive all along; one that has not
+    come back by ``wake_by() + ttl`` is wedged and lets go. The thread renews
+    only the token it was started for, holds only a weak reference to its lease,
+    and records why it ended in ``stopped_because``.
     """
 
-    def __init__(self, lease: Lease, last_tick: Callable[[], float]) -> None:
+    def __init__(self, lease: Lease, wake_by: Callable[[], float]) -> None:
         super().__init__(name=f"leaderbeat-heartbeat-{lease.epoch}", daemon=True)
         self._lease = weakref.ref(lease)
-        self._last_tick = last_tick
+        self._token = lease.token
+        self._wake_by = wake_by
         self._interval = lease.config.renew_interval
         self._ttl = lease.config.lease_ttl
         self._stop_event = threading.Event()
@@ -186,16 +218,18 @@ class Heartbeat(threading.Thread):
         try:
             while not self._stop_event.wait(self._interval):
                 lease = self._lease()
-                if lease is None or lease.token is None:
+                if lease is None or lease.token != self._token:
                     self.stopped_because = "lease gone"
                     return
-                if time.monotonic() - self._last_tick() > self._ttl:
-                    logger.warning("leaderbeat: beat has not ticked for over %.1f s; "
-                                   "no longer renewing the lease", self._ttl)
+                overdue = time.monotonic() - self._wake_by()
+                if overdue > self._ttl:
+                    logger.warning("leaderbeat: beat is %.1f s past its planned wake-up (more "
+                                   "than the lease ttl, %.1f s); no longer renewing the lease",
+                                   overdue, self._ttl)
                     self.stopped_because = "main loop stalled"
                     return
                 try:
-                    lease.renew()
+                    lease.renew(self._token)
                 except LeaseLostError as exc:
                     logger.warning("leaderbeat: %s", exc)
                     self.stopped_because = "lost"
@@ -210,7 +244,15 @@ class Heartbeat(threading.Thread):
                 if failing:
                     logger.info("leaderbeat: lease renewal works again")
                 failing = False
-                logger.debug("leaderbeat: lease %s renewed", lease.token)
+                logger.debug("leaderbeat: lease %s renewed", self._token)
         except Exception as exc:  # never die silently
             logger.exception("leaderbeat: heartbeat thread died")
             self.stopped_because = f"crashed: {exc!r}"
+
+
+def _epoch_of(token: Any) -> int | None:
+    """The epoch in a ``<node_id>|<epoch>`` token, None when there is none."""
+    if not token:
+        return None
+    _, _, epoch = text(token).rpartition("|")
+    return int(epoch) if epoch.isdigit() else None

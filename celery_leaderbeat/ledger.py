@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from .config import Config
 from .errors import LeaseLostError, NotReplicatedError
@@ -24,32 +24,44 @@ CLAIMED, SENT, SKIPPED, ANCHOR, UNSENT = "c", "s", "k", "a", "u"
 STATE_NAMES = {CLAIMED: "claimed", SENT: "sent", SKIPPED: "skipped", ANCHOR: "anchor",
                UNSENT: "unsent (reported)"}
 
-#: what a claim asks for, per item
-CLAIM, SKIP = CLAIMED, SKIPPED
 
-#: history entries written per call at most (claims of thousands of slots are chunked)
-_CHUNK = 2000
+class Op:
+    """What a claim asks for, per item (``claim.lua`` turns each into a state)."""
+
+    CLAIM = "claim"  # claim the slot to send it: state 'c'
+    SKIP = "skip"  # advance past a slot not sent: state 'k'
+    ANCHOR = "anchor"  # the entry's first slot, only if it has no state yet: state 'a'
+
+
+#: claim items and history events per script call at most (bounds one call's run time)
+_MAX_PER_CALL = 2000
 
 
 @dataclass(frozen=True)
 class SlotState:
-    """An entry's last slot as recorded in Redis."""
+    """An entry's last slot as recorded in Redis; ``node`` is set for a standby's rescue."""
 
     slot_ms: int
     epoch: int
     state: str
+    node: str | None = None
 
     @classmethod
     def parse(cls, raw: Any) -> SlotState:
-        slot, epoch, state = text(raw).split("|")
-        return cls(int(slot), int(epoch), state)
+        slot, epoch, state, *node = text(raw).split("|", 3)
+        return cls(int(slot), int(epoch), state, node[0] if node else None)
+
+    def claimant(self) -> str:
+        """Who claimed it, for a log line or the history."""
+        return f"standby {self.node} (rescue)" if self.node else f"the leader of epoch {self.epoch}"
 
 
 @dataclass(frozen=True)
 class ClaimItem:
     name: str
     slot_ms: int
-    op: str  # CLAIM, SKIP or ANCHOR
+    op: str  # an Op
+    fire_ms: int = 0  # the slot plus its jitter; a rescue waits for fire + rescue_after
 
 
 @dataclass(frozen=True)
@@ -62,6 +74,13 @@ class Event:
     detail: str = ""
 
 
+class Claimed(NamedTuple):
+    """What one claim call answered: per item ``None`` (granted) or why not."""
+
+    results: list[SlotState | None | str]  # str: "early" (rescue: not late enough), "unknown"
+    redis_now_ms: int
+
+
 class Ledger:
     """Reads and writes the shared schedule state under one key prefix."""
 
@@ -71,49 +90,88 @@ class Ledger:
         self.keys = keys
         self.config = config
 
-    def claim(self, token: str, epoch: int, items: Sequence[ClaimItem]) -> list[SlotState | None]:
-        """Claim slots in order; ``None`` per granted item, else the state that refused it.
+    def claim(self, token: str, epoch: int, items: Sequence[ClaimItem],
+              events: Sequence[Event] = ()) -> list[SlotState | None]:
+        """Leader: write ``events``, then claim ``items`` in order, in one call.
 
-        Raises LeaseLostError (and grants nothing) when ``token`` no longer leads.
+        Returns ``None`` per granted item, else the state that refused it. Raises
+        LeaseLostError (and grants nothing; the events are written all the same:
+        they say what already happened) when ``token`` no longer leads, and
+        NotReplicatedError when ``min_replicas`` replicas did not acknowledge.
         """
         results: list[SlotState | None] = []
-        ttl_ms = int(self.config.lease_ttl * 1000)
-        for start in range(0, len(items), _CHUNK):
-            args: list[Any] = [token, ttl_ms, epoch]
-            for item in items[start:start + _CHUNK]:
-                args += [item.name, item.slot_ms, item.op]
-            reply = self.scripts.claim(keys=[self.keys.leader, self.keys.slots], args=args)
+        for batch_events, batch_items in _calls(events, items):
+            reply = self._call("lead", token, int(self.config.lease_ttl * 1000), epoch,
+                               batch_events, batch_items)
             if status(reply, "claim") == 0:
                 holder = text(reply[1]) if len(reply) > 1 and reply[1] else "nobody"
                 raise LeaseLostError(f"claim refused: lease {token} lost; held by {holder}")
-            results += [None if r == 1 else SlotState.parse(r) for r in reply[1:]]
-            if self.config.min_replicas:
+            results += [None if r == 1 else SlotState.parse(r) for r in reply[3:]]
+            if self.config.min_replicas and batch_items:
                 self._wait_for_replicas()
         return results
 
-    def _wait_for_replicas(self) -> None:
-        """Block until ``min_replicas`` replicas have the claims, or raise NotReplicatedError."""
-        timeout_ms = int(self.config.renew_interval * 500)
-        acked = int(self.client.execute_command("WAIT", self.config.min_replicas, timeout_ms))
-        if acked < self.config.min_replicas:
-            raise NotReplicatedError(
-                f"claims reached {acked} replica(s) within {timeout_ms} ms; "
-                f"leaderbeat_min_replicas={self.config.min_replicas}")
+    def rescue(self, items: Sequence[ClaimItem], events: Sequence[Event] = ()) -> Claimed:
+        """Standby: claim slots nobody claimed ``rescue_after`` past their fire time.
+
+        No lease is needed: the claim is the only gate. An item is refused as
+        ``"early"`` while Redis TIME is before its fire time + ``rescue_after``, and
+        as ``"unknown"`` when its entry has no state (its phase is not known yet).
+        """
+        results: list[SlotState | None | str] = []
+        now_ms = 0
+        for batch_events, batch_items in _calls(events, items):
+            reply = self._call("rescue", "", int(self.config.rescue_after * 1000), 0,
+                               batch_events, batch_items)
+            status(reply, "claim")
+            now_ms = int(reply[1])
+            results += [_rescue_result(r) for r in reply[3:]]
+            if self.config.min_replicas:
+                self._wait_for_replicas()
+        return Claimed(results, now_ms)
 
     def record(self, epoch: int, events: Iterable[Event]) -> int:
         """Write events to the history; ``sent`` events also mark their slot sent."""
-        events = list(events)
         marked = 0
-        for start in range(0, len(events), _CHUNK):
-            args: list[Any] = [self.config.history_length, self.config.node_id, epoch]
-            for ev in events[start:start + _CHUNK]:
-                args += [ev.name, ev.slot_ms, ev.event, ev.detail]
-            marked += int(self.scripts.record(keys=[self.keys.slots, self.keys.history], args=args))
+        events = list(events)
+        if not events:
+            return 0
+        for batch_events, _ in _calls(events, ()):
+            marked += int(self._call("record", "", "", epoch, batch_events, ())[2])
         return marked
 
-    def load(self) -> dict[str, SlotState]:
-        """Every entry's last slot."""
-        return {text(k): SlotState.parse(v) for k, v in self.client.hgetall(self.keys.slots).items()}
+    def _call(self, mode: str, token: str, ms: int | str, epoch: int,
+              events: Sequence[Event], items: Sequence[ClaimItem]) -> Any:
+        args: list[Any] = [mode, token, ms, epoch, self.config.history_length,
+                           self.config.node_id, len(events)]
+        for ev in events:
+            args += [ev.name, ev.slot_ms, ev.event, ev.detail]
+        for item in items:
+            args += [item.name, item.slot_ms, item.op, item.fire_ms]
+        return self.scripts.claim(keys=[self.keys.leader, self.keys.slots, self.keys.history],
+                                  args=args)
+
+    def _wait_for_replicas(self) -> None:
+        """Block until ``min_replicas`` replicas have the claims, or raise NotReplicatedError.
+
+        WAIT's own timeout stays well inside the socket timeout: a WAIT that outlived
+        it would read as "Redis unreachable" instead of "no replica acknowledged".
+        """
+        timeout_ms = max(1, int(min(self.config.renew_interval / 2,
+                                    self.config.socket_timeout / 2) * 1000))
+        acked = int(self.client.execute_command("WAIT", self.config.min_replicas, timeout_ms))
+        if acked < self.config.min_replicas:
+            raise NotReplicatedError(
+                f"no replica acknowledged the claims in time ({acked} of "
+                f"leaderbeat_min_replicas={self.config.min_replicas} within {timeout_ms} ms)")
+
+    def load(self, names: Sequence[str] | None = None) -> dict[str, SlotState]:
+        """Every entry's last slot (one HGETALL), or only those of ``names`` (one HMGET)."""
+        if names is None:
+            raw = self.client.hgetall(self.keys.slots).items()
+        else:
+            raw = zip(names, self.client.hmget(self.keys.slots, list(names))) if names else []
+        return {text(k): SlotState.parse(v) for k, v in raw if v is not None}
 
     def history(self, count: int = 50) -> list[dict[str, str]]:
         """The newest ``count`` history events, oldest first."""
@@ -125,13 +183,39 @@ class Ledger:
             out.append(row)
         return out
 
-    def register_node(self, role: str, info: dict[str, Any]) -> None:
-        """Publish this node's role and details in the node registry."""
+    def register_node(self, role: str, info: dict[str, Any]) -> dict[str, Any] | None:
+        """Publish this node's role and details in the node registry; the record it replaced."""
         record = dict(info, role=role, last_seen=time.time())
-        self.client.hset(self.keys.nodes, self.config.node_id, json.dumps(record))
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hget(self.keys.nodes, self.config.node_id)
+        pipe.hset(self.keys.nodes, self.config.node_id, json.dumps(record))
+        replaced, _ = pipe.execute()
+        return json.loads(text(replaced)) if replaced else None
 
     def unregister_node(self) -> None:
         self.client.hdel(self.keys.nodes, self.config.node_id)
 
     def nodes(self) -> dict[str, dict[str, Any]]:
         return {text(k): json.loads(text(v)) for k, v in self.client.hgetall(self.keys.nodes).items()}
+
+
+def _calls(events: Sequence[Event], items: Sequence[ClaimItem]
+           ) -> Iterator[tuple[Sequence[Event], Sequence[ClaimItem]]]:
+    """One script call, or several of at most ``_MAX_PER_CALL`` events or items each."""
+    if len(events) + len(items) <= _MAX_PER_CALL:
+        yield events, items
+        return
+    for start in range(0, len(events), _MAX_PER_CALL):
+        yield events[start:start + _MAX_PER_CALL], ()
+    for start in range(0, len(items), _MAX_PER_CALL):
+        yield (), items[start:start + _MAX_PER_CALL]
+
+
+def _rescue_result(reply: Any) -> SlotState | None | str:
+    if reply == 1:
+        return None
+    if reply == 0:
+        return "early"
+    if reply is None or reply is False:
+        return "unknown"
+    return SlotState.parse(reply)

@@ -1,9 +1,11 @@
-"""The Celery beat Scheduler: standbys try to lead; the leader claims, then sends.
+"""The Celery beat Scheduler: the glue between Celery and the two rooms.
 
-Celery's own ``tick()`` sends one entry per call and compares every entry on
-every call; ours takes every due entry in one pass, claims them all in one
-Redis call, publishes the granted ones and marks them sent in one more. The
-schedule definition is re-read only when it changes, not on every tick.
+Celery calls :meth:`Scheduler.tick` in a loop and sleeps whatever it returns.
+A standby (:mod:`standby`) tries to lead once per poll and rescues slots the
+leader missed; the leader (:mod:`leader`) sends every due slot in chunks and
+then sleeps until the next one, while its heartbeat renews the lease. This
+module keeps only what Celery needs: building the schedule, the per-process
+Redis client, dispatch, error handling, publishing, shutdown.
 
 Lifecycle traps this class respects (see CELERY_NOTES.md): it is built twice
 (once ``lazy`` for the banner: no network I/O then); ``beat_init`` swallows
@@ -17,26 +19,27 @@ import logging
 import os
 import socket
 import time
-from datetime import datetime, timezone
+import uuid
+from datetime import datetime
 from typing import Any
 
 import redis
 from celery import beat
 
-from . import __version__
-from .agenda import Agenda, Tracked, Unsent, adopt_refused_anchors, load
-from .batch import claim_and_send, report_unsent
+from ._version import __version__
 from .config import Config
-from .connection import describe, make_client, server_warnings
-from .degraded import Outage
-from .entries import EntryOptions, default_options, split_entries
-from .errors import ConfigurationError, LeaseLostError, RedisAuthError
+from .connection import describe, make_client
+from .entries import EntryOptions, split_entries
+from .errors import ConfigurationError, LeaseLostError, NotReplicatedError, RedisAuthError
 from .keys import Keys
+from .leader import Leader, Resign
 from .lease import Lease
 from .ledger import Ledger
+from .node import Node, utcnow
 from .publish import publish
 from .scripts import Scripts
-from .slots import Plan, clock_for, from_ms, to_ms
+from .slots import clock_for
+from .standby import Standby
 
 logger = logging.getLogger(__name__)
 
@@ -46,9 +49,6 @@ STANDBY, LEADER = "standby", "leader"
 #: step (NTP slews smaller offsets; GC pauses and SIGSTOP move both clocks alike)
 CLOCK_STEP = 2.0
 
-#: cap, in seconds, of how far past "now" an entry with no stored state starts
-UNKNOWN_STATE_MARGIN = 5.0
-
 
 class Scheduler(beat.Scheduler):
     """Highly available beat scheduler: run it on any number of nodes."""
@@ -56,26 +56,19 @@ class Scheduler(beat.Scheduler):
     def __init__(self, app: Any, *args: Any, lazy: bool = False, **kwargs: Any) -> None:
         self.lb_config = Config.from_app(app)
         self.keys = Keys(self.lb_config.key_prefix)
-        self.role = STANDBY
         self._entry_options: dict[str, EntryOptions] = {}
         self._schedule_version = 0
-        self._tracked_version = -1
-        self._agenda = Agenda()
         self._pid: int | None = None
-        self._client: Any = None
-        self._pubsub: Any = None
-        self._since = _utcnow()
-        self._last_tick = time.monotonic()
+        self._node: Node | None = None
+        self._leader: Leader | None = None
+        self._standby: Standby | None = None
+        self._wake_by = time.monotonic()
         self._last_wall = (time.time(), time.monotonic())
         self._redis_failures = 0
-        self._skew_refused = False
         self._closed = False
         self._registered_at = 0.0
-        self._server_checked = False
-        self._redis_back_at = 0.0
-        self._capped: set[str] = set()  # entries whose catch-up hit max_catchup (logged)
-        self._outage: Outage | None = None  # set while leading through a Redis outage
-        self._unsent: list[Unsent] = []
+        self._registered_once = False
+        self._instance = uuid.uuid4().hex[:12]
         super().__init__(app, *args, lazy=lazy, **kwargs)
 
     # -- the schedule definition ------------------------------------------------
@@ -83,16 +76,19 @@ class Scheduler(beat.Scheduler):
     def setup_schedule(self) -> None:
         """Read ``beat_schedule``; harmless on standbys (no I/O, nothing sent).
 
-        Every entry's slot clock is built once here, so a schedule the leader could
-        not follow stops start-up with the others, not a later election.
+        As in Celery's own schedulers, ``beat_schedule`` is merged first and the
+        default entries (``celery.backend_cleanup``) are installed after: the merge
+        drops every entry it does not name. Every entry's slot clock is built once
+        here, so a schedule the leader could not follow stops start-up with the
+        other problems, not a later election.
         """
         entries, options = split_entries(self.app.conf.beat_schedule or {}, self.lb_config)
         self._entry_options = options
-        self.install_default_entries(self.data)
         self.merge_inplace(entries)
+        self.install_default_entries(self.data)
         problems = []
         for name, entry in self.schedule.items():
-            opts = options.get(name) or default_options(self.lb_config)
+            opts = options.get(name) or EntryOptions.defaults(self.lb_config)
             try:
                 clock_for(entry.schedule, name=name, tz=opts.tz or self.app.timezone,
                           jitter=opts.jitter)
@@ -121,38 +117,107 @@ class Scheduler(beat.Scheduler):
         # running one's; the "elected" log line names the real id.
         node = c.node_id if self.app.conf.get("leaderbeat_node_id") else c.node_id.rsplit(":", 1)[0]
         return (f"    . leaderbeat -> {describe(c.redis_url)} prefix={c.key_prefix} "
-                f"node={node} ttl={c.lease_ttl}s catchup={c.catchup} "
-                f"redis_down_policy={c.redis_down_policy}")
+                f"node={node} ttl={c.lease_ttl}s rescue_after={c.rescue_after}s "
+                f"catchup={c.catchup} redis_down_policy={c.redis_down_policy}")
 
-    # -- Redis, per process ---------------------------------------------------------
+    # -- roles -------------------------------------------------------------------------
 
-    def _connect(self) -> None:
-        """Make the Redis client in this process (after a ``worker -B`` fork too)."""
-        if self._pid == os.getpid() and self._client is not None:
-            return
+    @property
+    def role(self) -> str:
+        return LEADER if self._leader is not None else STANDBY
+
+    @property
+    def leading(self) -> Leader | None:
+        """The leader room while this node leads, else None."""
+        return self._leader
+
+    @property
+    def standing_by(self) -> Standby | None:
+        """The standby room (it exists once the process has connected)."""
+        return self._standby
+
+    @property
+    def lease(self) -> Lease:
+        return self._connect().lease
+
+    @property
+    def ledger(self) -> Ledger:
+        return self._connect().ledger
+
+    def _connect(self) -> Node:
+        """This process's Redis client and parts (made again after a ``worker -B`` fork)."""
+        if self._pid == os.getpid() and self._node is not None:
+            return self._node
         self._pid = os.getpid()
-        self._client = make_client(self.lb_config.redis_url, self.lb_config.redis_options,
-                                   self.lb_config.renew_interval)
-        scripts = Scripts(self._client)
-        self.lease = Lease(self._client, scripts, self.keys, self.lb_config)
-        self.ledger = Ledger(self._client, scripts, self.keys, self.lb_config)
-        self._pubsub = None
+        config = self.lb_config
+        client = make_client(config.redis_url, config.redis_options, config.socket_timeout)
+        scripts = Scripts(client)
+        self._node = Node(config=config, keys=self.keys, client=client,
+                          lease=Lease(client, scripts, self.keys, config),
+                          ledger=Ledger(client, scripts, self.keys, config),
+                          send=self._send_slot, schedule=lambda: self.schedule,
+                          options=lambda: self._entry_options, tz=self.app.timezone,
+                          max_interval=lambda: float(self.max_interval),
+                          wake_by=lambda: self._wake_by)
+        self._leader = None
+        self._standby = Standby(self._node)
+        return self._node
+
+    def _become_leader(self, node: Node, standby: Standby) -> Leader:
+        leader = Leader(node, since=standby.since)
+        self._leader = leader
+        node.lease.start_heartbeat(lambda: self._wake_by)
+        logger.info("leaderbeat: %s elected leader (epoch %s)", node.config.node_id,
+                    node.lease.epoch)
+        self._register(LEADER)
+        leader.elected(self._schedule_version)
+        return leader
+
+    def _step_down(self, why: str, release: bool = False) -> None:
+        if self._node is None:
+            return
+        lease = self._node.lease
+        if self._leader is not None:
+            logger.warning("leaderbeat: %s steps down: %s", self.lb_config.node_id, why)
+        self._leader = None
+        lease.stop_heartbeat()
+        if release:
+            lease.release("step-down")
+        lease.mark_lost()
+        lease.token = None
+        if self._standby is not None:
+            self._standby.since = utcnow()
 
     # -- the tick --------------------------------------------------------------------
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
-        """One pass: a standby tries to lead; the leader sends every due slot."""
-        self._last_tick = time.monotonic()
+        """One pass: a standby tries to lead and rescues; the leader sends every due slot."""
+        self._wake_by = time.monotonic()  # working now: the heartbeat allows one ttl
+        delay = self._tick()
+        self._wake_by = time.monotonic() + delay  # asleep as told until then
+        return delay
+
+    def _tick(self) -> float:
         try:
-            self._connect()
+            node = self._connect()
             self._watch_wall_clock()
-            if self._outage is not None:
-                return self._lead_degraded(self._outage)
-            delay = self._lead() if self.role == LEADER else self._stand_by()
-            self._heartbeat_registry()
-        except LeaseLostError as exc:
-            self._step_down(f"{exc}")
+            if self._leader is None:
+                assert self._standby is not None
+                if self._standby.tick(self._schedule_version):
+                    self._become_leader(node, self._standby)
+                delay = 0.0
+            else:
+                delay = self._leader.tick(self._schedule_version)
+            self._refresh_registration()
+        except Resign as exc:
+            self._step_down(str(exc), release=exc.release)
             return 0.0
+        except LeaseLostError as exc:
+            self._step_down(str(exc))
+            return 0.0
+        except NotReplicatedError as exc:
+            logger.warning("leaderbeat: %s; nothing unreplicated was sent", exc)
+            return self.lb_config.standby_poll
         except redis.AuthenticationError as exc:
             raise RedisAuthError(
                 f"Redis at {describe(self.lb_config.redis_url)} refused the credentials "
@@ -166,10 +231,7 @@ class Scheduler(beat.Scheduler):
         except (redis.RedisError, OSError) as exc:
             return self._redis_trouble(exc)
         if self._redis_failures:
-            logger.info("leaderbeat: Redis at %s answers again",
-                        describe(self.lb_config.redis_url))
-            self._redis_failures = 0
-            self._redis_back_at = time.monotonic()
+            self._redis_back()
         return delay
 
     def _redis_trouble(self, exc: Exception) -> float:
@@ -177,17 +239,22 @@ class Scheduler(beat.Scheduler):
             logger.warning("leaderbeat: Redis at %s unreachable (%s); %s, retrying with backoff",
                            describe(self.lb_config.redis_url), exc,
                            "leader stops sending until its lease is confirmed"
-                           if self.role == LEADER else "standing by")
+                           if self._leader is not None else "standing by")
         self._redis_failures += 1
-        self._pubsub = None
-        if (self.role == LEADER and self.lb_config.redis_down_policy == "last-leader"
-                and self._outage is None and not self.lease.lost):
-            self._outage = Outage.begin(self.lb_config)
-        elif self.role == LEADER and self._outage is None and not self.lease.is_held():
-            self._step_down("lease could not be confirmed while Redis was unreachable",
-                            release=False)
+        if self._standby is not None:
+            self._standby.lost_connection()
+        if (self._leader is not None and not self._leader.redis_unreachable()
+                and (self._node is None or not self._node.lease.is_held())):
+            self._step_down("lease could not be confirmed while Redis was unreachable")
         return min(0.25 * 2 ** min(self._redis_failures - 1, 6),
                    max(2.0, self.lb_config.standby_poll))
+
+    def _redis_back(self) -> None:
+        logger.info("leaderbeat: Redis at %s answers again", describe(self.lb_config.redis_url))
+        self._redis_failures = 0
+        if self._standby is not None:
+            self._standby.restart(head_start=self.lb_config.redis_down_policy == "last-leader"
+                                  and self._leader is None)
 
     def _watch_wall_clock(self) -> None:
         """A forward wall-clock step makes the slots it jumped over 'missed' (catch-up policy)."""
@@ -199,190 +266,46 @@ class Scheduler(beat.Scheduler):
             logger.warning("leaderbeat: the wall clock stepped %+.1f s; slots it skipped follow "
                            "the catch-up policy, claimed slots are never re-sent", jump)
             if jump > 0:
-                self._since = _utcnow()
+                if self._leader is not None:
+                    self._leader.since = utcnow()
+                if self._standby is not None:
+                    self._standby.restart()
 
-    # -- standby ---------------------------------------------------------------------
+    # -- the node registry ---------------------------------------------------------------
 
-    def _stand_by(self) -> float:
-        if not self._server_checked:
-            for warning in server_warnings(self._client):
-                logger.warning("leaderbeat: %s", warning)
-            self._server_checked = True
-        skew = self.lease.measure_skew()
-        if abs(skew) > self.lb_config.max_clock_skew:
-            if not self._skew_refused:
-                logger.warning("leaderbeat: this node's clock is %+.3f s off Redis TIME, beyond "
-                               "leaderbeat_max_clock_skew=%s; refusing to lead",
-                               skew, self.lb_config.max_clock_skew)
-            self._skew_refused = True
-            return self.lb_config.standby_poll
-        if self._skew_refused:
-            logger.info("leaderbeat: clock skew %+.3f s is within limits again", skew)
-            self._skew_refused = False
-        if (self.lb_config.redis_down_policy == "last-leader" and self._redis_back_at
-                and time.monotonic() - self._redis_back_at < self.lb_config.lease_ttl):
-            # after an outage the previous leader goes first: it reconciles what it sent
-            self._wait_for_release(self.lb_config.standby_poll)
-            return 0.0
-        if self.lease.try_acquire():
-            self._become_leader()
-            return 0.0
-        self._wait_for_release(self.lb_config.standby_poll)
-        return 0.0
-
-    def _wait_for_release(self, timeout: float) -> None:
-        """Sleep up to ``timeout``, waking at once when the leader publishes 'released'."""
-        if self._pubsub is None:
-            self._pubsub = self._client.pubsub(ignore_subscribe_messages=True)
-            self._pubsub.subscribe(self.keys.events)
-        deadline = time.monotonic() + timeout
-        while (left := deadline - time.monotonic()) > 0:
-            message = self._pubsub.get_message(timeout=left)
-            if message and message.get("data") in (b"released", "released"):
-                return
-
-    def _become_leader(self) -> None:
-        self.role = LEADER
-        self._since = _utcnow()
-        self._tracked_version = -1  # drop whatever this node knew: reload from Redis
-        self.lease.start_heartbeat(lambda: self._last_tick)
-        logger.info("leaderbeat: %s elected leader (epoch %s)",
-                    self.lb_config.node_id, self.lease.epoch)
-        self._register(LEADER)
-        self._reload(report_unsent=True)
-
-    def _step_down(self, why: str, release: bool = False) -> None:
-        if self.role == LEADER:
-            logger.warning("leaderbeat: %s steps down: %s", self.lb_config.node_id, why)
-        self.role = STANDBY
-        self.lease.stop_heartbeat()
-        if release:
-            self.lease.release("step-down")
-        self.lease.mark_lost()
-        self.lease.token = None
-        self._agenda = Agenda()
-
-    def _heartbeat_registry(self) -> None:
+    def _refresh_registration(self) -> None:
         """Refresh this node's entry in the node registry about once per renew interval."""
         if time.monotonic() - self._registered_at >= self.lb_config.renew_interval:
             self._register(self.role)
 
     def _register(self, role: str) -> None:
+        node = self._connect()
         self._registered_at = time.monotonic()
-        self.ledger.register_node(role, {"host": socket.gethostname(), "pid": os.getpid(),
-                                         "version": __version__,
-                                         "epoch": self.lease.epoch if role == LEADER else None,
-                                         "clock_skew": self.lease.clock_skew})
+        replaced = node.ledger.register_node(role, {
+            "host": socket.gethostname(), "pid": os.getpid(), "version": __version__,
+            "instance": self._instance,
+            "epoch": node.lease.epoch if role == LEADER else None,
+            "clock_skew": node.lease.clock_skew})
+        other = replaced.get("instance") if replaced else None
+        if replaced and self._registered_once and other not in (None, self._instance):
+            raise ConfigurationError(
+                f"leaderbeat_node_id={self.lb_config.node_id!r} is used by another running "
+                f"beat too (host {replaced.get('host')}, pid {replaced.get('pid')}); every "
+                "beat process needs its own node id: leave leaderbeat_node_id unset for a "
+                "unique one")
+        self._registered_once = True
 
-    # -- leader ----------------------------------------------------------------------
+    # -- sending -------------------------------------------------------------------------
 
-    @property
-    def _tracked(self) -> dict[str, Tracked]:
-        """The entries the leader tracks, by name (empty on a standby)."""
-        return self._agenda.tracked
-
-    def _reload(self, report_unsent: bool = False) -> None:
-        """Rebuild what the leader tracks from the schedule and the state in Redis."""
-        # An entry without stored state (new, or Redis lost its data) starts after
-        # now + max_clock_skew (5 s at most): a slot an earlier leader sent just before
-        # the data was lost cannot come round again on a node whose clock is behind.
-        margin = min(self.lb_config.max_clock_skew, UNKNOWN_STATE_MARGIN)
-        start = from_ms(to_ms(_utcnow()) + int(margin * 1000))
-        loaded = load(self.schedule, self.ledger.load(), start=start,
-                      tz=self.app.timezone, options=self._entry_options,
-                      default=default_options(self.lb_config), epoch=self.lease.epoch)
-        if report_unsent:
-            self._unsent += loaded.unsent
-        if loaded.anchors:
-            adopt_refused_anchors(
-                loaded, self.ledger.claim(*self.lease.credentials(), loaded.anchors))
-            # One line per reload, not per entry: after a Redis restart that lost its data
-            # this is the only trace. Unknown state is "start from now", never "never ran".
-            logger.info("leaderbeat: %d of %d entries had no slot state in Redis (new entries, "
-                        "or Redis lost its data); they start from now, without catch-up: %s",
-                        len(loaded.anchors), len(loaded.tracked),
-                        ", ".join(item.name for item in loaded.anchors[:10]))
-        self._agenda = Agenda(loaded.tracked)
-        self._tracked_version = self._schedule_version
-        if self._unsent:
-            self._report_unsent()
-
-    def _report_unsent(self) -> None:
-        unsent, self._unsent = self._unsent, []
-        report_unsent(unsent, lease=self.lease, ledger=self.ledger, send=self._send_slot,
-                      recover=self.lb_config.recover_unsent)
-
-    def _lead(self) -> float:
-        if not self.lease.is_held():
-            if self.lb_config.redis_down_policy == "last-leader" and not self.lease.lost:
-                self._client.ping()  # unreachable: the last leader goes on (degraded mode)
-            self._step_down("lease not confirmed in time (self-fencing)")
-            return 0.0
-        stopped = self.lease.heartbeat_stopped()
-        if stopped is not None:  # nothing renews the lease any more: let it go now
-            self._step_down(f"the heartbeat thread stopped ({stopped})", release=True)
-            return 0.0
-        skew = self.lease.clock_skew
-        if skew is not None and abs(skew) > self.lb_config.max_clock_skew:
-            self._step_down(f"clock is {skew:+.3f} s off Redis TIME, beyond "
-                            f"leaderbeat_max_clock_skew={self.lb_config.max_clock_skew}",
-                            release=True)
-            return 0.0
-        if self._tracked_version != self._schedule_version:
-            self._reload()
-        now = _utcnow()
-        now_ts = now.timestamp()
-        earliest = self._agenda.earliest()
-        if earliest is None:
-            earliest = now_ts
-        due = self._agenda.pop_due(now, self._since)
-        if due:
-            started = time.monotonic()
-            try:
-                sent = self._claim_and_send(due)
-            finally:
-                for tracked, _ in due:
-                    self._agenda.push(tracked)
-            if sent:
-                logger.info("leaderbeat: sent %d slot(s) of %d due entries in %.0f ms, "
-                            "%.0f ms after the earliest was due", sent, len(due),
-                            (time.monotonic() - started) * 1000, (now_ts - earliest) * 1000)
-        return self._delay()
-
-    def _delay(self) -> float:
-        return self._agenda.delay(time.time(), float(self.max_interval))
-
-    def _lead_degraded(self, outage: Outage) -> float:
-        """Redis is unreachable: send from the agenda alone; reconcile once Redis answers."""
-        outage.send_due(self._agenda, _utcnow(), self._since, self._send_slot)
-        try:
-            self._client.ping()
-        except (redis.RedisError, OSError):
-            if outage.expired():
-                self._outage = None
-                self._step_down("Redis unreachable for longer than "
-                                f"leaderbeat_degraded_max_seconds={self.lb_config.degraded_max_seconds}")
-            return min(self._delay(), 1.0)
-        reconciled = outage.reconcile(self.lease, self.ledger, lambda: self._last_tick)
-        self._outage = None  # only now: a Redis error above leaves the outage in place
-        self._redis_failures = 0
-        if not reconciled:
-            self._step_down("another node leads after the Redis outage")
-        return 0.0
-
-    def _claim_and_send(self, due: list[tuple[Tracked, Plan]]) -> int:
-        return claim_and_send(due, lease=self.lease, ledger=self.ledger,
-                              send=self._send_slot, capped=self._capped)
-
-    def _send_slot(self, name: str, slot: datetime) -> bool:
+    def _send_slot(self, name: str, slot: datetime, epoch: int) -> bool:
         """Publish ``slot`` of the entry named ``name``, if it is still scheduled."""
         entry = self.schedule.get(name)
-        return entry is not None and self._send(entry, slot)
+        return entry is not None and self._send(entry, slot, epoch)
 
-    def _send(self, entry: Any, slot: datetime) -> bool:
+    def _send(self, entry: Any, slot: datetime, epoch: int) -> bool:
         """Publish one slot; a failure is logged and reported, never swallowed."""
         try:
-            publish(self, entry, slot, self.lease.epoch)
+            publish(self, entry, slot, epoch)
         except Exception:  # any publish failure: logged with its traceback, recorded unsent
             logger.exception("leaderbeat: could not send %s for slot %s",
                              entry.name, slot.isoformat())
@@ -402,23 +325,17 @@ class Scheduler(beat.Scheduler):
             return
         self._closed = True
         try:
-            if self._client is not None and self._pid == os.getpid():
-                self.lease.stop_heartbeat()
-                if self.role == LEADER and self.lease.release("released"):
+            if self._node is not None and self._pid == os.getpid():
+                lease = self._node.lease
+                lease.stop_heartbeat()
+                if self._leader is not None and lease.release("released"):
                     logger.info("leaderbeat: %s released the lease", self.lb_config.node_id)
-                self.role = STANDBY
-                self.ledger.unregister_node()
+                self._leader = None
+                self._node.ledger.unregister_node()
         except (redis.RedisError, OSError) as exc:
             logger.warning("leaderbeat: could not release the lease on close (%s); "
                            "standbys take over when it expires", exc)
         finally:
-            # Dropped, not closed: on SIGTERM close() runs inside the signal handler, on
-            # top of a standby blocked reading this very socket; closing it there makes
-            # redis-py's unwinding fail. Its last reference goes with that frame.
-            self._pubsub = None
+            if self._standby is not None:
+                self._standby.close()
             super().close()
-
-
-def _utcnow() -> datetime:
-    """Wall-clock now, read through ``time.time`` so a test can shift one process's clock."""
-    return datetime.fromtimestamp(time.time(), timezone.utc)

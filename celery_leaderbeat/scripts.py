@@ -12,7 +12,7 @@ from typing import Any
 
 from .errors import ScriptError
 
-NAMES = ("acquire", "renew", "release", "claim", "record")
+NAMES = ("acquire", "renew", "release", "claim")
 
 
 @cache
@@ -32,7 +32,6 @@ class Scripts:
     renew: Any
     release: Any
     claim: Any
-    record: Any
 
 
 def status(reply: Any, script: str) -> int:

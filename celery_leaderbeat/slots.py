@@ -33,6 +33,7 @@ from celery.schedules import crontab, schedule, solar
 
 from ._clocks import CronClock, GenericClock, IntervalClock, SolarClock, clock_tz, from_ms, to_ms
 from .errors import ConfigurationError
+from .policy import CatchupPolicy
 from .schedules import cron, engine_for_crontab
 
 __all__ = [
@@ -50,7 +51,6 @@ __all__ = [
 
 MISSED_RECORD_LIMIT = 100
 _HEAD_LIMIT = 1000  # missed slots walked one by one before plan() jumps ahead
-_MODES = ("latest", "skip", "all")
 # Fixed forever: changing it would change every task id of every deployment.
 _SLOT_NAMESPACE = uuid.UUID("5b0d6a52-3f0e-5c1a-9a43-6c6561646572")
 
@@ -102,28 +102,6 @@ def clock_for(schedule_: Any, *, name: str, tz: tzinfo, jitter: float | None = N
 def slot_id(prefix: str, name: str, slot: datetime) -> str:
     """The Celery task id of one slot: a uuid5 of (key prefix, entry, slot ms), same on every node."""
     return str(uuid.uuid5(_SLOT_NAMESPACE, f"{prefix}\x1f{name}\x1f{to_ms(slot)}"))
-
-
-@dataclass(frozen=True)
-class CatchupPolicy:
-    """What to do with slots missed while no leader existed (DESIGN.md §5)."""
-
-    mode: str = "latest"
-    window: timedelta | None = None
-    max_catchup: int = 100
-
-    def __post_init__(self) -> None:
-        problems = []
-        if self.mode not in _MODES:
-            problems.append(f"catchup mode {self.mode!r} must be one of {', '.join(_MODES)}")
-        if self.window is not None and (
-            not isinstance(self.window, timedelta) or self.window <= timedelta(0)
-        ):
-            problems.append(f"catchup window {self.window!r} must be a positive timedelta or None")
-        if not isinstance(self.max_catchup, int) or self.max_catchup < 1:
-            problems.append(f"max_catchup={self.max_catchup!r} must be an integer >= 1")
-        if problems:
-            raise ConfigurationError(problems)
 
 
 @dataclass(frozen=True)

@@ -7,27 +7,20 @@ from types import SimpleNamespace
 
 from celery.schedules import schedule
 
-from celery_leaderbeat.agenda import (
-    Agenda,
-    Unsent,
-    adopt_refused_anchors,
-    claim_items,
-    load,
-    missed_events,
-)
+from celery_leaderbeat.agenda import Agenda, Unsent, adopt_refused_anchors, load
+from celery_leaderbeat.batch import chunks, missed_events
 from celery_leaderbeat.entries import EntryOptions
 from celery_leaderbeat.ledger import (
-    ANCHOR,
-    CLAIM,
     CLAIMED,
     SENT,
-    SKIP,
     SKIPPED,
     UNSENT,
     ClaimItem,
+    Op,
     SlotState,
 )
-from celery_leaderbeat.slots import CatchupPolicy, to_ms
+from celery_leaderbeat.policy import CatchupPolicy
+from celery_leaderbeat.slots import to_ms
 
 UTC = timezone.utc
 T0 = datetime(2026, 5, 4, 10, 0, tzinfo=UTC)
@@ -47,6 +40,11 @@ def stored(seconds: float, epoch: int = 1, state: str = SENT) -> SlotState:
     return SlotState(to_ms(at(seconds)), epoch, state)
 
 
+def claimed(due) -> list[list[tuple[str, datetime, str]]]:
+    """The claims of a batch, chunk by chunk, as (entry, slot, op)."""
+    return [[(t.name, slot, op) for t, slot, op in chunk] for chunk in chunks(due)]
+
+
 def load_at(now: datetime, entries: dict, states: dict | None = None, *, epoch: int = 2,
             options: dict | None = None):
     return load(entries, states or {}, start=now, tz=UTC, options=options or {},
@@ -55,7 +53,7 @@ def load_at(now: datetime, entries: dict, states: dict | None = None, *, epoch: 
 
 def test_an_entry_with_no_stored_slot_is_anchored_at_now_and_fires_one_interval_later():
     loaded = load_at(T0, {"a": every(10)})
-    assert loaded.anchors == [ClaimItem("a", to_ms(T0), ANCHOR)]
+    assert loaded.anchors == [ClaimItem("a", to_ms(T0), Op.ANCHOR)]
     assert loaded.tracked["a"].last == T0
     assert loaded.tracked["a"].next_fire == at(10)
     assert loaded.unsent == []
@@ -126,28 +124,52 @@ def test_the_delay_runs_to_the_next_fire_time_never_negative_never_past_the_limi
 def test_each_slot_to_send_is_claimed_and_newer_missed_slots_are_skipped_past():
     agenda = Agenda(load_at(T0, {"a": every(10)}).tracked)
     sent_latest = agenda.pop_due(at(45), since=at(42))
-    assert claim_items(sent_latest) == [ClaimItem("a", to_ms(at(40)), CLAIM)]
+    assert claimed(sent_latest) == [[("a", at(40), Op.CLAIM)]]
 
     skipping = EntryOptions(policy=CatchupPolicy("skip"), jitter=None, tz=None)
     agenda = Agenda(load_at(T0, {"a": every(10)}, options={"a": skipping}).tracked)
     sent_none = agenda.pop_due(at(45), since=at(42))
-    assert claim_items(sent_none) == [ClaimItem("a", to_ms(at(40)), SKIP)]
+    assert claimed(sent_none) == [[("a", at(40), Op.SKIP)]]
 
 
-def test_an_entry_with_nothing_new_to_skip_claims_only_what_it_sends():
-    agenda = Agenda(load_at(T0, {"a": every(10)}).tracked)
+def test_an_entry_with_nothing_new_to_skip_claims_only_what_it_sends_one_slot_per_chunk():
+    agenda = Agenda(load_at(T0, {"a": every(10), "b": every(10)}).tracked)
     on_time = agenda.pop_due(at(25), since=T0)
-    assert claim_items(on_time) == [ClaimItem("a", to_ms(at(10)), CLAIM),
-                                    ClaimItem("a", to_ms(at(20)), CLAIM)]
+    # two slots of one entry never share a claim: a claim overwrites the entry's last slot
+    assert claimed(on_time) == [[("a", at(10), Op.CLAIM), ("b", at(10), Op.CLAIM)],
+                                [("a", at(20), Op.CLAIM), ("b", at(20), Op.CLAIM)]]
 
 
-def test_missed_events_list_each_recorded_slot_and_count_the_older_ones():
-    agenda = Agenda(load_at(T0, {"a": every(1)}).tracked)
-    [(tracked, p)] = agenda.pop_due(at(500), since=at(500))
-    events = missed_events(tracked, p)
-    listed = [e for e in events if "older slots" not in e.detail]
-    assert len(listed) == len(p.missed)
-    assert all(e.event == "missed" and e.detail == "latest" for e in listed)
-    [count] = [e for e in events if "older slots" in e.detail]
-    assert count.detail == f"{p.missed_total - len(p.missed)} older slots not listed"
-    assert count.slot_ms == to_ms(p.last)
+def test_a_batch_is_claimed_in_chunks_of_at_most_one_hundred():
+    entries = {f"e{i}": every(10) for i in range(250)}
+    due = Agenda(load_at(T0, entries).tracked).pop_due(at(10), since=T0)
+    assert [len(chunk) for chunk in claimed(due)] == [100, 100, 50]
+
+
+class FailsAfter:
+    """A user's own schedule: every 10 s, until it raises for times after ``limit``."""
+
+    def __init__(self, limit: datetime) -> None:
+        self.limit = limit
+
+    def remaining_estimate(self, last_run_at: datetime) -> timedelta:
+        if last_run_at >= self.limit:
+            raise RuntimeError("ephemeris tables missing")
+        return timedelta(seconds=10)
+
+
+def test_an_entry_whose_schedule_raises_is_set_aside_and_the_others_stay_due():
+    bad = SimpleNamespace(schedule=FailsAfter(limit=at(15)))
+    agenda = Agenda(load_at(T0, {"a": every(10), "bad": bad}).tracked)
+    first = agenda.pop_due(at(10), since=T0)
+    assert sorted(t.name for t, _ in first) == ["a", "bad"]
+    for tracked, p in first:
+        tracked.advance(p.last)
+    agenda.push_all(first)
+
+    due = agenda.pop_due(at(35), since=T0)  # "bad" raises past 15 s; "a" goes on
+    assert [t.name for t, _ in due] == ["a"]
+    [(name, why)] = agenda.take_broken()
+    assert name == "bad" and "ephemeris tables missing" in why
+    assert agenda.take_broken() == []  # reported once
+    assert agenda.pop_due(at(35), since=T0) == []  # set aside, not due again at once

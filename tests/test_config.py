@@ -97,5 +97,24 @@ def test_a_prefix_with_braces_is_refused_because_it_would_break_the_hash_tag():
 
 
 def test_a_zero_catchup_window_is_refused_naming_the_setting():
-    with pytest.raises(ConfigurationError, match=r"leaderbeat_catchup_window=0 must be at least"):
+    with pytest.raises(ConfigurationError, match=r"leaderbeat_catchup_window=0 must be a number of seconds > 0"):
         Config.from_app(app_with(leaderbeat_catchup_window=0))
+
+
+def test_rescue_after_defaults_to_two_seconds_and_a_tiny_value_is_refused():
+    assert Config.from_app(app_with()).rescue_after == 2.0
+    with pytest.raises(ConfigurationError, match=r"leaderbeat_rescue_after=0.1 must be at least 0.5"):
+        Config.from_app(app_with(leaderbeat_rescue_after=0.1))
+
+
+def test_an_entry_and_the_settings_word_the_same_catchup_rule_alike():
+    from celery_leaderbeat.entries import split_entries
+
+    config = Config.from_app(app_with())
+    with pytest.raises(ConfigurationError) as entry_error:
+        split_entries({"e": {"task": "t", "schedule": 5.0,
+                             "leaderbeat": {"max_catchup": 0}}}, config)
+    with pytest.raises(ConfigurationError) as setting_error:
+        Config.from_app(app_with(leaderbeat_max_catchup=0))
+    rule = "max_catchup=0 must be an integer of at least 1"
+    assert str(entry_error.value).endswith(rule) and str(setting_error.value).endswith(rule)

@@ -8,7 +8,7 @@ from celery_leaderbeat.config import Config
 from celery_leaderbeat.errors import LeaseLostError
 from celery_leaderbeat.keys import Keys
 from celery_leaderbeat.lease import Lease
-from celery_leaderbeat.ledger import ANCHOR, CLAIM, SKIP, ClaimItem, Event, Ledger
+from celery_leaderbeat.ledger import ClaimItem, Event, Ledger, Op
 from celery_leaderbeat.scripts import Scripts
 
 
@@ -26,15 +26,15 @@ def parts(redis_client, key_prefix):
 def test_a_slot_is_granted_once_and_a_skip_of_it_is_refused_after(parts):
     lease, ledger = parts("a")
     assert lease.try_acquire()
-    assert ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 1000, CLAIM)]) == [None]
-    refused = ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 1000, SKIP)])
+    assert ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 1000, Op.CLAIM)]) == [None]
+    refused = ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 1000, Op.SKIP)])
     assert refused[0] is not None and refused[0].slot_ms == 1000 and refused[0].state == "c"
 
 
 def test_claims_are_monotonic_per_entry(parts):
     lease, ledger = parts("a")
     assert lease.try_acquire()
-    items = [ClaimItem("e", 2000, CLAIM), ClaimItem("e", 1000, CLAIM), ClaimItem("f", 500, CLAIM)]
+    items = [ClaimItem("e", 2000, Op.CLAIM), ClaimItem("e", 1000, Op.CLAIM), ClaimItem("f", 500, Op.CLAIM)]
     results = ledger.claim(lease.token, lease.epoch, items)
     assert results[0] is None and results[2] is None
     assert results[1] is not None and results[1].slot_ms == 2000
@@ -47,23 +47,23 @@ def test_a_node_that_lost_the_lease_is_granted_nothing(parts, redis_client, key_
     redis_client.delete(Keys(key_prefix).leader)
     assert new.try_acquire()
     with pytest.raises(LeaseLostError, match="new"):
-        old_ledger.claim(old.token, old.epoch, [ClaimItem("e", 1000, CLAIM)])
+        old_ledger.claim(old.token, old.epoch, [ClaimItem("e", 1000, Op.CLAIM)])
     assert old_ledger.load() == {}
 
 
 def test_an_anchor_is_written_only_when_the_entry_has_no_state(parts):
     lease, ledger = parts("a")
     assert lease.try_acquire()
-    assert ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 1000, ANCHOR)]) == [None]
-    again = ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 5000, ANCHOR)])
+    assert ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 1000, Op.ANCHOR)]) == [None]
+    again = ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 5000, Op.ANCHOR)])
     assert again[0].slot_ms == 1000 and again[0].state == "a"
-    assert ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 1001, CLAIM)]) == [None]
+    assert ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 1001, Op.CLAIM)]) == [None]
 
 
 def test_sent_marks_only_the_current_slot_and_writes_history(parts):
     lease, ledger = parts("a")
     assert lease.try_acquire()
-    ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 1000, CLAIM)])
+    ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 1000, Op.CLAIM)])
     assert ledger.record(lease.epoch, [Event("e", 999, "sent"), Event("e", 1000, "sent")]) == 1
     assert ledger.load()["e"].state == "s"
     events = [(h["event"], h.get("entry")) for h in ledger.history()]
@@ -73,24 +73,24 @@ def test_sent_marks_only_the_current_slot_and_writes_history(parts):
 def test_a_skip_advances_the_last_slot_without_a_claim(parts):
     lease, ledger = parts("a")
     assert lease.try_acquire()
-    assert ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 3000, SKIP)]) == [None]
+    assert ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 3000, Op.SKIP)]) == [None]
     state = ledger.load()["e"]
     assert (state.slot_ms, state.state, state.epoch) == (3000, "k", lease.epoch)
-    assert ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 2000, CLAIM)])[0] is not None
+    assert ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 2000, Op.CLAIM)])[0] is not None
 
 
 def test_a_claim_renews_the_lease(parts, redis_client, key_prefix):
     lease, ledger = parts("a")
     assert lease.try_acquire()
     redis_client.pexpire(Keys(key_prefix).leader, 100)
-    ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 1, CLAIM)])
+    ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 1, Op.CLAIM)])
     assert redis_client.pttl(Keys(key_prefix).leader) > 1000
 
 
 def test_thousands_of_claims_in_one_call_are_chunked_and_all_granted(parts):
     lease, ledger = parts("a")
     assert lease.try_acquire()
-    items = [ClaimItem(f"e{i}", 1000, CLAIM) for i in range(4500)]
+    items = [ClaimItem(f"e{i}", 1000, Op.CLAIM) for i in range(4500)]
     assert ledger.claim(lease.token, lease.epoch, items) == [None] * 4500
     assert len(ledger.load()) == 4500
 
@@ -118,7 +118,7 @@ def test_with_min_replicas_a_claim_returns_once_a_replica_has_it(make_redis_serv
         assert time.monotonic() < deadline, "replica never acknowledged a write"
     lease, ledger = _replicated_parts(master.client(), key_prefix, 1)
     assert lease.try_acquire()
-    assert ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 1000, CLAIM)]) == [None]
+    assert ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 1000, Op.CLAIM)]) == [None]
     assert replica.client().hget(Keys(key_prefix).slots, "e") is not None
 
 
@@ -127,8 +127,25 @@ def test_with_min_replicas_and_no_replica_a_claim_is_refused_quickly(make_redis_
 
     lease, ledger = _replicated_parts(make_redis_server().client(), key_prefix, 1)
     assert lease.try_acquire()
-    with pytest.raises(NotReplicatedError, match="reached 0 replica"):
-        ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 1000, CLAIM)])
+    with pytest.raises(NotReplicatedError, match="no replica acknowledged"):
+        ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 1000, Op.CLAIM)])
+
+
+def test_with_default_settings_and_no_replica_wait_answers_before_the_socket_times_out(
+        make_redis_server, key_prefix):
+    """WAIT's timeout once equalled the socket timeout: beat said "Redis unreachable"."""
+    from celery_leaderbeat.connection import make_client
+    from celery_leaderbeat.errors import NotReplicatedError
+
+    server = make_redis_server()
+    config = Config.from_values({"redis_url": server.url, "key_prefix": key_prefix,
+                                 "node_id": "a", "min_replicas": 1})
+    client = make_client(server.url, {}, config.socket_timeout)
+    scripts, keys = Scripts(client), Keys(key_prefix)
+    lease, ledger = Lease(client, scripts, keys, config), Ledger(client, scripts, keys, config)
+    assert lease.try_acquire()
+    with pytest.raises(NotReplicatedError, match="0 of leaderbeat_min_replicas=1"):
+        ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 1000, Op.CLAIM)])
 
 
 def test_min_replicas_is_refused_with_redis_cluster():
@@ -142,30 +159,30 @@ def test_min_replicas_is_refused_with_redis_cluster():
 def test_a_retried_claim_whose_reply_was_lost_is_granted_again_not_refused(parts):
     lease, ledger = parts("a")
     assert lease.try_acquire()
-    item = ClaimItem("e", 1000, CLAIM)
+    item = ClaimItem("e", 1000, Op.CLAIM)
     assert ledger.claim(lease.token, lease.epoch, [item]) == [None]
     # the same call again, as redis-py's retry sends it when the first reply is lost
     assert ledger.claim(lease.token, lease.epoch, [item]) == [None]
-    assert ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 999, CLAIM)])[0] is not None
+    assert ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 999, Op.CLAIM)])[0] is not None
 
 
 def test_the_same_slot_claimed_under_an_older_epoch_is_refused(parts, redis_client, key_prefix):
     old, old_ledger = parts("a")
     assert old.try_acquire()
-    old_ledger.claim(old.token, old.epoch, [ClaimItem("e", 1000, CLAIM)])
+    old_ledger.claim(old.token, old.epoch, [ClaimItem("e", 1000, Op.CLAIM)])
     redis_client.delete(Keys(key_prefix).leader)
     new, new_ledger = parts("b")
     assert new.try_acquire()
-    refused = new_ledger.claim(new.token, new.epoch, [ClaimItem("e", 1000, CLAIM)])
+    refused = new_ledger.claim(new.token, new.epoch, [ClaimItem("e", 1000, Op.CLAIM)])
     assert refused[0] is not None and refused[0].epoch == old.epoch
 
 
 def test_an_unsent_event_marks_a_claimed_slot_reported_but_not_a_newer_one(parts):
     lease, ledger = parts("a")
     assert lease.try_acquire()
-    ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 1000, CLAIM)])
+    ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 1000, Op.CLAIM)])
     ledger.record(lease.epoch, [Event("e", 1000, "unsent", "lease expired")])
     assert ledger.load()["e"].state == "u"
-    ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 2000, CLAIM)])
+    ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 2000, Op.CLAIM)])
     ledger.record(lease.epoch, [Event("e", 1000, "unsent", "late")])
     assert ledger.load()["e"].state == "c"

@@ -9,7 +9,7 @@ from celery import Celery
 
 from celery_leaderbeat.errors import ConfigurationError
 from celery_leaderbeat.keys import Keys
-from celery_leaderbeat.ledger import CLAIM, ClaimItem
+from celery_leaderbeat.ledger import ClaimItem, Op
 from celery_leaderbeat.scheduler import LEADER, STANDBY, Scheduler
 from celery_leaderbeat.schedules import cron
 from celery_leaderbeat.slots import from_ms, slot_id, to_ms
@@ -137,8 +137,8 @@ def test_a_slot_claimed_but_not_sent_by_an_earlier_leader_is_reported_and_recove
     # An earlier leader (epoch 1) claimed slot S of "a" and died before publishing it.
     earlier = Scheduler(app=app)
     tick_until(earlier, lambda: earlier.role == LEADER)
-    slot = from_ms(to_ms(earlier._tracked["a"].last) + 1000)
-    earlier.ledger.claim(earlier.lease.token, earlier.lease.epoch, [ClaimItem("a", to_ms(slot), CLAIM)])
+    slot = from_ms(to_ms(earlier.leading.tracked["a"].last) + 1000)
+    earlier.ledger.claim(earlier.lease.token, earlier.lease.epoch, [ClaimItem("a", to_ms(slot), Op.CLAIM)])
     earlier.lease.stop_heartbeat()
     state.client().delete(Keys(key_prefix).leader)  # as if it was killed and its lease expired
     recorder = Recorder(broker.client())

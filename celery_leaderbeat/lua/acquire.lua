@@ -1,19 +1,28 @@
 -- acquire.lua: take the leader lease if nobody else holds it.
 -- KEYS[1] leader key      KEYS[2] epoch counter      KEYS[3] history stream
 -- ARGV[1] node id         ARGV[2] lease ttl (ms)     ARGV[3] history max length
--- Returns {1, epoch}                 acquired; the new fencing epoch (INCR)
---         {0, holder_token, pttl}    another node holds the lease
+-- ARGV[4] the highest epoch this node has seen (0 if none)
+-- Returns {1, epoch, seconds, microseconds}               acquired; the new fencing epoch
+--         {0, holder_token, pttl, seconds, microseconds}  another node holds the lease
+-- (seconds, microseconds: Redis TIME, so every attempt also measures clock skew)
 -- A key still holding this node's own id (from a lease it gave up locally) is
 -- taken again with a new epoch: the older self is fenced by the new epoch.
+-- The epoch is INCR'd, and lifted above ARGV[4]: after Redis lost its data the
+-- counter restarts empty, and epochs must never go backwards.
+local now = redis.call('TIME')
 local current = redis.call('GET', KEYS[1])
 if current then
   local holder = string.match(current, '^(.*)|%d+$')
   if holder ~= ARGV[1] then
-    return {0, current, redis.call('PTTL', KEYS[1])}
+    return {0, current, redis.call('PTTL', KEYS[1]), now[1], now[2]}
   end
 end
 local epoch = redis.call('INCR', KEYS[2])
+if epoch <= tonumber(ARGV[4]) then
+  epoch = tonumber(ARGV[4]) + 1
+  redis.call('SET', KEYS[2], epoch)
+end
 redis.call('SET', KEYS[1], ARGV[1] .. '|' .. epoch, 'PX', ARGV[2])
 redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[3], '*',
            'event', 'elected', 'node', ARGV[1], 'epoch', epoch)
-return {1, epoch}
+return {1, epoch, now[1], now[2]}

@@ -1,41 +1,92 @@
--- claim.lua: the fenced gate every slot passes before it is sent.
--- KEYS[1] leader key      KEYS[2] slots hash
--- ARGV[1] token (node_id|epoch)   ARGV[2] lease ttl (ms)   ARGV[3] epoch
--- ARGV[4..] groups of three: entry name, slot (ms since the epoch), op
---   op 'c'  claim the slot to send it         (state becomes 'c', claimed)
---   op 'k'  advance past a slot not sent      (state 'k', skipped by policy)
---   op 'a'  record the entry's anchor if it has no state yet (state 'a')
--- Slot state is stored as "<slot_ms>|<epoch>|<state>". A claim or skip is
--- granted only when the slot is newer than the stored one: claims are
--- monotonic per entry, so no slot can be granted twice. Asking again for the
--- exact state this epoch already wrote answers 1 again (idempotent): a client
--- that lost the reply and retried must not mistake its own grant for a refusal.
--- Returns {0, holder_token or false}   not the leader: nothing granted
---         {1, r1, r2, ...}             one result per group: 1 granted,
---                                      else the stored state that refused it
-local current = redis.call('GET', KEYS[1])
-if current ~= ARGV[1] then
-  return {0, current}
+-- claim.lua: the one gate every slot passes before it is sent, and its record.
+-- KEYS[1] leader key      KEYS[2] slots hash      KEYS[3] history stream
+-- ARGV[1] mode: 'lead', 'rescue' or 'record'
+-- ARGV[2] lead: this leader's token (node_id|epoch); rescue/record: ''
+-- ARGV[3] lead: lease ttl (ms); rescue: rescue_after (ms); record: ''
+-- ARGV[4] epoch written with claims (lead: the leader's; rescue: 0, no lease)
+-- ARGV[5] history max length      ARGV[6] node id      ARGV[7] n, the number of events
+-- ARGV[8 .. 7+4n]   events, groups of four: entry, slot (ms), event, detail
+--   'sent'    the broker accepted the slot: state -> 's' while the stored slot is this one
+--   'unsent'  claimed, not sent: state 'c' -> 'u', so the next leader reports it once
+--   others ('missed', 'skipped', 'error', ...) go to the history only
+-- ARGV[8+4n ..]     claims, groups of four: entry, slot (ms), op, fire time (ms)
+--   op 'claim'   claim the slot to send it        (state 'c', claimed)
+--   op 'skip'    advance past a slot not sent     (state 'k', skipped by policy)
+--   op 'anchor'  the entry's first slot, only if it has no state yet (state 'a')
+-- Events are written first and unfenced: they say what already happened (the
+-- previous chunk's sends ride on the next chunk's claim). Claims are then
+-- granted only when the slot is newer than the stored one, so no slot can be
+-- granted twice; in 'lead' mode only while the leader key holds the token; in
+-- 'rescue' mode (a standby, no lease) only 'claim', only for an entry that has
+-- state (its phase is known), and only once Redis TIME >= fire time + rescue_after,
+-- so a standby with a fast clock cannot pre-empt a healthy leader.
+-- A value is "<slot_ms>|<epoch>|<state>", plus "|<node>" for a standby's claim.
+-- Asking again for the exact value this caller already wrote answers 1 again:
+-- a client that lost the reply and retried must not take its grant for a refusal.
+-- Returns {0, holder_token or false, marked}   lead mode, not the leader: no claim granted
+--         {1, redis_now_ms, marked, r1, r2, ...}  one result per claim: 1 granted,
+--           0 not late enough (rescue), false no state (rescue), else the stored value
+local mode, node, epoch = ARGV[1], ARGV[6], ARGV[4]
+local n = tonumber(ARGV[7])
+local claims_at = 8 + 4 * n
+local marked = 0
+for i = 8, claims_at - 1, 4 do
+  local name, slot, event, detail = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
+  if event == 'sent' or event == 'unsent' then
+    local stored = redis.call('HGET', KEYS[2], name)
+    if stored and string.match(stored, '^(%d+)|') == slot then
+      local rest, state, who = string.match(stored, '^(%d+|%d+|)(%a)(.*)$')
+      if event == 'sent' then
+        redis.call('HSET', KEYS[2], name, rest .. 's' .. who)
+        marked = marked + 1
+      elseif state == 'c' then
+        redis.call('HSET', KEYS[2], name, rest .. 'u' .. who)
+      end
+    end
+  end
+  redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[5], '*', 'event', event,
+             'entry', name, 'slot', slot, 'node', node, 'epoch', epoch, 'detail', detail)
 end
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-local out = {1}
-for i = 4, #ARGV, 3 do
-  local name, slot, op = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2]
+if mode == 'lead' then
+  local current = redis.call('GET', KEYS[1])
+  if current ~= ARGV[2] then
+    return {0, current, marked}
+  end
+  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+elseif mode ~= 'rescue' then
+  if #ARGV >= claims_at then
+    return redis.error_reply('claim.lua: mode ' .. mode .. ' takes no claims')
+  end
+end
+local time = redis.call('TIME')
+local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local states = {claim = 'c', skip = 'k', anchor = 'a'}
+local suffix = ''
+if mode == 'rescue' then
+  suffix = '|' .. node
+end
+local out = {1, now_ms, marked}
+for i = claims_at, #ARGV, 4 do
+  local name, slot, op, fire = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2], tonumber(ARGV[i + 3])
   local stored = redis.call('HGET', KEYS[2], name)
+  local value = ARGV[i + 1] .. '|' .. epoch .. '|' .. states[op] .. suffix
   local granted
-  if op == 'a' then
+  if mode == 'rescue' and (op ~= 'claim' or not stored) then
+    granted = nil
+  elseif op == 'anchor' then
     granted = not stored
   else
     granted = (not stored) or slot > tonumber(string.match(stored, '^(%d+)'))
   end
-  local value = ARGV[i + 1] .. '|' .. ARGV[3] .. '|' .. op
-  if granted then
+  if granted and mode == 'rescue' and now_ms < fire + tonumber(ARGV[3]) then
+    out[#out + 1] = 0
+  elseif granted then
     redis.call('HSET', KEYS[2], name, value)
     out[#out + 1] = 1
   elseif stored == value then
     out[#out + 1] = 1
   else
-    out[#out + 1] = stored
+    out[#out + 1] = stored or false
   end
 end
 return out

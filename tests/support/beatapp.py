@@ -73,7 +73,6 @@ def make_app(env: os._Environ[str] | dict[str, str] = os.environ) -> Celery:
         "broker_connection_retry_on_startup": True,
         "result_backend": None,
         "beat_scheduler": "celery_leaderbeat.Scheduler",
-        "beat_max_loop_interval": 1,
         "beat_schedule": load_schedule(env.get("LB_SCHEDULE_FILE")),
         "timezone": "UTC",
         "enable_utc": True,

@@ -39,6 +39,8 @@ class Message:
     args: list[Any] = field(default_factory=list)
     kwargs: dict[str, Any] = field(default_factory=dict)
     queue: str = "celery"
+    #: wall time the recorder drained it: an upper bound on when it was enqueued
+    received: float = 0.0
 
     @property
     def entry(self) -> str | None:
@@ -56,7 +58,7 @@ class Message:
         return self.headers.get("leaderbeat_epoch")
 
     @classmethod
-    def parse(cls, raw: bytes | str, queue: str = "celery") -> Message:
+    def parse(cls, raw: bytes | str, queue: str = "celery", received: float = 0.0) -> Message:
         """Parse one list item written by kombu's Redis transport."""
         data = json.loads(raw)
         headers: dict[str, Any] = data.get("headers") or {}
@@ -78,7 +80,15 @@ class Message:
             args=args,
             kwargs=kwargs,
             queue=queue,
+            received=received,
         )
+
+    @property
+    def lateness(self) -> float:
+        """Seconds from the slot to when the recorder saw the message (an upper bound)."""
+        from datetime import datetime
+
+        return self.received - datetime.fromisoformat(str(self.slot)).timestamp()
 
 
 class Recorder:
@@ -106,8 +116,9 @@ class Recorder:
                 pipe.delete(key)
             results = pipe.execute()
         new: list[Message] = []
+        received = time.time()
         for items in results[0::2]:
-            new.extend(Message.parse(raw, self.queue) for raw in reversed(items))
+            new.extend(Message.parse(raw, self.queue, received) for raw in reversed(items))
         self.messages.extend(new)
         return new
 

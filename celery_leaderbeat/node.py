@@ -1,0 +1,49 @@
+"""What both roles of one beat process share: Redis, the lease, the ledger, the schedule."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timezone, tzinfo
+from typing import Any
+
+from .agenda import Loaded, load
+from .config import Config
+from .entries import EntryOptions
+from .keys import Keys
+from .lease import Lease
+from .ledger import Ledger, SlotState
+
+#: publishes one slot of one entry under a fencing epoch (0: a standby's rescue)
+SendSlot = Callable[[str, datetime, int], bool]
+
+
+@dataclass
+class Node:
+    """One beat process's parts, handed to the leader and the standby rooms."""
+
+    config: Config
+    keys: Keys
+    client: Any
+    lease: Lease
+    ledger: Ledger
+    send: SendSlot
+    schedule: Callable[[], Mapping[str, Any]]  # entry name -> Celery ScheduleEntry
+    options: Callable[[], Mapping[str, EntryOptions]]
+    tz: tzinfo
+    max_interval: Callable[[], float]  # Celery's beat_max_loop_interval, as the scheduler has it
+    wake_by: Callable[[], float]  # monotonic time by which the main loop will be back
+
+    def track(self, stored: Mapping[str, SlotState], *, start: datetime,
+              epoch: int | None) -> Loaded:
+        """The schedule's entries tracked from ``stored`` states (see :func:`agenda.load`)."""
+        for state in stored.values():
+            self.lease.observe_epoch(state.epoch)
+        return load(self.schedule(), stored, start=start, tz=self.tz, options=self.options(),
+                    default=EntryOptions.defaults(self.config), epoch=epoch)
+
+
+def utcnow() -> datetime:
+    """Wall-clock now, read through ``time.time`` so a test can shift one process's clock."""
+    return datetime.fromtimestamp(time.time(), timezone.utc)

@@ -1,0 +1,189 @@
+"""Standing by: try to lead once per poll, and rescue the slots a leader missed.
+
+A standby follows the schedule too, with no I/O while nothing is due. When a
+due slot's fire time is ``leaderbeat_rescue_after`` behind, it asks Redis, in
+one call for the whole due batch, to claim the slots nobody claimed yet
+(:meth:`Ledger.rescue`): the script judges "late enough" by Redis ``TIME``,
+so a standby with a fast clock cannot pre-empt a healthy leader, and the claim
+is the same monotonic gate the leader uses, so nothing is sent twice. A
+healthy leader has claimed them all by then and the call only tells the
+standby where each entry stands. A rescued slot is late, not missed: a
+standby rescues only slots at or after its own start (``since``); older ones
+are the next leader's, under the catch-up policy.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import timedelta
+from typing import Any
+
+from .agenda import Agenda
+from .batch import RescueGate, run_batch
+from .connection import server_warnings
+from .node import Node, utcnow
+from .policy import CatchupPolicy
+
+logger = logging.getLogger(__name__)
+
+#: a standby never catches up: it rescues on-time slots only
+_RESCUE_POLICY = CatchupPolicy("skip")
+
+#: seconds before a rescue that Redis TIME found early is asked again
+_EARLY_RETRY = 0.1
+
+
+class Standby:
+    """The standing-by half of one beat process."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        #: the moment this node could first have rescued a slot (its start, Redis back)
+        self.since = utcnow()
+        self.agenda: Agenda | None = None  # read from Redis when first needed
+        self._version = -1
+        self._unknown: set[str] = set()  # entries with no slot state yet: phase unknown
+        self._unknown_checked = 0.0
+        self._next_attempt = 0.0  # monotonic: when to try for the lease again
+        self._head_start_until = 0.0  # monotonic: last-leader goes first after an outage
+        self._retry_at = 0.0
+        self._pubsub: Any = None
+        self._skew_refused = False
+        self._server_checked = False
+
+    # -- what the scheduler tells it ---------------------------------------------------
+
+    def restart(self, *, head_start: bool = False) -> None:
+        """Follow the schedule afresh from now (Redis is back, or the clock stepped)."""
+        self.since = utcnow()
+        self.agenda = None  # Redis may have lost its data: read it again
+        self._pubsub = None
+        if head_start:
+            # after an outage the previous leader goes first: it reconciles what it sent,
+            # and nothing it sent meanwhile is claimed yet, so nobody may rescue it
+            self._head_start_until = time.monotonic() + self.node.config.lease_ttl
+            self.since = self.since + timedelta(seconds=self.node.config.lease_ttl)
+
+    def lost_connection(self) -> None:
+        self._pubsub = None
+
+    # -- one pass ------------------------------------------------------------------------
+
+    def tick(self, version: int) -> bool:
+        """Try to lead, rescue what is overdue, wait; True once this node leads."""
+        node, config = self.node, self.node.config
+        if not self._server_checked:
+            for warning in server_warnings(node.client):
+                logger.warning("leaderbeat: %s", warning)
+            self._server_checked = True
+        if not self._clock_ok():
+            self._wait(config.standby_poll)
+            return False
+        now = time.monotonic()
+        if now >= self._next_attempt and now >= self._head_start_until:
+            if node.lease.try_acquire():
+                return True
+            self._next_attempt = now + config.standby_poll
+        self._rescue(version)
+        self._wait(self._timeout())
+        return False
+
+    def _clock_ok(self) -> bool:
+        """False while this node's clock is beyond ``max_clock_skew`` (it refuses to lead)."""
+        lease, limit = self.node.lease, self.node.config.max_clock_skew
+        skew = lease.clock_skew
+        if skew is None or self._skew_refused:
+            skew = lease.measure_skew()
+        if abs(skew) > limit:
+            if not self._skew_refused:
+                logger.warning("leaderbeat: this node's clock is %+.3f s off Redis TIME, beyond "
+                               "leaderbeat_max_clock_skew=%s; refusing to lead", skew, limit)
+            self._skew_refused = True
+            return False
+        if self._skew_refused:
+            logger.info("leaderbeat: clock skew %+.3f s is within limits again", skew)
+            self._skew_refused = False
+            self.since = utcnow()
+        return True
+
+    # -- rescue ----------------------------------------------------------------------------
+
+    def _rescue(self, version: int) -> None:
+        if self.agenda is None or version != self._version:
+            self._load(version)
+        elif self._unknown and time.monotonic() - self._unknown_checked >= self.node.config.rescue_after:
+            self._recheck_unknown()
+        if time.monotonic() < self._retry_at or self.agenda is None:
+            return
+        now = utcnow()
+        cutoff = now - timedelta(seconds=self.node.config.rescue_after)
+        due = self.agenda.pop_due(cutoff, self.since, policy=_RESCUE_POLICY)
+        if not due:
+            return
+        try:
+            outcome = run_batch(due, RescueGate(self.node.ledger),
+                                lambda name, slot: self.node.send(name, slot, 0),
+                                record_missed=False)
+        finally:
+            self.agenda.push_all(due)
+        if outcome.sent:
+            logger.warning("leaderbeat: standby %s rescued %d slot(s) nobody had claimed %.1f s "
+                           "after their time", self.node.config.node_id, outcome.sent,
+                           self.node.config.rescue_after)
+        if outcome.waiting:
+            self._retry_at = time.monotonic() + _EARLY_RETRY
+        for name in outcome.unknown:
+            self.agenda.tracked.pop(name, None)
+            self._unknown.add(name)
+
+    def _load(self, version: int) -> None:
+        """Read every entry's slot state once (one HGETALL); track those that have one."""
+        stored = self.node.ledger.load()
+        loaded = self.node.track(stored, start=utcnow(), epoch=None)
+        self.agenda = Agenda({n: t for n, t in loaded.tracked.items() if n in stored})
+        self._unknown = set(loaded.tracked) - set(stored)
+        self._unknown_checked = time.monotonic()
+        self._version = version
+
+    def _recheck_unknown(self) -> None:
+        """Entries that had no state: one HMGET per rescue_after until the leader anchors them."""
+        assert self.agenda is not None
+        self._unknown_checked = time.monotonic()
+        found = self.node.ledger.load(sorted(self._unknown))
+        if not found:
+            return
+        loaded = self.node.track(found, start=utcnow(), epoch=None)
+        for name, tracked in loaded.tracked.items():
+            if name in found:
+                self.agenda.add(tracked)
+                self._unknown.discard(name)
+
+    # -- waiting ---------------------------------------------------------------------------
+
+    def _timeout(self) -> float:
+        now = time.monotonic()
+        poll = self.node.config.standby_poll
+        left = min(max(self._next_attempt, self._head_start_until) - now, poll)
+        if self.agenda is not None:
+            rescue = self.agenda.delay(time.time() - self.node.config.rescue_after, poll)
+            left = min(left, max(rescue, self._retry_at - now))
+        return max(0.01, left)
+
+    def _wait(self, timeout: float) -> None:
+        """Sleep up to ``timeout``, waking at once when the leader publishes 'released'."""
+        if self._pubsub is None:
+            self._pubsub = self.node.client.pubsub(ignore_subscribe_messages=True)
+            self._pubsub.subscribe(self.node.keys.events)
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            message = self._pubsub.get_message(timeout=left)
+            if message and message.get("data") in (b"released", "released"):
+                self._next_attempt = 0.0
+                return
+
+    def close(self) -> None:
+        # Dropped, not closed: on SIGTERM close() runs inside the signal handler, on
+        # top of a standby blocked reading this very socket; closing it there makes
+        # redis-py's unwinding fail. Its last reference goes with that frame.
+        self._pubsub = None
