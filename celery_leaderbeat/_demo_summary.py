@@ -81,6 +81,10 @@ def summarize(*, runs: Sequence[Mapping[str, Any]], history: Sequence[Mapping[st
                    key=lambda pair: pair[0])
     recorded_missed = [h for h in history if h.get("event") == "missed"]
     gap, gap_end = _longest_gap([ms for ms, _ in sends])
+    failovers = [_failover(sig, history, sends, beat_of, origin) for sig in signals]
+    leaderless = [(round(sig.at * 1000), round(sig.at * 1000 + f["new_leader_elected_after_s"]
+                                               * 1000))
+                  for sig, f in zip(signals, failovers) if f["new_leader_elected_after_s"]]
     return {
         "expected": len(expected),
         "executed": len(ran),
@@ -89,12 +93,15 @@ def summarize(*, runs: Sequence[Mapping[str, Any]], history: Sequence[Mapping[st
         "duplicate_slots": [_slot_row(k) for k, n in sorted(counts.items(), key=str) if n > 1],
         "missed": len(missed),
         "missed_slots": [_slot_row(k) for k in missed],
+        # a miss outside every signal-to-election window would be a scheduler bug
+        "missed_outside_failovers": sum(1 for _, ms in missed
+                                        if not any(a <= ms <= b for a, b in leaderless)),
         "missed_recorded_by_leaderbeat": len(recorded_missed),
         "runs_outside_window": len(outside),
         "worst_lateness_s": round(worst[0], 3) if worst else None,
         "worst_lateness_slot": _slot_row((str(worst[1]["entry"]), slot_ms(worst[1]["slot"])))
         if worst else None,
-        "failovers": [_failover(sig, history, sends, beat_of, origin) for sig in signals],
+        "failovers": failovers,
         "longest_gap_s": round(gap / 1000, 3) if gap is not None else None,
         "longest_gap_ended_at_s": round(gap_end / 1000 - origin, 1) if gap_end else None,
         "window_s": [round(min(anchors.values(), default=until_ms) / 1000 - origin, 1),

@@ -144,8 +144,7 @@ def _clock(iso: Any) -> str:
         moment = datetime.fromisoformat(str(iso))
     except ValueError:
         return str(iso)
-    return moment.strftime("%H:%M:%S") + (f".{moment.microsecond // 1000:03d}"
-                                          if moment.microsecond else "    ")
+    return moment.strftime("%H:%M:%S") + f".{moment.microsecond // 1000:03d}"
 
 
 def print_summary(result: dict[str, Any], stream: TextIO) -> None:
@@ -164,13 +163,14 @@ def print_summary(result: dict[str, Any], stream: TextIO) -> None:
     say()
     say(f"Summary: run window {start:+.1f} s .. {end:+.1f} s, wall time {result['wall_time_s']} s")
     say(f"  slots expected       {result['expected']}")
-    say(f"  executed             {result['executed']}   (task runs in all: {result['runs']}, "
-        f"of slots after the window: {result['runs_outside_window']})")
+    say(f"  executed             {result['executed']}   ({result['runs']} task runs in all; "
+        f"{result['runs_outside_window']} of them for slots after the window)")
     dup = result["duplicates"]
     say(f"  duplicates           {dup}   {'(no slot ran twice)' if not dup else '<- WRONG'}")
     for row in result["duplicate_slots"]:
         say(f"      {row['entry']} @ {_clock(row['slot'])}")
-    say(f"  missed slots         {result['missed']}   (leaderbeat recorded "
+    say(f"  missed slots         {result['missed']}   ({result['missed_outside_failovers']} "
+        f"outside the leaderless windows; leaderbeat recorded "
         f"{result['missed_recorded_by_leaderbeat']} as missed under its catch-up policy)")
     for row in result["missed_slots"]:
         say(f"      {row['entry']:<9} @ {_clock(row['slot'])}")

@@ -307,6 +307,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = 1
     finally:
         if demo is not None:
+            result["temp_dir"] = str(demo.dir)
             if args.keep:
                 result["kept"] = str(demo.dir)
             else:
