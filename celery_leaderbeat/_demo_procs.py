@@ -197,7 +197,7 @@ def start_redis(directory: Path, binary: str, attempts: int = 3) -> tuple[Proc, 
                     time.sleep(0.05)
         finally:
             client.close()
-        last = proc.log_text()[-500:]
+        last = proc.log_text()[-500:] or "(nothing)"
         stop_all([proc], grace=1.0)  # lost a port race, or broken: try another port
     raise DemoError(f"redis-server {binary} did not start; its log ends:\n{last}")
 

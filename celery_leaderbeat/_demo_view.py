@@ -152,8 +152,8 @@ def print_summary(result: dict[str, Any], stream: TextIO) -> None:
     def say(line: str = "") -> None:
         print(line, file=stream)
 
-    if "interrupted" in result or "error" in result:
-        why = result.get("interrupted") or result.get("error")
+    if "interrupted" in result or "error" in result:  # the error itself went to stderr
+        why = result.get("interrupted") or "error"
         say(f"demo stopped early ({why}); stopped {len(result.get('pids', []))} processes, "
             f"{len(result.get('left_running', []))} left running")
         if result.get("kept"):

@@ -299,7 +299,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = 128 + exc.signum
     except DemoError as exc:
         result["error"] = str(exc)
-        print(f"demo: {exc}", file=sys.stderr)
         code = 2
     except Exception as exc:  # noqa: BLE001 - shown with its traceback once all is stopped
         traceback.print_exc()
@@ -318,6 +317,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(result), flush=True)
     else:
         print_summary(result, out)
+    if "error" in result:
+        print(f"demo: {result['error']}", file=sys.stderr)
     return code
 
 
