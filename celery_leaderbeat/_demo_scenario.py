@@ -120,7 +120,7 @@ class Demo:
         t0 = time.monotonic()
         anchors = self._anchors()
         self.screen.phase = "running the schedule"
-        self._until(lambda: time.monotonic() - t0 >= self.plan.kill_at, None, "")
+        self._watch_until(t0 + self.plan.kill_at)
         killed = self._signal_leader(signal.SIGKILL)
         self.screen.phase = (f"beat {killed.beat} SIGKILLed: its lease must expire "
                              f"(ttl {LEASE_TTL:g} s)")
@@ -128,16 +128,14 @@ class Demo:
                     "no beat took over after SIGKILL")
         self.screen.phase = "running the schedule"
         elected = time.monotonic()
-        self._until(lambda: time.monotonic() - max(t0 + self.plan.term_at, elected + 3) >= 0,
-                    None, "")
+        self._watch_until(max(t0 + self.plan.term_at, elected + 3))  # 3 s of the new leader
         termed = self._signal_leader(signal.SIGTERM)
         self.screen.phase = f"beat {termed.beat} SIGTERMed: it releases the lease"
         self._until(lambda: self._led_by_other(termed), 3 * LEASE_TTL,
                     "no beat took over after SIGTERM")
         self.screen.phase = "running the schedule"
         elected = time.monotonic()
-        self._until(lambda: time.monotonic() - max(t0 + self.plan.duration, elected + 5) >= 0,
-                    None, "")
+        self._watch_until(max(t0 + self.plan.duration, elected + 5))
         until = time.time()
         self.screen.phase = "stopping the beats, letting the worker finish"
         for beat, row in zip(self.beats, self.screen.beats):
@@ -147,7 +145,7 @@ class Demo:
             stop_all(self.beats, grace=10.0)
         self._until(lambda: self.watch.queued(self.broker) == 0, 15.0,
                     "the worker did not finish the queued tasks")
-        time.sleep(0.5)  # the last run's record lands just after its message is acked
+        time.sleep(0.5)  # Celery acks before it runs a task: let the last run record itself
         self._poll()
         rhythms = {name: Rhythm(period, isinstance(spec, str))
                    for name, (spec, period) in SCHEDULE.items()}
@@ -199,16 +197,22 @@ class Demo:
 
     # -- watching ---------------------------------------------------------------------
 
-    def _until(self, done: Callable[[], bool], timeout: float | None, failure: str) -> None:
+    def _until(self, done: Callable[[], bool], timeout: float, failure: str) -> None:
         """Poll Redis and refresh the view until ``done()``; DemoError after ``timeout``."""
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = time.monotonic() + timeout
         while True:
             self._poll()
             if done():
                 return
-            if deadline is not None and time.monotonic() > deadline:
+            if time.monotonic() > deadline:
                 raise DemoError(f"{failure} within {timeout:.0f} s (logs: {self.dir})")
             time.sleep(POLL)
+
+    def _watch_until(self, moment: float) -> None:
+        """Poll Redis and refresh the view until monotonic time ``moment``."""
+        while time.monotonic() < moment:
+            self._poll()
+            time.sleep(min(POLL, max(0.0, moment - time.monotonic())))
 
     def _poll(self) -> None:
         for proc in (self.redis, self.worker):  # nothing works without them
