@@ -167,8 +167,9 @@ class Scheduler(beat.Scheduler):
         leader = Leader(node, since=standby.since)
         self._leader = leader
         node.lease.start_heartbeat(lambda: self._wake_by)
-        logger.info("leaderbeat: %s elected leader (epoch %s)", node.config.node_id,
-                    node.lease.epoch)
+        logger.info("leaderbeat: %s elected leader (epoch %s); slots due since %s are on "
+                    "time, older ones missed", node.config.node_id, node.lease.epoch,
+                    leader.since.isoformat())
         self._register(LEADER)
         leader.elected(self._schedule_version)
         return leader

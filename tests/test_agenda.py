@@ -173,3 +173,15 @@ def test_an_entry_whose_schedule_raises_is_set_aside_and_the_others_stay_due():
     assert name == "bad" and "ephemeris tables missing" in why
     assert agenda.take_broken() == []  # reported once
     assert agenda.pop_due(at(35), since=T0) == []  # set aside, not due again at once
+
+
+def test_missed_events_list_each_recorded_slot_and_count_the_older_ones():
+    agenda = Agenda(load_at(T0, {"a": every(1)}).tracked)
+    [(tracked, p)] = agenda.pop_due(at(500), since=at(500))
+    events = missed_events(tracked, p)
+    listed = [e for e in events if "older slots" not in e.detail]
+    assert len(listed) == len(p.missed)
+    assert all(e.event == "missed" and e.detail == "latest" for e in listed)
+    [count] = [e for e in events if "older slots" in e.detail]
+    assert count.detail == f"{p.missed_total - len(p.missed)} older slots not listed"
+    assert count.slot_ms == to_ms(p.last)

@@ -41,7 +41,8 @@ def test_the_cli_reports_leader_entries_nodes_history_and_health(
 
         status = json.loads(cli(env, "status", "--json").stdout)
         rows = {row["entry"]: row for row in status["entries"]}
-        assert set(rows) == {"tick", "cron2"}
+        # celery.backend_cleanup is installed as stock beat does (result_expires is set)
+        assert set(rows) == {"tick", "cron2", "celery.backend_cleanup"}
         tick = rows["tick"]
         last = datetime.fromisoformat(tick["last_slot"])
         assert tick["task_id"] == slot_id(key_prefix, "tick", last)

@@ -18,7 +18,7 @@ from celery_leaderbeat.config import Config
 from celery_leaderbeat.connection import make_client
 from celery_leaderbeat.keys import Keys
 from celery_leaderbeat.lease import Lease
-from celery_leaderbeat.ledger import CLAIM, ClaimItem, Event, Ledger
+from celery_leaderbeat.ledger import ClaimItem, Event, Ledger, Op
 from celery_leaderbeat.scripts import Scripts
 from tests.deployments.cluster import RedisClusterSet
 from tests.deployments.sentinel import MASTER, SentinelSet
@@ -78,9 +78,9 @@ def exercise_every_call(url: str, prefix: str, **options) -> None:
     assert lease.try_acquire()                                  # acquire.lua
     lease.renew()                                               # renew.lua
     assert lease.holder()[0] == lease.token                     # pipeline(transaction=False)
-    granted = ledger.claim(lease.token, lease.epoch, [ClaimItem("a", 1000, CLAIM)])  # claim.lua
+    granted = ledger.claim(lease.token, lease.epoch, [ClaimItem("a", 1000, Op.CLAIM)])  # claim.lua
     assert granted == [None]
-    assert ledger.record(lease.epoch, [Event("a", 1000, "sent")]) == 1          # record.lua
+    assert ledger.record(lease.epoch, [Event("a", 1000, "sent")]) == 1          # claim.lua, record mode
     assert ledger.load()["a"].state == "s"                      # HGETALL
     assert [row["event"] for row in ledger.history()][-1] == "sent"             # XREVRANGE
     ledger.register_node("leader", {"pid": 1})                  # HSET

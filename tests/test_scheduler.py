@@ -257,3 +257,13 @@ def test_a_leader_whose_heartbeat_thread_dies_steps_down_at_once(servers, key_pr
         assert state.client().get(Keys(key_prefix).leader) is None, "released for the others"
     finally:
         scheduler.close()
+
+
+def test_the_default_entries_are_installed_after_beat_schedule_as_stock_beat_does(
+        servers, key_prefix):
+    """Stock beat merges beat_schedule first, then adds celery.backend_cleanup (it once
+    came first, and the merge dropped it)."""
+    state, broker = servers
+    app = make_app(state.url, broker.url, key_prefix, {"a": {"task": NOOP, "schedule": 60.0}})
+    # no result backend: it cannot expire results itself, so stock beat adds the cleanup
+    assert set(Scheduler(app=app).schedule) == {"a", "celery.backend_cleanup"}

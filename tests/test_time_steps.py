@@ -85,7 +85,6 @@ def test_a_catchup_larger_than_max_catchup_sends_the_newest_and_says_so_once(
     recorder = Recorder(broker.client())
     tick_until(first, lambda: len(recorder.drain_all()) >= 1)
     first.lease.stop_heartbeat()  # dies without a word: its lease must lapse
-    first.role = "standby"
     time.sleep(3.2)  # the ttl: about 15 slots come due with no leader
     second = Scheduler(app=make_app(state.url, broker.url, key_prefix, schedule))
     try:
