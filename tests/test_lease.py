@@ -185,3 +185,30 @@ def test_a_reconcile_cut_short_by_redis_keeps_the_slots_sent_during_the_outage(m
     assert outage.sent == []
     assert ledger.load()["e"].slot_ms == 2000
     lease.stop_heartbeat()
+
+
+def test_a_heartbeat_renewing_an_old_token_never_touches_the_nodes_newer_lease(
+        redis_client, key_prefix):
+    """A renewal blocked past stop()'s join used to mark the node's next lease lost."""
+    lease = make_lease(redis_client, key_prefix, "a")
+    assert lease.try_acquire()
+    old_token = lease.token
+    lease.release()
+    assert lease.try_acquire()  # the same node leads again, a new token and epoch
+    with pytest.raises(LeaseLostError):
+        lease.renew(old_token)  # what a heartbeat thread that outlived its lease does
+    assert lease.is_held() and not lease.lost
+    lease.renew()  # the current lease is untouched
+
+
+def test_the_epoch_never_goes_backwards_when_redis_loses_its_data(redis_client, key_prefix):
+    a, b = make_lease(redis_client, key_prefix, "a"), make_lease(redis_client, key_prefix, "b")
+    for _ in range(3):
+        a.release()
+        assert a.try_acquire()
+    assert a.epoch == 3
+    assert not b.try_acquire()  # a standby's failed attempt shows it the holder's epoch
+    for key in redis_client.scan_iter(f"{{{key_prefix}}}:*"):
+        redis_client.delete(key)  # Redis restarted empty: the counter is gone
+    assert b.try_acquire()
+    assert b.epoch == 4, "the counter would have restarted at 1"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 
 import pytest
@@ -85,19 +86,131 @@ def test_close_twice_is_safe_and_releases_the_lease_at_once(servers, key_prefix)
     assert state.client().get(Keys(key_prefix).leader) is None
 
 
-def test_a_second_scheduler_stays_standby_and_sends_nothing(servers, key_prefix):
+def test_a_standby_beside_a_healthy_leader_sends_nothing_even_past_rescue_after(
+        servers, key_prefix):
     state, broker = servers
     schedule = {"a": {"task": NOOP, "schedule": 0.3}}
     first = Scheduler(app=make_app(state.url, broker.url, key_prefix, schedule))
     second = Scheduler(app=make_app(state.url, broker.url, key_prefix, schedule))
+    recorder = Recorder(broker.client())
     try:
         tick_until(first, lambda: first.role == LEADER)
-        for _ in range(5):
+        deadline = time.monotonic() + first.lb_config.rescue_after + 1.5
+        while time.monotonic() < deadline:  # both keep ticking, as two beats would
+            time.sleep(min(first.tick(), 0.05))
             second.tick()
         assert second.role == STANDBY
     finally:
         first.close()
         second.close()
+    messages = recorder.drain_all()
+    assert len(messages) >= 8
+    assert {m.epoch for m in messages} == {first.lease.epoch or 1}, "a standby sent a slot"
+    assert duplicates(messages) == []
+
+
+def test_with_min_replicas_and_no_replica_beat_stays_up_and_says_no_replica_acknowledged(
+        servers, key_prefix, caplog):
+    state, broker = servers
+    app = make_app(state.url, broker.url, key_prefix, {"a": {"task": NOOP, "schedule": 0.5}},
+                   leaderbeat_min_replicas=1)
+    scheduler = Scheduler(app=app)
+    recorder = Recorder(broker.client())
+    try:
+        with caplog.at_level(logging.WARNING, logger="celery_leaderbeat"):
+            tick_until(scheduler, lambda: scheduler.role == LEADER)
+            deadline = time.monotonic() + 2
+            while time.monotonic() < deadline:  # the anchors, then the claims: never raise
+                time.sleep(min(scheduler.tick(), 0.1))
+    finally:
+        scheduler.close()
+    said = " ".join(r.getMessage() for r in caplog.records)
+    assert "no replica acknowledged" in said
+    assert "unreachable" not in said, "WAIT outlived the socket timeout"
+    assert recorder.drain_all() == [], "an unreplicated claim was sent"
+
+
+def test_two_beats_with_the_same_explicit_node_id_are_refused_naming_the_setting(
+        servers, key_prefix):
+    state, broker = servers
+    schedule = {"a": {"task": NOOP, "schedule": 60.0}}
+    apps = [make_app(state.url, broker.url, key_prefix, schedule, leaderbeat_node_id="web-1")
+            for _ in range(2)]
+    first, second = Scheduler(app=apps[0]), Scheduler(app=apps[1])
+    try:
+        with pytest.raises(ConfigurationError, match=r"leaderbeat_node_id='web-1' is used by "
+                                                     r"another running beat"):
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:
+                first.tick()
+                second.tick()
+                time.sleep(0.1)
+    finally:
+        first.close()
+        second.close()
+
+
+def test_a_restarted_beat_with_the_same_node_id_is_not_taken_for_a_duplicate(
+        servers, key_prefix):
+    state, broker = servers
+    schedule = {"a": {"task": NOOP, "schedule": 60.0}}
+    app = make_app(state.url, broker.url, key_prefix, schedule, leaderbeat_node_id="web-1")
+    crashed = Scheduler(app=app)
+    tick_until(crashed, lambda: crashed.role == LEADER)  # then dies without a word
+    restarted = Scheduler(app=app)
+    try:
+        deadline = time.monotonic() + 3 * restarted.lb_config.renew_interval
+        while time.monotonic() < deadline:  # registers several times: no error
+            time.sleep(min(restarted.tick(), 0.2))
+        assert restarted.role == LEADER  # it re-took its own leftover lease, new epoch
+        assert restarted.lease.epoch == 2
+    finally:
+        restarted.close()
+
+
+def test_last_leader_with_an_expired_lease_does_not_send_through_an_outage(
+        make_redis_server, key_prefix):
+    state, broker = make_redis_server(), make_redis_server()
+    app = make_app(state.url, broker.url, key_prefix, {"a": {"task": NOOP, "schedule": 0.3}},
+                   leaderbeat_redis_down_policy="last-leader")
+    scheduler = Scheduler(app=app)
+    recorder = Recorder(broker.client())
+    try:
+        tick_until(scheduler, lambda: scheduler.role == LEADER)
+        scheduler.lease.stop_heartbeat()
+        scheduler.lease.mark_lost()  # resumed from a long SIGSTOP: its deadline has passed
+        scheduler.lease._lost.clear()  # ... but nobody told it the lease is gone
+        state.kill()
+        recorder.drain()
+        for _ in range(5):
+            time.sleep(min(scheduler.tick(), 0.3))
+        assert scheduler.role == STANDBY
+        assert scheduler.leading is None
+        assert recorder.drain() == [], "it sent while another node may lead"
+    finally:
+        scheduler.close()
+
+
+def test_degraded_max_seconds_is_a_hard_cap_even_when_redis_answers_ping(
+        make_redis_server, key_prefix):
+    from celery_leaderbeat.degraded import Outage
+
+    state, broker = make_redis_server(), make_redis_server()
+    app = make_app(state.url, broker.url, key_prefix, {"a": {"task": NOOP, "schedule": 0.3}},
+                   leaderbeat_redis_down_policy="last-leader",
+                   leaderbeat_degraded_max_seconds=1)
+    scheduler = Scheduler(app=app)
+    recorder = Recorder(broker.client())
+    try:
+        tick_until(scheduler, lambda: scheduler.role == LEADER)
+        # in an outage for longer than the cap; PING answers but writes would fail
+        scheduler.leading.outage = Outage(scheduler.lb_config, time.monotonic() - 5)
+        recorder.drain()
+        scheduler.tick()
+        assert scheduler.role == STANDBY
+        assert recorder.drain() == []
+    finally:
+        scheduler.close()
 
 
 def test_string_schedules_become_cron_and_entry_options_never_reach_celery(servers, key_prefix):

@@ -1,0 +1,159 @@
+"""Batches against a real Redis: chunked claims, the record riding on the next claim, rescue."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from types import SimpleNamespace
+
+import pytest
+from celery.schedules import schedule
+
+from celery_leaderbeat.agenda import Agenda, load
+from celery_leaderbeat.batch import LeaderGate, RescueGate, run_batch
+from celery_leaderbeat.config import Config
+from celery_leaderbeat.entries import EntryOptions
+from celery_leaderbeat.keys import Keys
+from celery_leaderbeat.lease import Lease
+from celery_leaderbeat.ledger import ClaimItem, Ledger, Op, SlotState
+from celery_leaderbeat.policy import CatchupPolicy
+from celery_leaderbeat.scripts import Scripts
+from celery_leaderbeat.slots import to_ms
+
+UTC = timezone.utc
+T0 = datetime(2026, 5, 4, 10, 0, tzinfo=UTC)
+
+
+@pytest.fixture
+def node(redis_client, key_prefix):
+    def make(name: str) -> SimpleNamespace:
+        config = Config.from_values({"redis_url": "redis://x", "key_prefix": key_prefix,
+                                     "node_id": name})
+        scripts, keys = Scripts(redis_client), Keys(key_prefix)
+        return SimpleNamespace(lease=Lease(redis_client, scripts, keys, config),
+                               ledger=Ledger(redis_client, scripts, keys, config))
+    return make
+
+
+def redis_ms(client) -> int:
+    seconds, micros = client.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def rescue_item(name: str, fire_ms: int) -> ClaimItem:
+    return ClaimItem(name, fire_ms, Op.CLAIM, fire_ms)
+
+
+def history(ledger: Ledger) -> list[tuple[str, str, str]]:
+    return [(h["event"], h.get("entry", ""), h.get("detail", "")) for h in ledger.history(100)]
+
+
+def test_a_rescue_waits_until_redis_time_says_the_slot_is_rescue_after_late(node, redis_client):
+    leader, standby = node("leader"), node("standby")
+    assert leader.lease.try_acquire()
+    leader.ledger.claim(*leader.lease.credentials(), [ClaimItem("e", 1000, Op.ANCHOR)])
+    now = redis_ms(redis_client)
+    # a standby whose clock runs fast asks for a slot that, by Redis, is only 1 s late
+    early = standby.ledger.rescue([rescue_item("e", now - 1000)])
+    assert early.results == ["early"]
+    assert early.redis_now_ms >= now
+    late = standby.ledger.rescue([rescue_item("e", now - 2100)])
+    assert late.results == [None]
+    stored = standby.ledger.load()["e"]
+    assert (stored.slot_ms, stored.epoch, stored.state, stored.node) == (now - 2100, 0, "c",
+                                                                         "standby")
+
+
+def test_a_standby_never_rescues_an_entry_whose_phase_it_cannot_know(node, redis_client):
+    now = redis_ms(redis_client)
+    assert node("standby").ledger.rescue([rescue_item("new", now - 5000)]).results == ["unknown"]
+    assert node("standby").ledger.load() == {}
+
+
+def test_two_standbys_rescuing_one_slot_are_granted_it_once(node, redis_client):
+    leader = node("leader")
+    assert leader.lease.try_acquire()
+    leader.ledger.claim(*leader.lease.credentials(), [ClaimItem("e", 1000, Op.ANCHOR)])
+    slot = redis_ms(redis_client) - 3000
+    first = node("s1").ledger.rescue([rescue_item("e", slot)]).results
+    again = node("s1").ledger.rescue([rescue_item("e", slot)]).results  # its retried call
+    second = node("s2").ledger.rescue([rescue_item("e", slot)]).results
+    assert first == [None] and again == [None]
+    assert isinstance(second[0], SlotState) and second[0].node == "s1"
+
+
+def test_a_leader_refused_a_slot_a_standby_rescued_records_who_had_it(node, redis_client):
+    leader, standby = node("leader"), node("standby")
+    assert leader.lease.try_acquire()
+    now = datetime.fromtimestamp(redis_ms(redis_client) / 1000, UTC)
+    tracked = load({"e": SimpleNamespace(schedule=schedule(timedelta(seconds=1)))}, {},
+                   start=now - timedelta(seconds=10), tz=UTC, options={},
+                   default=EntryOptions(CatchupPolicy("skip"), None, None), epoch=1).tracked
+    leader.ledger.claim(*leader.lease.credentials(),
+                        [ClaimItem("e", to_ms(now - timedelta(seconds=10)), Op.ANCHOR)])
+    slot = now - timedelta(seconds=9)
+    assert standby.ledger.rescue([rescue_item("e", to_ms(slot))]).results == [None]
+    agenda = Agenda(tracked)
+    due = agenda.pop_due(slot, since=slot)  # the leader, slow: it wants that very slot
+    sent: list[tuple[str, datetime]] = []
+    outcome = run_batch(due, LeaderGate(leader.lease, leader.ledger),
+                        lambda name, s: sent.append((name, s)) or True)
+    assert sent == [] and outcome.refused == 1
+    assert ("skipped", "e", "already claimed by standby standby (rescue)") in history(
+        leader.ledger)
+
+
+class Crash(BaseException):
+    """The process dies here (SIGKILL): nothing after it runs."""
+
+
+def test_a_crash_mid_catchup_leaves_each_claimed_unsent_slot_in_the_slots_hash(node):
+    """All catch-up slots of an entry once went in one claim: only the newest was kept."""
+    leader = node("leader")
+    assert leader.lease.try_acquire()
+    options = EntryOptions(CatchupPolicy("all"), None, None)
+    entry = SimpleNamespace(schedule=schedule(timedelta(seconds=10)))
+    tracked = load({"e": entry}, {}, start=T0, tz=UTC, options={"e": options},
+                   default=options, epoch=1).tracked
+    leader.ledger.claim(*leader.lease.credentials(), [ClaimItem("e", to_ms(T0), Op.ANCHOR)])
+    due = Agenda(tracked).pop_due(T0 + timedelta(seconds=35), since=T0 + timedelta(seconds=35))
+    assert [len(p.send) for _, p in due] == [3]  # three missed slots, all to be sent
+    published = []
+
+    def send(name: str, slot: datetime) -> bool:
+        if published:
+            raise Crash  # dies publishing the second
+        published.append(slot)
+        return True
+
+    with pytest.raises(Crash):
+        run_batch(due, LeaderGate(leader.lease, leader.ledger), send)
+    stored = leader.ledger.load()["e"]
+    assert (stored.slot_ms, stored.state) == (to_ms(T0 + timedelta(seconds=20)), "c"), (
+        "the claimed, unsent second slot must be what the next leader sees")
+
+
+def test_a_rescue_gate_sends_what_it_was_granted_and_marks_it_rescued(node, redis_client):
+    leader, standby = node("leader"), node("standby")
+    assert leader.lease.try_acquire()
+    now = datetime.fromtimestamp(redis_ms(redis_client) / 1000, UTC)
+    start = now - timedelta(seconds=10)
+    options = EntryOptions(CatchupPolicy("latest"), None, None)
+    entries = {f"e{i}": SimpleNamespace(schedule=schedule(timedelta(seconds=5)))
+               for i in range(3)}
+    leader.ledger.claim(*leader.lease.credentials(),
+                        [ClaimItem(name, to_ms(start), Op.ANCHOR) for name in entries])
+    tracked = load(entries, standby.ledger.load(), start=now, tz=UTC, options={},
+                   default=options, epoch=None).tracked
+    agenda = Agenda(tracked)
+    due = agenda.pop_due(now - timedelta(seconds=2), since=start,
+                         policy=CatchupPolicy("skip"))
+    sent: list[tuple[str, datetime]] = []
+    outcome = run_batch(due, RescueGate(standby.ledger),
+                        lambda name, s: sent.append((name, s)) or True, record_missed=False)
+    assert outcome.sent == 3 == len(sent)
+    assert {s for _, s in sent} == {start + timedelta(seconds=5)}
+    states = standby.ledger.load()
+    assert {st.state for st in states.values()} == {"s"} and {st.node for st in states.values()} == {
+        "standby"}
+    assert sorted(h for h in history(standby.ledger) if h[0] == "sent") == [
+        ("sent", name, "rescued") for name in sorted(entries)]
