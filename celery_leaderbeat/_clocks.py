@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import threading
 from datetime import datetime, timedelta, timezone, tzinfo
 from typing import Any
 
@@ -97,23 +96,57 @@ class CronClock(_Clock):
         return self.engine.next_after(t)
 
 
+# Each solar event as ephem finds it: (Observer method, horizon, use the sun's centre).
+# Our own table and search, reading only solar's public event/lat/lon: Celery's search
+# (solar._next_event) is private and exists only from 5.7, and 5.4's table has
+# dusk_astronomical at +18 degrees (fixed in 5.5). Values are those of Celery 5.5-5.7,
+# so the slots are the same on every Celery version.
+_SOLAR_EVENTS: dict[str, tuple[str, str, bool]] = {
+    "dawn_astronomical": ("next_rising", "-18", True),
+    "dawn_nautical": ("next_rising", "-12", True),
+    "dawn_civil": ("next_rising", "-6", True),
+    "sunrise": ("next_rising", "-0:34", False),
+    "solar_noon": ("next_transit", "0", False),
+    "sunset": ("next_setting", "-0:34", False),
+    "dusk_civil": ("next_setting", "-6", True),
+    "dusk_nautical": ("next_setting", "-12", True),
+    "dusk_astronomical": ("next_setting", "-18", True),
+}
+_SOLAR_SEARCH_DAYS = 366  # as Celery 5.7: an event missing for a year ends the search
+
+
 class SolarClock(_Clock):
     """Solar event slots: the event time (rounded to the second) found by ephem."""
 
     def __init__(self, schedule: Any, *, name: str, jitter: float | None) -> None:
         super().__init__(name, jitter)
-        # A private copy: Celery's solar mutates its observer on every call.
-        self.schedule = copy.copy(schedule)
-        self.schedule.cal = copy.copy(schedule.cal)
-        self._lock = threading.Lock()
+        import ephem  # optional (the solar extra); solar's constructor already needed it
+
+        self._ephem = ephem
+        self.method, self.horizon, self.use_center = _SOLAR_EVENTS[schedule.event]
+        self.lat, self.lon = str(schedule.lat), str(schedule.lon)
+
+    def _search(self, start: datetime) -> Any:
+        """The ephem.Date of the first event after ``start``, as Celery 5.7 searches."""
+        ephem = self._ephem
+        # A new observer per search: ephem moves an observer's date while it searches.
+        cal = ephem.Observer()
+        cal.lat, cal.lon, cal.elev = self.lat, self.lon, 0
+        cal.horizon, cal.pressure = self.horizon, 0
+        sun = ephem.Sun()
+        find = getattr(cal, self.method)
+        kwargs = {"use_center": True} if self.use_center else {}
+        at = ephem.Date(start.astimezone(UTC).replace(tzinfo=None))
+        for _ in range(_SOLAR_SEARCH_DAYS):
+            try:
+                return find(sun, start=at, **kwargs)
+            except ephem.CircumpolarError:
+                # Not on this day (polar day or night): search on from the next anti-transit.
+                at = cal.next_antitransit(sun, start=at)
+        return at
 
     def _event(self, start: datetime) -> datetime:
-        ephem = self.schedule.ephem
-        naive = start.astimezone(UTC).replace(tzinfo=None)
-        with self._lock:
-            self.schedule.cal.date = naive
-            found = self.schedule._next_event(ephem.Date(naive))
-        event = found.datetime().replace(tzinfo=UTC)
+        event = self._search(start).datetime().replace(tzinfo=UTC)
         return event.replace(microsecond=0) + timedelta(seconds=event.microsecond >= 500_000)
 
     def next_after(self, t: datetime) -> datetime:

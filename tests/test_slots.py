@@ -265,6 +265,31 @@ def test_solar_slots_are_the_exact_event_times_a_day_apart() -> None:
     assert clock.next_after(first - SECOND) == first and first.microsecond == 0
 
 
+# Expected slots found without ephem's rise/set search: the sun's altitude (ephem.Sun, no
+# refraction; its upper limb for sunrise/sunset) bisected through the event's horizon,
+# stepping a minute at a time. Berlin's sunrise and sunset agree with the almanac (04:43
+# and 21:33 CEST).
+SOLAR_CASES = [
+    ("sunrise", 52.52, 13.40, "2026-06-21 00:00", "2026-06-21 02:43:09", "2026-06-22 02:43:23"),
+    ("sunset", 52.52, 13.40, "2026-06-21 00:00", "2026-06-21 19:33:15", "2026-06-22 19:33:25"),
+    ("solar_noon", 52.52, 13.40, "2026-06-21 00:00", "2026-06-21 11:08:13", "2026-06-22 11:08:26"),
+    # No astronomical night in a Berlin summer (Celery 5.4 has this horizon at +18 degrees).
+    ("dusk_astronomical", 52.52, 13.40, "2026-06-21 00:00",
+     "2026-07-25 23:11:11", "2026-07-26 22:47:08"),
+    ("dawn_civil", -33.87, 151.21, "2026-01-01 00:00", "2026-01-01 18:19:17", "2026-01-02 18:20:05"),
+    # Tromso's polar night: the first sunrise after it.
+    ("sunrise", 69.65, 18.96, "2026-12-10 00:00", "2027-01-15 10:34:38", "2027-01-16 10:16:24"),
+]
+
+
+@pytest.mark.parametrize(("event", "lat", "lon", "start", "first", "second"), SOLAR_CASES)
+def test_solar_slots_are_the_events_ephem_finds_whatever_the_celery_version(
+        event: str, lat: float, lon: float, start: str, first: str, second: str) -> None:
+    clock = clock_for(solar(event, lat, lon), name="sun", tz=UTC)
+    slot = clock.next_after(_utc(start)[0])
+    assert [slot, clock.next_after(slot)] == _utc(first, second)
+
+
 class EveryTenMinutes(BaseSchedule):
     def remaining_estimate(self, last_run_at: datetime) -> timedelta:
         nxt = last_run_at.replace(second=0, microsecond=0) + timedelta(minutes=10 - last_run_at.minute % 10)
