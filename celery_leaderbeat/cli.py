@@ -20,6 +20,7 @@ from typing import Any
 import click
 import redis
 
+from . import guard as _guard  # noqa: F401 - connects the worker guard to worker_init
 from .config import Config
 from .connection import describe, make_client
 from .entries import EntryOptions, split_entries

@@ -33,14 +33,19 @@ DEFAULTS: dict[str, Any] = {
     "catchup": "latest",
     "catchup_window": None,
     "max_catchup": 100,
-    "recover_unsent": False,
+    "recover_unsent": None,  # derived: on with the worker guard, else off
     "redis_down_policy": "pause",
     "degraded_max_seconds": 60.0,
     "max_clock_skew": 2.0,
     "history_length": 10_000,
     "min_replicas": 0,
     "rescue_after": 2.0,
+    "guard": False,
+    "guard_expires": 7200.0,
+    "overlap": "allow",
 }
+
+OVERLAP_POLICIES = ("allow", "skip")
 
 
 @dataclass(frozen=True)
@@ -64,6 +69,9 @@ class Config:
     history_length: int = 10_000
     min_replicas: int = 0
     rescue_after: float = 2.0
+    guard: bool = False
+    guard_expires: float = 7200.0
+    overlap: str = "allow"
 
     @property
     def socket_timeout(self) -> float:
@@ -133,8 +141,16 @@ class Config:
         problems += catchup_problems(catchup, window, max_catchup,
                                      named=lambda key: f"leaderbeat_{key}")
         window = _seconds(window)
-        recover = v.check("recover_unsent", raw.get("recover_unsent"),
-                          lambda x: isinstance(x, bool), "must be True or False")
+        guard = v.check("guard", raw.get("guard"), lambda x: isinstance(x, bool),
+                        "must be True or False")
+        recover = raw.get("recover_unsent")
+        if recover is None:
+            recover = guard is True  # the guard makes re-sending safe: each slot runs once
+        recover = v.check("recover_unsent", recover, lambda x: isinstance(x, bool),
+                          "must be True or False")
+        guard_expires = v.number("guard_expires", raw.get("guard_expires"), minimum=60.0)
+        overlap = v.check("overlap", raw.get("overlap"), lambda x: x in OVERLAP_POLICIES,
+                          f"must be one of {', '.join(OVERLAP_POLICIES)}")
         down = v.check("redis_down_policy", raw.get("redis_down_policy"),
                        lambda x: x in REDIS_DOWN_POLICIES,
                        f"must be one of {', '.join(REDIS_DOWN_POLICIES)}")
@@ -162,6 +178,8 @@ class Config:
             recover_unsent=recover, redis_down_policy=down,
             degraded_max_seconds=float(degraded), max_clock_skew=float(skew),
             history_length=history, min_replicas=replicas, rescue_after=float(rescue or DEFAULTS["rescue_after"]),
+            guard=guard, guard_expires=float(guard_expires or DEFAULTS["guard_expires"]),
+            overlap=overlap,
         )
 
 

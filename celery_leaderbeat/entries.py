@@ -7,7 +7,7 @@ key ``leaderbeat`` (in the entry itself, or in its ``options``)::
         "task": "proj.tasks.report",
         "schedule": "30 2 * * *",           # a cron string becomes celery_leaderbeat.cron
         "leaderbeat": {"catchup": "all", "max_catchup": 10, "jitter": 30,
-                       "tz": "Europe/Berlin", "catchup_window": 3600},
+                       "tz": "Europe/Berlin", "catchup_window": 3600, "overlap": "skip"},
     }
 
 These options are removed before the entry is built, so they never reach
@@ -22,11 +22,11 @@ from datetime import timedelta, tzinfo
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from .config import Config
+from .config import OVERLAP_POLICIES, Config
 from .errors import ConfigurationError
 from .policy import CatchupPolicy, catchup_problems
 
-ENTRY_OPTIONS = ("catchup", "catchup_window", "max_catchup", "jitter", "tz")
+ENTRY_OPTIONS = ("catchup", "catchup_window", "max_catchup", "jitter", "tz", "overlap")
 
 
 @dataclass(frozen=True)
@@ -36,11 +36,12 @@ class EntryOptions:
     policy: CatchupPolicy
     jitter: float | None
     tz: tzinfo | None
+    overlap: str = "allow"  # "skip": the worker guard never starts a run while one runs
 
     @classmethod
     def defaults(cls, config: Config) -> EntryOptions:
         """The options of an entry that sets none of its own."""
-        return cls(policy=_policy(config, {}), jitter=None, tz=None)
+        return cls(policy=_policy(config, {}), jitter=None, tz=None, overlap=config.overlap)
 
 
 def split_entries(
@@ -112,6 +113,9 @@ def _entry_options(name: str, ours: dict[str, Any], config: Config,
     if jitter is not None and (isinstance(jitter, bool) or not isinstance(jitter, (int, float))
                                or jitter < 0):
         problems.append(f"{where} jitter={jitter!r} must be a number of seconds >= 0")
+    overlap = ours.get("overlap", config.overlap)
+    if overlap not in OVERLAP_POLICIES:
+        problems.append(f"{where} overlap={overlap!r} must be one of {', '.join(OVERLAP_POLICIES)}")
     tz = None
     if ours.get("tz") is not None:
         tz = ours["tz"]
@@ -126,4 +130,5 @@ def _entry_options(name: str, ours: dict[str, Any], config: Config,
             tz = None
     if len(problems) > before:
         return None
-    return EntryOptions(policy=_policy(config, ours), jitter=ours.get("jitter") or None, tz=tz)
+    return EntryOptions(policy=_policy(config, ours), jitter=ours.get("jitter") or None, tz=tz,
+                        overlap=overlap)

@@ -38,6 +38,11 @@ class Keys:
         return self._key("slots")
 
     @property
+    def overtaken(self) -> str:
+        """Hash: ``<entry>|<slot_ms>`` -> a claimed, unconfirmed slot a newer claim replaced."""
+        return self._key("overtaken")
+
+    @property
     def nodes(self) -> str:
         """Hash: node id -> JSON (host, pid, version, role, last seen)."""
         return self._key("nodes")
@@ -51,3 +56,15 @@ class Keys:
     def events(self) -> str:
         """Pub/sub channel: ``released`` and ``step-down`` messages."""
         return self._key("events")
+
+    def run(self, task_id: str) -> str:
+        """String, PX ``guard_expires``: ``<state>|<worker>`` of a guarded slot's run."""
+        return self._key(f"run:{task_id}")
+
+    def alive(self, task_id: str) -> str:
+        """String, PX lease: set while a guarded run is running, renewed by its worker."""
+        return self._key(f"alive:{task_id}")
+
+    def overlap(self, entry: str) -> str:
+        """String, PX lease: the task id of the entry's run still running (overlap 'skip')."""
+        return self._key(f"overlap:{entry}")

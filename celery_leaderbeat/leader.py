@@ -19,7 +19,7 @@ from .agenda import Agenda, Tracked, Unsent, adopt_refused_anchors
 from .batch import LeaderGate, report_unsent, run_batch, say_capped_once
 from .degraded import Outage
 from .errors import NotReplicatedError
-from .ledger import Event
+from .ledger import CLAIMED, Event
 from .node import Node, utcnow
 from .slots import from_ms, to_ms
 
@@ -69,8 +69,15 @@ class Leader:
         margin = min(node.config.max_clock_skew, UNKNOWN_STATE_MARGIN)
         start = from_ms(to_ms(utcnow()) + int(margin * 1000))
         loaded = node.track(node.ledger.load(), start=start, epoch=node.lease.epoch)
+        overtaken: list[tuple[str, int]] = []
         if report:
             self._unsent += loaded.unsent
+            # older unconfirmed claims a newer claim replaced (a standby rescued the
+            # entry's next slot before this leader was elected): reported all the same
+            for (name, slot_ms), state in node.ledger.overtaken().items():
+                overtaken.append((name, slot_ms))
+                if name in loaded.tracked:
+                    self._unsent.append(Unsent(name, from_ms(slot_ms), state.state == CLAIMED))
         if loaded.anchors:
             try:
                 refused = node.ledger.claim(*node.lease.credentials(), loaded.anchors)
@@ -90,6 +97,7 @@ class Leader:
             unsent, self._unsent = self._unsent, []
             report_unsent(unsent, gate=self.gate, send=self._send,
                           recover=node.config.recover_unsent)
+        node.ledger.forget_overtaken(overtaken)
 
     def tick(self, version: int) -> float:
         """Send every due slot; the seconds until the next one (at most ``max_interval``)."""

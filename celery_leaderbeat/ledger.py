@@ -148,8 +148,8 @@ class Ledger:
             args += [ev.name, ev.slot_ms, ev.event, ev.detail]
         for item in items:
             args += [item.name, item.slot_ms, item.op, item.fire_ms]
-        return self.scripts.claim(keys=[self.keys.leader, self.keys.slots, self.keys.history],
-                                  args=args)
+        return self.scripts.claim(keys=[self.keys.leader, self.keys.slots, self.keys.history,
+                                        self.keys.overtaken], args=args)
 
     def _wait_for_replicas(self) -> None:
         """Block until ``min_replicas`` replicas have the claims, or raise NotReplicatedError.
@@ -172,6 +172,19 @@ class Ledger:
         else:
             raw = zip(names, self.client.hmget(self.keys.slots, list(names))) if names else []
         return {text(k): SlotState.parse(v) for k, v in raw if v is not None}
+
+    def overtaken(self) -> dict[tuple[str, int], SlotState]:
+        """Claimed, unconfirmed slots that a newer claim of the same entry replaced."""
+        out = {}
+        for field, value in self.client.hgetall(self.keys.overtaken).items():
+            name, _, slot = text(field).rpartition("|")
+            out[(name, int(slot))] = SlotState.parse(value)
+        return out
+
+    def forget_overtaken(self, fields: Sequence[tuple[str, int]]) -> None:
+        """Drop overtaken slots once a leader has reported (and maybe re-sent) them."""
+        if fields:
+            self.client.hdel(self.keys.overtaken, *[f"{name}|{slot}" for name, slot in fields])
 
     def history(self, count: int = 50) -> list[dict[str, str]]:
         """The newest ``count`` history events, oldest first."""

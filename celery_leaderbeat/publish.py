@@ -14,13 +14,16 @@ def _evaluate(value: Any) -> Any:
     return value() if isinstance(value, BeatLazyFunc) else value
 
 
-def publish(scheduler: Any, entry: Any, slot: datetime, epoch: int | None) -> Any:
+def publish(scheduler: Any, entry: Any, slot: datetime, epoch: int | None,
+            overlap: str = "allow") -> Any:
     """Publish ``entry`` for ``slot`` as Celery beat would, plus our id and headers.
 
     The task id is ``slot_id(prefix, entry, slot)``: the same on every node, so
     a consumer that dedupes by id sees a re-sent slot once. Headers
     ``leaderbeat_slot``, ``leaderbeat_epoch`` and ``leaderbeat_entry`` tell
-    tasks and monitoring which slot a message carries.
+    tasks and monitoring which slot a message carries (epoch 0: a standby's
+    rescue); ``leaderbeat_overlap`` tells the worker guard the entry's overlap
+    policy when it is not ``allow``.
     """
     app = scheduler.app
     args = [_evaluate(a) for a in (entry.args or ())]
@@ -33,6 +36,8 @@ def publish(scheduler: Any, entry: Any, slot: datetime, epoch: int | None) -> An
         leaderbeat_epoch=epoch,
         leaderbeat_entry=entry.name,
     )
+    if overlap != "allow":
+        headers["leaderbeat_overlap"] = overlap
     options["task_id"] = slot_id(scheduler.keys.prefix, entry.name, slot)
     options["headers"] = headers
     task = app.tasks.get(entry.task)

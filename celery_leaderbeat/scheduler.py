@@ -305,8 +305,10 @@ class Scheduler(beat.Scheduler):
 
     def _send(self, entry: Any, slot: datetime, epoch: int) -> bool:
         """Publish one slot; a failure is logged and reported, never swallowed."""
+        opts = self._entry_options.get(entry.name)
+        overlap = opts.overlap if opts else self.lb_config.overlap
         try:
-            publish(self, entry, slot, epoch)
+            publish(self, entry, slot, epoch, overlap)
         except Exception:  # any publish failure: logged with its traceback, recorded unsent
             logger.exception("leaderbeat: could not send %s for slot %s",
                              entry.name, slot.isoformat())

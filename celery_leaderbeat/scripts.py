@@ -12,7 +12,7 @@ from typing import Any
 
 from .errors import ScriptError
 
-NAMES = ("acquire", "renew", "release", "claim")
+NAMES = ("acquire", "renew", "release", "claim", "guard")
 
 
 @cache
@@ -32,6 +32,7 @@ class Scripts:
     renew: Any
     release: Any
     claim: Any
+    guard: Any
 
 
 def status(reply: Any, script: str) -> int:

@@ -157,3 +157,20 @@ def test_a_rescue_gate_sends_what_it_was_granted_and_marks_it_rescued(node, redi
         "standby"}
     assert sorted(h for h in history(standby.ledger) if h[0] == "sent") == [
         ("sent", name, "rescued") for name in sorted(entries)]
+
+
+def test_a_rescue_of_an_entrys_next_slot_keeps_the_older_unconfirmed_claim_visible(
+        node, redis_client):
+    """A paused leader's claimed chunk once vanished when a standby rescued the next slot."""
+    leader, standby = node("leader"), node("standby")
+    assert leader.lease.try_acquire()
+    now = redis_ms(redis_client)
+    older, newer = now - 8000, now - 3000
+    leader.ledger.claim(*leader.lease.credentials(), [ClaimItem("e", older, Op.CLAIM)])
+    # ... the leader is paused before publishing; a standby rescues the next slot
+    assert standby.ledger.rescue([rescue_item("e", newer)]).results == [None]
+    overtaken = standby.ledger.overtaken()
+    assert list(overtaken) == [("e", older)]
+    assert (overtaken[("e", older)].epoch, overtaken[("e", older)].state) == (1, "c")
+    standby.ledger.forget_overtaken(list(overtaken))
+    assert standby.ledger.overtaken() == {}

@@ -1,5 +1,7 @@
 -- claim.lua: the one gate every slot passes before it is sent, and its record.
 -- KEYS[1] leader key      KEYS[2] slots hash      KEYS[3] history stream
+-- KEYS[4] overtaken hash: "<entry>|<slot_ms>" -> the value a newer claim replaced while it
+--         was still claimed and unconfirmed ('c' or 'u') by another claimant
 -- ARGV[1] mode: 'lead', 'rescue' or 'record'
 -- ARGV[2] lead: this leader's token (node_id|epoch); rescue/record: ''
 -- ARGV[3] lead: lease ttl (ms); rescue: rescue_after (ms); record: ''
@@ -21,6 +23,9 @@
 -- state (its phase is known), and only once Redis TIME >= fire time + rescue_after,
 -- so a standby with a fast clock cannot pre-empt a healthy leader.
 -- A value is "<slot_ms>|<epoch>|<state>", plus "|<node>" for a standby's claim.
+-- A grant that replaces another claimant's claimed, unconfirmed slot keeps that slot in
+-- KEYS[4], so the next leader still reports it (and re-sends it with recover_unsent):
+-- without this, a standby rescuing an entry's next slot made the older one vanish.
 -- Asking again for the exact value this caller already wrote answers 1 again:
 -- a client that lost the reply and retried must not take its grant for a refusal.
 -- Returns {0, holder_token or false, marked}   lead mode, not the leader: no claim granted
@@ -81,6 +86,13 @@ for i = claims_at, #ARGV, 4 do
   if granted and mode == 'rescue' and now_ms < fire + tonumber(ARGV[3]) then
     out[#out + 1] = 0
   elseif granted then
+    if stored then
+      local s_slot, s_epoch, s_state, s_node = string.match(stored, '^(%d+)|(%d+)|(%a)|?(.*)$')
+      if (s_state == 'c' or s_state == 'u')
+          and not (s_epoch == epoch and s_node == string.sub(suffix, 2)) then
+        redis.call('HSET', KEYS[4], name .. '|' .. s_slot, stored)
+      end
+    end
     redis.call('HSET', KEYS[2], name, value)
     out[#out + 1] = 1
   elseif stored == value then

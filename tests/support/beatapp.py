@@ -121,3 +121,25 @@ def record(self: Any, *args: Any, **kwargs: Any) -> None:
     client = redis.Redis.from_url(os.environ["LB_RECORD_URL"])
     client.rpush("executed", json.dumps(row))
     client.close()
+
+
+@app.task(name="tests.support.beatapp.sleepy", bind=True)
+def sleepy(self: Any, seconds: float = 1.0) -> None:
+    """Record a 'start' row, sleep ``seconds``, record an 'end' row (list ``executed``)."""
+    import time
+
+    import redis
+
+    headers = self.request.headers or {}
+    client = redis.Redis.from_url(os.environ["LB_RECORD_URL"])
+    base = {
+        "entry": headers.get("leaderbeat_entry", getattr(self.request, "leaderbeat_entry", None)),
+        "slot": headers.get("leaderbeat_slot", getattr(self.request, "leaderbeat_slot", None)),
+        "id": self.request.id,
+        "hostname": self.request.hostname,
+        "pid": os.getpid(),
+    }
+    client.rpush("executed", json.dumps({**base, "phase": "start", "at": time.time()}))
+    time.sleep(seconds)
+    client.rpush("executed", json.dumps({**base, "phase": "end", "at": time.time()}))
+    client.close()

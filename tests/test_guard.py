@@ -1,0 +1,190 @@
+"""The worker guard with real prefork workers: each slot runs at most once.
+
+Real ``celery worker -c 2`` processes, a real Redis for leaderbeat's state; the
+machine's RabbitMQ (a queue of this test's own) where the test is about broker
+redelivery. Lease ttl 3 s where a test waits for a dead run's liveness to lapse
+(said there), to keep the suite short; otherwise the defaults.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections import Counter
+from itertools import pairwise
+from datetime import datetime, timezone
+
+import pytest
+
+from celery_leaderbeat.slots import slot_id
+from tests.support.beat import BeatCluster, beat_env
+from tests.support.beatapp import make_app
+from tests.support.worker import WorkerProcess, executed, wait_until
+
+pytestmark = pytest.mark.slow
+
+RECORD = "tests.support.beatapp.record"
+SLEEPY = "tests.support.beatapp.sleepy"
+
+
+def history(client, prefix: str) -> list[dict[str, str]]:
+    return [{k.decode(): v.decode() for k, v in fields.items()}
+            for _, fields in client.xrange("{" + prefix + "}:history")]
+
+
+def guarded_env(tmp_path, *, broker_url: str, state_url: str, record_url: str, prefix: str,
+                schedule=None, settings=None) -> dict[str, str]:
+    env = beat_env(tmp_path, broker_url=broker_url, redis_url=state_url, prefix=prefix,
+                   schedule=schedule or {}, settings={"leaderbeat_guard": True, **(settings or {})})
+    env["LB_RECORD_URL"] = record_url
+    return env
+
+
+def publish_slot(env: dict[str, str], task: str, entry: str, slot: datetime, prefix: str,
+                 **options) -> str:
+    """Publish one slot's message as beat does: its deterministic id and headers."""
+    app = make_app(env)
+    task_id = slot_id(prefix, entry, slot)
+    app.send_task(task, task_id=task_id, headers={
+        "leaderbeat_slot": slot.isoformat(), "leaderbeat_entry": entry, "leaderbeat_epoch": 1},
+        **options)
+    app.close()
+    return task_id
+
+
+def test_the_same_slot_published_twice_runs_once_and_the_second_is_recorded_duplicate(
+        tmp_path, make_redis_server, key_prefix):
+    state, broker, results = make_redis_server(), make_redis_server(), make_redis_server()
+    env = guarded_env(tmp_path, broker_url=broker.url, state_url=state.url,
+                      record_url=results.url, prefix=key_prefix)
+    slot = datetime(2026, 12, 1, 9, 0, tzinfo=timezone.utc)
+    with WorkerProcess(env, tmp_path / "worker.log") as worker:
+        worker.wait_ready()
+        for _ in range(2):
+            publish_slot(env, RECORD, "report", slot, key_prefix)
+        app = make_app(env)
+        for _ in range(2):  # no leaderbeat headers: untouched, runs every time
+            app.send_task(RECORD, task_id=str(uuid.uuid4()))
+        app.close()
+        wait_until(lambda: len(executed(results.client())) >= 3, 20, "3 runs")
+        time.sleep(1.5)  # room for a wrong fourth run
+        log = worker.log_text()
+    rows = executed(results.client())
+    assert "leaderbeat guard: on" in log
+    assert [r["entry"] for r in rows].count("report") == 1
+    assert sum(1 for r in rows if r["entry"] is None) == 2
+    events = [(e["event"], e.get("detail", "")) for e in history(state.client(), key_prefix)]
+    assert ("started", "") in events and ("finished", "ok") in events
+    assert [d for e, d in events if e == "skipped"] == [
+        next(d for e, d in events if e == "skipped" and d.startswith("duplicate"))]
+
+
+def test_acks_late_and_a_worker_killed_mid_task_the_redelivery_runs_it_once_more_to_the_end(
+        tmp_path, make_redis_server, key_prefix):
+    """Rule: a run recorded started whose liveness lapsed died with its worker: run again."""
+    import kombu
+
+    state, results = make_redis_server(), make_redis_server()
+    queue = f"lb-guard-{uuid.uuid4().hex[:8]}"
+    amqp = "amqp://guest:guest@127.0.0.1:5672//"
+    try:
+        with kombu.Connection(amqp, connect_timeout=3) as conn:
+            conn.ensure_connection(max_retries=1)
+    except Exception as exc:
+        if __import__("os").environ.get("CI") == "true":
+            raise
+        pytest.skip(f"RabbitMQ not reachable at {amqp}: {exc}")
+    # lease ttl 3 s: the dead run's liveness lapses 3 s after the kill (default 10 s)
+    env = guarded_env(tmp_path, broker_url=amqp, state_url=state.url, record_url=results.url,
+                      prefix=key_prefix,
+                      settings={"task_acks_late": True, "worker_prefetch_multiplier": 1,
+                                "task_default_queue": queue, "leaderbeat_lease_ttl": 3,
+                                "leaderbeat_renew_interval": 1})
+    slot = datetime(2026, 12, 1, 9, 0, tzinfo=timezone.utc)
+    try:
+        with WorkerProcess(env, tmp_path / "first.log", name="first") as first:
+            first.wait_ready()
+            publish_slot(env, SLEEPY, "nightly", slot, key_prefix, kwargs={"seconds": 4})
+            wait_until(lambda: any(r["phase"] == "start" for r in executed(results.client())),
+                       20, "the first run to start")
+            first.kill()  # mid-task: the message was never acknowledged
+        with WorkerProcess(env, tmp_path / "second.log", name="second") as second:
+            wait_until(lambda: any(r["phase"] == "end" for r in executed(results.client())),
+                       30, "the redelivered run to finish")
+            time.sleep(1)
+            log = second.log_text()
+    finally:
+        with kombu.Connection(amqp) as conn:
+            kombu.Queue(queue, channel=conn.channel()).delete()
+    phases = Counter(r["phase"] for r in executed(results.client()))
+    assert phases == {"start": 2, "end": 1}, (phases, log[-2000:])
+    details = [e.get("detail", "") for e in history(state.client(), key_prefix)
+               if e["event"] == "started"]
+    assert details == ["", "rerun: the first run was lost with its worker"]
+
+
+def test_overlap_skip_never_runs_two_runs_of_an_entry_at_once_across_two_workers(
+        tmp_path, make_redis_server, key_prefix):
+    state, broker, results = make_redis_server(), make_redis_server(), make_redis_server()
+    schedule = {"slow": {"task": SLEEPY, "every": 1, "kwargs": {"seconds": 2.5},
+                         "leaderbeat": {"overlap": "skip"}}}
+    env = guarded_env(tmp_path, broker_url=broker.url, state_url=state.url,
+                      record_url=results.url, prefix=key_prefix, schedule=schedule)
+    with WorkerProcess(env, tmp_path / "w1.log", name="w1") as w1, \
+            WorkerProcess(env, tmp_path / "w2.log", name="w2") as w2, \
+            BeatCluster(1, env, tmp_path):
+        w1.wait_ready()
+        w2.wait_ready()
+        wait_until(lambda: sum(r["phase"] == "end" for r in executed(results.client())) >= 3,
+                   40, "three runs to finish")
+    rows = executed(results.client())
+    runs: dict[str, dict[str, float]] = {}
+    for r in rows:
+        runs.setdefault(r["id"], {})[r["phase"]] = r["at"]
+    spans = sorted((v["start"], v.get("end", float("inf"))) for v in runs.values())
+    overlapping = [(a, b) for a, b in pairwise(spans) if b[0] < a[1]]
+    skipped = [e for e in history(state.client(), key_prefix)
+               if e["event"] == "skipped" and e.get("detail", "").startswith("overlap")]
+    print(f"overlap run: {len(spans)} runs, {len(skipped)} slots skipped for overlap, "
+          f"{len({r['hostname'] for r in rows})} workers used")
+    assert overlapping == []
+    assert len(skipped) >= 3, "slots due while a run ran were skipped and recorded"
+
+
+def test_a_leader_paused_mid_batch_with_the_guard_on_every_slot_runs_exactly_once(
+        tmp_path, make_redis_server, key_prefix):
+    state, broker, results = make_redis_server(), make_redis_server(), make_redis_server()
+    n = 2000
+    schedule = {f"e{i}": {"task": RECORD, "every": 5} for i in range(n)}
+    env = guarded_env(tmp_path, broker_url=broker.url, state_url=state.url,
+                      record_url=results.url, prefix=key_prefix, schedule=schedule)
+    client = state.client()
+    with WorkerProcess(env, tmp_path / "w1.log", name="w1") as w1, \
+            BeatCluster(3, env, tmp_path) as cluster:
+        w1.wait_ready()
+        wait_until(lambda: client.get("{" + key_prefix + "}:leader") is not None, 30, "a leader")
+        token = client.get("{" + key_prefix + "}:leader").decode()
+        leader = next(b for b in cluster if b.pid == int(token.split("|")[0].split(":")[-2]))
+        history_key = "{" + key_prefix + "}:history"
+        deadline = time.monotonic() + 30
+        # paused once about 200 slots of the first batch were recorded sent
+        while sum(1 for _, f in client.xrange(history_key) if f[b"event"] == b"sent") < 200:
+            assert time.monotonic() < deadline, "the leader never started its batch"
+            time.sleep(0.002)
+        leader.stop()
+        time.sleep(12)  # past the ttl: a standby leads, re-sends the paused chunk
+        leader.cont()
+        first = min(r["slot"] for r in executed(results.client()))
+        wait_until(lambda: len({r["entry"] for r in executed(results.client())
+                                if r["slot"] == first}) >= n, 60, f"{n} runs of the first slot")
+        time.sleep(2)
+        assert leader.alive
+    rows = [r for r in executed(results.client()) if r["slot"] == first]
+    per_entry = Counter(r["entry"] for r in rows)
+    skipped = [e for e in history(client, key_prefix) if e["event"] == "skipped"
+               and e.get("detail", "").startswith("duplicate")]
+    print(f"paused leader with the guard: {len(per_entry)} of {n} slots of the paused batch "
+          f"executed, {sum(v - 1 for v in per_entry.values())} twice; {len(skipped)} duplicate "
+          "deliveries skipped by the guard")
+    assert len(per_entry) == n
+    assert max(per_entry.values()) == 1
