@@ -96,10 +96,10 @@ def load(schedule: Mapping[str, Any], stored: Mapping[str, SlotState], *, start:
     return Loaded(tracked, anchors, unsent)
 
 
-def adopt_refused_anchors(loaded: Loaded, refused: Sequence[SlotState | None]) -> None:
+def adopt_refused_anchors(loaded: Loaded, refused: Sequence[SlotState | None | str]) -> None:
     """An anchor refused: another leader stored a slot since ``load``; start from that one."""
     for item, state in zip(loaded.anchors, refused):
-        if state is not None:
+        if isinstance(state, SlotState):
             loaded.tracked[item.name].advance(from_ms(state.slot_ms))
 
 

@@ -26,7 +26,7 @@ from typing import Protocol
 from .agenda import Tracked, Unsent
 from .errors import LeaseLostError, NotReplicatedError
 from .lease import Lease
-from .ledger import ClaimItem, Event, Ledger, Op, SlotState
+from .ledger import PAUSED, SKIPPED, ClaimItem, Event, Ledger, Op, SlotState
 from .slots import Plan, from_ms, to_ms
 
 logger = logging.getLogger(__name__)
@@ -157,9 +157,12 @@ def run_batch(due: Sequence[tuple[Tracked, Plan]], gate: Gate, send: Send, *,
                         pending.append(Event(name, slot_ms, "sent", gate.detail))
                     else:
                         pending.append(Event(name, slot_ms, "unsent", "publish failed"))
+                elif result == PAUSED:  # skipped past: resuming does not replay it
+                    position[name] = max(position[name], slot)
+                    pending.append(Event(name, slot_ms, "skipped", "paused"))
                 elif isinstance(result, SlotState):
                     position[name] = max(position[name], from_ms(result.slot_ms))
-                    if op == Op.CLAIM and gate.records_refusals:
+                    if op == Op.CLAIM and gate.records_refusals and result.state != SKIPPED:
                         outcome.refused += 1
                         pending.append(Event(name, slot_ms, "skipped",
                                              _refusal(slot_ms, result)))

@@ -19,7 +19,7 @@ from .agenda import Agenda
 from .config import Config
 from .errors import LeaseLostError, NotReplicatedError
 from .lease import Lease
-from .ledger import ClaimItem, Event, Ledger, Op
+from .ledger import ClaimItem, Event, Ledger, Op, SlotState
 from .slots import from_ms, to_ms
 
 logger = logging.getLogger(__name__)
@@ -82,7 +82,7 @@ class Outage:
             logger.warning("leaderbeat: %s for the slots sent during the outage; recording them",
                            exc)
             states = [None] * len(items)
-        refused = [item for item, state in zip(items, states) if state is not None]
+        refused = [item for item, state in zip(items, states) if isinstance(state, SlotState)]
         if refused:
             logger.warning("leaderbeat: %d slot(s) sent during the outage were also claimed by "
                            "another leader: %s", len(refused),

@@ -43,6 +43,21 @@ class Keys:
         return self._key("overtaken")
 
     @property
+    def paused(self) -> str:
+        """Hash: entry name -> JSON (note, when, who) of an entry paused from the CLI."""
+        return self._key("paused")
+
+    @property
+    def requests(self) -> str:
+        """List: JSON requests for the leader (trigger, backfill) from the CLI."""
+        return self._key("requests")
+
+    @property
+    def backfilled(self) -> str:
+        """Hash: ``<entry>|<slot_ms>`` -> the backfill request that sent it (never twice)."""
+        return self._key("backfilled")
+
+    @property
     def nodes(self) -> str:
         """Hash: node id -> JSON (host, pid, version, role, last seen)."""
         return self._key("nodes")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from datetime import datetime
+from typing import Any
 
 import redis
 
@@ -21,6 +22,7 @@ from .degraded import Outage
 from .errors import NotReplicatedError
 from .ledger import CLAIMED, Event
 from .node import Node, utcnow
+from .requests import WAKE, carry_out
 from .slots import from_ms, to_ms
 
 logger = logging.getLogger(__name__)
@@ -51,6 +53,8 @@ class Leader:
         self._version = -1
         self._unsent: list[Unsent] = []
         self._capped: set[str] = set()  # entries whose catch-up hit max_catchup (logged)
+        self._requests_pending = True  # requests may have queued while nobody led
+        self._pubsub: Any = None
 
     @property
     def tracked(self) -> dict[str, Tracked]:
@@ -117,6 +121,11 @@ class Leader:
                          f"leaderbeat_max_clock_skew={node.config.max_clock_skew}", release=True)
         if self._version != version:
             self.reload(version)
+        self.notice_requests()
+        if self._requests_pending:
+            self._requests_pending = False
+            carry_out(node.ledger, node.keys, lease.epoch or 0, node.keys.prefix, self._publish,
+                      utcnow(), known=lambda name: name in self.tracked)
         now = utcnow()
         earliest = self.agenda.earliest() or now.timestamp()
         due = self.agenda.pop_due(now, self.since)
@@ -133,13 +142,33 @@ class Leader:
         finally:
             self.agenda.push_all(due)
             self._record_broken()
-        return self.delay()
+        return min(self.delay(), self.node.config.standby_poll)
 
     def delay(self, limit: float | None = None) -> float:
         return self.agenda.delay(time.time(), float(limit or self.node.max_interval()))
 
     def _send(self, name: str, slot: datetime) -> bool:
-        return self.node.send(name, slot, self.node.lease.epoch or 0)
+        return self.node.send(name, slot, self.node.lease.epoch or 0, None)
+
+    def _publish(self, name: str, slot: datetime, task_id: str | None) -> bool:
+        return self.node.send(name, slot, self.node.lease.epoch or 0, task_id)
+
+    def notice_requests(self) -> None:
+        """Has the CLI queued a request? A look at the subscription's buffer, no round trip.
+
+        The leader wakes at least every ``standby_poll`` for this (an idle wake-up costs
+        no Redis command); messages that arrive while it sleeps or sends wait in the
+        subscription, so none is missed.
+        """
+        if self._pubsub is None:
+            self._pubsub = self.node.client.pubsub(ignore_subscribe_messages=True)
+            self._pubsub.subscribe(self.node.keys.events)
+        while (message := self._pubsub.get_message(timeout=0.0)) is not None:
+            if message.get("data") in (WAKE.encode(), WAKE):
+                self._requests_pending = True
+
+    def close(self) -> None:
+        self._pubsub = None  # dropped, not closed: see Standby.close
 
     def _record_broken(self) -> None:
         broken = self.agenda.take_broken()

@@ -33,6 +33,9 @@ class Op:
     ANCHOR = "anchor"  # the entry's first slot, only if it has no state yet: state 'a'
 
 
+#: what a claim of a paused entry's slot answers: skipped past, not granted
+PAUSED = "paused"
+
 #: claim items and history events per script call at most (bounds one call's run time)
 _MAX_PER_CALL = 2000
 
@@ -77,7 +80,7 @@ class Event:
 class Claimed(NamedTuple):
     """What one claim call answered: per item ``None`` (granted) or why not."""
 
-    results: list[SlotState | None | str]  # str: "early" (rescue: not late enough), "unknown"
+    results: list[SlotState | None | str]  # str: PAUSED, "early" (not late enough), "unknown"
     redis_now_ms: int
 
 
@@ -91,22 +94,24 @@ class Ledger:
         self.config = config
 
     def claim(self, token: str, epoch: int, items: Sequence[ClaimItem],
-              events: Sequence[Event] = ()) -> list[SlotState | None]:
+              events: Sequence[Event] = ()) -> list[SlotState | None | str]:
         """Leader: write ``events``, then claim ``items`` in order, in one call.
 
-        Returns ``None`` per granted item, else the state that refused it. Raises
+        Returns ``None`` per granted item, :data:`PAUSED` for a paused entry's slot
+        (skipped past, not granted), else the state that refused it. Raises
         LeaseLostError (and grants nothing; the events are written all the same:
         they say what already happened) when ``token`` no longer leads, and
         NotReplicatedError when ``min_replicas`` replicas did not acknowledge.
         """
-        results: list[SlotState | None] = []
+        results: list[SlotState | None | str] = []
         for batch_events, batch_items in _calls(events, items):
             reply = self._call("lead", token, int(self.config.lease_ttl * 1000), epoch,
                                batch_events, batch_items)
             if status(reply, "claim") == 0:
                 holder = text(reply[1]) if len(reply) > 1 and reply[1] else "nobody"
                 raise LeaseLostError(f"claim refused: lease {token} lost; held by {holder}")
-            results += [None if r == 1 else SlotState.parse(r) for r in reply[3:]]
+            results += [None if r == 1 else PAUSED if r == 2 else SlotState.parse(r)
+                        for r in reply[3:]]
             if self.config.min_replicas and batch_items:
                 self._wait_for_replicas()
         return results
@@ -149,7 +154,7 @@ class Ledger:
         for item in items:
             args += [item.name, item.slot_ms, item.op, item.fire_ms]
         return self.scripts.claim(keys=[self.keys.leader, self.keys.slots, self.keys.history,
-                                        self.keys.overtaken], args=args)
+                                        self.keys.overtaken, self.keys.paused], args=args)
 
     def _wait_for_replicas(self) -> None:
         """Block until ``min_replicas`` replicas have the claims, or raise NotReplicatedError.
@@ -227,6 +232,8 @@ def _calls(events: Sequence[Event], items: Sequence[ClaimItem]
 def _rescue_result(reply: Any) -> SlotState | None | str:
     if reply == 1:
         return None
+    if reply == 2:
+        return PAUSED
     if reply == 0:
         return "early"
     if reply is None or reply is False:

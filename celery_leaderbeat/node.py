@@ -15,8 +15,9 @@ from .keys import Keys
 from .lease import Lease
 from .ledger import Ledger, SlotState
 
-#: publishes one slot of one entry under a fencing epoch (0: a standby's rescue)
-SendSlot = Callable[[str, datetime, int], bool]
+#: publishes one slot of one entry under a fencing epoch (0: a standby's rescue), with
+#: the slot's own task id unless one is given (a triggered run has its own)
+SendSlot = Callable[[str, datetime, int, "str | None"], bool]
 
 
 @dataclass

@@ -15,7 +15,7 @@ def _evaluate(value: Any) -> Any:
 
 
 def publish(scheduler: Any, entry: Any, slot: datetime, epoch: int | None,
-            overlap: str = "allow") -> Any:
+            overlap: str = "allow", task_id: str | None = None) -> Any:
     """Publish ``entry`` for ``slot`` as Celery beat would, plus our id and headers.
 
     The task id is ``slot_id(prefix, entry, slot)``: the same on every node, so
@@ -38,7 +38,7 @@ def publish(scheduler: Any, entry: Any, slot: datetime, epoch: int | None,
     )
     if overlap != "allow":
         headers["leaderbeat_overlap"] = overlap
-    options["task_id"] = slot_id(scheduler.keys.prefix, entry.name, slot)
+    options["task_id"] = task_id or slot_id(scheduler.keys.prefix, entry.name, slot)
     options["headers"] = headers
     task = app.tasks.get(entry.task)
     if task is not None:

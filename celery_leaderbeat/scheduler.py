@@ -244,6 +244,8 @@ class Scheduler(beat.Scheduler):
         self._redis_failures += 1
         if self._standby is not None:
             self._standby.lost_connection()
+        if self._leader is not None:
+            self._leader.close()  # its subscription is made again once Redis answers
         if (self._leader is not None and not self._leader.redis_unreachable()
                 and (self._node is None or not self._node.lease.is_held())):
             self._step_down("lease could not be confirmed while Redis was unreachable")
@@ -298,17 +300,18 @@ class Scheduler(beat.Scheduler):
 
     # -- sending -------------------------------------------------------------------------
 
-    def _send_slot(self, name: str, slot: datetime, epoch: int) -> bool:
+    def _send_slot(self, name: str, slot: datetime, epoch: int,
+                   task_id: str | None = None) -> bool:
         """Publish ``slot`` of the entry named ``name``, if it is still scheduled."""
         entry = self.schedule.get(name)
-        return entry is not None and self._send(entry, slot, epoch)
+        return entry is not None and self._send(entry, slot, epoch, task_id)
 
-    def _send(self, entry: Any, slot: datetime, epoch: int) -> bool:
+    def _send(self, entry: Any, slot: datetime, epoch: int, task_id: str | None = None) -> bool:
         """Publish one slot; a failure is logged and reported, never swallowed."""
         opts = self._entry_options.get(entry.name)
         overlap = opts.overlap if opts else self.lb_config.overlap
         try:
-            publish(self, entry, slot, epoch, overlap)
+            publish(self, entry, slot, epoch, overlap, task_id)
         except Exception:  # any publish failure: logged with its traceback, recorded unsent
             logger.exception("leaderbeat: could not send %s for slot %s",
                              entry.name, slot.isoformat())
@@ -333,12 +336,14 @@ class Scheduler(beat.Scheduler):
                 lease.stop_heartbeat()
                 if self._leader is not None and lease.release("released"):
                     logger.info("leaderbeat: %s released the lease", self.lb_config.node_id)
-                self._leader = None
                 self._node.ledger.unregister_node()
         except (redis.RedisError, OSError) as exc:
             logger.warning("leaderbeat: could not release the lease on close (%s); "
                            "standbys take over when it expires", exc)
         finally:
+            if self._leader is not None:
+                self._leader.close()
+                self._leader = None
             if self._standby is not None:
                 self._standby.close()
             super().close()

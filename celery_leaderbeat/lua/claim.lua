@@ -2,6 +2,7 @@
 -- KEYS[1] leader key      KEYS[2] slots hash      KEYS[3] history stream
 -- KEYS[4] overtaken hash: "<entry>|<slot_ms>" -> the value a newer claim replaced while it
 --         was still claimed and unconfirmed ('c' or 'u') by another claimant
+-- KEYS[5] paused hash: entry -> note (``celery leaderbeat pause``)
 -- ARGV[1] mode: 'lead', 'rescue' or 'record'
 -- ARGV[2] lead: this leader's token (node_id|epoch); rescue/record: ''
 -- ARGV[3] lead: lease ttl (ms); rescue: rescue_after (ms); record: ''
@@ -15,6 +16,8 @@
 --   op 'claim'   claim the slot to send it        (state 'c', claimed)
 --   op 'skip'    advance past a slot not sent     (state 'k', skipped by policy)
 --   op 'anchor'  the entry's first slot, only if it has no state yet (state 'a')
+-- A 'claim' of a paused entry's slot advances past it instead (state 'k') and
+-- answers 2: the slot is skipped, and resuming does not replay it.
 -- Events are written first and unfenced: they say what already happened (the
 -- previous chunk's sends ride on the next chunk's claim). Claims are then
 -- granted only when the slot is newer than the stored one, so no slot can be
@@ -30,7 +33,8 @@
 -- a client that lost the reply and retried must not take its grant for a refusal.
 -- Returns {0, holder_token or false, marked}   lead mode, not the leader: no claim granted
 --         {1, redis_now_ms, marked, r1, r2, ...}  one result per claim: 1 granted,
---           0 not late enough (rescue), false no state (rescue), else the stored value
+--           2 paused (skipped), 0 not late enough (rescue), false no state (rescue),
+--           else the stored value
 local mode, node, epoch = ARGV[1], ARGV[6], ARGV[4]
 local n = tonumber(ARGV[7])
 local claims_at = 8 + 4 * n
@@ -85,6 +89,9 @@ for i = claims_at, #ARGV, 4 do
   end
   if granted and mode == 'rescue' and now_ms < fire + tonumber(ARGV[3]) then
     out[#out + 1] = 0
+  elseif granted and op == 'claim' and redis.call('HEXISTS', KEYS[5], name) == 1 then
+    redis.call('HSET', KEYS[2], name, ARGV[i + 1] .. '|' .. epoch .. '|k' .. suffix)
+    out[#out + 1] = 2
   elseif granted then
     if stored then
       local s_slot, s_epoch, s_state, s_node = string.match(stored, '^(%d+)|(%d+)|(%a)|?(.*)$')
