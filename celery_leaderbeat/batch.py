@@ -102,6 +102,7 @@ class Outcome:
 
     sent: int = 0
     refused: int = 0
+    events: list[Event] = field(default_factory=list)  # what was recorded, for signals/metrics
     waiting: list[str] = field(default_factory=list)  # rescue: not late enough by Redis TIME
     unknown: list[str] = field(default_factory=list)  # rescue: the entry has no state yet
 
@@ -133,6 +134,7 @@ def run_batch(due: Sequence[tuple[Tracked, Plan]], gate: Gate, send: Send, *,
             items = [ClaimItem(t.name, to_ms(slot), op, to_ms(t.clock.fire_time(slot)))
                      for t, slot, op in chunk]
             writing, pending = pending, []  # written by the claim call, even when refused
+            outcome.events += writing
             try:
                 results = gate.claim(items, writing)
                 replicated = True
@@ -172,6 +174,7 @@ def run_batch(due: Sequence[tuple[Tracked, Plan]], gate: Gate, send: Send, *,
     finally:
         if pending:
             gate.record(pending)
+            outcome.events += pending
     for tracked, p in due:
         last = position[tracked.name]
         tracked.advance(last if tracked.name in stopped or fenced else max(last, p.last))

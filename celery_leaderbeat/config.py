@@ -8,6 +8,7 @@ Celery's namespace. Every problem is collected and reported together, and a
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import socket
 import uuid
@@ -43,6 +44,7 @@ DEFAULTS: dict[str, Any] = {
     "guard": False,
     "guard_expires": 7200.0,
     "overlap": "allow",
+    "metrics_port": None,
 }
 
 OVERLAP_POLICIES = ("allow", "skip")
@@ -72,6 +74,7 @@ class Config:
     guard: bool = False
     guard_expires: float = 7200.0
     overlap: str = "allow"
+    metrics_port: int | None = None
 
     @property
     def socket_timeout(self) -> float:
@@ -163,6 +166,18 @@ class Config:
                            lambda x: isinstance(x, int) and not isinstance(x, bool) and x >= 0,
                            "must be an integer of at least 0")
         rescue = v.number("rescue_after", raw.get("rescue_after"), minimum=0.5)
+        metrics_port = raw.get("metrics_port")
+        env_port = os.environ.get("LEADERBEAT_METRICS_PORT")
+        if env_port:
+            metrics_port = int(env_port) if env_port.isdigit() else env_port
+        if metrics_port is not None:
+            named = "LEADERBEAT_METRICS_PORT" if env_port else "leaderbeat_metrics_port"
+            if (isinstance(metrics_port, bool) or not isinstance(metrics_port, int)
+                    or not 0 < metrics_port < 65536):
+                problems.append(f"{named}={metrics_port!r} must be a TCP port (1-65535)")
+            elif importlib.util.find_spec("prometheus_client") is None:
+                problems.append(f"{named}={metrics_port!r} needs prometheus-client: "
+                                "pip install 'celery-leaderbeat[metrics]'")
         if replicas and isinstance(url, str) and "+cluster" in url:
             problems.append(f"leaderbeat_min_replicas={replicas!r} is not supported with Redis "
                             "Cluster (leaderbeat_redis_url is a redis+cluster:// URL)")
@@ -179,7 +194,7 @@ class Config:
             degraded_max_seconds=float(degraded), max_clock_skew=float(skew),
             history_length=history, min_replicas=replicas, rescue_after=float(rescue or DEFAULTS["rescue_after"]),
             guard=guard, guard_expires=float(guard_expires or DEFAULTS["guard_expires"]),
-            overlap=overlap,
+            overlap=overlap, metrics_port=metrics_port,
         )
 
 

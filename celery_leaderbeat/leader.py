@@ -53,6 +53,7 @@ class Leader:
         self._version = -1
         self._unsent: list[Unsent] = []
         self._capped: set[str] = set()  # entries whose catch-up hit max_catchup (logged)
+        self._paused: set[str] = set()  # entries seen skipped as paused (logged once)
         self._requests_pending = True  # requests may have queued while nobody led
         self._pubsub: Any = None
 
@@ -134,6 +135,8 @@ class Leader:
                 started = time.monotonic()
                 say_capped_once(due, self._capped)
                 outcome = run_batch(due, self.gate, self._send)
+                node.observe(outcome.events)
+                self._say_paused(outcome.events)
                 if outcome.sent:
                     logger.info("leaderbeat: sent %d slot(s) of %d due entries in %.0f ms, "
                                 "%.0f ms after the earliest was due", outcome.sent, len(due),
@@ -146,6 +149,18 @@ class Leader:
 
     def delay(self, limit: float | None = None) -> float:
         return self.agenda.delay(time.time(), float(limit or self.node.max_interval()))
+
+    def _say_paused(self, events: list[Event]) -> None:
+        """One INFO line when an entry's slots start being skipped as paused, one on resume."""
+        for ev in events:
+            if ev.event == "skipped" and ev.detail == "paused" and ev.name not in self._paused:
+                self._paused.add(ev.name)
+                logger.info("leaderbeat: %s (epoch %s) skips %s: paused from the CLI",
+                            self.node.config.node_id, self.node.lease.epoch, ev.name)
+            elif ev.event == "sent" and ev.name in self._paused:
+                self._paused.discard(ev.name)
+                logger.info("leaderbeat: %s (epoch %s) sends %s again: resumed",
+                            self.node.config.node_id, self.node.lease.epoch, ev.name)
 
     def _send(self, name: str, slot: datetime) -> bool:
         return self.node.send(name, slot, self.node.lease.epoch or 0, None)

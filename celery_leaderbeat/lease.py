@@ -48,6 +48,8 @@ class Lease:
         #: seconds this node's clock is ahead of Redis (negative: behind); None until measured
         self.clock_skew: float | None = None
         self._heartbeat: Heartbeat | None = None
+        #: told the seconds each heartbeat renewal took, or None when Redis did not answer
+        self.on_renew: Callable[[float | None], None] = lambda seconds: None
         #: the highest fencing epoch this node has seen; acquire lifts the counter above
         #: it, so epochs never go backwards even after Redis lost its data
         self.highest_epoch = 0
@@ -228,13 +230,16 @@ class Heartbeat(threading.Thread):
                                    overdue, self._ttl)
                     self.stopped_because = "main loop stalled"
                     return
+                started = time.monotonic()
                 try:
                     lease.renew(self._token)
+                    lease.on_renew(time.monotonic() - started)
                 except LeaseLostError as exc:
                     logger.warning("leaderbeat: %s", exc)
                     self.stopped_because = "lost"
                     return
                 except redis.RedisError as exc:
+                    lease.on_renew(None)
                     if not failing:
                         logger.warning("leaderbeat: lease renewal failed (%s); the leader stops "
                                        "sending in %.1f s unless Redis answers",

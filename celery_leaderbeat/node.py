@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone, tzinfo
 from typing import Any
@@ -13,7 +13,7 @@ from .config import Config
 from .entries import EntryOptions
 from .keys import Keys
 from .lease import Lease
-from .ledger import Ledger, SlotState
+from .ledger import Event, Ledger, SlotState
 
 #: publishes one slot of one entry under a fencing epoch (0: a standby's rescue), with
 #: the slot's own task id unless one is given (a triggered run has its own)
@@ -35,6 +35,7 @@ class Node:
     tz: tzinfo
     max_interval: Callable[[], float]  # Celery's beat_max_loop_interval, as the scheduler has it
     wake_by: Callable[[], float]  # monotonic time by which the main loop will be back
+    observe: Callable[[Sequence[Event]], None]  # what became of slots: signals, metrics
 
     def track(self, stored: Mapping[str, SlotState], *, start: datetime,
               epoch: int | None) -> Loaded:

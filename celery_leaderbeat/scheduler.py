@@ -20,12 +20,14 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
 import redis
 from celery import beat
 
+from . import signals
 from ._version import __version__
 from .config import Config
 from .connection import describe, make_client
@@ -34,11 +36,13 @@ from .errors import ConfigurationError, LeaseLostError, NotReplicatedError, Redi
 from .keys import Keys
 from .leader import Leader, Resign
 from .lease import Lease
-from .ledger import Ledger
+from .ledger import Event, Ledger
+from .metrics import Metrics, NullMetrics
+from .metrics import start as start_metrics
 from .node import Node, utcnow
 from .publish import publish
 from .scripts import Scripts
-from .slots import clock_for
+from .slots import clock_for, from_ms, slot_id
 from .standby import Standby
 
 logger = logging.getLogger(__name__)
@@ -69,6 +73,7 @@ class Scheduler(beat.Scheduler):
         self._registered_at = 0.0
         self._registered_once = False
         self._instance = uuid.uuid4().hex[:12]
+        self._metrics: NullMetrics = NullMetrics()
         super().__init__(app, *args, lazy=lazy, **kwargs)
 
     # -- the schedule definition ------------------------------------------------
@@ -152,13 +157,18 @@ class Scheduler(beat.Scheduler):
         config = self.lb_config
         client = make_client(config.redis_url, config.redis_options, config.socket_timeout)
         scripts = Scripts(client)
+        if config.metrics_port is not None and not isinstance(self._metrics, Metrics):
+            self._metrics = start_metrics(config.metrics_port)
+            logger.info("leaderbeat: metrics on http://0.0.0.0:%d/metrics", config.metrics_port)
+        lease = Lease(client, scripts, self.keys, config)
+        lease.on_renew = self._metrics.renewed
         self._node = Node(config=config, keys=self.keys, client=client,
-                          lease=Lease(client, scripts, self.keys, config),
+                          lease=lease,
                           ledger=Ledger(client, scripts, self.keys, config),
                           send=self._send_slot, schedule=lambda: self.schedule,
                           options=lambda: self._entry_options, tz=self.app.timezone,
                           max_interval=lambda: float(self.max_interval),
-                          wake_by=lambda: self._wake_by)
+                          wake_by=lambda: self._wake_by, observe=self._observe)
         self._leader = None
         self._standby = Standby(self._node)
         return self._node
@@ -170,6 +180,10 @@ class Scheduler(beat.Scheduler):
         logger.info("leaderbeat: %s elected leader (epoch %s); slots due since %s are on "
                     "time, older ones missed", node.config.node_id, node.lease.epoch,
                     leader.since.isoformat())
+        self._metrics.leading(True, node.lease.epoch)
+        self._metrics.leadership_changed()
+        signals.send(signals.leader_elected, self, node_id=node.config.node_id,
+                     epoch=node.lease.epoch)
         self._register(LEADER)
         leader.elected(self._schedule_version)
         return leader
@@ -179,7 +193,9 @@ class Scheduler(beat.Scheduler):
             return
         lease = self._node.lease
         if self._leader is not None:
-            logger.warning("leaderbeat: %s steps down: %s", self.lb_config.node_id, why)
+            logger.warning("leaderbeat: %s (epoch %s) steps down: %s", self.lb_config.node_id,
+                           lease.epoch, why)
+            self._lost(why)
         self._leader = None
         lease.stop_heartbeat()
         if release:
@@ -189,13 +205,47 @@ class Scheduler(beat.Scheduler):
         if self._standby is not None:
             self._standby.since = utcnow()
 
+    def _lost(self, why: str) -> None:
+        """This process stopped leading: metrics and the ``leader_lost`` signal."""
+        assert self._node is not None
+        self._metrics.leading(False, None)
+        self._metrics.leadership_changed()
+        if self._leader is not None:
+            self._leader.close()
+        signals.send(signals.leader_lost, self, node_id=self.lb_config.node_id,
+                     epoch=self._node.lease.epoch, reason=why)
+
+    def _observe(self, events: Sequence[Event]) -> None:
+        """What became of slots: counted, and told to signal receivers."""
+        if not events:
+            return
+        self._metrics.slots(events, len(self.schedule))
+        kinds = {"sent": signals.slot_sent, "missed": signals.slot_missed,
+                 "skipped": signals.slot_skipped}
+        if not any(kinds[k].receivers for k in kinds):
+            return
+        for ev in events:
+            signal = kinds.get(ev.event)
+            if signal is None:
+                continue
+            slot = from_ms(ev.slot_ms)
+            if ev.event == "sent":
+                rescued = ev.detail == "rescued"
+                signals.send(signal, self, entry=ev.name, slot=slot,
+                             task_id=slot_id(self.keys.prefix, ev.name, slot),
+                             epoch=0 if rescued else self._node and self._node.lease.epoch,
+                             rescued=rescued)
+            else:
+                signals.send(signal, self, entry=ev.name, slot=slot, reason=ev.detail)
+
     # -- the tick --------------------------------------------------------------------
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
         """One pass: a standby tries to lead and rescues; the leader sends every due slot."""
-        self._wake_by = time.monotonic()  # working now: the heartbeat allows one ttl
+        started = self._wake_by = time.monotonic()  # working: the heartbeat allows one ttl
         delay = self._tick()
         self._wake_by = time.monotonic() + delay  # asleep as told until then
+        self._metrics.ticked(self._wake_by - delay - started)
         return delay
 
     def _tick(self) -> float:
@@ -284,6 +334,7 @@ class Scheduler(beat.Scheduler):
     def _register(self, role: str) -> None:
         node = self._connect()
         self._registered_at = time.monotonic()
+        self._metrics.clock_skew(node.lease.clock_skew)
         replaced = node.ledger.register_node(role, {
             "host": socket.gethostname(), "pid": os.getpid(), "version": __version__,
             "instance": self._instance,
@@ -335,7 +386,9 @@ class Scheduler(beat.Scheduler):
                 lease = self._node.lease
                 lease.stop_heartbeat()
                 if self._leader is not None and lease.release("released"):
-                    logger.info("leaderbeat: %s released the lease", self.lb_config.node_id)
+                    logger.info("leaderbeat: %s (epoch %s) released the lease",
+                                self.lb_config.node_id, lease.epoch)
+                    self._lost("released on shutdown")
                 self._node.ledger.unregister_node()
         except (redis.RedisError, OSError) as exc:
             logger.warning("leaderbeat: could not release the lease on close (%s); "

@@ -131,6 +131,7 @@ class Standby:
                                 record_missed=False)
         finally:
             self.agenda.push_all(due)
+        self.node.observe(outcome.events)
         if outcome.sent:
             logger.warning("leaderbeat: standby %s rescued %d slot(s) nobody had claimed %.1f s "
                            "after their time", self.node.config.node_id, outcome.sent,

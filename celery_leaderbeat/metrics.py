@@ -1,0 +1,120 @@
+"""Prometheus metrics of one beat process, served on ``/metrics``.
+
+Enabled by ``leaderbeat_metrics_port`` (or the environment variable
+``LEADERBEAT_METRICS_PORT``, which wins: two beats on one host need two ports)
+and ``pip install 'celery-leaderbeat[metrics]'`` (prometheus-client). Without
+a port nothing is imported and :class:`NullMetrics` does nothing.
+
+- ``leaderbeat_is_leader`` (gauge, 0/1), ``leaderbeat_epoch`` (gauge)
+- ``leaderbeat_leadership_changes_total`` (counter: this process was elected or stepped down)
+- ``leaderbeat_slots_total{state, entry}`` (counter; state sent, rescued, missed, skipped,
+  unsent; ``entry`` is ``*`` when the schedule has more than :data:`ENTRY_LABEL_LIMIT`
+  entries, to keep the cardinality bounded)
+- ``leaderbeat_lease_renew_seconds`` (histogram), ``leaderbeat_lease_renew_failures_total``
+- ``leaderbeat_clock_skew_seconds`` (gauge: this node's clock minus Redis TIME)
+- ``leaderbeat_tick_seconds`` (histogram: one scheduler tick)
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from typing import Any
+
+ENV_PORT = "LEADERBEAT_METRICS_PORT"
+
+#: above this many entries the slot counters are not labelled per entry
+ENTRY_LABEL_LIMIT = 1000
+
+#: history event -> the slot state it counts as
+_STATES = {"sent": "sent", "missed": "missed", "skipped": "skipped", "unsent": "unsent"}
+
+
+def port_from(setting: int | None) -> int | None:
+    """The port to serve on: ``LEADERBEAT_METRICS_PORT`` if set, else the setting."""
+    env = os.environ.get(ENV_PORT)
+    return int(env) if env else setting
+
+
+class NullMetrics:
+    """Metrics switched off: every call does nothing."""
+
+    def leading(self, leader: bool, epoch: int | None) -> None: ...
+
+    def leadership_changed(self) -> None: ...
+
+    def slots(self, events: Iterable[Any], entries: int) -> None: ...
+
+    def renewed(self, seconds: float | None) -> None: ...
+
+    def clock_skew(self, seconds: float | None) -> None: ...
+
+    def ticked(self, seconds: float) -> None: ...
+
+
+class Metrics(NullMetrics):
+    """The real thing, on a registry of its own (several schedulers in one test process)."""
+
+    def __init__(self) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self._is_leader = Gauge("leaderbeat_is_leader", "1 while this process leads", registry=r)
+        self._epoch = Gauge("leaderbeat_epoch", "fencing epoch of this process's lease",
+                            registry=r)
+        self._changes = Counter("leaderbeat_leadership_changes",
+                                "elections and step-downs of this process", registry=r)
+        self._slots = Counter("leaderbeat_slots", "slots by what became of them",
+                              ["state", "entry"], registry=r)
+        self._renew = Histogram("leaderbeat_lease_renew_seconds", "one lease renewal",
+                                buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                                         0.5, 1, 2.5), registry=r)
+        self._renew_failures = Counter("leaderbeat_lease_renew_failures",
+                                       "lease renewals Redis did not answer", registry=r)
+        self._skew = Gauge("leaderbeat_clock_skew_seconds", "local clock minus Redis TIME",
+                           registry=r)
+        self._tick = Histogram("leaderbeat_tick_seconds", "one scheduler tick", registry=r)
+        self._server: Any = None
+
+    def serve(self, port: int) -> None:
+        from prometheus_client import start_http_server
+
+        self._server = start_http_server(port, registry=self.registry)
+
+    def leading(self, leader: bool, epoch: int | None) -> None:
+        self._is_leader.set(1 if leader else 0)
+        if epoch is not None:
+            self._epoch.set(epoch)
+
+    def leadership_changed(self) -> None:
+        self._changes.inc()
+
+    def slots(self, events: Iterable[Any], entries: int) -> None:
+        for ev in events:
+            state = "rescued" if ev.event == "sent" and ev.detail == "rescued" else \
+                _STATES.get(ev.event)
+            if state is not None:
+                self._slots.labels(state, ev.name if entries <= ENTRY_LABEL_LIMIT else "*").inc()
+
+    def renewed(self, seconds: float | None) -> None:
+        if seconds is None:
+            self._renew_failures.inc()
+        else:
+            self._renew.observe(seconds)
+
+    def clock_skew(self, seconds: float | None) -> None:
+        if seconds is not None:
+            self._skew.set(seconds)
+
+    def ticked(self, seconds: float) -> None:
+        self._tick.observe(seconds)
+
+
+def start(port: int | None) -> NullMetrics:
+    """Metrics served on ``port``, or the null metrics when there is none."""
+    if port is None:
+        return NullMetrics()
+    metrics = Metrics()
+    metrics.serve(port)
+    return metrics
