@@ -23,6 +23,7 @@ from .keys import Keys
 from .ledger import STATE_NAMES, Ledger
 from .requests import Request, submit
 from .scripts import Scripts, text
+from ._clocks import IntervalClock
 from .slots import clock_for, from_ms, slot_id, to_ms
 
 #: a node not seen for this many renew intervals is shown as gone
@@ -228,6 +229,13 @@ class Cluster:
                           jitter=opts.jitter)
         slots: list[datetime] = []
         s = clock.next_after(start - _MS)
+        if isinstance(clock, IntervalClock) and not clock.relative:
+            # an interval's slots are anchor + k x every: the phase is the stored last slot
+            stored = self.ledger.load([name]).get(name)
+            if stored is None:
+                raise UnknownEntry(f"entry {name!r} has no slot in Redis: its phase is unknown")
+            anchor = from_ms(stored.slot_ms)
+            s = anchor + -((anchor - start) // clock.every) * clock.every
         while s <= end and len(slots) <= 100_000:
             slots.append(s)
             s = clock.next_after(s)
