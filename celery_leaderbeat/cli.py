@@ -5,7 +5,7 @@
     history [--entry N] [--follow]   elected / released / sent / missed / skipped / unsent ...
     health [--node]         exit 0 when a leader holds a live lease (--node: this host's beat
                             leads or is a healthy standby)
-    step-down               the leader releases its lease; a standby leads at once
+    step-down [--this-node] the leader releases its lease; a standby leads at once
     pause NAME [--note T]   slots of NAME are skipped (recorded 'paused') until resume NAME
     trigger NAME            the leader sends NAME once now, under a task id of its own
     backfill NAME --from ISO --to ISO   send the slots in that range that were never sent
@@ -182,12 +182,17 @@ def health(ctx: click.Context, this_node: bool, as_json: bool) -> None:
 @leaderbeat.command(name="step-down")
 @click.option("--wait", "wait_s", default=5.0, show_default=True,
               help="Seconds to wait for the next leader.")
+@click.option("--this-node", is_flag=True,
+              help="Only if the leader runs on this host (a pod's preStop hook); else do nothing.")
 @json_option
 @click.pass_context
 @_command
-def step_down(ctx: click.Context, wait_s: float, as_json: bool) -> None:
+def step_down(ctx: click.Context, wait_s: float, this_node: bool, as_json: bool) -> None:
     """The leader releases its lease (fenced: it can send nothing more); a standby leads."""
     cluster = _cluster(ctx)
+    if this_node and not cluster.leads_here():
+        _emit(as_json, {"released": None}, ["this host's beat does not lead: nothing to do"])
+        return
     old = cluster.step_down()
     if old is None:
         _fail(NO_LEADER, "no beat holds the lease: nothing to step down")

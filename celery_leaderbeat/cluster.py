@@ -175,6 +175,14 @@ class Cluster:
         return True, (f"{row['node']} is a healthy standby (seen {row['seen_ago']} s ago); "
                       f"leader: {leader['node'] if leader else 'none'}")
 
+    def leads_here(self, host: str | None = None) -> bool:
+        """Does the node holding the lease run on this host?"""
+        leader = self.leader()
+        if leader is None:
+            return False
+        info = self.ledger.nodes().get(leader["node"]) or {}
+        return info.get("host") == (host or socket.gethostname())
+
     # -- acting ----------------------------------------------------------------------------
 
     def step_down(self) -> dict[str, Any] | None:
