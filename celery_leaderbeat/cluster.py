@@ -16,6 +16,7 @@ import time
 from datetime import datetime, timezone
 from typing import Any
 
+from ._clocks import IntervalClock
 from .config import Config
 from .connection import make_client
 from .entries import EntryOptions, split_entries
@@ -23,7 +24,6 @@ from .keys import Keys
 from .ledger import STATE_NAMES, Ledger
 from .requests import Request, submit
 from .scripts import Scripts, text
-from ._clocks import IntervalClock
 from .slots import clock_for, from_ms, slot_id, to_ms
 
 #: a node not seen for this many renew intervals is shown as gone
