@@ -81,7 +81,8 @@ class Cluster:
         rows = []
         for name in sorted(set(schedule) | set(stored)):
             state = stored.get(name)
-            row: dict[str, Any] = {"entry": name, "configured": name in schedule,
+            row: dict[str, Any] = {"entry": name,
+                                   "configured": name in schedule or name.startswith("celery."),
                                    "last_slot": None, "state": None, "epoch": None,
                                    "task_id": None, "run": None, "next_due": None,
                                    "paused": paused.get(name)}
