@@ -160,8 +160,8 @@ class _Run:
                   self.entry, self.slot_ms, self.epoch, detail])
         return [text(part) for part in reply]
 
-    def start(self) -> tuple[str, str]:
-        decision, why = self._call("start")
+    def start(self, *, will_ask_again: bool = False) -> tuple[str, str]:
+        decision, why = self._call("start", "wait" if will_ask_again else "")
         return decision, why
 
     def decide(self) -> tuple[str, str]:
@@ -175,8 +175,10 @@ class _Run:
         waited = 0.0
         ttl = self.guard.config.lease_ttl
         while True:
-            decision, why = self.start()
-            if decision != "duplicate" or not why.startswith("running") or waited > ttl:
+            decision, why = self.start(will_ask_again=waited <= ttl)
+            if decision != "duplicate" or not why.startswith("running"):
+                return decision, why
+            if waited > ttl:
                 return decision, why
             time.sleep(1.0)
             waited += 1.0

@@ -145,7 +145,7 @@ def test_trigger_sends_once_now_under_its_own_id_and_the_schedule_is_unchanged(c
 
 def test_unknown_entries_bad_urls_and_unconfirmed_resets_get_one_line_and_their_own_code(
         cluster):
-    env, _, _, _, state = cluster
+    env, beats, _, _, state = cluster
     unknown = cli(env, "pause", "nope")
     assert unknown.returncode == 4 and "no entry 'nope'" in unknown.stderr
     bad = cli({**env, "LB_REDIS_URL": "http://nowhere"}, "status")
@@ -155,8 +155,11 @@ def test_unknown_entries_bad_urls_and_unconfirmed_resets_get_one_line_and_their_
     for done in (unknown, bad, refused):
         assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
     assert state.client().exists("{" + env["LB_PREFIX"] + "}:slots")
-    assert cli(env, "reset", "--yes").returncode == 0
-    assert not state.client().exists("{" + env["LB_PREFIX"] + "}:history")
+    for beat in beats:  # stopped first: running beats would write their state again
+        beat.term()
+    done = cli(env, "reset", "--yes", "--json")
+    assert done.returncode == 0 and json.loads(done.stdout)["deleted_keys"] >= 3
+    assert list(state.client().scan_iter(match="{" + env["LB_PREFIX"] + "}:*")) == []
 
 
 def test_metrics_are_served_by_every_beat_and_exactly_one_says_it_leads(cluster):

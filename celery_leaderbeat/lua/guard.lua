@@ -6,7 +6,9 @@
 -- ARGV[1] mode: 'start', 'renew' or 'finish'
 -- ARGV[2] task id    ARGV[3] worker (host:pid)    ARGV[4] record ttl (ms)    ARGV[5] lease (ms)
 -- ARGV[6] overlap: 'allow' or 'skip'    ARGV[7] history max length
--- ARGV[8] entry    ARGV[9] slot (ms)    ARGV[10] epoch    ARGV[11] detail (finish)
+-- ARGV[8] entry    ARGV[9] slot (ms)    ARGV[10] epoch
+-- ARGV[11] finish: the outcome recorded; start: 'wait' while the caller will ask again
+--          (a "running" answer is then not recorded yet)
 -- start: a slot whose run finished, or still runs (its liveness key lives), is a duplicate;
 --   with overlap 'skip', a slot whose entry has another run alive is skipped; else the
 --   run is recorded started ('s'), alive, and (skip) holds the entry's overlap lock.
@@ -43,7 +45,9 @@ if run then
     return {'duplicate', 'finished on ' .. by}
   end
   if redis.call('EXISTS', KEYS[2]) == 1 then
-    history('skipped', 'duplicate: running on ' .. by)
+    if ARGV[11] ~= 'wait' then
+      history('skipped', 'duplicate: running on ' .. by)
+    end
     return {'duplicate', 'running on ' .. by}
   end
 end
