@@ -40,6 +40,7 @@ DEFAULTS: dict[str, Any] = {
     "history_length": 10_000,
     "min_replicas": 0,
     "rescue_after": 2.0,
+    "base_scheduler": None,
 }
 
 
@@ -64,6 +65,8 @@ class Config:
     history_length: int = 10_000
     min_replicas: int = 0
     rescue_after: float = 2.0
+    #: the Scheduler class the lease and claims are put around (None: our own schedule)
+    base_scheduler: type | None = None
 
     @property
     def socket_timeout(self) -> float:
@@ -147,6 +150,7 @@ class Config:
                            lambda x: isinstance(x, int) and not isinstance(x, bool) and x >= 0,
                            "must be an integer of at least 0")
         rescue = v.number("rescue_after", raw.get("rescue_after"), minimum=0.5)
+        base = _base_scheduler(raw.get("base_scheduler"), problems)
         if replicas and isinstance(url, str) and "+cluster" in url:
             problems.append(f"leaderbeat_min_replicas={replicas!r} is not supported with Redis "
                             "Cluster (leaderbeat_redis_url is a redis+cluster:// URL)")
@@ -162,6 +166,7 @@ class Config:
             recover_unsent=recover, redis_down_policy=down,
             degraded_max_seconds=float(degraded), max_clock_skew=float(skew),
             history_length=history, min_replicas=replicas, rescue_after=float(rescue or DEFAULTS["rescue_after"]),
+            base_scheduler=base,
         )
 
 
@@ -193,6 +198,16 @@ class _Validator:
             self.problems.append(f"leaderbeat_{name}={value!r} must be at least {minimum}")
             return None
         return float(value)
+
+
+def _base_scheduler(value: Any, problems: list[str]) -> type | None:
+    from .gate import resolve_base  # late: it imports celery.beat and the scheduler
+
+    try:
+        return resolve_base(value)
+    except ConfigurationError as exc:
+        problems.extend(exc.problems)
+        return None
 
 
 def _seconds(value: Any) -> Any:
