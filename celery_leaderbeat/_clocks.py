@@ -186,9 +186,10 @@ def clock_tz(tz: tzinfo | str) -> tzinfo:
 NEVER = datetime(9999, 1, 1, tzinfo=UTC)
 
 
-def floor_ms(dt: datetime) -> datetime:
-    """``dt`` floored to the millisecond, as slots are stored."""
-    return from_ms(to_ms(dt))
+def ceil_ms(dt: datetime) -> datetime:
+    """``dt`` rounded up to the millisecond (slots are stored in ms; never before ``dt``)."""
+    floor = from_ms(to_ms(dt))
+    return floor if floor == dt else floor + _MS
 
 
 class OnceClock(_Clock):
@@ -196,7 +197,7 @@ class OnceClock(_Clock):
 
     def __init__(self, at: datetime, *, name: str, jitter: float | None) -> None:
         super().__init__(name, jitter)
-        self.at = floor_ms(at)
+        self.at = ceil_ms(at)
 
     def next_after(self, t: datetime) -> datetime:
         return self.at if t < self.at else NEVER
@@ -214,7 +215,7 @@ class BoundedClock(_Clock):
                  name: str, jitter: float | None) -> None:
         super().__init__(name, jitter)
         self.inner = inner
-        self.start = None if start is None else floor_ms(start)
+        self.start = None if start is None else ceil_ms(start)
         self.end = end
 
     def next_after(self, t: datetime) -> datetime:

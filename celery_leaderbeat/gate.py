@@ -171,12 +171,18 @@ class GateMixin(Scheduler):
     def tick(self, *args: Any, **kwargs: Any) -> float:
         """Read the base's schedule when due, then leaderbeat's tick (never the base's)."""
         self._refresh()
-        return super().tick()
+        delay = super().tick()
+        # wake for the next read too: a leader otherwise sleeps until its next slot
+        return max(0.0, min(delay, self._gate_read_at + self._gate_pace() - time.monotonic()))
+
+    def _gate_pace(self) -> float:
+        """Seconds between reads of the base's schedule: its own loop interval."""
+        return float(self.max_interval or 5.0)
 
     def _refresh(self, *, force: bool = False, strict: bool = False) -> None:
         """Read ``.schedule``; bump the schedule version when the fingerprint changed."""
         started = time.monotonic()
-        if not force and started - self._gate_read_at < float(self.max_interval or 5.0):
+        if not force and started - self._gate_read_at < self._gate_pace():
             return
         self._gate_read_at = started
         try:
