@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import time
 from datetime import datetime, timedelta, timezone
 
@@ -31,11 +30,12 @@ SETTLE = REFRESH + RESCUE_AFTER + 1.0
 
 
 @pytest.fixture
-def django_db():
+def django_db(monkeypatch):
     """This test's own PostgreSQL database, migrated, with the ORM pointed at it."""
     with postgres_database("lbdjango") as name:
-        os.environ["LB_DJANGO_DB"] = name
-        os.environ["DJANGO_SETTINGS_MODULE"] = "tests.support.djangosite.settings"
+        # restored afterwards: later tests' subprocesses must not inherit this site
+        monkeypatch.setenv("LB_DJANGO_DB", name)
+        monkeypatch.setenv("DJANGO_SETTINGS_MODULE", "tests.support.djangosite.settings")
         import django
         from django.core.management import call_command
         from django.db import connections

@@ -46,7 +46,8 @@ def test_the_example_project_migrates_runs_its_beat_and_sends_its_tasks(
     state, broker = make_redis_server(), make_redis_server()
     env = {**os.environ, "SQLITE_PATH": str(tmp_path / "db.sqlite3"),
            "CELERY_BROKER_URL": broker.url_for(0), "LEADERBEAT_REDIS_URL": state.url,
-           "LEADERBEAT_KEY_PREFIX": key_prefix, "PYTHONPATH": str(EXAMPLE)}
+           "LEADERBEAT_KEY_PREFIX": key_prefix, "PYTHONPATH": str(EXAMPLE),
+           "DJANGO_SETTINGS_MODULE": "proj.settings"}
     env.pop("POSTGRES_DB", None)
     manage(env, "migrate", "--verbosity", "0")
     recorder = Recorder(broker.client())

@@ -23,5 +23,5 @@ def delete_entry(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
-    dependencies = [("django_celery_beat", "0018_improve_crontab_helptext")]
-    operations = [migrations.RunPython(create_entry, delete_entry)]
+    dependencies = (("django_celery_beat", "0018_improve_crontab_helptext"),)
+    operations = (migrations.RunPython(create_entry, delete_entry),)
