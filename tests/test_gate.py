@@ -210,3 +210,50 @@ def test_three_persistent_schedulers_behind_the_gate_send_no_slot_twice_across_a
         gaps = [(a, b) for a, b in itertools.pairwise(times)
                 if b - a != timedelta(seconds=1)]
         assert gaps == [], f"{entry} missed or repeated a slot across the kill"
+
+
+# -- django-celery-beat rows as slots (no database needed) --------------------------------------
+
+def test_cron_strings_become_crontab_rows_only_when_a_crontab_means_the_same():
+    pytest.importorskip("django_celery_beat")
+    from zoneinfo import ZoneInfo
+
+    from celery_leaderbeat.django import as_crontab
+    from celery_leaderbeat.schedules import cron
+
+    berlin = ZoneInfo("Europe/Berlin")
+    row = as_crontab("r", cron("*/15 9-17 * * mon-fri"), berlin)
+    assert (row._orig_minute, row._orig_hour, row._orig_day_of_week) == ("*/15", "9-17", "mon-fri")
+    assert row.tz is berlin
+    assert as_crontab("s", cron("0 9 * * 1-7"), berlin).day_of_week == set(range(7))
+    assert as_crontab("d", cron("@daily", tz="UTC"), berlin).tz == ZoneInfo("UTC")
+    for expr, why in [("*/10 * * * * *", "seconds field"), ("H 3 * * *", "uses H"),
+                      ("0 12 13 * 5", "both day fields are restricted")]:
+        with pytest.raises(ConfigurationError) as caught:
+            as_crontab("bad", cron(expr, name="bad"), berlin)
+        (problem,) = caught.value.problems
+        assert problem.startswith(f"beat_schedule entry 'bad': cron string {expr!r} cannot be "
+                                  "stored as a django-celery-beat crontab row")
+        assert why in problem
+
+
+def test_a_crontab_row_keeps_its_own_time_zone_and_a_one_off_waits_for_the_leader_to_see_it():
+    pytest.importorskip("django_celery_beat")
+    from zoneinfo import ZoneInfo
+
+    from django_celery_beat.tzcrontab import TzAwareCrontab
+
+    from celery_leaderbeat.django import Bounded
+
+    nine = TzAwareCrontab(minute="0", hour="9", tz=ZoneInfo("Asia/Tokyo"))
+    clock = Bounded(nine, tz=nine.tz, start=None, end=None, once=False, origin=None,
+                    not_before=None).leaderbeat_clock(name="r", tz=UTC, jitter=None)
+    assert clock.next_after(T0 - timedelta(hours=1)) == T0  # 09:00 in Tokyo, not in UTC
+    every = timedelta(seconds=2)
+    saved = T0 + timedelta(milliseconds=250)
+    once = Bounded(__import__("celery").schedules.schedule(every), tz=None, start=None, end=None,
+                   once=True, origin=saved, not_before=saved + timedelta(seconds=8))
+    clock = once.leaderbeat_clock(name="o", tz=UTC, jitter=None)
+    first = clock.next_after(T0)
+    assert first == saved + timedelta(seconds=8)  # not saved + 2 s: no leader had it by then
+    assert clock.next_after(first) == NEVER
