@@ -235,11 +235,12 @@ class GateMixin(Scheduler):
 
     # -- sending ---------------------------------------------------------------------------
 
-    def _send_slot(self, name: str, slot: datetime, epoch: int) -> bool:
+    def _send_slot(self, name: str, slot: datetime, epoch: int, *args: Any, **kwargs: Any) -> bool:
+        # from the snapshot, not .schedule: that read is a query on a database scheduler
         entry = self._gate_entries.get(name)
         if entry is None or name not in self._gate_view:
             return False
-        if not self._send(entry, slot, epoch):
+        if not self._send(entry, slot, epoch, *args, **kwargs):
             return False
         self.adapter.sent(entry, slot, leading=self._leader is not None)
         return True
