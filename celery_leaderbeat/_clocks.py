@@ -180,3 +180,52 @@ def clock_tz(tz: tzinfo | str) -> tzinfo:
 
         return ZoneInfo(tz)
     return tz
+
+
+#: the "slot" of a clock that has no more: later than any real slot, still a datetime
+NEVER = datetime(9999, 1, 1, tzinfo=UTC)
+
+
+def ceil_ms(dt: datetime) -> datetime:
+    """``dt`` rounded up to the millisecond (slots are stored in ms; never before ``dt``)."""
+    floor = from_ms(to_ms(dt))
+    return floor if floor == dt else floor + _MS
+
+
+class OnceClock(_Clock):
+    """One slot at a fixed instant, then none (a clocked or one-off entry)."""
+
+    def __init__(self, at: datetime, *, name: str, jitter: float | None) -> None:
+        super().__init__(name, jitter)
+        self.at = ceil_ms(at)
+
+    def next_after(self, t: datetime) -> datetime:
+        return self.at if t < self.at else NEVER
+
+
+class BoundedClock(_Clock):
+    """Another clock's slots from ``start`` on (``start`` itself for an interval), before ``end``.
+
+    Every node computes the same bounded slots from the same bounds, so the bounds
+    gate a slot the way the schedule does: nothing before ``start``, nothing at or
+    after ``end``.
+    """
+
+    def __init__(self, inner: Any, *, start: datetime | None, end: datetime | None,
+                 name: str, jitter: float | None) -> None:
+        super().__init__(name, jitter)
+        self.inner = inner
+        self.start = None if start is None else ceil_ms(start)
+        self.end = end
+
+    def next_after(self, t: datetime) -> datetime:
+        if t >= NEVER:
+            return NEVER
+        if self.start is not None and t < self.start:
+            # An interval's first slot is its start (django-celery-beat runs it then);
+            # other schedules fire at their first time at or after it.
+            plain_interval = isinstance(self.inner, IntervalClock) and not self.inner.relative
+            s = self.start if plain_interval else self.inner.next_after(self.start - _MS)
+        else:
+            s = self.inner.next_after(t)
+        return NEVER if self.end is not None and s >= self.end else s

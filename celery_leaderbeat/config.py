@@ -45,6 +45,7 @@ DEFAULTS: dict[str, Any] = {
     "guard_expires": 7200.0,
     "overlap": "allow",
     "metrics_port": None,
+    "base_scheduler": None,
 }
 
 OVERLAP_POLICIES = ("allow", "skip")
@@ -75,6 +76,8 @@ class Config:
     guard_expires: float = 7200.0
     overlap: str = "allow"
     metrics_port: int | None = None
+    #: the Scheduler class the lease and claims are put around (None: our own schedule)
+    base_scheduler: type | None = None
 
     @property
     def socket_timeout(self) -> float:
@@ -178,6 +181,7 @@ class Config:
             elif importlib.util.find_spec("prometheus_client") is None:
                 problems.append(f"{named}={metrics_port!r} needs prometheus-client: "
                                 "pip install 'celery-leaderbeat[metrics]'")
+        base = _base_scheduler(raw.get("base_scheduler"), problems)
         if replicas and isinstance(url, str) and "+cluster" in url:
             problems.append(f"leaderbeat_min_replicas={replicas!r} is not supported with Redis "
                             "Cluster (leaderbeat_redis_url is a redis+cluster:// URL)")
@@ -195,6 +199,7 @@ class Config:
             history_length=history, min_replicas=replicas, rescue_after=float(rescue or DEFAULTS["rescue_after"]),
             guard=guard, guard_expires=float(guard_expires or DEFAULTS["guard_expires"]),
             overlap=overlap, metrics_port=metrics_port,
+            base_scheduler=base,
         )
 
 
@@ -226,6 +231,16 @@ class _Validator:
             self.problems.append(f"leaderbeat_{name}={value!r} must be at least {minimum}")
             return None
         return float(value)
+
+
+def _base_scheduler(value: Any, problems: list[str]) -> type | None:
+    from .gate import resolve_base  # late: it imports celery.beat and the scheduler
+
+    try:
+        return resolve_base(value)
+    except ConfigurationError as exc:
+        problems.extend(exc.problems)
+        return None
 
 
 def _seconds(value: Any) -> Any:

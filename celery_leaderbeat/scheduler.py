@@ -55,7 +55,22 @@ CLOCK_STEP = 2.0
 
 
 class Scheduler(beat.Scheduler):
-    """Highly available beat scheduler: run it on any number of nodes."""
+    """Highly available beat scheduler: run it on any number of nodes.
+
+    With ``leaderbeat_base_scheduler`` set, constructing this class gives an
+    instance of that scheduler class behind the gate (:mod:`celery_leaderbeat.gate`).
+    """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        made = cls
+        if cls is Scheduler:
+            app = kwargs.get("app", args[0] if args else None)
+            base = Config.from_app(app).base_scheduler if app is not None else None
+            if base is not None:
+                from .gate import gate_class  # late: gate imports this module
+
+                made = gate_class(base)
+        return super().__new__(made)
 
     def __init__(self, app: Any, *args: Any, lazy: bool = False, **kwargs: Any) -> None:
         self.lb_config = Config.from_app(app)
@@ -115,6 +130,10 @@ class Scheduler(beat.Scheduler):
         self._schedule_version += 1
         return entry
 
+    def _slot_entries(self) -> Any:
+        """The entries slots are computed from: name -> an object with ``.schedule``."""
+        return self.schedule
+
     @property
     def info(self) -> str:
         c = self.lb_config
@@ -165,7 +184,7 @@ class Scheduler(beat.Scheduler):
         self._node = Node(config=config, keys=self.keys, client=client,
                           lease=lease,
                           ledger=Ledger(client, scripts, self.keys, config),
-                          send=self._send_slot, schedule=lambda: self.schedule,
+                          send=self._send_slot, schedule=self._slot_entries,
                           options=lambda: self._entry_options, tz=self.app.timezone,
                           max_interval=lambda: float(self.max_interval),
                           wake_by=lambda: self._wake_by, observe=self._observe)

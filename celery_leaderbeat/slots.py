@@ -31,7 +31,16 @@ from typing import Any, Protocol
 
 from celery.schedules import crontab, schedule, solar
 
-from ._clocks import CronClock, GenericClock, IntervalClock, SolarClock, clock_tz, from_ms, to_ms
+from ._clocks import (
+    CronClock,
+    GenericClock,
+    IntervalClock,
+    OnceClock,
+    SolarClock,
+    clock_tz,
+    from_ms,
+    to_ms,
+)
 from .errors import ConfigurationError
 from .policy import CatchupPolicy
 from .schedules import cron, engine_for_crontab
@@ -71,13 +80,24 @@ def clock_for(schedule_: Any, *, name: str, tz: tzinfo, jitter: float | None = N
     """The slot clock of entry ``name`` for a Celery schedule, crontab, solar or cron.
 
     ``tz`` is the zone crontab fields are read in (a cron with its own zone keeps it).
-    Interval slots are ``last + k*every``; any other ``BaseSchedule`` falls back to
+    Interval slots are ``last + k*every``; a one-time schedule with a ``clocked_time``
+    (django-celery-beat's ``clocked``) has that one slot; a schedule with its own
+    ``leaderbeat_clock(name=, tz=, jitter=)`` builds its clock itself (see
+    :mod:`celery_leaderbeat.gate`); any other ``BaseSchedule`` falls back to
     ``t + remaining_estimate(t)`` with the schedule's ``now()`` pinned to ``t``.
     """
     if jitter is not None and (not isinstance(jitter, (int, float)) or jitter < 0):
         raise ConfigurationError(
             f"entry {name!r}: jitter={jitter!r} must be a number of seconds >= 0"
         )
+    own = getattr(schedule_, "leaderbeat_clock", None)
+    if callable(own):
+        return own(name=name, tz=tz, jitter=jitter)  # type: ignore[no-any-return]
+    at = getattr(schedule_, "clocked_time", None)
+    if isinstance(at, datetime) and at.tzinfo is not None:
+        # remaining_estimate() of a clocked schedule goes negative after its time:
+        # the generic clock would then find a slot every millisecond.
+        return OnceClock(at, name=name, jitter=jitter)
     if isinstance(schedule_, cron):
         return CronClock(schedule_.engine(name, tz), name=name, jitter=jitter)
     if isinstance(schedule_, crontab):

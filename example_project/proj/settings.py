@@ -1,0 +1,96 @@
+"""Settings of the example project: Django, django-celery-beat, celery-leaderbeat.
+
+SQLite by default. For several beats use PostgreSQL: set POSTGRES_DB (and, if
+needed, POSTGRES_HOST, POSTGRES_PORT, POSTGRES_USER, POSTGRES_PASSWORD).
+"""
+
+import os
+from datetime import timedelta
+from pathlib import Path
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "example-only-not-a-secret")
+DEBUG = True
+ALLOWED_HOSTS = ["*"]
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django_celery_beat",  # the schedule lives in the database, edited in the admin
+    "reports",
+]
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+ROOT_URLCONF = "proj.urls"
+TEMPLATES = [{
+    "BACKEND": "django.template.backends.django.DjangoTemplates",
+    "APP_DIRS": True,
+    "OPTIONS": {"context_processors": [
+        "django.template.context_processors.request",
+        "django.contrib.auth.context_processors.auth",
+        "django.contrib.messages.context_processors.messages",
+    ]},
+}]
+STATIC_URL = "static/"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+USE_TZ = True
+TIME_ZONE = "UTC"
+
+if os.environ.get("POSTGRES_DB"):
+    DATABASES = {"default": {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": os.environ["POSTGRES_DB"],
+        "HOST": os.environ.get("POSTGRES_HOST", "127.0.0.1"),
+        "PORT": os.environ.get("POSTGRES_PORT", "5432"),
+        "USER": os.environ.get("POSTGRES_USER", "postgres"),
+        "PASSWORD": os.environ.get("POSTGRES_PASSWORD", ""),
+    }}
+else:
+    DATABASES = {"default": {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": os.environ.get("SQLITE_PATH", BASE_DIR / "db.sqlite3"),
+    }}
+
+# -- Celery ---------------------------------------------------------------------------------
+CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", "redis://127.0.0.1:6379/0")
+CELERY_TIMEZONE = TIME_ZONE
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+
+# -- beat: celery-leaderbeat in front of django-celery-beat's DatabaseScheduler ----------------
+# Run `celery -A proj beat` on as many machines as you like: one leads, every run is
+# sent once. The schedule stays in the database (and the admin); leadership, the
+# last slot of every entry and the history live in Redis.
+CELERY_BEAT_SCHEDULER = "celery_leaderbeat.Scheduler"
+CELERY_LEADERBEAT_BASE_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+CELERY_LEADERBEAT_REDIS_URL = os.environ.get("LEADERBEAT_REDIS_URL", CELERY_BROKER_URL)
+CELERY_LEADERBEAT_KEY_PREFIX = os.environ.get("LEADERBEAT_KEY_PREFIX", "leaderbeat:example")
+CELERY_LEADERBEAT_LEASE_TTL = 10  # a crashed leader is replaced within about 11 s
+CELERY_LEADERBEAT_CATCHUP = "latest"  # after an outage of every beat: one run per entry
+
+# Static entries: stored as rows by django-celery-beat at start-up, shown in the admin.
+CELERY_BEAT_SCHEDULE = {
+    "say-hello": {
+        "task": "reports.tasks.say_hello",
+        "schedule": timedelta(seconds=5),
+    },
+    "quarter-hourly-report": {
+        "task": "reports.tasks.build_report",
+        "schedule": "*/15 * * * *",  # cron strings become crontab rows
+        "args": ["quarter-hourly"],
+    },
+    "nightly-digest": {
+        "task": "reports.tasks.build_report",
+        "schedule": "30 2 * * *",
+        "args": ["nightly"],
+        "leaderbeat": {"catchup": "skip"},  # leaderbeat's own per-entry options
+    },
+}

@@ -1,0 +1,47 @@
+"""A PostgreSQL database per test, on the server at 127.0.0.1:5432 (trust auth, user postgres).
+
+Skipped with the reason when the server is unreachable or psycopg is missing,
+except under ``CI=true``, where that is an error.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+
+HOST, PORT, USER = "127.0.0.1", 5432, "postgres"
+
+
+def _unavailable(reason: str) -> None:
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"PostgreSQL is required under CI=true: {reason}")
+    pytest.skip(reason)
+
+
+def _connect(dbname: str = "postgres"):  # type: ignore[no-untyped-def]
+    try:
+        import psycopg
+    except ImportError:
+        _unavailable("psycopg is not installed (pip install 'celery-leaderbeat[django]')")
+    try:
+        return psycopg.connect(host=HOST, port=PORT, user=USER, dbname=dbname,
+                               autocommit=True, connect_timeout=3)
+    except psycopg.OperationalError as exc:
+        _unavailable(f"PostgreSQL at {HOST}:{PORT} is unreachable ({str(exc).strip()})")
+
+
+@contextmanager
+def postgres_database(tag: str = "lb") -> Iterator[str]:
+    """Create a database with a unique name; drop it (forcing out sessions) afterwards."""
+    name = f"{tag}_{secrets.token_hex(4)}"
+    with _connect() as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield name
+    finally:
+        with _connect() as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
