@@ -83,7 +83,12 @@ def load(schedule: Mapping[str, Any], stored: Mapping[str, SlotState], *, start:
     unsent: list[Unsent] = []
     for name, entry in schedule.items():
         opts = options.get(name) or default
-        clock = clock_for(entry.schedule, name=name, tz=opts.tz or tz, jitter=opts.jitter)
+        try:
+            clock = clock_for(entry.schedule, name=name, tz=opts.tz or tz, jitter=opts.jitter)
+        except Exception as exc:  # noqa: BLE001 - an entry added at runtime: the others go on
+            logger.error("leaderbeat: entry %r is left out: its schedule cannot be followed (%s)",
+                         name, exc)
+            continue
         state = stored.get(name)
         if state is None:
             anchors.append(ClaimItem(name, to_ms(start), Op.ANCHOR))

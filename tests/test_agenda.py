@@ -185,3 +185,8 @@ def test_missed_events_list_each_recorded_slot_and_count_the_older_ones():
     [count] = [e for e in events if "older slots" in e.detail]
     assert count.detail == f"{p.missed_total - len(p.missed)} older slots not listed"
     assert count.slot_ms == to_ms(p.last)
+
+
+def test_an_entry_whose_clock_cannot_be_built_is_left_out_and_the_others_load():
+    loaded = load_at(T0, {"a": every(10), "bad": SimpleNamespace(schedule="not a schedule")})
+    assert sorted(loaded.tracked) == ["a"]
