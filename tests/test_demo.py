@@ -69,6 +69,7 @@ def last_json_line(stdout: str) -> dict[str, Any]:
     return json.loads(lines[-1])
 
 
+@pytest.mark.xdist_group("heavy")  # CPU-heavy: never beside another heavy test
 def test_quick_demo_fails_over_twice_without_a_duplicate_and_leaves_nothing_behind(
         tmp_path: Path) -> None:
     done = run_demo(tmp_path)

@@ -165,6 +165,7 @@ def test_a_terminated_leader_hands_over_in_under_a_second_and_no_slot_is_lost(
         assert gaps(slots, 1.0) == [], f"{entry} lost a slot during a graceful handover"
 
 
+@pytest.mark.xdist_group("heavy")  # CPU-heavy: never beside another heavy test
 def test_a_leader_paused_mid_batch_loses_at_most_one_chunk_and_stays_up_as_a_standby(
         tmp_path, two_servers, key_prefix):
     state, broker = two_servers

@@ -151,6 +151,7 @@ def test_overlap_skip_never_runs_two_runs_of_an_entry_at_once_across_two_workers
     assert len(skipped) >= 3, "slots due while a run ran were skipped and recorded"
 
 
+@pytest.mark.xdist_group("heavy")  # CPU-heavy: never beside another heavy test
 def test_a_leader_paused_mid_batch_with_the_guard_on_every_slot_runs_exactly_once(
         tmp_path, make_redis_server, key_prefix):
     state, broker, results = make_redis_server(), make_redis_server(), make_redis_server()

@@ -60,6 +60,11 @@ def test_health_answers_for_the_deployment_and_for_this_node(cluster):
     assert deployment.returncode == 0 and json.loads(deployment.stdout)["healthy"]
     assert node.returncode == 0, node.stdout + node.stderr
     assert "leads" in json.loads(node.stdout)["reason"] or "standby" in node.stdout
+    token = state.client().get("{" + env["LB_PREFIX"] + "}:leader").decode()
+    leader = next(b for b in beats if str(b.pid) == token.split("|")[0].split(":")[-2])
+    leader.kill()  # during the failover: the dead leader's lease lives on for up to the ttl
+    assert cli(env, "health").returncode == 0
+    assert cli(env, "health", "--node").returncode == 0, "a standby on this host is healthy"
     for beat in beats:
         beat.kill()
     state.client().delete("{" + env["LB_PREFIX"] + "}:leader")  # as if its ttl had lapsed

@@ -380,3 +380,39 @@ def test_the_default_entries_are_installed_after_beat_schedule_as_stock_beat_doe
     app = make_app(state.url, broker.url, key_prefix, {"a": {"task": NOOP, "schedule": 60.0}})
     # no result backend: it cannot expire results itself, so stock beat adds the cleanup
     assert set(Scheduler(app=app).schedule) == {"a", "celery.backend_cleanup"}
+
+
+def test_signals_tell_receivers_and_a_failing_receiver_never_breaks_the_tick(
+        servers, key_prefix):
+    from celery_leaderbeat import signals
+
+    state, broker = servers
+    scheduler = Scheduler(app=make_app(state.url, broker.url, key_prefix,
+                                       {"a": {"task": NOOP, "schedule": 0.3}}))
+    recorder = Recorder(broker.client())
+    elected, sent, lost = [], [], []
+
+    def on_elected(sender, node_id, epoch, **kwargs):
+        elected.append((node_id, epoch))
+
+    def on_sent(sender, entry, slot, task_id, epoch, rescued, **kwargs):
+        sent.append((entry, task_id, rescued))
+        raise RuntimeError("the alerting webhook is down")
+
+    def on_lost(sender, node_id, epoch, reason, **kwargs):
+        lost.append(reason)
+
+    signals.leader_elected.connect(on_elected)
+    signals.slot_sent.connect(on_sent)
+    signals.leader_lost.connect(on_lost)
+    try:
+        tick_until(scheduler, lambda: len(recorder.drain_all()) >= 3)
+    finally:
+        scheduler.close()
+        for signal, receiver in ((signals.leader_elected, on_elected),
+                                 (signals.slot_sent, on_sent), (signals.leader_lost, on_lost)):
+            signal.disconnect(receiver)
+    assert elected == [(scheduler.lb_config.node_id, 1)]
+    assert len(sent) >= 3 and {e for e, _, _ in sent} == {"a"}
+    assert all(task_id == m.id for (_, task_id, _), m in zip(sent, recorder.messages))
+    assert lost == ["released on shutdown"]

@@ -47,6 +47,7 @@ def run_chaos(tmp_path, capsys, *, nodes: int, duration: float, max_faults: int 
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("heavy")  # CPU-heavy: never beside another heavy test
 def test_chaos_short(tmp_path, capsys):
     run_chaos(tmp_path, capsys, nodes=3, duration=SHORT_CHAOS_SECONDS, max_faults=SHORT_FAULTS)
 
