@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import time
-import uuid
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
@@ -27,8 +25,6 @@ from typing import Any
 import redis
 from celery import beat
 
-from . import signals
-from ._version import __version__
 from .config import Config
 from .connection import describe, make_client
 from .entries import EntryOptions, split_entries
@@ -37,13 +33,13 @@ from .keys import Keys
 from .leader import Leader, Resign
 from .lease import Lease
 from .ledger import Event, Ledger
-from .metrics import Metrics, NullMetrics
-from .metrics import start as start_metrics
 from .node import Node, utcnow
 from .publish import publish
+from .registry import Registration
 from .scripts import Scripts
-from .slots import clock_for, from_ms, slot_id
+from .slots import clock_for
 from .standby import Standby
+from .telemetry import Telemetry
 
 logger = logging.getLogger(__name__)
 
@@ -85,10 +81,8 @@ class Scheduler(beat.Scheduler):
         self._last_wall = (time.time(), time.monotonic())
         self._redis_failures = 0
         self._closed = False
-        self._registered_at = 0.0
-        self._registered_once = False
-        self._instance = uuid.uuid4().hex[:12]
-        self._metrics: NullMetrics = NullMetrics()
+        self._registration = Registration()
+        self._telemetry = Telemetry(self, self.keys.prefix)
         super().__init__(app, *args, lazy=lazy, **kwargs)
 
     # -- the schedule definition ------------------------------------------------
@@ -176,11 +170,10 @@ class Scheduler(beat.Scheduler):
         config = self.lb_config
         client = make_client(config.redis_url, config.redis_options, config.socket_timeout)
         scripts = Scripts(client)
-        if config.metrics_port is not None and not isinstance(self._metrics, Metrics):
-            self._metrics = start_metrics(config.metrics_port)
+        if self._telemetry.serve(config.metrics_port):
             logger.info("leaderbeat: metrics on http://0.0.0.0:%d/metrics", config.metrics_port)
         lease = Lease(client, scripts, self.keys, config)
-        lease.on_renew = self._metrics.renewed
+        lease.on_renew = lambda seconds: self._telemetry.metrics.renewed(seconds)
         self._node = Node(config=config, keys=self.keys, client=client,
                           lease=lease,
                           ledger=Ledger(client, scripts, self.keys, config),
@@ -199,10 +192,7 @@ class Scheduler(beat.Scheduler):
         logger.info("leaderbeat: %s elected leader (epoch %s); slots due since %s are on "
                     "time, older ones missed", node.config.node_id, node.lease.epoch,
                     leader.since.isoformat())
-        self._metrics.leading(True, node.lease.epoch)
-        self._metrics.leadership_changed()
-        signals.send(signals.leader_elected, self, node_id=node.config.node_id,
-                     epoch=node.lease.epoch)
+        self._telemetry.elected(node.config.node_id, node.lease.epoch)
         self._register(LEADER)
         leader.elected(self._schedule_version)
         return leader
@@ -225,37 +215,15 @@ class Scheduler(beat.Scheduler):
             self._standby.since = utcnow()
 
     def _lost(self, why: str) -> None:
-        """This process stopped leading: metrics and the ``leader_lost`` signal."""
+        """This process stopped leading: its subscription goes, receivers are told."""
         assert self._node is not None
-        self._metrics.leading(False, None)
-        self._metrics.leadership_changed()
         if self._leader is not None:
             self._leader.close()
-        signals.send(signals.leader_lost, self, node_id=self.lb_config.node_id,
-                     epoch=self._node.lease.epoch, reason=why)
+        self._telemetry.lost(self.lb_config.node_id, self._node.lease.epoch, why)
 
     def _observe(self, events: Sequence[Event]) -> None:
-        """What became of slots: counted, and told to signal receivers."""
-        if not events:
-            return
-        self._metrics.slots(events, len(self.schedule))
-        kinds = {"sent": signals.slot_sent, "missed": signals.slot_missed,
-                 "skipped": signals.slot_skipped}
-        if not any(kinds[k].receivers for k in kinds):
-            return
-        for ev in events:
-            signal = kinds.get(ev.event)
-            if signal is None:
-                continue
-            slot = from_ms(ev.slot_ms)
-            if ev.event == "sent":
-                rescued = ev.detail == "rescued"
-                signals.send(signal, self, entry=ev.name, slot=slot,
-                             task_id=slot_id(self.keys.prefix, ev.name, slot),
-                             epoch=0 if rescued else self._node and self._node.lease.epoch,
-                             rescued=rescued)
-            else:
-                signals.send(signal, self, entry=ev.name, slot=slot, reason=ev.detail)
+        self._telemetry.slots(events, len(self.schedule),
+                              lambda: self._node.lease.epoch if self._node else None)
 
     # -- the tick --------------------------------------------------------------------
 
@@ -264,7 +232,7 @@ class Scheduler(beat.Scheduler):
         started = self._wake_by = time.monotonic()  # working: the heartbeat allows one ttl
         delay = self._tick()
         self._wake_by = time.monotonic() + delay  # asleep as told until then
-        self._metrics.ticked(self._wake_by - delay - started)
+        self._telemetry.metrics.ticked(self._wake_by - delay - started)
         return delay
 
     def _tick(self) -> float:
@@ -347,26 +315,13 @@ class Scheduler(beat.Scheduler):
 
     def _refresh_registration(self) -> None:
         """Refresh this node's entry in the node registry about once per renew interval."""
-        if time.monotonic() - self._registered_at >= self.lb_config.renew_interval:
+        if self._registration.due(self.lb_config.renew_interval):
             self._register(self.role)
 
     def _register(self, role: str) -> None:
         node = self._connect()
-        self._registered_at = time.monotonic()
-        self._metrics.clock_skew(node.lease.clock_skew)
-        replaced = node.ledger.register_node(role, {
-            "host": socket.gethostname(), "pid": os.getpid(), "version": __version__,
-            "instance": self._instance,
-            "epoch": node.lease.epoch if role == LEADER else None,
-            "clock_skew": node.lease.clock_skew})
-        other = replaced.get("instance") if replaced else None
-        if replaced and self._registered_once and other not in (None, self._instance):
-            raise ConfigurationError(
-                f"leaderbeat_node_id={self.lb_config.node_id!r} is used by another running "
-                f"beat too (host {replaced.get('host')}, pid {replaced.get('pid')}); every "
-                "beat process needs its own node id: leave leaderbeat_node_id unset for a "
-                "unique one")
-        self._registered_once = True
+        self._telemetry.metrics.clock_skew(node.lease.clock_skew)
+        self._registration.write(node, role, node.lease.epoch if role == LEADER else None)
 
     # -- sending -------------------------------------------------------------------------
 
@@ -408,7 +363,7 @@ class Scheduler(beat.Scheduler):
                     logger.info("leaderbeat: %s (epoch %s) released the lease",
                                 self.lb_config.node_id, lease.epoch)
                     self._lost("released on shutdown")
-                self._node.ledger.unregister_node()
+                self._registration.forget(self._node)
         except (redis.RedisError, OSError) as exc:
             logger.warning("leaderbeat: could not release the lease on close (%s); "
                            "standbys take over when it expires", exc)
