@@ -128,10 +128,13 @@ def test_overlap_skip_never_runs_two_runs_of_an_entry_at_once_across_two_workers
     state, broker, results = make_redis_server(), make_redis_server(), make_redis_server()
     schedule = {"slow": {"task": SLEEPY, "every": 1, "kwargs": {"seconds": 2.5},
                          "leaderbeat": {"overlap": "skip"}}}
+    # one task at a time per worker, none prefetched: while one worker runs the entry,
+    # the next slot's message goes to the other worker, whose guard must skip it
     env = guarded_env(tmp_path, broker_url=broker.url, state_url=state.url,
-                      record_url=results.url, prefix=key_prefix, schedule=schedule)
-    with WorkerProcess(env, tmp_path / "w1.log", name="w1") as w1, \
-            WorkerProcess(env, tmp_path / "w2.log", name="w2") as w2, \
+                      record_url=results.url, prefix=key_prefix, schedule=schedule,
+                      settings={"worker_prefetch_multiplier": 1})
+    with WorkerProcess(env, tmp_path / "w1.log", name="w1", concurrency=1) as w1, \
+            WorkerProcess(env, tmp_path / "w2.log", name="w2", concurrency=1) as w2, \
             BeatCluster(1, env, tmp_path):
         w1.wait_ready()
         w2.wait_ready()
@@ -145,10 +148,12 @@ def test_overlap_skip_never_runs_two_runs_of_an_entry_at_once_across_two_workers
     overlapping = [(a, b) for a, b in pairwise(spans) if b[0] < a[1]]
     skipped = [e for e in history(state.client(), key_prefix)
                if e["event"] == "skipped" and e.get("detail", "").startswith("overlap")]
+    processes = {r["pid"] for r in rows} | {e["node"].rsplit(":", 1)[1] for e in skipped}
     print(f"overlap run: {len(spans)} runs, {len(skipped)} slots skipped for overlap, "
-          f"{len({r['hostname'] for r in rows})} workers used")
+          f"{len({str(p) for p in processes})} worker processes involved")
     assert overlapping == []
     assert len(skipped) >= 3, "slots due while a run ran were skipped and recorded"
+    assert len({str(p) for p in processes}) >= 2, "both workers took part"
 
 
 @pytest.mark.xdist_group("heavy")  # CPU-heavy: never beside another heavy test
