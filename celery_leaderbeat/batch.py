@@ -108,8 +108,13 @@ class Outcome:
 
 
 def run_batch(due: Sequence[tuple[Tracked, Plan]], gate: Gate, send: Send, *,
-              record_missed: bool = True) -> Outcome:
+              record_missed: bool = True,
+              progress: Callable[[], None] = lambda: None) -> Outcome:
     """Claim, send and record the due slots; advance each entry past what was settled.
+
+    ``progress`` is called after every chunk claimed: a batch of tens of thousands of
+    slots takes longer than the lease ttl, and the heartbeat must tell that working
+    loop from a wedged one.
 
     Raises LeaseLostError when the leader's claim was refused (another node leads)
     or its lease expired while sending; what was sent is recorded first, and the
@@ -125,6 +130,7 @@ def run_batch(due: Sequence[tuple[Tracked, Plan]], gate: Gate, send: Send, *,
     fenced = False
     try:
         for chunk in chunks(due):
+            progress()
             chunk = [(t, slot, op) for t, slot, op in chunk if t.name not in stopped]
             if not chunk:
                 continue

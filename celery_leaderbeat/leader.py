@@ -134,7 +134,7 @@ class Leader:
             if due:
                 started = time.monotonic()
                 say_capped_once(due, self._capped)
-                outcome = run_batch(due, self.gate, self._send)
+                outcome = run_batch(due, self.gate, self._send, progress=node.progress)
                 node.observe(outcome.events)
                 self._say_paused(outcome.events)
                 if outcome.sent:

@@ -36,6 +36,7 @@ class Node:
     max_interval: Callable[[], float]  # Celery's beat_max_loop_interval, as the scheduler has it
     wake_by: Callable[[], float]  # monotonic time by which the main loop will be back
     observe: Callable[[Sequence[Event]], None]  # what became of slots: signals, metrics
+    progress: Callable[[], None]  # the main loop is working, not wedged (a long batch)
 
     def track(self, stored: Mapping[str, SlotState], *, start: datetime,
               epoch: int | None) -> Loaded:

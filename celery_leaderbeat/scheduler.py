@@ -180,7 +180,8 @@ class Scheduler(beat.Scheduler):
                           send=self._send_slot, schedule=self._slot_entries,
                           options=lambda: self._entry_options, tz=self.app.timezone,
                           max_interval=lambda: float(self.max_interval),
-                          wake_by=lambda: self._wake_by, observe=self._observe)
+                          wake_by=lambda: self._wake_by, observe=self._observe,
+                          progress=self._progress)
         self._leader = None
         self._standby = Standby(self._node)
         return self._node
@@ -220,6 +221,10 @@ class Scheduler(beat.Scheduler):
         if self._leader is not None:
             self._leader.close()
         self._telemetry.lost(self.lb_config.node_id, self._node.lease.epoch, why)
+
+    def _progress(self) -> None:
+        """A long batch moved on: the heartbeat gives the loop another ttl."""
+        self._wake_by = time.monotonic()
 
     def _observe(self, events: Sequence[Event]) -> None:
         self._telemetry.slots(events, len(self.schedule),
