@@ -12,7 +12,7 @@ from __future__ import annotations
 import heapq
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta, timezone, tzinfo
 from typing import Any, NamedTuple
 
@@ -70,9 +70,17 @@ class Loaded(NamedTuple):
     unsent: list[Unsent]  # slots claimed under another epoch, never confirmed sent
 
 
+#: builds the slot clock of one entry: (name, schedule, zone, jitter) -> clock
+ClockOf = Callable[[str, Any, tzinfo, "float | None"], SlotClock]
+
+
+def _build(name: str, schedule_: Any, tz: tzinfo, jitter: float | None) -> SlotClock:
+    return clock_for(schedule_, name=name, tz=tz, jitter=jitter)
+
+
 def load(schedule: Mapping[str, Any], stored: Mapping[str, SlotState], *, start: datetime,
          tz: tzinfo, options: Mapping[str, EntryOptions], default: EntryOptions,
-         epoch: int | None) -> Loaded:
+         epoch: int | None, clock_of: ClockOf = _build) -> Loaded:
     """Track every entry of ``schedule`` from its stored last slot, else from ``start``.
 
     ``epoch`` is the leader's own: a claimed or unsent slot of any other epoch
@@ -84,7 +92,7 @@ def load(schedule: Mapping[str, Any], stored: Mapping[str, SlotState], *, start:
     for name, entry in schedule.items():
         opts = options.get(name) or default
         try:
-            clock = clock_for(entry.schedule, name=name, tz=opts.tz or tz, jitter=opts.jitter)
+            clock = clock_of(name, entry.schedule, opts.tz or tz, opts.jitter)
         except Exception as exc:  # noqa: BLE001 - an entry added at runtime: the others go on
             logger.error("leaderbeat: entry %r is left out: its schedule cannot be followed (%s)",
                          name, exc)

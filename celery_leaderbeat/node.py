@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone, tzinfo
 from typing import Any
 
@@ -14,6 +14,7 @@ from .entries import EntryOptions
 from .keys import Keys
 from .lease import Lease
 from .ledger import Event, Ledger, SlotState
+from .slots import SlotClock, clock_for
 
 #: publishes one slot of one entry under a fencing epoch (0: a standby's rescue), with
 #: the slot's own task id unless one is given (a triggered run has its own)
@@ -38,13 +39,27 @@ class Node:
     observe: Callable[[Sequence[Event]], None]  # what became of slots: signals, metrics
     progress: Callable[[], None]  # the main loop is working, not wedged (a long batch)
 
+    clocks: dict[str, tuple[Any, Any, Any, SlotClock]] = field(default_factory=dict)
+
     def track(self, stored: Mapping[str, SlotState], *, start: datetime,
               epoch: int | None) -> Loaded:
         """The schedule's entries tracked from ``stored`` states (see :func:`agenda.load`)."""
-        for state in stored.values():
-            self.lease.observe_epoch(state.epoch)
+        if stored:
+            self.lease.observe_epoch(max(state.epoch for state in stored.values()))
         return load(self.schedule(), stored, start=start, tz=self.tz, options=self.options(),
-                    default=EntryOptions.defaults(self.config), epoch=epoch)
+                    default=EntryOptions.defaults(self.config), epoch=epoch,
+                    clock_of=self.clock_of)
+
+    def clock_of(self, name: str, schedule_: Any, tz: tzinfo, jitter: float | None) -> SlotClock:
+        """An entry's slot clock, built once per schedule object (a takeover at 100,000
+        entries spent most of its reload building the same clocks again)."""
+        cached = self.clocks.get(name)
+        if cached is not None and cached[0] is schedule_ and cached[1] == tz \
+                and cached[2] == jitter:
+            return cached[3]
+        clock = clock_for(schedule_, name=name, tz=tz, jitter=jitter)
+        self.clocks[name] = (schedule_, tz, jitter, clock)
+        return clock
 
 
 def utcnow() -> datetime:
