@@ -22,7 +22,7 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -200,37 +200,6 @@ class Rig:
 
     def ticks(self, beat: BeatProcess) -> int:
         return read_ticks(beat.ticks_path)  # type: ignore[attr-defined]
-
-    def seed_redbeat(self, last_run_at: datetime) -> None:
-        """Store every entry in RedBeat's keys as if it had last run at ``last_run_at``.
-
-        A fresh RedBeat sends every entry at once at start (never run = due now);
-        seeding is the state of a deployment that has run before.
-        """
-        from celery import Celery
-        from redbeat.decoder import RedBeatJSONEncoder
-        from redbeat.schedulers import RedBeatSchedulerEntry, ensure_conf
-
-        app = Celery("leaderbeat_test")
-        app.conf.update(redbeat_redis_url=self.state.url, timezone="UTC", enable_utc=True)
-        ensure_conf(app)
-        client = self.state.client()
-        pipe = client.pipeline(transaction=False)
-        for i, (name, spec) in enumerate(self.schedule.items()):
-            entry = RedBeatSchedulerEntry(name, spec["task"], timedelta(seconds=spec["every"]),
-                                          args=spec.get("args"), app=app,
-                                          last_run_at=last_run_at)
-            definition = {"name": name, "task": entry.task, "args": entry.args,
-                          "kwargs": entry.kwargs, "options": entry.options,
-                          "schedule": entry.schedule, "enabled": True}
-            pipe.hset(entry.key, mapping={
-                "definition": json.dumps(definition, cls=RedBeatJSONEncoder),
-                "meta": json.dumps({"last_run_at": last_run_at}, cls=RedBeatJSONEncoder)})
-            pipe.zadd(app.redbeat_conf.schedule_key, {entry.key: entry.score})
-            if i % 2000 == 1999:
-                pipe.execute()
-        pipe.sadd(app.redbeat_conf.statics_key, *self.schedule)
-        pipe.execute()
 
     def command_counts(self) -> Counter:
         return Counter({name.removeprefix("cmdstat_"): int(stats["calls"])

@@ -69,8 +69,6 @@ def _steady(kind: str, n: int, every: float, seconds: float) -> dict:
     from _harness import Rig, cpu_seconds, entries, load
 
     with Rig(kind, entries(n, every)) as rig:
-        if kind == "redbeat":
-            rig.seed_redbeat(sc._now())
         beat = rig.start_beat()
         rig.watch.wait_count(1, 60)
         time.sleep(every + 1)
