@@ -106,7 +106,8 @@ def main() -> None:
         args.repeats = min(args.repeats, 2)
         args.cap = min(args.cap, 20)
         args.every = min(args.every, 10)
-    save("env", versions())
+    if args.what != "plot":
+        save("env", versions())
     ha = [k for k in args.kinds if k != "stock"]  # stock beat has no HA
     steps = {
         "tick": lambda: run_tick(args),
