@@ -154,22 +154,30 @@ def more_tables(results: Path) -> str:
                        f"| {_f(r.get('late_max_s'))} | {r['load'].split()[1]} |")
     redis = rows(results, "redis")
     if redis:
-        out += ["\n**Redis commands (state server), 2,000 entries every 5 s**\n",
-                "| scheduler | phase | batches | sends | commands per 1,000 sends (commandstats) "
-                "| per batch: leader round trips / in Lua | per batch: each standby round trips / in Lua |",
-                "|---|---|---|---|---|---|---|"]
+        out += ["\n**Redis commands at the state server, 2,000 entries every 5 s, 30 s per phase**\n",
+                "| scheduler | phase | sends | all commands per 1,000 sends (commandstats) "
+                "| leader round trips per 1,000 sends | leader commands run inside Lua per 1,000 sends "
+                "| each standby: round trips per 30 s (of which per due batch) | load |",
+                "|---|---|---|---|---|---|---|---|"]
         for r in redis:
-            def per(role: str, div: float) -> str:
-                m = r["monitor"].get(role, {})
-                rt = sum(v for k, v in m.items() if not k.startswith("lua:"))
-                lua = sum(v for k, v in m.items() if k.startswith("lua:"))
-                top = ", ".join(f"{k} {v / div:.1f}" for k, v in
-                                sorted(m.items(), key=lambda kv: -kv[1])[:4] if not k.startswith("lua:"))
-                return f"{rt / div:.1f} / {lua / div:.1f} ({top})"
-            b = max(r["batches"], 1)
-            out.append(f"| {r['kind']} | {r['phase']} | {r['batches']} | {r['sent']} | "
-                       f"{r['per_1000_sends']:.0f} | {per('leader', b)} | "
-                       f"{per('standby', 2 * b) if 'standby' in r['monitor'] else '–'} |")
+            k = 1000 / max(r["sent"], 1)
+            lead = r["monitor"].get("leader", {})
+            lua = sum(v for c, v in lead.items() if c.startswith("lua:"))
+            if "exec" in lead:  # RedBeat: MULTI ... EXEC pipelines, one round trip each
+                tx = {"multi", "exec", "hget", "hset", "zadd", "zrangebyscore"}
+                rt = lead["exec"] + sum(v for c, v in lead.items()
+                                        if c not in tx and not c.startswith("lua:"))
+            else:
+                rt = sum(v for c, v in lead.items() if not c.startswith("lua:"))
+            sb = r["monitor"].get("standby", {})
+            sb_rt = sum(v for c, v in sb.items() if not c.startswith("lua:")) / 2
+            per_batch = (sb.get("hmget", 0) / 2 / max(r["batches"], 1)) if r["kind"] == "leaderbeat" else None
+            sb_cell = "–" if not sb else (f"{sb_rt:.0f} ({_f(per_batch, '.1f')} HMGET per batch)"
+                                          if per_batch is not None else f"{sb_rt:.0f}")
+            top = ", ".join(f"{c} {v * k:.0f}" for c, v in sorted(lead.items(), key=lambda kv: -kv[1])[:5])
+            out.append(f"| {r['kind']} | {r['phase']} | {r['sent']} | {r['per_1000_sends']:.0f} | "
+                       f"{rt * k:.1f} | {lua * k:.0f} | {sb_cell} | {r['load'].split()[1]} |")
+            out.append(f"|  | leader's top commands per 1,000 sends | {top} ||||||")
     fail = rows(results, "failover")
     if fail:
         out += ["\n**Failover (3 beats, 10 entries every 1 s)**\n",
