@@ -109,6 +109,11 @@ def main(results: Path) -> None:
     print(f"wrote {IMG / 'tick-cost.png'} and {IMG / 'failover-lateness.png'}")
 
 
+HEAD = {"cpu_per_1000": "CPU s per 1,000 sends", "cpu_per_tick": "CPU s per tick",
+        "sent_ratio": "sent / expected", "startup_s": "startup s", "rss_mib": "VmRSS MiB",
+        "duration_s": "batch s", "late_max_s": "worst lateness s (slot header)"}
+
+
 def _f(v: Any, fmt: str = ".3g") -> str:
     return "–" if v is None else format(v, fmt)
 
@@ -123,7 +128,7 @@ def tables(results: Path) -> str:
             ("idle", "nothing due, loop capped at 1 s", ("cpu_per_tick",)),
             ("all", "every entry due at once", ("cpu_per_1000", "duration_s", "sent", "late_max_s"))):
         out.append(f"\n**{title}**\n")
-        out.append("| entries | scheduler | " + " | ".join(cols) + " | load |")
+        out.append("| entries | scheduler | " + " | ".join(HEAD.get(c, c) for c in cols) + " | load |")
         out.append("|---|---|" + "---|" * (len(cols) + 1))
         groups: dict[tuple[int, str], list[dict]] = defaultdict(list)
         for r in tick:
