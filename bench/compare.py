@@ -31,9 +31,13 @@ from _harness import versions  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 KINDS = ("leaderbeat", "stock", "redbeat")
+QUICK = False
 
 
 def save(name: str, rows: list[dict] | dict) -> None:
+    global RESULTS
+    if QUICK:
+        RESULTS = RESULTS.with_name("results-quick")  # never mixed into the published runs
     RESULTS.mkdir(exist_ok=True)
     rows = rows if isinstance(rows, list) else [rows]
     with open(RESULTS / f"{name}.jsonl", "a") as out:
@@ -102,6 +106,8 @@ def main() -> None:
     args = parser.parse_args()
     args.kinds = args.kinds.split(",")
     if args.quick:
+        global QUICK
+        QUICK = True
         args.sizes = "100,1000" if args.sizes == parser.get_default("sizes") else args.sizes
         args.repeats = min(args.repeats, 2)
         args.cap = min(args.cap, 20)
