@@ -18,7 +18,11 @@ spreads over several chunks, one slot each.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+import os
+import signal
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
@@ -141,42 +145,47 @@ def run_batch(due: Sequence[tuple[Tracked, Plan]], gate: Gate, send: Send, *,
                      for t, slot, op in chunk]
             writing, pending = pending, []  # written by the claim call, even when refused
             outcome.events += writing
-            try:
-                results = gate.claim(items, writing)
-                replicated = True
-            except NotReplicatedError as exc:
-                # Granted on the master, but a failover could lose the claims: sending
-                # could then duplicate. Not sending keeps G1; the slots are recorded unsent.
-                logger.warning("leaderbeat: %s; not sending this chunk", exc)
-                results, replicated = [None] * len(items), False
-            for (tracked, slot, op), result in zip(chunk, results):
-                name, slot_ms = tracked.name, to_ms(slot)
-                if result is None:
-                    position[name] = max(position[name], slot)
-                    if op != Op.CLAIM:
-                        continue
-                    if not replicated:
-                        pending.append(Event(name, slot_ms, "unsent", "not replicated"))
-                    elif fenced or not gate.may_send():
-                        fenced = True
-                        pending.append(Event(name, slot_ms, "unsent", "lease expired"))
-                    elif send(name, slot):
-                        outcome.sent += 1
-                        pending.append(Event(name, slot_ms, "sent", gate.detail))
+            with _shield() as stopping:  # a stop signal waits until this chunk is out
+                try:
+                    results = gate.claim(items, writing)
+                    replicated = True
+                except NotReplicatedError as exc:
+                    # Granted on the master, but a failover could lose the claims: sending
+                    # could then duplicate. Not sending keeps G1; the slots are recorded unsent.
+                    logger.warning("leaderbeat: %s; not sending this chunk", exc)
+                    results, replicated = [None] * len(items), False
+                for (tracked, slot, op), result in zip(chunk, results):
+                    name, slot_ms = tracked.name, to_ms(slot)
+                    if result is None:
+                        position[name] = max(position[name], slot)
+                        if op != Op.CLAIM:
+                            continue
+                        if not replicated:
+                            pending.append(Event(name, slot_ms, "unsent", "not replicated"))
+                        elif fenced or not gate.may_send():
+                            fenced = True
+                            pending.append(Event(name, slot_ms, "unsent", "lease expired"))
+                        elif send(name, slot):
+                            outcome.sent += 1
+                            pending.append(Event(name, slot_ms, "sent", gate.detail))
+                        else:
+                            pending.append(Event(name, slot_ms, "unsent", "publish failed"))
+                    elif result == PAUSED:  # skipped past: resuming does not replay it
+                        position[name] = max(position[name], slot)
+                        pending.append(Event(name, slot_ms, "skipped", "paused"))
+                    elif isinstance(result, SlotState):
+                        position[name] = max(position[name], from_ms(result.slot_ms))
+                        if op == Op.CLAIM and gate.records_refusals and result.state != SKIPPED:
+                            outcome.refused += 1
+                            pending.append(Event(name, slot_ms, "skipped",
+                                                 _refusal(slot_ms, result)))
                     else:
-                        pending.append(Event(name, slot_ms, "unsent", "publish failed"))
-                elif result == PAUSED:  # skipped past: resuming does not replay it
-                    position[name] = max(position[name], slot)
-                    pending.append(Event(name, slot_ms, "skipped", "paused"))
-                elif isinstance(result, SlotState):
-                    position[name] = max(position[name], from_ms(result.slot_ms))
-                    if op == Op.CLAIM and gate.records_refusals and result.state != SKIPPED:
-                        outcome.refused += 1
-                        pending.append(Event(name, slot_ms, "skipped",
-                                             _refusal(slot_ms, result)))
-                else:
-                    stopped.add(name)
-                    (outcome.waiting if result == "early" else outcome.unknown).append(name)
+                        stopped.add(name)
+                        (outcome.waiting if result == "early" else outcome.unknown).append(name)
+                if stopping and pending:  # record what went out before the signal acts:
+                    gate.record(pending)  # its handler releases the lease first
+                    outcome.events += pending
+                    pending = []
     finally:
         if pending:
             gate.record(pending)
@@ -187,6 +196,40 @@ def run_batch(due: Sequence[tuple[Tracked, Plan]], gate: Gate, send: Send, *,
     if fenced:
         raise LeaseLostError("lease expired while sending (self-fencing)")
     return outcome
+
+
+_HELD = {getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
+         if hasattr(signal, name)}
+
+
+@contextmanager
+def _shield() -> Iterator[list[int]]:
+    """Hold SIGTERM, SIGINT, SIGHUP and SIGQUIT back while one chunk is claimed and sent.
+
+    Celery's handler raises ``SystemExit`` wherever the main thread is: landing
+    between a claim and its publish, it left the chunk claimed and never sent
+    (lost, at most once). While a chunk is in hand a stand-in handler only notes
+    the signal; once the chunk is out the real handlers are back and the noted
+    signals are sent again, a few milliseconds late. (Masking the main thread is
+    not enough: the kernel hands the signal to the heartbeat thread instead.)
+    SIGKILL cannot be held: that window stays. Only the main thread can do this.
+    """
+    noted: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield noted
+        return
+    previous = {}
+    for sig in _HELD:
+        handler = signal.getsignal(sig)
+        if handler is not None:  # None: not set from Python, cannot be put back
+            previous[sig] = signal.signal(sig, lambda signum, frame: noted.append(signum))
+    try:
+        yield noted
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        for signum in noted:
+            os.kill(os.getpid(), signum)
 
 
 def chunks(due: Sequence[tuple[Tracked, Plan]], size: int = CHUNK

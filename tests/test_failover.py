@@ -225,3 +225,32 @@ def test_beats_survive_a_redis_restart_and_resume_sending_without_duplicates(
     assert any("unreachable" in b.log_text() for b in cluster)
     # Redis came back empty: the new leader says so once and starts the entries from now
     assert sum(b.log_text().count("had no slot state in Redis") for b in cluster) == 2  # first start + restart
+
+
+@pytest.mark.xdist_group("heavy")  # CPU-heavy: never beside another heavy test
+def test_a_leader_terminated_mid_batch_sends_the_chunk_in_hand_and_loses_nothing(
+        tmp_path, two_servers, key_prefix):
+    """SIGTERM is held back while a chunk is claimed and sent: Celery's SystemExit once
+    landed between a claim and its publish and left the chunk claimed, never sent."""
+    state, broker = two_servers
+    client, broker_client = state.client(), broker.client()
+    n = 2000
+    cluster, recorder = start(tmp_path, two_servers, key_prefix, every(5.0, n))
+    with cluster:
+        token, _ = wait_for_leader(client, key_prefix)
+        leader = beat_by_pid(cluster, leader_pid(token))
+        deadline = time.monotonic() + 30
+        while broker_client.llen("celery") < 150:  # the first batch is being published
+            assert time.monotonic() < deadline, "the leader never started its batch"
+            time.sleep(0.001)
+        leader.proc.send_signal(15)
+        assert leader.wait_exit(15) == 0
+        wait_for_leader(client, key_prefix, other_than=token, timeout=5)
+        time.sleep(4)  # the rest of the batch, from the next leader
+        logs = cluster.logs()
+    recorder.drain()
+    first_slot = min(m.slot for m in recorder.messages)
+    batch = {m.entry for m in recorder.messages if m.slot == first_slot}
+    assert duplicates(recorder.messages) == []
+    assert len(batch) == n, f"{n - len(batch)} slots of the batch were lost"
+    assert "claimed but not confirmed sent" not in logs
