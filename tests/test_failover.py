@@ -66,6 +66,19 @@ def replace_leader(client, prefix: str, cluster: BeatCluster, recorder: Recorder
     return leader, took_over - signalled_at
 
 
+def leader_in_its_first_batch(client, broker_client, prefix: str, cluster: BeatCluster,
+                              published: int):
+    """(token, BeatProcess) of the leader once ``published`` messages of its first batch
+    are at the broker: the moment to hit it mid-batch."""
+    token, _ = wait_for_leader(client, prefix)
+    leader = beat_by_pid(cluster, leader_pid(token))
+    deadline = time.monotonic() + 30
+    while broker_client.llen("celery") < published:
+        assert time.monotonic() < deadline, "the leader never started its batch"
+        time.sleep(0.001)
+    return token, leader
+
+
 def slot_times(messages) -> dict[str, list[datetime]]:
     return {entry: sorted(datetime.fromisoformat(s) for s in slots)
             for entry, slots in slots_by_entry(messages).items()}
@@ -173,12 +186,7 @@ def test_a_leader_paused_mid_batch_loses_at_most_one_chunk_and_stays_up_as_a_sta
     n = 2000
     cluster, recorder = start(tmp_path, two_servers, key_prefix, every(5.0, n))
     with cluster:
-        token, _ = wait_for_leader(client, key_prefix)
-        leader = beat_by_pid(cluster, leader_pid(token))
-        deadline = time.monotonic() + 30
-        while broker_client.llen("celery") < 200:  # the first batch is being published
-            assert time.monotonic() < deadline, "the leader never started its batch"
-            time.sleep(0.001)
+        token, leader = leader_in_its_first_batch(client, broker_client, key_prefix, cluster, 200)
         leader.stop()
         published_before_pause = broker_client.llen("celery")
         assert published_before_pause < n - 100, (
@@ -237,12 +245,7 @@ def test_a_leader_terminated_mid_batch_sends_the_chunk_in_hand_and_loses_nothing
     n = 2000
     cluster, recorder = start(tmp_path, two_servers, key_prefix, every(5.0, n))
     with cluster:
-        token, _ = wait_for_leader(client, key_prefix)
-        leader = beat_by_pid(cluster, leader_pid(token))
-        deadline = time.monotonic() + 30
-        while broker_client.llen("celery") < 150:  # the first batch is being published
-            assert time.monotonic() < deadline, "the leader never started its batch"
-            time.sleep(0.001)
+        token, leader = leader_in_its_first_batch(client, broker_client, key_prefix, cluster, 150)
         leader.proc.send_signal(15)
         assert leader.wait_exit(15) == 0
         wait_for_leader(client, key_prefix, other_than=token, timeout=5)
