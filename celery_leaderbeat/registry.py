@@ -6,7 +6,6 @@ import os
 import socket
 import time
 import uuid
-from typing import Any
 
 from ._version import __version__
 from .errors import ConfigurationError
@@ -45,5 +44,5 @@ class Registration:
                 "unique one")
         self._once = True
 
-    def forget(self, node: Any) -> None:
+    def forget(self, node: Node) -> None:
         node.ledger.unregister_node()
