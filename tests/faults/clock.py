@@ -1,0 +1,138 @@
+"""A controllable clock for in-process nodes, and Redis key expiry that follows it.
+
+How time works in these tests:
+
+- Every ``celery_leaderbeat`` module reads time through its module-level ``time``
+  name (``time.time()``, ``time.monotonic()``); :func:`install_clock` replaces that
+  name in each module with :class:`FakeTime`, which answers from one shared
+  :class:`FakeClock` and passes everything else to the real ``time`` module.
+  ``Lease`` binds ``time.monotonic`` as a default argument when the module is
+  imported, so the harness also sets ``lease.clock`` on every lease it builds.
+- Virtual time only moves when the test calls :meth:`FakeClock.advance`: a
+  scenario is a sequence of ticks at chosen virtual times, the same on every
+  replay, however loaded the machine is.
+- Redis runs in real time. Two things there depend on its clock:
+  * key expiry (the lease's PX ttl, the guard's keys): :class:`RedisExpiry`
+    shortens every ttl under the test's key prefix by each virtual advance, so a
+    lease expires in Redis when the virtual clock says it does;
+  * ``TIME`` (skew measurement, and claim.lua's "rescue only once Redis TIME >=
+    fire time + rescue_after"): the virtual wall clock starts
+    :data:`BEHIND_REDIS` seconds behind the real one and runs faster than it, so
+    it stays behind Redis for the length of any scenario. Redis therefore always
+    finds a rescue late enough: the standby's own rescue_after wait (virtual) is
+    what times rescues here, and nodes are configured with a ``max_clock_skew``
+    larger than the offset. The skew checks are not what these tests test.
+"""
+
+from __future__ import annotations
+
+import sys
+import time as _real_time
+from typing import Any
+
+import redis
+
+#: seconds the virtual wall clock starts behind Redis TIME (see the module docstring)
+BEHIND_REDIS = 3600.0  # at least; START rounds down to the hour
+
+#: a ``leaderbeat_max_clock_skew`` that tolerates :data:`BEHIND_REDIS` for a day of virtual time
+SKEW_TOLERANCE = 2 * BEHIND_REDIS + 86400.0
+
+
+#: where every FakeClock starts, fixed once per process so replays see the same slot times:
+#: a whole hour (slots of round intervals fall on round virtual times), 1-2 h behind Redis
+START = float(int(_real_time.time() - BEHIND_REDIS) // 3600 * 3600)
+
+
+class FakeClock:
+    """One virtual clock: ``time()`` (wall, epoch seconds) and ``monotonic()`` move together."""
+
+    def __init__(self, wall: float | None = None) -> None:
+        self._wall0 = START if wall is None else wall
+        self._mono0 = 1000.0
+        self.elapsed = 0.0
+        self.listeners: list[Any] = []  # called with each advance, e.g. RedisExpiry.advance
+
+    def time(self) -> float:
+        return self._wall0 + self.elapsed
+
+    def monotonic(self) -> float:
+        return self._mono0 + self.elapsed
+
+    def advance(self, seconds: float) -> None:
+        if seconds <= 0:
+            return
+        self.elapsed = round(self.elapsed + seconds, 6)
+        for listener in self.listeners:
+            listener(seconds)
+
+
+class FakeTime:
+    """Stands in for the ``time`` module inside ``celery_leaderbeat`` modules."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        self._clock = clock
+
+    def time(self) -> float:
+        return self._clock.time()
+
+    def monotonic(self) -> float:
+        return self._clock.monotonic()
+
+    def sleep(self, seconds: float) -> None:
+        self._clock.advance(seconds)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(_real_time, name)
+
+
+def install_clock(monkeypatch: Any, clock: FakeClock) -> list[str]:
+    """Point the ``time`` name of every loaded ``celery_leaderbeat`` module at ``clock``."""
+    import celery_leaderbeat  # noqa: F401  (its modules must be loaded first)
+    from celery_leaderbeat import (agenda, batch, degraded, leader, lease, ledger,  # noqa: F401
+                                   node, registry, scheduler, standby)
+
+    fake = FakeTime(clock)
+    patched = []
+    for name, module in sorted(sys.modules.items()):
+        if name.startswith("celery_leaderbeat") and getattr(module, "time", None) is _real_time:
+            monkeypatch.setattr(module, "time", fake)
+            patched.append(name)
+    return patched
+
+
+_SHORTEN = """
+local dt = tonumber(ARGV[2])
+local n = 0
+for _, key in ipairs(redis.call('KEYS', ARGV[1])) do
+  local left = redis.call('PTTL', key)
+  if left > 0 then
+    if left <= dt then redis.call('DEL', key) else redis.call('PEXPIRE', key, left - dt) end
+    n = n + 1
+  end
+end
+return n
+"""
+
+
+class RedisExpiry:
+    """Makes Redis key expiry follow the virtual clock for keys matching ``pattern``.
+
+    Registered as a clock listener: each virtual advance of ``dt`` seconds takes
+    ``dt`` off every key's remaining ttl (deleting those it used up), in one
+    script call on the test's own client, outside the fault seam.
+    """
+
+    def __init__(self, client: redis.Redis, pattern: str) -> None:
+        self.client = client
+        self.pattern = pattern
+        self._script = client.register_script(_SHORTEN)
+        self.paused = False  # while Redis itself is down (killed, stopped)
+
+    def __call__(self, seconds: float) -> None:
+        if self.paused:
+            return
+        try:
+            self._script(args=[self.pattern, int(seconds * 1000)])
+        except (redis.ConnectionError, redis.TimeoutError):
+            pass  # Redis is down: nothing in it expires
