@@ -2,8 +2,8 @@
 
 - I1 (at most once): no slot (entry, slot time) is published twice, by anyone,
   and no task id twice. A trigger has a task id of its own and is left out.
-- I2 (accounted for): every slot of an entry from its first known slot up to a
-  horizon is published, or recorded in the history with a reason: ``missed``,
+- I2 (accounted for): every slot of an entry from its first accounted slot up to
+  a horizon is published, or recorded in the history with a reason: ``missed``,
   ``unsent``, ``skipped`` as ``paused``, ``window``, ``disabled``, ``error``.
   A ``skipped`` "already claimed by ..." is the leader's refusal, not a reason
   the slot was not sent, and does not count.
@@ -37,6 +37,7 @@ class Published:
     epoch: int | None
     task_id: str
     at: float  # virtual wall time of the publish
+    via: str = "schedule"  # or "backfill", "request" (a trigger)
 
     def triggered(self, prefix: str) -> bool:
         slot = datetime.fromtimestamp(self.slot_ms / 1000, timezone.utc)
@@ -74,41 +75,51 @@ def duplicates(published: Sequence[Published], prefix: str) -> list[str]:
 
 
 def unaccounted(published: Sequence[Published], events: Iterable[Mapping[str, Any]],
-                intervals: Mapping[str, float], horizon_ms: int,
-                since_ms: Mapping[str, int] | None = None) -> list[str]:
+                intervals: Mapping[str, float], horizon_ms: int, prefix: str) -> list[str]:
     """I2: one line per entry with slots up to ``horizon_ms`` neither published nor recorded.
 
-    An entry's slots are its first known slot (published or in the history, or
-    ``since_ms[name]``) plus whole intervals.
+    Checked without assuming a phase (an entry re-anchors after Redis lost its
+    data): between two consecutive accounted slots (published, or recorded with
+    a reason) of an entry no more than one interval may pass, and the last one
+    must be less than an interval before the horizon. A ``missed`` event "N older
+    slots not listed" accounts for the gap that ends at its slot. An entry starts
+    at its first slot published by the schedule or recorded with a reason (a
+    backfill may publish slots from before the entry's first one).
     """
-    sent: dict[str, set[int]] = defaultdict(set)
+    accounted: dict[str, set[int]] = defaultdict(set)
+    summarised: dict[str, set[int]] = defaultdict(set)
+    starts: dict[str, int] = {}
     for p in published:
-        sent[p.name].add(p.slot_ms)
-    reasoned: dict[str, set[int]] = defaultdict(set)
-    seen: dict[str, set[int]] = defaultdict(set)
+        if not p.triggered(prefix):
+            accounted[p.name].add(p.slot_ms)
+        if p.via == "schedule":
+            starts[p.name] = min(starts.get(p.name, p.slot_ms), p.slot_ms)
     for ev in events:
         name, slot = ev.get("entry"), ev.get("slot")
         if not name or not slot:
             continue
-        seen[name].add(int(slot))
-        if ev.get("event") in REASONS or (ev.get("event") == "skipped"
-                                          and ev.get("detail") == "paused"):
-            reasoned[name].add(int(slot))
+        kind, detail = ev.get("event"), ev.get("detail") or ""
+        if kind in REASONS or (kind == "skipped" and detail == "paused"):
+            accounted[name].add(int(slot))
+            starts[name] = min(starts.get(name, int(slot)), int(slot))
+        if kind == "missed" and "older slots not listed" in detail:
+            summarised[name].add(int(slot))
     problems = []
     for name, interval in sorted(intervals.items()):
         step = int(interval * 1000)
-        known = sent[name] | seen[name]
-        first = (since_ms or {}).get(name)
-        if first is None:
-            if not known:
-                continue
-            first = min(known)
-        lost = [s for s in range(first, horizon_ms + 1, step)
-                if s not in sent[name] and s not in reasoned[name]]
-        if lost:
-            shown = ", ".join(_iso(s) for s in lost[:4])
-            problems.append(f"I2: {name}: {len(lost)} slot(s) neither published nor recorded "
-                            f"with a reason: {shown}{' ...' if len(lost) > 4 else ''}")
+        if name not in starts:
+            continue
+        slots = sorted(s for s in accounted[name] if starts[name] <= s <= horizon_ms)
+        if not slots:
+            continue
+        gaps = [(a, b) for a, b in zip(slots, slots[1:])
+                if b - a > step + 1 and b not in summarised[name]]
+        if horizon_ms - slots[-1] > step + 1:
+            gaps.append((slots[-1], horizon_ms))
+        if gaps:
+            shown = ", ".join(f"after {_iso(a)} until {_iso(b)}" for a, b in gaps[:3])
+            problems.append(f"I2: {name}: slots neither published nor recorded with a reason "
+                            f"{shown}{' ...' if len(gaps) > 3 else ''}")
     return problems
 
 

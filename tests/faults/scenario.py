@@ -1,15 +1,15 @@
-"""The sweep's scenario: 3 nodes, a burst of 300 entries, a crash, rescues, a handover.
+"""The sweep's scenario: 3 nodes, a burst of 200 entries, a crash, rescues, a handover.
 
 Virtual timeline (every entry runs every 4 s on one phase; default lease ttl
-10 s, rescue_after 2 s, standby_poll 1 s):
+10 s, rescue_after 2 s, standby_poll 1 s; every node ticks every 0.2 s):
 
-- 0 s: nodes a, b, c start; a leads and anchors the 300 entries 5 s ahead
+- 0 s: nodes a, b, c start; a leads and anchors the 200 entries 5 s ahead
   (their slots fall at 9.1 s, 13.1 s, ...);
-- 10.5 s: the leader (a) crashes after its first burst; b and c rescue the
+- 10.4 s: the leader (a) crashes after its first burst; b and c rescue the
   bursts due meanwhile, 2 s late, until a's lease expires and b is elected;
-- 24.5 s: a starts again, as a standby;
-- 28.5 s: the leader shuts down gracefully (releases): another takes over at once;
-- 36.5 s: the faults stop (the seam is switched off); 12 s more let every node
+- 24.4 s: a starts again, as a standby;
+- 28.4 s: the leader shuts down gracefully (releases): another takes over at once;
+- 36.4 s: the faults stop (the seam is switched off); 12 s more let every node
   settle, then the invariants are checked up to 3 s before the end.
 
 :func:`play` runs it on a :class:`Sim` whose seam may carry a fault plan; the
@@ -22,9 +22,11 @@ from typing import Any
 
 from .sim import TASK, Sim
 
-ENTRIES = 300
+ENTRIES = 200
 INTERVAL = 4.0
 NODES = ("a", "b", "c")
+#: virtual seconds between two rounds of ticks
+STEP = 0.2
 #: virtual seconds after the last fault during which nothing is injected
 SETTLE = 12.0
 #: the invariants are checked up to this many seconds before the end
@@ -41,9 +43,10 @@ def intervals() -> dict[str, float]:
 
 def play(sim: Sim) -> None:
     """Run the scenario, then settle with the seam off."""
+    sim.step_seconds = STEP
     for node_id in NODES:
         sim.start(node_id)
-    sim.run(10.5)
+    sim.run(10.4)
     _crash_leader(sim)
     sim.run(14)
     if "a" not in sim.nodes:

@@ -186,10 +186,15 @@ class FaultyPipeline(Pipeline):
     node_id: str
 
     def execute(self, raise_on_error: bool = True) -> list[Any]:
-        names = ",".join(str(args[0]) for args, _ in self.command_stack)
+        queued = list(self.command_stack)
+        names = ",".join(str(args[0]) for args, _ in queued)
         label = call_site(f"PIPELINE({names})")
-        return self.seam.intercept(self.node_id, label,
-                                   lambda: super(FaultyPipeline, self).execute(raise_on_error))
+
+        def run() -> list[Any]:  # a repeat sends the same commands again (execute() resets)
+            self.command_stack = list(queued)
+            return super(FaultyPipeline, self).execute(raise_on_error)
+
+        return self.seam.intercept(self.node_id, label, run)
 
 
 class FaultyPubSub(PubSub):

@@ -28,6 +28,7 @@ A ``tick()`` that raises is a beat that exited: it is recorded in
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -108,6 +109,16 @@ class SteppedHeartbeat(lease_module.Heartbeat):
         self._stop_event.step(self)  # type: ignore[attr-defined]
 
 
+def _sent_by() -> str:
+    """``backfill``, ``request`` (trigger) or ``schedule``: who in the package is publishing."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_globals.get("__name__") == "celery_leaderbeat.requests":
+            return "backfill" if frame.f_code.co_name == "_backfill" else "request"
+        frame = frame.f_back
+    return "schedule"
+
+
 def _wait_without_sleeping(self: Standby, timeout: float) -> None:
     """``Standby._wait`` for a driven clock: read what was published, never sleep."""
     if self._pubsub is None:
@@ -167,6 +178,7 @@ class Sim:
         self._frozen: set[str] = set()
         self._building: str | None = None
         self.schedules: dict[str, Mapping[str, Mapping[str, Any]]] = {}  # per-node override
+        self.on_publish: list[Callable[[Published], None]] = []
 
     # -- seams -------------------------------------------------------------------------
 
@@ -185,8 +197,11 @@ class Sim:
     def _publish(self, scheduler: Any, entry: Any, slot: datetime, epoch: int | None,
                  overlap: str = "allow", task_id: str | None = None) -> Any:
         tid = task_id or slot_id(scheduler.keys.prefix, entry.name, slot)
-        self.published.append(Published(scheduler.lb_config.node_id, entry.name, to_ms(slot),
-                                         slot.isoformat(), epoch, tid, self.clock.time()))
+        published = Published(scheduler.lb_config.node_id, entry.name, to_ms(slot),
+                              slot.isoformat(), epoch, tid, self.clock.time(), _sent_by())
+        self.published.append(published)
+        for hook in self.on_publish:
+            hook(published)
         return tid
 
     # -- nodes -------------------------------------------------------------------------
@@ -287,12 +302,15 @@ class Sim:
     def history(self) -> list[dict[str, str]]:
         return history(self.admin, self.keys)
 
-    def violations(self, intervals: Mapping[str, float], horizon_ms: int | None = None,
-                   since_ms: Mapping[str, int] | None = None) -> list[str]:
-        """I1 and I2 over everything published and recorded so far, and beats that exited."""
-        horizon = horizon_ms if horizon_ms is not None else int(self.clock.time() * 1000)
+    def violations(self, intervals: Mapping[str, float], horizon_ms: int,
+                   events: list[dict[str, str]] | None = None) -> list[str]:
+        """I1 and I2 over everything published and recorded, and beats that exited.
+
+        ``events``: the history to judge by (default: the stream as Redis has it now).
+        """
         problems = duplicates(self.published, self.prefix)
-        problems += unaccounted(self.published, self.history(), intervals, horizon, since_ms)
+        problems += unaccounted(self.published, self.history() if events is None else events,
+                                intervals, horizon_ms, self.prefix)
         problems += [f"exit: {line}" for line in self.exits]
         return problems
 
