@@ -79,6 +79,9 @@ class Seam:
 
     #: index -> fault kind
     plan: dict[int, str] = field(default_factory=dict)
+    #: [label substring, occurrence (1: the first matching call), kind]: a fault aimed at a
+    #: call site rather than an index (regression tests: indices move when the code changes)
+    aims: list[list[Any]] = field(default_factory=list)
     #: a call is stalled by ``delay`` for this many virtual seconds (set to ttl + 1)
     stall_seconds: float = 11.0
     #: called as ``on_stall(node_id, seconds)`` for a ``delay``: move the clock, run the others
@@ -95,6 +98,11 @@ class Seam:
             return run()
         index = next(self._count)  # type: ignore[call-overload]
         kind = self.plan.get(index)
+        for aim in self.aims:
+            if kind is None and aim[1] > 0 and aim[0] in label:
+                aim[1] -= 1
+                if aim[1] == 0:
+                    kind = aim[2]
         self.calls.append(Call(index, node, label, kind))
         if kind is None:
             return run()
@@ -121,6 +129,10 @@ class Seam:
     def sites(self) -> Counter[str]:
         """How many calls each distinct call site made."""
         return Counter(call.label for call in self.calls)
+
+    def aim(self, label: str, kind: str, occurrence: int = 1) -> None:
+        """Fault the ``occurrence``-th call whose label contains ``label``."""
+        self.aims.append([label, occurrence, kind])
 
     def injected(self) -> list[Call]:
         return [call for call in self.calls if call.fault is not None]
