@@ -13,8 +13,8 @@ How time works in these tests:
   replay, however loaded the machine is.
 - Redis runs in real time. Two things there depend on its clock:
   * key expiry (the lease's PX ttl, the guard's keys): :class:`RedisExpiry`
-    shortens every ttl under the test's key prefix by each virtual advance, so a
-    lease expires in Redis when the virtual clock says it does;
+    keeps every ttl under the test's key prefix in virtual time, so a lease
+    expires in Redis when the virtual clock says it does, on every replay;
   * ``TIME`` (skew measurement, and claim.lua's "rescue only once Redis TIME >=
     fire time + rescue_after"): the virtual wall clock starts
     :data:`BEHIND_REDIS` seconds behind the real one and runs faster than it, so
@@ -101,38 +101,72 @@ def install_clock(monkeypatch: Any, clock: FakeClock) -> list[str]:
     return patched
 
 
-_SHORTEN = """
-local dt = tonumber(ARGV[2])
-local n = 0
+_ADVANCE = """
+local now, prev, cushion, side = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
 for _, key in ipairs(redis.call('KEYS', ARGV[1])) do
   local left = redis.call('PTTL', key)
   if left > 0 then
-    if left <= dt then redis.call('DEL', key) else redis.call('PEXPIRE', key, left - dt) end
-    n = n + 1
+    local deadline
+    if left > cushion / 2 then
+      deadline = tonumber(redis.call('HGET', side, key) or now)
+    else
+      deadline = prev + math.ceil(left / 100) * 100
+    end
+    if deadline <= now then
+      redis.call('DEL', key)
+      redis.call('HDEL', side, key)
+    else
+      redis.call('PEXPIRE', key, deadline - now + cushion)
+      redis.call('HSET', side, key, deadline)
+    end
   end
 end
-return n
+return 0
 """
 
 
 class RedisExpiry:
     """Makes Redis key expiry follow the virtual clock for keys matching ``pattern``.
 
-    Registered as a clock listener: each virtual advance of ``dt`` seconds takes
-    ``dt`` off every key's remaining ttl (deleting those it used up), in one
-    script call on the test's own client, outside the fault seam.
+    Registered as a clock listener. Redis itself counts ttls in real time, and a
+    scenario's virtual seconds pass in milliseconds of real time (or, on a loaded
+    machine, the other way round), so Redis must never expire a key by itself:
+    at each virtual advance one script call (on the test's own client, outside
+    the fault seam) gives every key with a ttl its *virtual* deadline, kept in a
+    side hash, and a real ttl of that plus :data:`CUSHION_MS`. A ttl the code
+    set since the last advance (at most a lease ttl, far below the cushion) was
+    set at the previous virtual time, so its deadline is that time plus the ttl
+    (rounded up to 100 ms: the few real milliseconds it already drained). A key
+    whose virtual deadline has come is deleted, as Redis would have: the same
+    keys expire at the same virtual times on every replay.
     """
 
-    def __init__(self, client: redis.Redis, pattern: str) -> None:
+    #: real ms added to every virtual ttl so that Redis never expires a key by itself
+    CUSHION_MS = 10 ** 9
+
+    def __init__(self, client: redis.Redis, pattern: str, clock: FakeClock) -> None:
         self.client = client
         self.pattern = pattern
-        self._script = client.register_script(_SHORTEN)
-        self.paused = False  # while Redis itself is down (killed, stopped)
+        self.clock = clock
+        self.side = f"vexp:{pattern}"  # does not match the pattern
+        self._script = client.register_script(_ADVANCE)
+        self._prev_ms = self._now_ms()
+
+    def _now_ms(self) -> int:
+        return int(round(self.clock.time() * 1000))
 
     def __call__(self, seconds: float) -> None:
-        if self.paused:
-            return
+        now = self._now_ms()
         try:
-            self._script(args=[self.pattern, int(seconds * 1000)])
+            self._script(args=[self.pattern, now, self._prev_ms, self.CUSHION_MS, self.side])
         except (redis.ConnectionError, redis.TimeoutError):
             pass  # Redis is down: nothing in it expires
+        self._prev_ms = now
+
+    def virtual_pttl(self, key: bytes | str) -> int:
+        """The ms ``key`` has left in virtual time (-1: no ttl, -2: no key)."""
+        left = int(self.client.pttl(key))
+        if left <= self.CUSHION_MS // 2:
+            return left
+        deadline = self.client.hget(self.side, key)
+        return int(deadline) - self._now_ms() if deadline is not None else -1

@@ -86,6 +86,7 @@ class World:
     def _kill_clients(self) -> None:
         admin = self.sim.admin
         admin.client_kill_filter(_type="normal", skipme=True)
+        admin.client_kill_filter(_type="pubsub", skipme=True)
 
     def redis_restarts_empty(self) -> None:
         self.collect_history()
@@ -95,10 +96,10 @@ class World:
         self._kill_clients()
 
     def take_snapshot(self) -> None:
-        admin = self.sim.admin
-        keys = admin.keys("*")
+        admin, expiry = self.sim.admin, self.sim.expiry
+        keys = [k for k in admin.keys(f"{self.keys.tag}:*")]
         self.snapshot = (self.sim.clock.time(),
-                         [(k, int(admin.pttl(k)), admin.dump(k)) for k in keys])
+                         [(k, expiry.virtual_pttl(k), admin.dump(k)) for k in keys])
 
     def restore_snapshot(self) -> None:
         assert self.snapshot is not None

@@ -38,6 +38,7 @@ from typing import Any
 import redis
 from celery import Celery
 
+import celery_leaderbeat.guard as guard_module
 import celery_leaderbeat.lease as lease_module
 import celery_leaderbeat.scheduler as scheduler_module
 from celery_leaderbeat.keys import Keys
@@ -170,7 +171,7 @@ class Sim:
         self.published: list[Published] = []
         self.exits: list[str] = []
         self.admin = redis.Redis.from_url(self.redis_url, socket_timeout=5)
-        self.expiry = RedisExpiry(self.admin, f"{self.keys.tag}:*")
+        self.expiry = RedisExpiry(self.admin, f"{self.keys.tag}:*", self.clock)
         self.clock.listeners.append(self.expiry)
         self.seam.on_stall = self._stall
         self.seam.on_drop = lambda node_id: self.clients[node_id].drop_connections()
@@ -185,6 +186,8 @@ class Sim:
     def install(self, monkeypatch: Any) -> Sim:
         install_clock(monkeypatch, self.clock)
         monkeypatch.setattr(scheduler_module, "make_client", self._make_client)
+        # a worker guard built in this process gets a seamed client too (node id "guard")
+        monkeypatch.setattr(guard_module, "make_client", self._guard_client)
         monkeypatch.setattr(scheduler_module, "publish", self._publish)
         monkeypatch.setattr(lease_module, "Heartbeat", SteppedHeartbeat)
         monkeypatch.setattr(Standby, "_wait", _wait_without_sleeping)
@@ -193,6 +196,11 @@ class Sim:
     def _make_client(self, url: str, options: Any, timeout: float) -> FaultyRedis:
         assert self._building is not None, "a client made outside Sim.start"
         return faulty_client(self.seam, self._building, url, options, timeout)
+
+    def _guard_client(self, url: str, options: Any, timeout: float) -> FaultyRedis:
+        client = faulty_client(self.seam, "guard", url, options, timeout)
+        self.clients["guard"] = client
+        return client
 
     def _publish(self, scheduler: Any, entry: Any, slot: datetime, epoch: int | None,
                  overlap: str = "allow", task_id: str | None = None) -> Any:

@@ -175,6 +175,8 @@ def model_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServe
         yield server
 
 
+@pytest.mark.xfail(strict=True, reason="finds the failures pinned in test_regressions.py "
+                   "(a backfill reaching into the future publishes slots twice)")
 def test_the_protocol_keeps_its_invariants_under_any_sequence_of_faults(
         model_redis, caplog):
     caplog.set_level(logging.CRITICAL)
