@@ -39,6 +39,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import sys
+from time import monotonic as _real_monotonic
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -228,23 +229,38 @@ class FaultyPubSub(PubSub):
                                    lambda: self._synced(ignore_subscribe_messages))
 
     def _synced(self, ignore_subscribe_messages: bool) -> Any:
-        """The next message published before this call, or None (never waits for more)."""
+        """The next message published before this call, or None (never waits for more).
+
+        A PING whose socket died under it (the connection was dropped, redis-py
+        reconnected and resubscribed while reading) never answers: after 50 ms of
+        silence another PING is sent, for 5 s at most.
+        """
         queue: list[Any] = self.__dict__.setdefault("_queue", [])
         if not queue and self.connection is not None and (self.channels or self.patterns):
-            token = f"lb-sync-{next(self._sync)}".encode()
-            super().execute_command("PING", token)
+            deadline = _real_monotonic() + 5.0
+            token = self._ping()
             while True:
-                response = self.parse_response(block=False, timeout=5.0)
+                response = self.parse_response(block=False, timeout=0.05)
                 if response is None:
-                    raise redis.TimeoutError("no answer to the subscription's PING in 5 s")
-                if response == token or (isinstance(response, list) and len(response) == 2
-                                         and response[0] in (b"pong", "pong")
-                                         and response[1] == token):
+                    if _real_monotonic() > deadline:
+                        raise redis.TimeoutError("no answer to the subscription's PING in 5 s")
+                    token = self._ping()
+                    continue
+                answer = response[1] if (isinstance(response, list) and len(response) == 2
+                                         and response[0] in (b"pong", "pong")) else response
+                if answer == token:
                     break
+                if isinstance(answer, bytes) and answer.startswith(b"lb-sync-"):
+                    continue  # the answer to an earlier PING of this read
                 message = self.handle_message(response, ignore_subscribe_messages)
                 if message is not None:
                     queue.append(message)
         return queue.pop(0) if queue else None
+
+    def _ping(self) -> bytes:
+        token = f"lb-sync-{next(self._sync)}".encode()
+        super().execute_command("PING", token)
+        return token
 
 
 def faulty_client(seam: Seam, node_id: str, url: str, options: Any = None,
