@@ -33,8 +33,9 @@ SCHEDULE: dict[str, dict[str, Any]] = {
     "x": {"task": TASK, "schedule": 2.0},
     **{f"m{i}": {"task": TASK, "schedule": 1.5} for i in range(6)},
 }
-#: the same schedule after the change: ``x`` every 3 s instead of every 2 s
-CHANGED = {**SCHEDULE, "x": {"task": TASK, "schedule": 3.0}}
+#: the same schedule after the change: ``x`` every 6 s instead of every 2 s (longer than the
+#: old interval plus rescue_after, so a stale standby finds slots the leader never claims)
+CHANGED = {**SCHEDULE, "x": {"task": TASK, "schedule": 6.0}}
 
 #: virtual seconds the example's end runs on with every node up and no fault
 SETTLE = 20.0
@@ -118,7 +119,7 @@ class World:
     # -- schedule ----------------------------------------------------------------------
 
     def change_schedule(self, node: str) -> None:
-        """``node`` sees ``x`` every 3 s from now on (and keeps it across restarts)."""
+        """``node`` sees ``x`` every 6 s from now on (and keeps it across restarts)."""
         if self.versions[node] == 2:
             return
         self.versions[node] = 2

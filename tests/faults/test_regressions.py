@@ -137,3 +137,24 @@ def test_slots_due_after_redis_restarts_empty_are_sent_or_recorded(empty_redis, 
         assert problems == []
     finally:
         world.close()
+
+
+@pytest.mark.xfail(strict=True, reason="Redis restored from an older snapshot rolls slot states "
+                   "back; nothing detects it and the next leader sends again what was sent")
+def test_slots_sent_before_redis_is_restored_from_an_older_snapshot_are_not_sent_again(
+        empty_redis, caplog):
+    caplog.set_level(logging.ERROR)
+    world = World(empty_redis)
+    try:
+        for node in ("a", "b", "c"):
+            world.sim.start(node)
+        world.run(1.0)
+        world.take_snapshot()  # the entries are anchored, nothing sent yet
+        world.run(7.0)  # a sends the first slots
+        assert world.sim.published, "nothing sent before the restore: the test proves nothing"
+        world.sim.crash("a")
+        world.restore_snapshot()
+        world.run(15.0)
+        assert duplicates(world.sim.published, world.sim.prefix) == []
+    finally:
+        world.close()
