@@ -22,6 +22,8 @@ Fault kinds (see :data:`KINDS`), applied to the call at a planned index:
 - ``delay``: the call hangs past the lease ttl: the node that made it is frozen
   while the virtual clock moves ``ttl + 1`` s on and the other nodes go on
   (:attr:`Seam.on_stall`), then the call reaches the server and answers;
+- ``late``: the server runs the call at once, but its reply reaches the node
+  ``ttl + 1`` s later (the node frozen meanwhile, as for ``delay``);
 - ``drop``: every connection of the node's client (its pool and its
   subscriptions) is closed under it, then the call runs (redis-py reconnects;
   a subscription resubscribes, and what was published meanwhile is lost);
@@ -51,8 +53,8 @@ from redis.client import Pipeline, PubSub
 from celery_leaderbeat import scripts as _scripts
 from celery_leaderbeat.connection import client_defaults
 
-BEFORE, AFTER, DELAY, DROP, REPEAT = "before", "after", "delay", "drop", "repeat"
-KINDS = (BEFORE, AFTER, DELAY, DROP, REPEAT)
+BEFORE, AFTER, DELAY, LATE, DROP, REPEAT = "before", "after", "delay", "late", "drop", "repeat"
+KINDS = (BEFORE, AFTER, DELAY, LATE, DROP, REPEAT)
 
 #: EVALSHA digest -> script name, for call-site labels
 SCRIPT_NAMES = {hashlib.sha1(_scripts.source(n).encode()).hexdigest(): n for n in _scripts.NAMES}
@@ -115,6 +117,10 @@ class Seam:
         if kind == DELAY:
             self.on_stall(node, self.stall_seconds)
             return run()
+        if kind == LATE:
+            reply = run()
+            self.on_stall(node, self.stall_seconds)
+            return reply
         if kind == DROP:
             self.on_drop(node)
             return run()

@@ -158,3 +158,21 @@ def test_slots_sent_before_redis_is_restored_from_an_older_snapshot_are_not_sent
         assert duplicates(world.sim.published, world.sim.prefix) == []
     finally:
         world.close()
+
+
+@pytest.mark.xfail(strict=True, reason="a standby that has not seen a schedule change rescues "
+                   "slots of the old definition that the leader no longer plans")
+def test_a_standby_with_an_old_definition_does_not_rescue_slots_the_leader_does_not_plan(
+        empty_redis, caplog):
+    caplog.set_level(logging.ERROR)
+    world = World(empty_redis)
+    try:
+        for node in ("a", "b", "c"):
+            world.sim.start(node)
+        world.run(1.0)
+        assert world.sim.leader() == "a"
+        world.change_schedule("a")  # x: every 2 s -> every 6 s, seen by the leader only
+        world.run(15.0)
+        assert world.rescues_of_another_definition() == []
+    finally:
+        world.close()

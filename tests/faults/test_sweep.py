@@ -6,10 +6,10 @@ index, and the invariants (I1: no slot published twice; I2: every due slot
 published or recorded with a reason; and no beat exits) are checked after it.
 
 In CI the replays are a seeded sample: every distinct call site with ``before``,
-``after`` and one of ``delay``/``drop``/``repeat`` in turn, each at a randomly
-chosen occurrence of that site (75 replays, about a minute on a busy 2-core
-machine). ``LEADERBEAT_SWEEP=full`` replays every index with every kind (about
-3,000 replays, most of an hour); ``LEADERBEAT_SWEEP_SEED`` picks another sample.
+``after`` and one of ``delay``/``late``/``drop``/``repeat`` in turn, each at a
+randomly chosen occurrence of that site (75 replays, about a minute on a busy
+2-core machine). ``LEADERBEAT_SWEEP=full`` replays every index with every kind
+(about 3,600 replays, most of an hour); ``LEADERBEAT_SWEEP_SEED`` picks another sample.
 
 Failures found are asserted together at the end, one line each; each one is
 also written as a plain test in ``test_regressions.py``.
