@@ -176,3 +176,28 @@ def test_a_standby_with_an_old_definition_does_not_rescue_slots_the_leader_does_
         assert world.rescues_of_another_definition() == []
     finally:
         world.close()
+
+
+@pytest.mark.xfail(strict=True, reason="one Redis error on a standby while the leader is "
+                   "stopped restarts its rescues from 'now': the slots due between the leader's "
+                   "stop and that moment are neither rescued nor recorded")
+def test_a_redis_error_on_a_standby_while_the_leader_is_paused_loses_no_slot_unrecorded(
+        empty_redis, caplog):
+    caplog.set_level(logging.ERROR)
+    world = World(empty_redis)
+    try:
+        for node in ("a", "b", "c"):
+            world.sim.start(node)
+        world.run(1.0)
+        world.sim.crash("b")  # one standby left: c
+        world.run(12.0)
+        assert world.sim.leader() == "a"
+        world.sim.nodes["a"].paused = True  # SIGSTOP: its lease runs out in 10 s
+        world.sim.seam.aim("EVALSHA[acquire] lease.Lease.try_acquire", BEFORE)  # c's next try
+        world.run(12.0)
+        world.sim.crash("a")
+        world.run(1.0)
+        assert len(world.sim.seam.injected()) == 1
+        assert world.settle_and_check() == []
+    finally:
+        world.close()
