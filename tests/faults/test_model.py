@@ -44,7 +44,7 @@ from .invariants import duplicates
 from .model_world import NODES, World
 from .seam import KINDS
 
-EXAMPLES = int(os.environ.get("LEADERBEAT_MODEL_EXAMPLES", "30"))
+EXAMPLES = int(os.environ.get("LEADERBEAT_MODEL_EXAMPLES", "40"))
 STEPS = int(os.environ.get("LEADERBEAT_MODEL_STEPS", "25"))
 #: shrinking a failure takes minutes here: only when asked (the unshrunk steps are printed)
 SHRINK = os.environ.get("LEADERBEAT_MODEL_SHRINK") == "1"
