@@ -72,6 +72,26 @@ class Keys:
         """Pub/sub channel: ``released`` and ``step-down`` messages."""
         return self._key("events")
 
+    @property
+    def entries(self) -> str:
+        """Hash: entry name -> a dynamic entry's header line and JSON definition."""
+        return self._key("entries")
+
+    @property
+    def entries_meta(self) -> str:
+        """Hash: ``version`` (bumped by every entry change), ``floor`` (older changes forgotten)."""
+        return self._key("entries:meta")
+
+    @property
+    def entries_changed(self) -> str:
+        """Sorted set: dynamic entry name -> the version of its last change."""
+        return self._key("entries:changed")
+
+    @property
+    def entries_removed(self) -> str:
+        """Sorted set, capped: removed dynamic entry name -> the version of its removal."""
+        return self._key("entries:removed")
+
     def run(self, task_id: str) -> str:
         """String, PX ``guard_expires``: ``<state>|<worker>`` of a guarded slot's run."""
         return self._key(f"run:{task_id}")

@@ -10,6 +10,7 @@ from typing import Any
 
 from .agenda import Loaded, load
 from .config import Config
+from .dynamic_schedule import reanchor
 from .entries import EntryOptions
 from .keys import Keys
 from .lease import Lease
@@ -40,12 +41,15 @@ class Node:
     progress: Callable[[], None]  # the main loop is working, not wedged (a long batch)
 
     clocks: dict[str, tuple[Any, Any, Any, SlotClock]] = field(default_factory=dict)
+    #: dynamic entry -> the moment (ms) its slots count from (see :mod:`dynamic_schedule`)
+    anchors: Callable[[], Mapping[str, int]] = dict
 
     def track(self, stored: Mapping[str, SlotState], *, start: datetime,
               epoch: int | None) -> Loaded:
         """The schedule's entries tracked from ``stored`` states (see :func:`agenda.load`)."""
         if stored:
             self.lease.observe_epoch(max(state.epoch for state in stored.values()))
+        stored = reanchor(stored, self.anchors())
         return load(self.schedule(), stored, start=start, tz=self.tz, options=self.options(),
                     default=EntryOptions.defaults(self.config), epoch=epoch,
                     clock_of=self.clock_of)

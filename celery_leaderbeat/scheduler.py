@@ -27,7 +27,9 @@ from celery import beat
 
 from .config import Config
 from .connection import describe, make_client
+from .dynamic_schedule import DynamicSchedule
 from .entries import EntryOptions, split_entries
+from .entry_store import EntryStore
 from .errors import ConfigurationError, LeaseLostError, NotReplicatedError, RedisAuthError
 from .keys import Keys
 from .leader import Leader, Resign
@@ -37,7 +39,7 @@ from .node import Node, utcnow
 from .publish import publish
 from .registry import Registration
 from .scripts import Scripts
-from .slots import clock_for
+from .slots import clock_for, to_ms
 from .standby import Standby
 from .telemetry import Telemetry
 
@@ -77,6 +79,7 @@ class Scheduler(beat.Scheduler):
         self._node: Node | None = None
         self._leader: Leader | None = None
         self._standby: Standby | None = None
+        self._dynamic: DynamicSchedule | None = None
         self._wake_by = time.monotonic()
         self._last_wall = (time.time(), time.monotonic())
         self._redis_failures = 0
@@ -182,9 +185,23 @@ class Scheduler(beat.Scheduler):
                           max_interval=lambda: float(self.max_interval),
                           wake_by=lambda: self._wake_by, observe=self._observe,
                           progress=self._progress)
+        self._dynamic = self._follow_dynamic(client)
+        if self._dynamic is not None:
+            self._node.anchors = lambda: self._dynamic.anchors if self._dynamic else {}
         self._leader = None
         self._standby = Standby(self._node)
         return self._node
+
+    def _follow_dynamic(self, client: Any) -> DynamicSchedule | None:
+        """Entries defined at run time (not behind a base scheduler: it has its own store)."""
+        if self.lb_config.base_scheduler is not None:
+            return None
+        for name in list(self._dynamic.names if self._dynamic else ()):
+            self.schedule.pop(name, None)  # a forked child reads them again
+        return DynamicSchedule(EntryStore(client, self.keys), self.lb_config,
+                               entries=self.schedule, options=self._entry_options,
+                               make_entry=self._maybe_entry,
+                               static=lambda: self.app.conf.beat_schedule or {})
 
     def _become_leader(self, node: Node, standby: Standby) -> Leader:
         leader = Leader(node, since=standby.since)
@@ -243,6 +260,8 @@ class Scheduler(beat.Scheduler):
     def _tick(self) -> float:
         try:
             node = self._connect()
+            if self._dynamic is not None and self._dynamic.refresh():
+                self._schedule_version += 1
             self._watch_wall_clock()
             if self._leader is None:
                 assert self._standby is not None
@@ -348,6 +367,8 @@ class Scheduler(beat.Scheduler):
             return False
         entry.last_run_at = slot
         entry.total_run_count += 1
+        if getattr(entry, "leaderbeat_once", False) and self._dynamic is not None:
+            self._dynamic.ran(entry, to_ms(slot))
         return True
 
     # -- shutdown ----------------------------------------------------------------------
