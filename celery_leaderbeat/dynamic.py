@@ -103,10 +103,17 @@ class Entry:
         Raises :class:`ConfigurationError` (nothing stored) on a bad definition or a
         name ``beat_schedule`` uses.
         """
+        return self.store(app)
+
+    def store(self, app: Any, *, how: str = "upsert", anchor: datetime | None = None) -> bool:
+        """:meth:`save`, with ``how`` ('create': refused with :class:`EntryExists` if stored;
+        'update': refused with :class:`EntryUnknown` if not) and the anchor to count slots
+        from (an import keeps the phase an entry had elsewhere; default: now)."""
         config = Config.from_app(app)
         definition = self.to_json(config, static=app.conf.beat_schedule or {})
         saved = _store(app).save(self.name, definition=definition, enabled=self.enabled,
-                                 fingerprint=fingerprint(definition), timing=self.timing())
+                                 fingerprint=fingerprint(definition), timing=self.timing(),
+                                 how=how, anchor_ms=None if anchor is None else to_ms(anchor))
         self.version, self.anchor = saved.version, from_ms(saved.anchor_ms)
         return saved.changed
 
