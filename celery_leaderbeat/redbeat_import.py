@@ -95,6 +95,9 @@ def plan(app: Any, client: Any, prefix: str) -> list[Planned]:
             planned.append(Planned(name, None, None, str(exc)))
             continue
         name = definition.get("name") or name
+        if name.startswith("celery."):
+            planned.append(Planned(name, None, None, "Celery's own entry: every beat installs it"))
+            continue
         if name in static:
             planned.append(Planned(name, None, None, "a beat_schedule entry of that name: it "
                                                      "stays static"))
