@@ -67,29 +67,36 @@ class DynamicSchedule:
         """The dynamic entries in the schedule now (enabled, valid)."""
         return self.anchors.keys()
 
-    def refresh(self, *, force: bool = False) -> bool:
-        """Take in what changed in the store; True when the schedule changed."""
+    def refresh(self, *, force: bool = False) -> set[str]:
+        """Take in what changed in the store; the names whose entry changed (empty: none).
+
+        The work is in proportion to the changes: nothing here walks every entry
+        (except after a full read, when the node was too far behind).
+        """
         now = time.monotonic()
         if not force and now < self._next_look:
-            return False
+            return set()
         self._next_look = now + POLL
         changes = self.store.changes(self.seen)  # may raise: nothing changed here then
         if changes.version == self.seen and not changes.full:
-            return False
+            return set()
         gone = set(changes.removed)
         if changes.full:
             gone |= set(self.anchors) - set(changes.saved)
-        before = set(self.anchors)
+        before = len(self.anchors)
+        touched = {name for name in gone if name in self.anchors}
         for name in gone:
             self._drop(name)
         for name, stored in changes.saved.items():
+            was = name in self.anchors
             self._apply(name, stored)
+            if was or name in self.anchors:
+                touched.add(name)
         self.seen = changes.version
-        after = set(self.anchors)
-        logger.info("leaderbeat: dynamic entries at version %d: %d in the schedule (%d added, "
-                    "%d removed, %d changed)", changes.version, len(after), len(after - before),
-                    len(before - after), len((set(changes.saved) & before & after)))
-        return True
+        logger.info("leaderbeat: dynamic entries at version %d: %d in the schedule (%+d), "
+                    "%d changed", changes.version, len(self.anchors), len(self.anchors) - before,
+                    len(touched))
+        return touched
 
     def _apply(self, name: str, stored: Stored) -> None:
         if name in self._static():

@@ -261,7 +261,7 @@ class Scheduler(beat.Scheduler):
         try:
             node = self._connect()
             if self._dynamic is not None and self._dynamic.refresh():
-                self._schedule_version += 1
+                self._schedule_version += 1  # the roles rebuild what they track
             self._watch_wall_clock()
             if self._leader is None:
                 assert self._standby is not None
