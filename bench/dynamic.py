@@ -25,11 +25,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _harness import NOOP, Rig, load, log_events  # noqa: E402
-from celery import Celery  # noqa: E402
+from _harness import NOOP, Rig, load, log_events
+from celery import Celery
 
-from celery_leaderbeat import Entry  # noqa: E402
-from celery_leaderbeat.keys import Keys  # noqa: E402
+from celery_leaderbeat import Entry
+from celery_leaderbeat.keys import Keys
 
 RESULTS = Path(__file__).resolve().parent / "results" / "dynamic.jsonl"
 FAR = 86400  # a daily interval: nothing comes due while the bench runs
@@ -158,7 +158,7 @@ def import_redbeat(n: int, redbeat_seconds: float) -> dict[str, Any]:
         app.conf.update(broker_url=rig.broker.url_for(0))
         t0 = time.perf_counter()
         planned = redbeat_import.plan(app, rig.state.client(), "redbeat:")
-        done, there, skipped = redbeat_import.apply(app, planned)
+        done, _there, skipped = redbeat_import.apply(app, planned)
         row.update(import_s=time.perf_counter() - t0, imported=done, skipped=skipped)
         switched = time.time()
         rig.kind = "leaderbeat"

@@ -316,4 +316,4 @@ def reset(ctx: click.Context, yes: bool, as_json: bool) -> None:
           [f"deleted {deleted} key(s) under {cluster.keys.tag}; running beats start afresh"])
 
 
-from . import cli_entries  # noqa: E402,F401 - registers the entry commands on the group
+from . import cli_entries  # noqa: F401 - registers the entry commands on the group

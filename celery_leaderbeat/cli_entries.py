@@ -242,10 +242,10 @@ def import_redbeat(ctx: click.Context, prefix: str | None, url: str | None, yes:
             for p in planned]
     if not yes:
         _emit(as_json, {"would": rows, "done": False},
-              lines + [f"{sum(p.entry is not None for p in planned)} of {len(planned)} entries "
-                       "would be imported; run again with --yes (stop RedBeat first)"])
+              lines + [(f"{sum(p.entry is not None for p in planned)} of {len(planned)} entries "
+                       "would be imported; run again with --yes (stop RedBeat first)")])
         return
     done, there, skipped = redbeat_import.apply(app, planned)
     _emit(as_json, {"imported": done, "already": there, "skipped": skipped, "entries": rows},
-          lines + [f"imported {done}, {there} already there (left as they are), "
-                   f"{skipped} skipped"])
+          lines + [(f"imported {done}, {there} already there (left as they are), "
+                   f"{skipped} skipped")])

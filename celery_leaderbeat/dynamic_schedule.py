@@ -41,7 +41,7 @@ from .slots import to_ms
 logger = logging.getLogger(__name__)
 
 #: seconds between two looks at the store's version (each look is one script call)
-POLL = 0.25
+POLL = 0.1
 
 
 class DynamicSchedule:

@@ -84,7 +84,7 @@ def plan(app: Any, client: Any, prefix: str) -> list[Planned]:
     static = app.conf.beat_schedule or {}
     planned = []
     for key, raw_def, raw_meta in read(client, prefix):
-        name = key[len(prefix):] if key.startswith(prefix) else key
+        name = key.removeprefix(prefix)
         if raw_def is None:
             planned.append(Planned(name, None, None, "no definition (deleted meanwhile?)"))
             continue

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 
 import pytest
 from celery import Celery
@@ -56,7 +56,7 @@ def test_an_entry_saved_reads_back_the_same_from_redis_stored_as_json(app, redis
     assert one.leaderbeat == {"catchup": "all", "jitter": 5, "tz": "Europe/Paris"}
     assert one.enabled is True and one.version and one.anchor is not None
     raw = redis_client.hget(Keys(key_prefix).entries, "cron").decode()
-    header, body = raw.split("\n", 1)
+    _header, body = raw.split("\n", 1)
     assert json.loads(body)["schedule"] == {"cron": "*/5 * * * *"}  # JSON, not pickle
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from datetime import datetime, timedelta, timezone
 
@@ -53,7 +54,7 @@ def test_changes_through_the_api_reach_three_beats_through_a_sigkill_every_slot_
         killed = now()
         Entry("b", NOOP, 1, enabled=False).save(app)  # while nobody leads: standbys rescue
         disabled = now()
-        new_token, _ = wait_for_leader(client, key_prefix, other_than=token, timeout=30)
+        _new_token, _ = wait_for_leader(client, key_prefix, other_than=token, timeout=30)
         Entry("c", NOOP, 1).save(app)
         c_added = now()
         time.sleep(4)
@@ -80,7 +81,7 @@ def test_changes_through_the_api_reach_three_beats_through_a_sigkill_every_slot_
     # every slot once: no gap in the static entry's or the new entry's slots
     for name, wanted in (("static", 1.0), ("c", 1.0)):
         got = sorted(datetime.fromisoformat(x) for x in by_entry[name])
-        gaps = [(x, y) for x, y in zip(got, got[1:]) if y - x != timedelta(seconds=wanted)]
+        gaps = [(x, y) for x, y in itertools.pairwise(got) if y - x != timedelta(seconds=wanted)]
         assert gaps == [], f"{name} lost slots: {gaps}"
     assert c_slots[-1] >= finished - timedelta(seconds=2 + POLL)
     assert killed < disabled < c_added
