@@ -80,8 +80,9 @@ def _row(entry: Entry) -> dict[str, Any]:
 def _line(entry: Entry) -> str:
     state = "enabled" if entry.enabled else ("ran " + entry.ran_at.isoformat() if entry.ran_at
                                              else "disabled")
-    extra = " ".join(f"{k}={v}" for k, v in sorted(entry.leaderbeat.items()))
-    return f"{entry.name:<24} {entry.task:<28} {_describe(entry):<30} {state:<10} v{entry.version} {extra}".rstrip()
+    extra = " ".join(f"{k}={v}" for k, v in sorted({**entry.options, **entry.leaderbeat}.items()))
+    return (f"{entry.name:<24} {entry.task:<28} {_describe(entry):<30} {state:<10} "
+            f"v{entry.version} {extra}").rstrip()
 
 
 def _edit_options(func: Any) -> Any:
