@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import time
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
+from types import SimpleNamespace
 
 import pytest
 from celery import Celery
@@ -162,3 +163,42 @@ def test_reanchor_starts_an_entry_at_its_anchor_only_when_its_slot_is_older():
     assert out["old"].slot_ms == 5000 and out["new"] == stored["new"]
     assert out["fresh"].slot_ms == 7000
     assert reanchor(stored, {}) is stored
+
+
+def follower(app, store):
+    from celery_leaderbeat.dynamic_schedule import DynamicSchedule
+
+    entries: dict = {}
+    options: dict = {}
+    made = DynamicSchedule(store, Config.from_app(app), entries=entries, options=options,
+                           make_entry=lambda name, raw: SimpleNamespace(name=name, **raw),
+                           static=lambda: app.conf.beat_schedule)
+    return made, entries, options
+
+
+def test_a_follower_takes_in_only_the_changed_entries_and_says_which(app, store):
+    for name in ("a", "b", "c"):
+        Entry(name, TASK, 60).save(app)
+    made, entries, options = follower(app, store)
+    assert made.refresh(force=True) == {"a", "b", "c"}
+    assert set(entries) == set(options) == {"a", "b", "c"}
+    assert made.refresh(force=True) == set()  # nothing changed: nothing to do
+    Entry("b", TASK, 60, enabled=False).save(app)
+    Entry("c", TASK, 60).delete(app)
+    Entry("d", TASK, at=datetime(2030, 1, 1, tzinfo=timezone.utc)).save(app)
+    assert made.refresh(force=True) == {"b", "c", "d"}
+    assert set(entries) == {"a", "d"}
+    assert entries["d"].leaderbeat_once is True
+    assert entries["d"].leaderbeat_anchor_ms < store.get("d").anchor_ms + 1
+
+
+def test_a_follower_drops_every_dynamic_entry_when_redis_comes_back_empty(app, store,
+                                                                           redis_client,
+                                                                           key_prefix):
+    Entry("a", TASK, 60).save(app)
+    made, entries, _ = follower(app, store)
+    made.refresh(force=True)
+    keys = Keys(key_prefix)
+    redis_client.delete(keys.entries, keys.entries_meta, keys.entries_changed)
+    assert made.refresh(force=True) == {"a"}
+    assert entries == {}
