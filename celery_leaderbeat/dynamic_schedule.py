@@ -58,7 +58,8 @@ class DynamicSchedule:
         self._make_entry = make_entry
         self._static = static
         self.seen = -1  # the store version this node follows
-        self.anchors: dict[str, int] = {}  # active dynamic entry -> anchor (ms)
+        #: active dynamic entry -> its anchor, as the slot state it is planned from
+        self.anchors: dict[str, SlotState] = {}
         self._refused: dict[str, int] = {}  # name -> version refused (said once)
         self._next_look = 0.0
 
@@ -129,7 +130,7 @@ class DynamicSchedule:
         made.leaderbeat_once = entry.at is not None
         self._entries[name] = made
         self._options[name] = options[name]
-        self.anchors[name] = anchor
+        self.anchors[name] = SlotState(anchor, 0, ANCHOR)
 
     def _drop(self, name: str) -> None:
         if self.anchors.pop(name, None) is not None:
@@ -146,17 +147,17 @@ class DynamicSchedule:
                            "not run again, but shows as enabled", entry.name, exc)
 
 
-def reanchor(stored: Mapping[str, SlotState], anchors: Mapping[str, int]
+def reanchor(stored: Mapping[str, SlotState], anchors: Mapping[str, SlotState]
              ) -> Mapping[str, SlotState]:
     """Slot states to plan from: a dynamic entry's starts at its anchor when older.
 
-    In memory only: the next claim (newer than both) is what Redis keeps.
+    ``anchors`` holds each dynamic entry's anchor as a slot state (built once per
+    change). In memory only: the next claim (newer than both) is what Redis keeps.
     """
     if not anchors:
         return stored
-    out = dict(stored)
-    for name, anchor_ms in anchors.items():
-        state = out.get(name)
-        if state is None or state.slot_ms < anchor_ms:
-            out[name] = SlotState(anchor_ms, state.epoch if state else 0, ANCHOR)
+    out = {**anchors, **stored}
+    for name in anchors.keys() & stored.keys():
+        if stored[name].slot_ms < anchors[name].slot_ms:
+            out[name] = anchors[name]
     return out

@@ -41,8 +41,8 @@ class Node:
     progress: Callable[[], None]  # the main loop is working, not wedged (a long batch)
 
     clocks: dict[str, tuple[Any, Any, Any, SlotClock]] = field(default_factory=dict)
-    #: dynamic entry -> the moment (ms) its slots count from (see :mod:`dynamic_schedule`)
-    anchors: Callable[[], Mapping[str, int]] = dict
+    #: dynamic entry -> the slot state its slots count from (see :mod:`dynamic_schedule`)
+    anchors: Callable[[], Mapping[str, SlotState]] = dict
 
     def track(self, stored: Mapping[str, SlotState], *, start: datetime,
               epoch: int | None) -> Loaded:

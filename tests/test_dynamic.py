@@ -159,7 +159,9 @@ def test_a_node_far_behind_the_removed_cap_reads_everything_again(app, store, mo
 
 def test_reanchor_starts_an_entry_at_its_anchor_only_when_its_slot_is_older():
     stored = {"old": SlotState(1000, 3, "s"), "new": SlotState(9000, 3, "s")}
-    out = reanchor(stored, {"old": 5000, "new": 5000, "fresh": 7000})
+    anchors = {name: SlotState(ms, 0, "a") for name, ms in
+               (("old", 5000), ("new", 5000), ("fresh", 7000))}
+    out = reanchor(stored, anchors)
     assert out["old"].slot_ms == 5000 and out["new"] == stored["new"]
     assert out["fresh"].slot_ms == 7000
     assert reanchor(stored, {}) is stored
