@@ -209,7 +209,11 @@ class Scheduler(beat.Scheduler):
         self._leader = None
         lease.stop_heartbeat()
         if release:
-            lease.release("step-down")
+            try:
+                lease.release("step-down")
+            except (redis.RedisError, OSError) as exc:  # it expires on its own: ttl
+                logger.warning("leaderbeat: could not release the lease on step-down (%s); "
+                               "standbys take over when it expires", exc)
         lease.mark_lost()
         lease.token = None
         if self._standby is not None:
@@ -288,7 +292,7 @@ class Scheduler(beat.Scheduler):
             self._standby.lost_connection()
         if self._leader is not None:
             self._leader.close()  # its subscription is made again once Redis answers
-        if (self._leader is not None and not self._leader.redis_unreachable()
+        if (self._leader is not None and not self._leader.redis_unreachable(exc)
                 and (self._node is None or not self._node.lease.is_held())):
             self._step_down("lease could not be confirmed while Redis was unreachable")
         return min(0.25 * 2 ** min(self._redis_failures - 1, 6),
