@@ -248,3 +248,30 @@ def test_a_backfill_never_sends_a_slot_the_schedule_has_not_settled(node, redis_
     assert sent == [90_000]
     details = [h["detail"] for h in leader.ledger.history(10) if h.get("event") == "skipped"]
     assert details == ["backfill: not settled by the schedule yet (sent when due)"] * 2
+
+
+def _guard(client: Any, keys: Keys, mode: str, task: str, worker: str, detail: str = "") -> Any:
+    scripts = Scripts(client)
+    return scripts.guard(keys=[keys.run(task), keys.alive(task), keys.overlap("e"), keys.history],
+                         args=[mode, task, worker, 600_000, 5_000, "allow", 100, "e", 1000, 1,
+                               detail])
+
+
+def test_a_guarded_run_still_alive_after_redis_lost_its_keys_is_not_run_again(
+        redis_client, key_prefix):
+    keys = Keys(key_prefix)
+    assert _guard(redis_client, keys, "start", "t1", "w1")[0] in (b"run", "run")
+    redis_client.delete(keys.run("t1"), keys.alive("t1"))  # an outage longer than the lease
+    _guard(redis_client, keys, "renew", "t1", "w1")  # the running worker renews
+    again = _guard(redis_client, keys, "start", "t1", "w2")
+    assert [x.decode() if isinstance(x, bytes) else x for x in again] == \
+        ["duplicate", "running on w1"]
+
+
+def test_a_guarded_run_whose_record_expired_while_it_runs_is_not_run_again(
+        redis_client, key_prefix):
+    keys = Keys(key_prefix)
+    _guard(redis_client, keys, "start", "t2", "w1")
+    redis_client.delete(keys.run("t2"))  # guard_expires passed; the run still renews
+    again = _guard(redis_client, keys, "start", "t2", "w2")
+    assert [x.decode() if isinstance(x, bytes) else x for x in again][0] == "duplicate"
