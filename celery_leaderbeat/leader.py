@@ -30,6 +30,13 @@ logger = logging.getLogger(__name__)
 #: cap, in seconds, of how far past "now" an entry with no stored state starts
 UNKNOWN_STATE_MARGIN = 5.0
 
+#: state of an entry nobody schedules any more, and backfill records, older than this go
+PRUNE_AFTER = 30 * 86400.0
+#: node records not seen for this long go
+FORGET_NODES_AFTER = 3600.0
+#: seconds between two prunes (the first comes a minute after the election)
+PRUNE_EVERY = 3600.0
+
 
 class Resign(Exception):
     """This node must stop leading now; with ``release`` it gives the lease up at once."""
@@ -61,6 +68,7 @@ class Leader:
         self._reported = False
         self._recover_later: list[Unsent] = []  # a standby's claims too young to take over
         self._recover_at = 0.0  # monotonic: when to try those again
+        self._prune_at = time.monotonic() + 60.0
 
     @property
     def tracked(self) -> dict[str, Tracked]:
@@ -132,6 +140,8 @@ class Leader:
                                                 recover=True, memory=node.sent)
             self._recover_at = time.monotonic() + node.config.lease_ttl
         self.notice_requests()
+        if time.monotonic() >= self._prune_at:
+            self._prune()
         if self._requests_pending:
             carry_out(node.ledger, node.keys, lease.epoch or 0, node.keys.prefix, self._publish,
                       utcnow(), known=lambda name: name in self.tracked,
@@ -157,6 +167,16 @@ class Leader:
             self.agenda.push_all(due)
             self._record_broken()
         return min(self.delay(), self.node.config.standby_poll)
+
+    def _prune(self) -> None:
+        """Nothing grows without bound: state of removed entries, old backfills, dead nodes."""
+        self._prune_at = time.monotonic() + PRUNE_EVERY
+        slots, backfills, nodes = self.node.ledger.prune(
+            self.node.schedule(), keep_ms=int(PRUNE_AFTER * 1000), node_keep_s=FORGET_NODES_AFTER)
+        if slots or backfills or nodes:
+            logger.info("leaderbeat: pruned the state of %d entries no longer scheduled, %d old "
+                        "backfill records and %d node records not seen for %.0f s",
+                        slots, backfills, nodes, FORGET_NODES_AFTER)
 
     def _stored_slot(self, name: str) -> int | None:
         """The entry's last slot as this leader tracks it (claimed, sent or passed)."""

@@ -214,6 +214,26 @@ class Ledger:
         return ({text(k): SlotState.parse(v) for k, v in slots.items()},
                 {text(k): text(v) for k, v in definitions.items()})
 
+    def prune(self, scheduled: Iterable[str], *, keep_ms: int, node_keep_s: float) -> list[int]:
+        """Drop the state of entries nobody schedules any more, old backfill records and
+        node records not seen for ``node_keep_s``; returns how many of each went.
+
+        Only entries ``scheduled`` does not name are candidates, and only when their last
+        slot is older than ``keep_ms`` (so another node's newer schedule keeps its state
+        during a rolling deploy), and never an unconfirmed claim (it is reported first).
+        """
+        names = set(scheduled)
+        unscheduled = [text(k) for k in self.client.hkeys(self.keys.slots) if text(k) not in names]
+        backfilled = [text(k) for k in self.client.hkeys(self.keys.backfilled)]
+        seconds, micros = self.client.time()
+        cutoff = int(seconds) * 1000 + int(micros) // 1000 - keep_ms
+        reply = self.scripts.prune(
+            keys=[self.keys.slots, self.keys.definitions, self.keys.backfilled, self.keys.nodes,
+                  self.keys.overtaken],
+            args=[cutoff, time.time() - node_keep_s, len(unscheduled), *unscheduled,
+                  *backfilled])
+        return [int(x) for x in reply]
+
     def overtaken(self) -> dict[tuple[str, int], SlotState]:
         """Claimed, unconfirmed slots that a newer claim of the same entry replaced."""
         out = {}

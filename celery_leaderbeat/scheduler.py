@@ -295,8 +295,10 @@ class Scheduler(beat.Scheduler):
         if (self._leader is not None and not self._leader.redis_unreachable(exc)
                 and (self._node is None or not self._node.lease.is_held())):
             self._step_down("lease could not be confirmed while Redis was unreachable")
+        # capped at one standby poll (1 s): a leader that survived Redis restarting empty
+        # is back within about a second of Redis answering, not a backoff step later
         return min(0.25 * 2 ** min(self._redis_failures - 1, 6),
-                   max(2.0, self.lb_config.standby_poll))
+                   max(0.25, self.lb_config.standby_poll))
 
     def _redis_back(self) -> None:
         logger.info("leaderbeat: Redis at %s answers again", describe(self.lb_config.redis_url))

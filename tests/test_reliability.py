@@ -275,3 +275,25 @@ def test_a_guarded_run_whose_record_expired_while_it_runs_is_not_run_again(
     redis_client.delete(keys.run("t2"))  # guard_expires passed; the run still renews
     again = _guard(redis_client, keys, "start", "t2", "w2")
     assert [x.decode() if isinstance(x, bytes) else x for x in again][0] == "duplicate"
+
+
+def test_prune_drops_only_old_state_of_entries_nobody_schedules(node, redis_client):
+    leader = node("leader")
+    assert leader.lease.try_acquire()
+    now = redis_ms(redis_client)
+    day = 86_400_000
+    leader.ledger.claim(*leader.lease.credentials(), [
+        ClaimItem("kept", now - 40 * day, Op.ANCHOR),  # still scheduled
+        ClaimItem("gone", now - 40 * day, Op.ANCHOR),  # removed long ago
+        ClaimItem("recent", now - day, Op.ANCHOR),  # another node may still send it
+        ClaimItem("unconfirmed", now - 40 * day, Op.CLAIM, now - 40 * day),
+    ])
+    redis_client.hset(leader.keys.backfilled, mapping={f"kept|{now - 40 * day}": "r1",
+                                                      f"kept|{now - day}": "r2"})
+    leader.ledger.register_node("standby", {"host": "h"})
+    redis_client.hset(leader.keys.nodes, "dead", '{"role": "standby", "last_seen": 1.0}')
+    dropped = leader.ledger.prune(["kept"], keep_ms=30 * day, node_keep_s=3600)
+    assert dropped == [1, 1, 1]
+    assert sorted(leader.ledger.load()) == ["kept", "recent", "unconfirmed"]
+    assert [k.decode() for k in redis_client.hkeys(leader.keys.backfilled)] == [f"kept|{now - day}"]
+    assert list(leader.ledger.nodes()) == ["leader"]
