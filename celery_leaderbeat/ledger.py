@@ -51,6 +51,9 @@ _MAX_PER_CALL = 2000
 
 #: ms a leader's claimed slot may lie ahead of Redis TIME beyond ``max_clock_skew``
 _AHEAD_GRACE_MS = 1000
+#: a rescue waits while the lease holder claimed something this recently (ms): a live
+#: leader in the middle of a burst gets to its slots; a dead one stops claiming
+_BUSY_LEADER_MS = 1000
 
 
 @dataclass(frozen=True)
@@ -170,7 +173,11 @@ class Ledger:
     def _call(self, mode: str, token: str, ms: int | str, epoch: int,
               events: Sequence[Event], items: Sequence[ClaimItem]) -> Any:
         lead = mode == "lead"
-        ahead = int(self.config.max_clock_skew * 1000) + _AHEAD_GRACE_MS if lead else ""
+        ahead: int | str = ""
+        if lead:
+            ahead = int(self.config.max_clock_skew * 1000) + _AHEAD_GRACE_MS
+        elif mode == "rescue":
+            ahead = _BUSY_LEADER_MS
         recover_age = int(self.config.lease_ttl * 1000) if lead else ""
         args: list[Any] = [mode, token, ms, epoch, self.config.history_length,
                            self.config.node_id, ahead, recover_age, len(events)]
@@ -181,7 +188,7 @@ class Ledger:
                      "" if item.prev_ms is None else item.prev_ms, item.fingerprint]
         return self.scripts.claim(keys=[self.keys.leader, self.keys.slots, self.keys.history,
                                         self.keys.overtaken, self.keys.paused,
-                                        self.keys.definitions], args=args)
+                                        self.keys.definitions, self.keys.progress], args=args)
 
     def _wait_for_replicas(self) -> None:
         """Block until ``min_replicas`` replicas have the claims, or raise NotReplicatedError.

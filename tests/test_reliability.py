@@ -297,3 +297,18 @@ def test_prune_drops_only_old_state_of_entries_nobody_schedules(node, redis_clie
     assert sorted(leader.ledger.load()) == ["kept", "recent", "unconfirmed"]
     assert [k.decode() for k in redis_client.hkeys(leader.keys.backfilled)] == [f"kept|{now - day}"]
     assert list(leader.ledger.nodes()) == ["leader"]
+
+
+def test_a_rescue_waits_while_the_leader_is_still_claiming_chunks_of_a_burst(
+        node, redis_client):
+    leader, standby = node("leader"), node("standby")
+    assert leader.lease.try_acquire()
+    base = redis_ms(redis_client) - 10_000
+    leader.ledger.claim(*leader.lease.credentials(),
+                        [ClaimItem("a", base, Op.ANCHOR), ClaimItem("b", base, Op.ANCHOR)])
+    late = base + 5000  # 5 s late by Redis TIME: past rescue_after
+    leader.ledger.claim(*leader.lease.credentials(), [ClaimItem("a", late, Op.CLAIM, late)])
+    # the leader is mid-burst (it claimed just now): b's rescue waits for it
+    assert standby.ledger.rescue([ClaimItem("b", late, Op.CLAIM, late, base)]).results == [EARLY]
+    redis_client.delete(leader.keys.progress)  # it stopped claiming (dead or paused)
+    assert standby.ledger.rescue([ClaimItem("b", late, Op.CLAIM, late, base)]).results == [None]

@@ -4,13 +4,16 @@
 --         was still claimed and unconfirmed ('c' or 'u') by another claimant
 -- KEYS[5] paused hash: entry -> note (``celery leaderbeat pause``)
 -- KEYS[6] definitions hash: entry -> fingerprint of the definition the leader plans
+-- KEYS[7] progress: Redis TIME (ms) of the leader's latest call with a 'claim' in it
 -- ARGV[1] mode: 'lead', 'rescue' or 'record'
 -- ARGV[2] lead: this leader's token (node_id|epoch); rescue/record: ''
 -- ARGV[3] lead: lease ttl (ms); rescue: rescue_after (ms); record: ''
 -- ARGV[4] epoch written with claims (lead: the leader's; rescue: 0, no lease)
 -- ARGV[5] history max length      ARGV[6] node id
 -- ARGV[7] lead: how far (ms) a claimed slot's fire time may lie ahead of Redis TIME;
---         rescue/record: ''
+--         rescue: how recent (ms) the leader's progress must be for a rescue to wait
+--         (a live leader still claiming chunks of a burst gets to its slots first);
+--         record: ''
 -- ARGV[8] lead: how old (ms, by Redis TIME) a standby's claim must be before 'recover'
 --         may take it over (younger, its claimant may still be publishing it); else ''
 -- ARGV[9] n, the number of events
@@ -44,7 +47,8 @@
 -- state (its phase is known), only when the stored slot is the rescuer's previous slot
 -- (a rescuer whose view is stale plans slots of another phase), only when the rescuer's
 -- fingerprint is the leader's (answers 3 otherwise), and only once Redis TIME >= fire
--- time + rescue_after, so a standby with a fast clock cannot pre-empt a healthy leader.
+-- time + rescue_after, so a standby with a fast clock cannot pre-empt a healthy leader,
+-- and not while the lease holder claimed something within ARGV[7] ms (answers 0).
 -- A value is "<slot_ms>|<epoch>|<state>", plus "|<node>|<claimed at ms>" for a standby's
 -- claim.
 -- Asking again for the exact claim this caller already holds answers 1 again: a client
@@ -95,9 +99,14 @@ local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local states = {claim = 'c', skip = 'k', anchor = 'a', reanchor = 'a', restore = 's',
                 recover = 'c'}
 local suffix = ''
+local leader_busy = false
 if mode == 'rescue' then
   suffix = '|' .. node .. '|' .. now_ms
+  local progress = tonumber(redis.call('GET', KEYS[7]) or '')
+  leader_busy = progress ~= nil and ARGV[7] ~= '' and now_ms - progress < tonumber(ARGV[7])
+                and redis.call('EXISTS', KEYS[1]) == 1
 end
+local progressed = false
 
 -- the stored value's parts: slot (number), epoch, state, node ('' for a leader), claimed at
 local function parts(stored)
@@ -120,6 +129,10 @@ for i = claims_at, #ARGV, 6 do
   end
   local slot_text = ARGV[i + 1]
   local result
+  if mode == 'lead' and op == 'claim' and not progressed then
+    redis.call('SET', KEYS[7], now_ms, 'PX', ARGV[3])
+    progressed = true
+  end
   if mode == 'rescue' then
     local def = fp ~= '' and redis.call('HGET', KEYS[6], name)
     if op ~= 'claim' or not stored then
@@ -130,7 +143,7 @@ for i = claims_at, #ARGV, 6 do
       result = 1  -- a retry of this rescuer's own claim
     elseif slot <= s_slot or (prev ~= '' and tonumber(prev) ~= s_slot) then
       result = stored
-    elseif now_ms < fire + tonumber(ARGV[3]) then
+    elseif now_ms < fire + tonumber(ARGV[3]) or leader_busy then
       result = 0
     end
   elseif op == 'claim' and fire > now_ms + tonumber(ARGV[7]) then
