@@ -19,7 +19,7 @@ import logging
 import os
 import time
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
 import redis
@@ -35,7 +35,7 @@ from .lease import Lease
 from .ledger import Event, Ledger
 from .node import Node, utcnow
 from .publish import publish
-from .registry import Registration
+from .registry import Registration, earliest_follower
 from .scripts import Scripts
 from .slots import clock_for
 from .standby import Standby
@@ -187,7 +187,7 @@ class Scheduler(beat.Scheduler):
         return self._node
 
     def _become_leader(self, node: Node, standby: Standby) -> Leader:
-        leader = Leader(node, since=standby.since)
+        leader = Leader(node, since=self._on_time_since(node, standby.since))
         self._leader = leader
         node.lease.start_heartbeat(lambda: self._wake_by)
         logger.info("leaderbeat: %s elected leader (epoch %s); slots due since %s are on "
@@ -197,6 +197,18 @@ class Scheduler(beat.Scheduler):
         self._register(LEADER)
         leader.elected(self._schedule_version)
         return leader
+
+    def _on_time_since(self, node: Node, own: datetime) -> datetime:
+        """Slots due since a live standby followed the schedule are on time, not missed:
+        it was there to rescue them (the registry says since when each node follows)."""
+        try:
+            earliest = earliest_follower(node.ledger.nodes(), now=time.time(),
+                                         fresh=3 * self.lb_config.renew_interval)
+        except (redis.RedisError, OSError, ValueError, TypeError):
+            return own
+        if earliest is None:
+            return own
+        return min(own, datetime.fromtimestamp(earliest, timezone.utc))
 
     def _step_down(self, why: str, release: bool = False) -> None:
         if self._node is None:
@@ -332,7 +344,9 @@ class Scheduler(beat.Scheduler):
     def _register(self, role: str) -> None:
         node = self._connect()
         self._telemetry.metrics.clock_skew(node.lease.clock_skew)
-        self._registration.write(node, role, node.lease.epoch if role == LEADER else None)
+        room = self._leader if role == LEADER else self._standby
+        since = room.since.timestamp() if room is not None else None
+        self._registration.write(node, role, node.lease.epoch if role == LEADER else None, since)
 
     # -- sending -------------------------------------------------------------------------
 
