@@ -19,7 +19,7 @@ import logging
 import os
 import time
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
 import redis
@@ -37,7 +37,7 @@ from .lease import Lease
 from .ledger import Event, Ledger
 from .node import Node, utcnow
 from .publish import publish
-from .registry import Registration
+from .registry import Registration, earliest_follower
 from .scripts import Scripts
 from .slots import clock_for, to_ms
 from .standby import Standby
@@ -204,7 +204,7 @@ class Scheduler(beat.Scheduler):
                                static=lambda: self.app.conf.beat_schedule or {})
 
     def _become_leader(self, node: Node, standby: Standby) -> Leader:
-        leader = Leader(node, since=standby.since)
+        leader = Leader(node, since=self._on_time_since(node, standby.since))
         self._leader = leader
         node.lease.start_heartbeat(lambda: self._wake_by)
         logger.info("leaderbeat: %s elected leader (epoch %s); slots due since %s are on "
@@ -214,6 +214,18 @@ class Scheduler(beat.Scheduler):
         self._register(LEADER)
         leader.elected(self._schedule_version)
         return leader
+
+    def _on_time_since(self, node: Node, own: datetime) -> datetime:
+        """Slots due since a live standby followed the schedule are on time, not missed:
+        it was there to rescue them (the registry says since when each node follows)."""
+        try:
+            earliest = earliest_follower(node.ledger.nodes(), now=time.time(),
+                                         fresh=3 * self.lb_config.renew_interval)
+        except (redis.RedisError, OSError, ValueError, TypeError):
+            return own
+        if earliest is None:
+            return own
+        return min(own, datetime.fromtimestamp(earliest, timezone.utc))
 
     def _step_down(self, why: str, release: bool = False) -> None:
         if self._node is None:
@@ -226,7 +238,11 @@ class Scheduler(beat.Scheduler):
         self._leader = None
         lease.stop_heartbeat()
         if release:
-            lease.release("step-down")
+            try:
+                lease.release("step-down")
+            except (redis.RedisError, OSError) as exc:  # it expires on its own: ttl
+                logger.warning("leaderbeat: could not release the lease on step-down (%s); "
+                               "standbys take over when it expires", exc)
         lease.mark_lost()
         lease.token = None
         if self._standby is not None:
@@ -307,11 +323,13 @@ class Scheduler(beat.Scheduler):
             self._standby.lost_connection()
         if self._leader is not None:
             self._leader.close()  # its subscription is made again once Redis answers
-        if (self._leader is not None and not self._leader.redis_unreachable()
+        if (self._leader is not None and not self._leader.redis_unreachable(exc)
                 and (self._node is None or not self._node.lease.is_held())):
             self._step_down("lease could not be confirmed while Redis was unreachable")
+        # capped at one standby poll (1 s): a leader that survived Redis restarting empty
+        # is back within about a second of Redis answering, not a backoff step later
         return min(0.25 * 2 ** min(self._redis_failures - 1, 6),
-                   max(2.0, self.lb_config.standby_poll))
+                   max(0.25, self.lb_config.standby_poll))
 
     def _redis_back(self) -> None:
         logger.info("leaderbeat: Redis at %s answers again", describe(self.lb_config.redis_url))
@@ -345,7 +363,9 @@ class Scheduler(beat.Scheduler):
     def _register(self, role: str) -> None:
         node = self._connect()
         self._telemetry.metrics.clock_skew(node.lease.clock_skew)
-        self._registration.write(node, role, node.lease.epoch if role == LEADER else None)
+        room = self._leader if role == LEADER else self._standby
+        since = room.since.timestamp() if room is not None else None
+        self._registration.write(node, role, node.lease.epoch if role == LEADER else None, since)
 
     # -- sending -------------------------------------------------------------------------
 
