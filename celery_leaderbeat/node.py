@@ -12,8 +12,8 @@ from .agenda import Loaded, load
 from .config import Config
 from .dynamic_schedule import reanchor
 from .entries import EntryOptions
-from .keys import Keys
 from .fingerprint import fingerprint
+from .keys import Keys
 from .lease import Lease
 from .ledger import Event, Ledger, SlotState
 from .memory import SentMemory

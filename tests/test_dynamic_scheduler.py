@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import time
-from itertools import pairwise
 from datetime import datetime, timedelta, timezone
+from itertools import pairwise
 
 import pytest
 
