@@ -9,12 +9,15 @@ checked with start-up's rules and put into (or taken out of) the scheduler's
 entries; the scheduler then bumps its schedule version, which makes the
 leader and the standby rebuild what they track.
 
-Slots are counted from each entry's *anchor* (kept in the store: when it was
-created, when its timing last changed, when it was last enabled again; for an
-imported entry, its last run elsewhere). :func:`reanchor` makes the slot
-state the roles plan from start at the anchor when the stored slot is older,
-so a changed interval counts from the change and an enabled entry starts at
-its next slot instead of catching up on the time it was off.
+Each entry has an *anchor* in the store: when it was created, when its
+timing last changed, when it was last enabled again, or, for an imported
+entry, its last run elsewhere. :func:`reanchor` makes the slot state the roles
+plan from start at the anchor when the stored slot is older, so an entry
+enabled again starts at its next slot instead of catching up on the time it
+was off; an imported entry (and a one-off) is planned from its anchor even
+before it has any state. A new entry is anchored by the leader like any new
+entry (from when it reads it); a changed definition is re-anchored by the
+leader's fingerprint check.
 
 What each dynamic ``ScheduleEntry`` carries (for the roles and for tooling):
 ``leaderbeat_source`` ("dynamic"), ``leaderbeat_version`` (the store version
@@ -60,6 +63,8 @@ class DynamicSchedule:
         self.seen = -1  # the store version this node follows
         #: active dynamic entry -> its anchor, as the slot state it is planned from
         self.anchors: dict[str, SlotState] = {}
+        #: entries whose anchor holds even before they have state (see :func:`reanchor`)
+        self.exact: set[str] = set()
         self._refused: dict[str, int] = {}  # name -> version refused (said once)
         self._next_look = 0.0
 
@@ -119,9 +124,11 @@ class DynamicSchedule:
             self._drop(name)
             return
         made = self._make_entry(name, built[name])
-        anchor = stored.anchor_ms
-        if entry.at is not None:  # a time already past: slots before now follow catch-up
-            anchor = min(anchor, to_ms(entry.at) - 1)
+        anchor, exact = stored.anchor_ms, stored.kept
+        if entry.at is not None:
+            # its one slot must stay ahead of its anchor, even when read late; a time
+            # already past when saved follows the catch-up policy
+            anchor, exact = min(anchor, to_ms(entry.at) - 1), True
         made.leaderbeat_source = "dynamic"
         made.leaderbeat_version = stored.version
         made.leaderbeat_fingerprint = stored.fingerprint
@@ -131,8 +138,13 @@ class DynamicSchedule:
         self._entries[name] = made
         self._options[name] = options[name]
         self.anchors[name] = SlotState(anchor, 0, ANCHOR)
+        if exact:
+            self.exact.add(name)
+        else:
+            self.exact.discard(name)
 
     def _drop(self, name: str) -> None:
+        self.exact.discard(name)
         if self.anchors.pop(name, None) is not None:
             self._entries.pop(name, None)
             self._options.pop(name, None)
@@ -147,17 +159,23 @@ class DynamicSchedule:
                            "not run again, but shows as enabled", entry.name, exc)
 
 
-def reanchor(stored: Mapping[str, SlotState], anchors: Mapping[str, SlotState]
-             ) -> Mapping[str, SlotState]:
+def reanchor(stored: Mapping[str, SlotState], anchors: Mapping[str, SlotState],
+             exact: Collection[str] = ()) -> Mapping[str, SlotState]:
     """Slot states to plan from: a dynamic entry's starts at its anchor when older.
 
     ``anchors`` holds each dynamic entry's anchor as a slot state (built once per
-    change). In memory only: the next claim (newer than both) is what Redis keeps.
+    change). An entry with no stored state is left to the leader's own anchoring
+    (from now, written to Redis, so standbys can rescue it) unless it is in
+    ``exact``: an imported entry (its phase from elsewhere) or a one-off whose time
+    is already past. In memory only: the next claim is what Redis keeps.
     """
     if not anchors:
         return stored
-    out = {**anchors, **stored}
+    out = dict(stored)
     for name in anchors.keys() & stored.keys():
         if stored[name].slot_ms < anchors[name].slot_ms:
+            out[name] = anchors[name]
+    for name in exact:
+        if name not in stored and name in anchors:
             out[name] = anchors[name]
     return out

@@ -43,13 +43,14 @@ class Stored:
     enabled: bool
     ran_ms: int | None  # a one-off entry: the slot it ran, once it has
     definition: str
+    kept: bool = False  # the anchor was given (an import), not the time of a change
 
     @classmethod
     def parse(cls, name: str, raw: Any) -> Stored:
         header, _, body = text(raw).partition("\n")
-        version, anchor, fp, timing, enabled, ran = header.split("|")
+        version, anchor, fp, timing, enabled, ran, kept = header.split("|")
         return cls(name, int(version), int(anchor), fp, timing, enabled == "1",
-                   int(ran) if ran else None, body)
+                   int(ran) if ran else None, body, kept == "1")
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone, tzinfo
 from typing import Any
@@ -50,6 +50,7 @@ class Node:
     _fingerprints: dict[str, tuple[Any, Any, Any, str]] = field(default_factory=dict)
     #: dynamic entry -> the slot state its slots count from (see :mod:`dynamic_schedule`)
     anchors: Callable[[], Mapping[str, SlotState]] = dict
+    exact: Callable[[], Collection[str]] = tuple  # dynamic entries anchored before any state
 
     def track(self, stored: Mapping[str, SlotState], *, start: datetime,
               epoch: int | None, definitions: Mapping[str, str] | None = None) -> Loaded:
@@ -58,7 +59,7 @@ class Node:
             self.lease.observe_epoch(max(state.epoch for state in stored.values()))
         schedule = self.schedule()
         self._forget_unscheduled(schedule)
-        stored = reanchor(stored, self.anchors())
+        stored = reanchor(stored, self.anchors(), self.exact())
         return load(schedule, stored, start=start, tz=self.tz, options=self.options(),
                     default=EntryOptions.defaults(self.config), epoch=epoch,
                     clock_of=self.clock_of, fingerprint_of=self.fingerprint_of,

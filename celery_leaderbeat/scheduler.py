@@ -188,6 +188,7 @@ class Scheduler(beat.Scheduler):
         self._dynamic = self._follow_dynamic(client)
         if self._dynamic is not None:
             self._node.anchors = lambda: self._dynamic.anchors if self._dynamic else {}
+            self._node.exact = lambda: self._dynamic.exact if self._dynamic else ()
         self._leader = None
         self._standby = Standby(self._node)
         return self._node

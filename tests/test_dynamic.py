@@ -157,13 +157,14 @@ def test_a_node_far_behind_the_removed_cap_reads_everything_again(app, store, mo
     assert store.changes(behind.version - 2).removed == ["d", "e"]
 
 
-def test_reanchor_starts_an_entry_at_its_anchor_only_when_its_slot_is_older():
+def test_reanchor_starts_an_entry_at_its_anchor_only_when_its_slot_is_older_or_exact():
     stored = {"old": SlotState(1000, 3, "s"), "new": SlotState(9000, 3, "s")}
     anchors = {name: SlotState(ms, 0, "a") for name, ms in
                (("old", 5000), ("new", 5000), ("fresh", 7000))}
     out = reanchor(stored, anchors)
     assert out["old"].slot_ms == 5000 and out["new"] == stored["new"]
-    assert out["fresh"].slot_ms == 7000
+    assert "fresh" not in out  # the leader anchors a new entry itself
+    assert reanchor(stored, anchors, exact={"fresh"})["fresh"].slot_ms == 7000
     assert reanchor(stored, {}) is stored
 
 

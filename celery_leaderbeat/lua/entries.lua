@@ -1,5 +1,6 @@
 -- entries.lua: the entries defined at run time (the entry API, the CLI), versioned.
--- KEYS[1] entries hash: name -> "<version>|<anchor_ms>|<fingerprint>|<timing>|<enabled>|<ran_ms>\n<json>"
+-- KEYS[1] entries hash: name -> "<version>|<anchor_ms>|<fingerprint>|<timing>|<enabled>|<ran_ms>|<kept>\n<json>"
+--         (kept: '1' when the anchor was given, an imported entry's last run elsewhere)
 -- KEYS[2] meta hash: 'version' (bumped by every change), 'floor' (changes before it forgotten)
 -- KEYS[3] changed zset: live name -> version of its last change
 -- KEYS[4] removed zset: removed name -> version of its removal (capped, see ARGV)
@@ -62,8 +63,10 @@ if mode == 'save' then
   end
   if keep ~= '' then anchor = tonumber(keep) end
   local version = bump()
-  redis.call('HSET', KEYS[1], name, table.concat({version, anchor, fp, timing, enabled, ''}, '|')
-             .. '\n' .. ARGV[8])
+  local kept = ''
+  if keep ~= '' then kept = '1' elseif cur then kept = head(cur)[7] or '' end
+  redis.call('HSET', KEYS[1], name, table.concat({version, anchor, fp, timing, enabled, '', kept},
+                                                 '|') .. '\n' .. ARGV[8])
   redis.call('ZADD', KEYS[3], version, name)
   redis.call('ZREM', KEYS[4], name)
   return {1, version, anchor}
@@ -82,8 +85,8 @@ elseif mode == 'finish' then
   local f, body = head(cur)
   if f[3] ~= ARGV[3] or f[5] ~= '1' then return {0} end
   local version = bump()
-  redis.call('HSET', KEYS[1], name, table.concat({version, f[2], f[3], f[4], '0', ARGV[4]}, '|')
-             .. '\n' .. body)
+  redis.call('HSET', KEYS[1], name, table.concat({version, f[2], f[3], f[4], '0', ARGV[4],
+                                                  f[7] or ''}, '|') .. '\n' .. body)
   redis.call('ZADD', KEYS[3], version, name)
   return {1, version}
 elseif mode == 'changes' then
