@@ -14,10 +14,9 @@ timing last changed, when it was last enabled again, or, for an imported
 entry, its last run elsewhere. :func:`reanchor` makes the slot state the roles
 plan from start at the anchor when the stored slot is older, so an entry
 enabled again starts at its next slot instead of catching up on the time it
-was off; an imported entry (and a one-off) is planned from its anchor even
-before it has any state. A new entry is anchored by the leader like any new
-entry (from when it reads it); a changed definition is re-anchored by the
-leader's fingerprint check.
+was off, and plans an entry with no state yet from its anchor (a new entry's
+first slot is one interval after the save; an imported one keeps its phase).
+A changed definition is re-anchored by the leader's fingerprint check.
 
 What each dynamic ``ScheduleEntry`` carries (for the roles and for tooling):
 ``leaderbeat_source`` ("dynamic"), ``leaderbeat_version`` (the store version
@@ -124,11 +123,11 @@ class DynamicSchedule:
             self._drop(name)
             return
         made = self._make_entry(name, built[name])
-        anchor, exact = stored.anchor_ms, stored.kept
+        anchor = stored.anchor_ms
         if entry.at is not None:
             # its one slot must stay ahead of its anchor, even when read late; a time
             # already past when saved follows the catch-up policy
-            anchor, exact = min(anchor, to_ms(entry.at) - 1), True
+            anchor = min(anchor, to_ms(entry.at) - 1)
         made.leaderbeat_source = "dynamic"
         made.leaderbeat_version = stored.version
         made.leaderbeat_fingerprint = stored.fingerprint
@@ -138,10 +137,9 @@ class DynamicSchedule:
         self._entries[name] = made
         self._options[name] = options[name]
         self.anchors[name] = SlotState(anchor, 0, ANCHOR)
-        if exact:
-            self.exact.add(name)
-        else:
-            self.exact.discard(name)
+        # planned from its anchor (the save, by Redis TIME) before it has state: the
+        # leader's own anchoring would add its margin for unknown state (up to 5 s)
+        self.exact.add(name)
 
     def _drop(self, name: str) -> None:
         self.exact.discard(name)
