@@ -80,6 +80,7 @@ class Scheduler(beat.Scheduler):
         self._wake_by = time.monotonic()
         self._last_wall = (time.time(), time.monotonic())
         self._redis_failures = 0
+        self._contact_since = time.time()  # Redis answered without a break since then
         self._closed = False
         self._registration = Registration()
         self._telemetry = Telemetry(self, self.keys.prefix)
@@ -315,6 +316,7 @@ class Scheduler(beat.Scheduler):
     def _redis_back(self) -> None:
         logger.info("leaderbeat: Redis at %s answers again", describe(self.lb_config.redis_url))
         self._redis_failures = 0
+        self._contact_since = time.time()
         if self._standby is not None:
             self._standby.restart(head_start=self.lb_config.redis_down_policy == "last-leader"
                                   and self._leader is None)
@@ -344,8 +346,10 @@ class Scheduler(beat.Scheduler):
     def _register(self, role: str) -> None:
         node = self._connect()
         self._telemetry.metrics.clock_skew(node.lease.clock_skew)
+        # A node follows the schedule only while Redis answers it: slots due while it could
+        # not claim are not on time because of it (they follow the catch-up policy).
         room = self._leader if role == LEADER else self._standby
-        since = room.since.timestamp() if room is not None else None
+        since = max(room.since.timestamp(), self._contact_since) if room is not None else None
         self._registration.write(node, role, node.lease.epoch if role == LEADER else None, since)
 
     # -- sending -------------------------------------------------------------------------
