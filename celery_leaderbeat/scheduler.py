@@ -263,6 +263,11 @@ class Scheduler(beat.Scheduler):
             self._watch_wall_clock()
             if self._leader is None:
                 assert self._standby is not None
+                if self._redis_failures:
+                    # Redis answers again: the standby hears so before it tries for the lease
+                    # (under last-leader, the previous leader goes first)
+                    node.client.ping()
+                    self._redis_back()
                 if self._standby.tick(self._schedule_version):
                     self._become_leader(node, self._standby)
                 delay = 0.0
@@ -290,8 +295,8 @@ class Scheduler(beat.Scheduler):
                 "and the script, string, hash, stream, pub/sub, TIME and PING commands") from exc
         except (redis.RedisError, OSError) as exc:
             return self._redis_trouble(exc)
-        if self._redis_failures:
-            self._redis_back()
+        if self._redis_failures and (self._leader is None or self._leader.outage is None):
+            self._redis_back()  # (a leader sending through an outage returns without Redis)
         return delay
 
     def _redis_trouble(self, exc: Exception) -> float:
