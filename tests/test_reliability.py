@@ -348,3 +348,48 @@ def test_a_lease_that_vanishes_while_valid_says_redis_lost_its_data(node, redis_
     with pytest.raises(LeaseLostError):
         other.lease.renew()
     assert not other.lease.vanished_while_held
+
+
+def test_a_paused_leaders_claimed_chunk_is_recovered_by_its_next_election_once(
+        node, redis_client):
+    """Paused between claiming a chunk and publishing it, past the ttl; a standby rescued
+    the next slot of some entries meanwhile; the same process is elected again."""
+    leader, standby = node("leader", recover_unsent=True), node("standby")
+    assert leader.lease.try_acquire()
+    base = redis_ms(redis_client) - 20_000
+    names = [f"e{i}" for i in range(4)]
+    leader.ledger.claim(*leader.lease.credentials(),
+                        [ClaimItem(n, base, Op.ANCHOR) for n in names])
+    slot = base + 5000
+    leader.ledger.claim(*leader.lease.credentials(),
+                        [ClaimItem(n, slot, Op.CLAIM, slot) for n in names])  # then paused
+    redis_client.delete(leader.keys.progress)
+    nxt = slot + 5000  # a standby rescues e0's and e1's next slot while it is paused
+    assert standby.ledger.rescue([ClaimItem(n, nxt, Op.CLAIM, nxt, slot)
+                                  for n in names[:2]]).results == [None, None]
+    standby.ledger.record(0, [Event(n, nxt, "sent", "rescued") for n in names[:2]])
+    # resumed: its lease expired; the rest of the chunk is recorded unsent, then re-elected
+    leader.lease.mark_lost()
+    leader.ledger.record(1, [Event(n, slot, "unsent", "lease expired") for n in names])
+    redis_client.delete(leader.keys.leader)
+    assert leader.lease.try_acquire()
+    stored, definitions = leader.ledger.load_with_definitions()
+    opts = EntryOptions.defaults(leader.config)
+    entries = {n: SimpleNamespace(schedule=schedule(timedelta(seconds=5))) for n in names}
+    loaded = load(entries, stored, start=from_ms(base + 30_000), tz=UTC, options={},
+                  default=opts, epoch=leader.lease.epoch, definitions=definitions)
+    unsent = list(loaded.unsent) + [
+        Unsent(n, from_ms(s), st.state == "c", st.claimed_ms, overtaken=True)
+        for (n, s), st in leader.ledger.overtaken().items()]
+    sent: list[tuple[str, int]] = []
+    gate = LeaderGate(leader.lease, leader.ledger)
+
+    def send(name: str, at: datetime) -> bool:
+        sent.append((name, to_ms(at)))
+        return True
+    later = report_unsent(unsent, gate=gate, send=send, recover=True, memory=SentMemory())
+    assert later == []
+    assert sorted(sent) == [(n, slot) for n in names]
+    # asked again (a second election, the reply lost): nothing goes twice
+    again = report_unsent(unsent, gate=gate, send=send, recover=True, memory=SentMemory())
+    assert again == [] and len(sent) == 4
