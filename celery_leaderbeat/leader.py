@@ -20,7 +20,7 @@ from .agenda import Agenda, Tracked, Unsent, adopt_refused_anchors
 from .batch import LeaderGate, report_unsent, run_batch, say_capped_once
 from .degraded import Outage
 from .errors import NotReplicatedError
-from .ledger import CLAIMED, Event, Op
+from .ledger import CLAIMED, REMOVED, Event, Op
 from .node import Node, utcnow
 from .requests import WAKE, carry_out
 from .slots import from_ms, to_ms
@@ -109,6 +109,7 @@ class Leader:
                 refused = [None] * len(loaded.anchors)
             adopt_refused_anchors(loaded, refused)
             _say_anchored(loaded)
+        self._publish_definitions(loaded.tracked, definitions)
         self.agenda = Agenda(loaded.tracked)
         self._version = version
         node.lease.vanished_while_held = False
@@ -170,6 +171,18 @@ class Leader:
             self.agenda.push_all(due)
             self._record_broken()
         return min(self.delay(), self.node.config.standby_poll)
+
+    def _publish_definitions(self, tracked: dict[str, Tracked],
+                             stored: dict[str, str]) -> None:
+        """Tell rescuers what this leader plans: each entry's fingerprint, and REMOVED for an
+        entry it no longer schedules (removed, or a disabled row): a standby that has not
+        seen the change yet must not rescue it. An entry that comes back later finds
+        REMOVED, not its own fingerprint, and starts again from its next slot."""
+        changes = {name: t.fingerprint for name, t in tracked.items()
+                   if t.fingerprint and stored.get(name) is None}
+        changes.update({name: REMOVED for name, fp in stored.items()
+                        if name not in tracked and fp != REMOVED})
+        self.node.ledger.write_definitions(changes)
 
     def _prune(self) -> None:
         """Nothing grows without bound: state of removed entries, old backfills, dead nodes."""

@@ -46,6 +46,8 @@ DIFFERS = "differs"
 EARLY = "early"
 #: what a rescue answers for an entry with no state yet (its phase is not known)
 UNKNOWN = "unknown"
+#: the fingerprint stored for an entry the leader no longer schedules (removed, disabled)
+REMOVED = "-"
 
 #: claim items and history events per script call at most (bounds one call's run time)
 _MAX_PER_CALL = 2000
@@ -244,6 +246,12 @@ class Ledger:
             args=[cutoff, time.time() - node_keep_s, len(unscheduled), *unscheduled,
                   *backfilled])
         return [int(x) for x in reply]
+
+    def write_definitions(self, fingerprints: dict[str, str]) -> None:
+        """Store the fingerprints of the definitions the leader plans (:data:`REMOVED` for
+        an entry it no longer schedules: no standby may rescue it)."""
+        if fingerprints:
+            self.client.hset(self.keys.definitions, mapping=fingerprints)
 
     def overtaken(self) -> dict[tuple[str, int], SlotState]:
         """Claimed, unconfirmed slots that a newer claim of the same entry replaced."""

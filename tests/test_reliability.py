@@ -393,3 +393,28 @@ def test_a_paused_leaders_claimed_chunk_is_recovered_by_its_next_election_once(
     # asked again (a second election, the reply lost): nothing goes twice
     again = report_unsent(unsent, gate=gate, send=send, recover=True, memory=SentMemory())
     assert again == [] and len(sent) == 4
+
+
+def test_an_entry_the_leader_no_longer_schedules_is_not_rescued_and_restarts_when_back(
+        node, redis_client):
+    """A disabled row: a standby that has not re-read the rows must not rescue it, and
+    re-enabling it starts at its next slot, not a replay of one due while disabled."""
+    from celery_leaderbeat.ledger import REMOVED
+    leader, standby = node("leader"), node("standby")
+    assert leader.lease.try_acquire()
+    base = redis_ms(redis_client) - 20_000
+    leader.ledger.claim(*leader.lease.credentials(),
+                        [ClaimItem("row", base, Op.ANCHOR, fingerprint="fp")])
+    leader.ledger.write_definitions({"row": REMOVED})  # the leader's reload: row disabled
+    slot = base + 5000
+    assert standby.ledger.rescue([ClaimItem("row", slot, Op.CLAIM, slot, base, "fp")]).results \
+        == [DIFFERS]
+    now = from_ms(redis_ms(redis_client))
+    opts = EntryOptions.defaults(leader.config)
+    stored, definitions = leader.ledger.load_with_definitions()
+    back = load({"row": SimpleNamespace(schedule=schedule(timedelta(seconds=5)))}, stored,
+                start=now, tz=UTC, options={}, default=opts, epoch=1, definitions=definitions,
+                fingerprint_of=lambda *a: "fp")
+    assert [(i.op, i.slot_ms) for i in back.anchors] == [(Op.REANCHOR, to_ms(now))]
+    assert leader.ledger.claim(*leader.lease.credentials(), back.anchors) == [None]
+    assert leader.ledger.load_with_definitions()[1]["row"] == "fp"
