@@ -264,7 +264,6 @@ class GuardStep(bootsteps.StartStopStep):
             logger.critical("leaderbeat guard: %s", exc)
             raise SystemExit(f"leaderbeat_guard is on but the settings are invalid: {exc}") \
                 from exc
-        return None  # nothing for Celery to start or stop
 
     def start(self, parent: Any) -> None:
         if self.guard is not None:  # said here: while the worker is built, logging is not set up
