@@ -171,3 +171,32 @@ def test_a_celery_newer_than_the_tested_one_is_said_at_start_up_and_a_tested_one
     newer = celery_version_notes("5.8.0")
     assert len(newer) == 1 and "Celery 5.8.0 is newer" in newer[0] and "(5.7.x)" in newer[0]
     assert celery_version_notes("5.7.3") == [] and celery_version_notes("5.4.0") == []
+
+
+def test_a_trigger_through_the_python_api_is_sent_by_the_leader_under_the_documented_id(
+        make_redis_server, key_prefix):
+    from celery_leaderbeat.cluster import Cluster
+    from celery_leaderbeat.requests import trigger_task_id
+    from tests.support.beat import Recorder
+
+    state, broker = make_redis_server(), make_redis_server()
+    app = app_with(broker_url=broker.url, leaderbeat_redis_url=state.url,
+                   leaderbeat_key_prefix=key_prefix,
+                   beat_schedule={"report": {"task": NOOP, "schedule": 3600.0}})
+    scheduler = Scheduler(app=app)
+    recorder = Recorder(broker.client())
+    try:
+        deadline = time.monotonic() + 10
+        while scheduler.leading is None and time.monotonic() < deadline:
+            time.sleep(min(scheduler.tick(), 0.1))
+        cluster = Cluster(app)
+        request = cluster.trigger("report", note="docs/api.md")
+        expected = trigger_task_id(cluster.config.key_prefix, "report", request.id)
+        while time.monotonic() < deadline and expected not in {
+                m.id for m in recorder.drain_all()}:
+            time.sleep(min(scheduler.tick(), 0.1))
+    finally:
+        scheduler.close()
+    assert expected in {m.id for m in recorder.messages}
+    events = [row["event"] for row in cluster.history(50, entry="report")]
+    assert "triggered" in events
