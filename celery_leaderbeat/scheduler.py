@@ -7,7 +7,7 @@ then sleeps until the next one, while its heartbeat renews the lease. This
 module keeps only what Celery needs: building the schedule, the per-process
 Redis client, dispatch, error handling, publishing, shutdown.
 
-Lifecycle traps this class respects (docs/architecture.md, "Celery's beat"): it is built twice
+Lifecycle traps this class respects (docs/architecture.md, "Living inside Celery's beat"): it is built twice
 (once ``lazy`` for the banner: no network I/O then); ``beat_init`` swallows
 exceptions (so nothing happens there); ``close()`` runs twice on SIGTERM; under
 ``worker -B`` beat runs in a forked child (clients are made per process).

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import logging
+import re
 import time
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 import pytest
 from celery import Celery
@@ -200,3 +202,31 @@ def test_a_trigger_through_the_python_api_is_sent_by_the_leader_under_the_docume
     assert expected in {m.id for m in recorder.messages}
     events = [row["event"] for row in cluster.history(50, entry="report")]
     assert "triggered" in events
+
+
+ROOT = Path(__file__).resolve().parents[1]
+OUTSIDE = re.compile(r"shared/|issue [0-9]|DESIGN\.md|CELERY_NOTES|STYLE\.md")
+
+
+def test_shipped_text_refers_only_to_files_in_the_repository_and_no_issue_numbers():
+    files = [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").glob("*.md")),
+             *sorted((ROOT / "celery_leaderbeat").rglob("*.py")),
+             *sorted((ROOT / "celery_leaderbeat").rglob("*.lua"))]
+    hits = [f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
+            for path in files if path.exists()
+            for n, line in enumerate(path.read_text().splitlines(), 1) if OUTSIDE.search(line)]
+    assert hits == []
+
+
+def test_docs_architecture_names_every_redis_key_the_code_builds():
+    from celery_leaderbeat.keys import Keys
+
+    keys = Keys("p")
+    names = [getattr(keys, n) for n in ("leader", "epoch", "slots", "overtaken", "paused",
+                                        "requests", "backfilled", "nodes", "history", "events")]
+    names += [keys.run("<task id>"), keys.alive("<task id>"), keys.overlap("<entry>")]
+    built = {n for n, v in vars(Keys).items() if isinstance(v, property) and n != "tag"}
+    built |= {n for n, v in vars(Keys).items() if callable(v) and not n.startswith("_")}
+    assert len(names) == len(built), sorted(built)  # a new key is added to this test too
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    assert [n for n in names if f"`{n}`" not in text] == []
