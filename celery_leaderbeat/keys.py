@@ -43,6 +43,16 @@ class Keys:
         return self._key("overtaken")
 
     @property
+    def definitions(self) -> str:
+        """Hash: entry name -> fingerprint of the definition the leader plans (rescues check it)."""
+        return self._key("definitions")
+
+    @property
+    def progress(self) -> str:
+        """String, PX ttl: Redis TIME (ms) of the leader's latest claim (rescues wait on it)."""
+        return self._key("progress")
+
+    @property
     def paused(self) -> str:
         """Hash: entry name -> JSON (note, when, who) of an entry paused from the CLI."""
         return self._key("paused")

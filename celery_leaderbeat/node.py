@@ -13,7 +13,9 @@ from .config import Config
 from .entries import EntryOptions
 from .keys import Keys
 from .lease import Lease
+from .fingerprint import fingerprint
 from .ledger import Event, Ledger, SlotState
+from .memory import SentMemory
 from .slots import SlotClock, clock_for
 
 #: publishes one slot of one entry under a fencing epoch (0: a standby's rescue), with
@@ -40,15 +42,43 @@ class Node:
     progress: Callable[[], None]  # the main loop is working, not wedged (a long batch)
 
     clocks: dict[str, tuple[Any, Any, Any, SlotClock]] = field(default_factory=dict)
+    #: what this process published (it never publishes a slot twice, whatever Redis says)
+    sent: SentMemory = field(default_factory=SentMemory)
+    #: history events whose record call failed: they ride on the next call
+    backlog: list[Event] = field(default_factory=list)
+    _fingerprints: dict[str, tuple[Any, Any, Any, str]] = field(default_factory=dict)
 
     def track(self, stored: Mapping[str, SlotState], *, start: datetime,
-              epoch: int | None) -> Loaded:
+              epoch: int | None, definitions: Mapping[str, str] | None = None,
+              trust_memory: bool = False) -> Loaded:
         """The schedule's entries tracked from ``stored`` states (see :func:`agenda.load`)."""
         if stored:
             self.lease.observe_epoch(max(state.epoch for state in stored.values()))
-        return load(self.schedule(), stored, start=start, tz=self.tz, options=self.options(),
+        schedule = self.schedule()
+        self._forget_unscheduled(schedule)
+        return load(schedule, stored, start=start, tz=self.tz, options=self.options(),
                     default=EntryOptions.defaults(self.config), epoch=epoch,
-                    clock_of=self.clock_of)
+                    clock_of=self.clock_of, fingerprint_of=self.fingerprint_of,
+                    definitions=definitions, remembered=self.sent.newest,
+                    trust_memory=trust_memory)
+
+    def fingerprint_of(self, name: str, entry: Any, tz: tzinfo, jitter: float | None) -> str:
+        """The fingerprint of an entry's definition, computed once per entry object."""
+        cached = self._fingerprints.get(name)
+        if cached is not None and cached[0] is entry and cached[1] == tz and cached[2] == jitter:
+            return cached[3]
+        fp = fingerprint(entry, tz, jitter)
+        self._fingerprints[name] = (entry, tz, jitter, fp)
+        return fp
+
+    def _forget_unscheduled(self, schedule: Mapping[str, Any]) -> None:
+        """Per-entry caches follow the schedule: an entry removed is forgotten."""
+        if len(self.clocks) > len(schedule) or len(self.sent) > len(schedule) \
+                or len(self._fingerprints) > len(schedule):
+            for cache in (self.clocks, self._fingerprints):
+                for name in [n for n in cache if n not in schedule]:
+                    del cache[name]
+            self.sent.keep_only(schedule)
 
     def clock_of(self, name: str, schedule_: Any, tz: tzinfo, jitter: float | None) -> SlotClock:
         """An entry's slot clock, built once per schedule object (a takeover at 100,000

@@ -19,7 +19,7 @@ import logging
 import os
 import time
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
 import redis
@@ -35,7 +35,7 @@ from .lease import Lease
 from .ledger import Event, Ledger
 from .node import Node, utcnow
 from .publish import publish
-from .registry import Registration
+from .registry import Registration, earliest_follower
 from .scripts import Scripts
 from .slots import clock_for
 from .standby import Standby
@@ -83,6 +83,7 @@ class Scheduler(beat.Scheduler):
         self._wake_by = time.monotonic()
         self._last_wall = (time.time(), time.monotonic())
         self._redis_failures = 0
+        self._contact_since = time.time()  # Redis answered without a break since then
         self._closed = False
         self._registration = Registration()
         self._telemetry = Telemetry(self, self.keys.prefix)
@@ -190,7 +191,7 @@ class Scheduler(beat.Scheduler):
         return self._node
 
     def _become_leader(self, node: Node, standby: Standby) -> Leader:
-        leader = Leader(node, since=standby.since)
+        leader = Leader(node, since=self._on_time_since(node, standby.since))
         self._leader = leader
         node.lease.start_heartbeat(lambda: self._wake_by)
         logger.info("leaderbeat: %s elected leader (epoch %s); slots due since %s are on "
@@ -200,6 +201,18 @@ class Scheduler(beat.Scheduler):
         self._register(LEADER)
         leader.elected(self._schedule_version)
         return leader
+
+    def _on_time_since(self, node: Node, own: datetime) -> datetime:
+        """Slots due since a live standby followed the schedule are on time, not missed:
+        it was there to rescue them (the registry says since when each node follows)."""
+        try:
+            earliest = earliest_follower(node.ledger.nodes(), now=time.time(),
+                                         fresh=3 * self.lb_config.renew_interval)
+        except (redis.RedisError, OSError, ValueError, TypeError):
+            return own
+        if earliest is None:
+            return own
+        return min(own, datetime.fromtimestamp(earliest, timezone.utc))
 
     def _step_down(self, why: str, release: bool = False) -> None:
         if self._node is None:
@@ -212,7 +225,11 @@ class Scheduler(beat.Scheduler):
         self._leader = None
         lease.stop_heartbeat()
         if release:
-            lease.release("step-down")
+            try:
+                lease.release("step-down")
+            except (redis.RedisError, OSError) as exc:  # it expires on its own: ttl
+                logger.warning("leaderbeat: could not release the lease on step-down (%s); "
+                               "standbys take over when it expires", exc)
         lease.mark_lost()
         lease.token = None
         if self._standby is not None:
@@ -291,15 +308,18 @@ class Scheduler(beat.Scheduler):
             self._standby.lost_connection()
         if self._leader is not None:
             self._leader.close()  # its subscription is made again once Redis answers
-        if (self._leader is not None and not self._leader.redis_unreachable()
+        if (self._leader is not None and not self._leader.redis_unreachable(exc)
                 and (self._node is None or not self._node.lease.is_held())):
             self._step_down("lease could not be confirmed while Redis was unreachable")
+        # capped at one standby poll (1 s): a leader that survived Redis restarting empty
+        # is back within about a second of Redis answering, not a backoff step later
         return min(0.25 * 2 ** min(self._redis_failures - 1, 6),
-                   max(2.0, self.lb_config.standby_poll))
+                   max(0.25, self.lb_config.standby_poll))
 
     def _redis_back(self) -> None:
         logger.info("leaderbeat: Redis at %s answers again", describe(self.lb_config.redis_url))
         self._redis_failures = 0
+        self._contact_since = time.time()
         if self._standby is not None:
             self._standby.restart(head_start=self.lb_config.redis_down_policy == "last-leader"
                                   and self._leader is None)
@@ -329,7 +349,11 @@ class Scheduler(beat.Scheduler):
     def _register(self, role: str) -> None:
         node = self._connect()
         self._telemetry.metrics.clock_skew(node.lease.clock_skew)
-        self._registration.write(node, role, node.lease.epoch if role == LEADER else None)
+        # A node follows the schedule only while Redis answers it: slots due while it could
+        # not claim are not on time because of it (they follow the catch-up policy).
+        room = self._leader if role == LEADER else self._standby
+        since = max(room.since.timestamp(), self._contact_since) if room is not None else None
+        self._registration.write(node, role, node.lease.epoch if role == LEADER else None, since)
 
     # -- sending -------------------------------------------------------------------------
 
