@@ -222,8 +222,9 @@ def test_docs_architecture_names_every_redis_key_the_code_builds():
     from celery_leaderbeat.keys import Keys
 
     keys = Keys("p")
-    names = [getattr(keys, n) for n in ("leader", "epoch", "slots", "overtaken", "paused",
-                                        "requests", "backfilled", "nodes", "history", "events")]
+    names = [getattr(keys, n) for n in ("leader", "epoch", "slots", "overtaken", "definitions",
+                                        "progress", "paused", "requests", "backfilled", "nodes",
+                                        "history", "events")]
     names += [keys.run("<task id>"), keys.alive("<task id>"), keys.overlap("<entry>")]
     built = {n for n, v in vars(Keys).items() if isinstance(v, property) and n != "tag"}
     built |= {n for n, v in vars(Keys).items() if callable(v) and not n.startswith("_")}
