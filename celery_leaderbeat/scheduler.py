@@ -7,7 +7,7 @@ then sleeps until the next one, while its heartbeat renews the lease. This
 module keeps only what Celery needs: building the schedule, the per-process
 Redis client, dispatch, error handling, publishing, shutdown.
 
-Lifecycle traps this class respects (see CELERY_NOTES.md): it is built twice
+Lifecycle traps this class respects (docs/architecture.md, "Living inside Celery's beat"): it is built twice
 (once ``lazy`` for the banner: no network I/O then); ``beat_init`` swallows
 exceptions (so nothing happens there); ``close()`` runs twice on SIGTERM; under
 ``worker -B`` beat runs in a forked child (clients are made per process).
@@ -42,6 +42,9 @@ from .standby import Standby
 from .telemetry import Telemetry
 
 logger = logging.getLogger(__name__)
+#: one INFO line per send, in stock beat's words; a logger of its own so a busy
+#: schedule can quiet it alone (``logging.getLogger("celery_leaderbeat.sends")``)
+send_logger = logging.getLogger("celery_leaderbeat.sends")
 
 STANDBY, LEADER = "standby", "leader"
 
@@ -369,6 +372,12 @@ class Scheduler(beat.Scheduler):
         """Publish one slot; a failure is logged and reported, never swallowed."""
         opts = self._entry_options.get(entry.name)
         overlap = opts.overlap if opts else self.lb_config.overlap
+        if send_logger.isEnabledFor(logging.INFO):
+            # epoch 0 is a standby's rescue; a task id of its own, a trigger or backfill
+            how = (" (rescue: a standby sends a slot the leader had not claimed)" if epoch == 0
+                   else f" (requested, task id {task_id})" if task_id else "")
+            send_logger.info("Scheduler: Sending due task %s (%s) for slot %s%s",
+                             entry.name, entry.task, slot.isoformat(), how)
         try:
             publish(self, entry, slot, epoch, overlap, task_id)
         except Exception:  # any publish failure: logged with its traceback, recorded unsent
