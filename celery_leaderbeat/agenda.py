@@ -99,7 +99,8 @@ def load(schedule: Mapping[str, Any], stored: Mapping[str, SlotState], *, start:
          epoch: int | None, clock_of: ClockOf = _build,
          fingerprint_of: FingerprintOf = _no_fingerprint,
          definitions: Mapping[str, str] | None = None,
-         remembered: Callable[[str], int | None] = lambda name: None) -> Loaded:
+         remembered: Callable[[str], int | None] = lambda name: None,
+         trust_memory: bool = False) -> Loaded:
     """Track every entry of ``schedule`` from its stored last slot, else from ``start``.
 
     ``epoch`` is the leader's own: a claimed or unsent slot of any other epoch
@@ -107,8 +108,11 @@ def load(schedule: Mapping[str, Any], stored: Mapping[str, SlotState], *, start:
     stored beside the slot states (a leader loads them; an entry whose stored
     fingerprint differs from its own starts again from ``start``).
     ``remembered`` gives the newest slot this process published of an entry: a
-    stored slot older than that (Redis lost writes) is never trusted, and the
-    entry carries on after what was published.
+    stored slot older than that means Redis lost writes. With ``trust_memory``
+    (this process led until Redis lost them: nobody can have sent later slots)
+    the entry carries on after what was published; otherwise another node may
+    have sent later slots than this one remembers, so the entry is treated as
+    unknown and starts from ``start``, like an entry with no state.
     """
     tracked: dict[str, Tracked] = {}
     anchors: list[ClaimItem] = []
@@ -125,9 +129,13 @@ def load(schedule: Mapping[str, Any], stored: Mapping[str, SlotState], *, start:
         state = stored.get(name)
         sent_ms = remembered(name)
         stored_fp = (definitions or {}).get(name)
-        if sent_ms is not None and (state is None or state.slot_ms < sent_ms):
+        if sent_ms is not None and (state is None or state.slot_ms < sent_ms) and trust_memory:
             anchors.append(ClaimItem(name, sent_ms, Op.RESTORE, fingerprint=fp))
             last = from_ms(sent_ms)
+        elif sent_ms is not None and state is not None and state.slot_ms < sent_ms:
+            # rolled back (an older snapshot, a lagging replica): unknown, as if empty
+            anchors.append(ClaimItem(name, to_ms(start), Op.ROLLED_BACK, fingerprint=fp))
+            last = start
         elif state is None:
             anchors.append(ClaimItem(name, to_ms(start), Op.ANCHOR, fingerprint=fp))
             last = start

@@ -70,7 +70,13 @@ class LeaderGate:
 
     def claim(self, items: Sequence[ClaimItem],
               events: Sequence[Event]) -> Sequence[SlotState | None | str]:
-        return self.ledger.claim(*self.lease.credentials(), items, events)
+        try:
+            return self.ledger.claim(*self.lease.credentials(), items, events)
+        except LeaseLostError as exc:
+            if exc.holder is None and self.lease.is_held():
+                # the key vanished while the lease was valid: Redis lost its data
+                self.lease.vanished_while_held = True
+            raise
 
     def may_send(self) -> bool:
         return self.lease.is_held()

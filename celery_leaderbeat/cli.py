@@ -29,10 +29,14 @@ from typing import Any
 import click
 import redis
 
-from . import guard as _guard  # noqa: F401 - connects the worker guard to worker_init
 from .cluster import Cluster, UnknownEntry
 from .connection import describe
 from .errors import LeaderbeatError
+from .guard import offer_step
+
+# Loaded by every `celery` command as its plugin: the apps it finalizes get the worker
+# guard's bootstep, which switches itself on only in a worker with leaderbeat_guard = True.
+offer_step()
 
 NO_LEADER, REDIS_DOWN, BAD_SETTINGS, UNKNOWN_ENTRY, REFUSED = 1, 2, 3, 4, 5
 

@@ -20,7 +20,7 @@ from .agenda import Agenda, Tracked, Unsent, adopt_refused_anchors
 from .batch import LeaderGate, report_unsent, run_batch, say_capped_once
 from .degraded import Outage
 from .errors import NotReplicatedError
-from .ledger import CLAIMED, Event, Op
+from .ledger import CLAIMED, REMOVED, Event, Op
 from .node import Node, utcnow
 from .requests import WAKE, carry_out
 from .slots import from_ms, to_ms
@@ -87,8 +87,10 @@ class Leader:
         margin = min(node.config.max_clock_skew, UNKNOWN_STATE_MARGIN)
         start = from_ms(to_ms(utcnow()) + int(margin * 1000))
         stored, definitions = node.ledger.load_with_definitions()
+        # Only a node that led until Redis lost its data knows nobody sent anything later
+        trusted = node.lease.vanished_while_held
         loaded = node.track(stored, start=start, epoch=node.lease.epoch,
-                            definitions=definitions)
+                            definitions=definitions, trust_memory=trusted)
         report = report or not self._reported
         unsent: list[Unsent] = []
         if report:
@@ -107,8 +109,10 @@ class Leader:
                 refused = [None] * len(loaded.anchors)
             adopt_refused_anchors(loaded, refused)
             _say_anchored(loaded)
+        self._publish_definitions(loaded.tracked, definitions)
         self.agenda = Agenda(loaded.tracked)
         self._version = version
+        node.lease.vanished_while_held = False
         if report:
             self._recover_later = report_unsent(unsent, gate=self.gate, send=self._send,
                                                 recover=node.config.recover_unsent,
@@ -167,6 +171,18 @@ class Leader:
             self.agenda.push_all(due)
             self._record_broken()
         return min(self.delay(), self.node.config.standby_poll)
+
+    def _publish_definitions(self, tracked: dict[str, Tracked],
+                             stored: dict[str, str]) -> None:
+        """Tell rescuers what this leader plans: each entry's fingerprint, and REMOVED for an
+        entry it no longer schedules (removed, or a disabled row): a standby that has not
+        seen the change yet must not rescue it. An entry that comes back later finds
+        REMOVED, not its own fingerprint, and starts again from its next slot."""
+        changes = {name: t.fingerprint for name, t in tracked.items()
+                   if t.fingerprint and stored.get(name) is None}
+        changes.update({name: REMOVED for name, fp in stored.items()
+                        if name not in tracked and fp != REMOVED})
+        self.node.ledger.write_definitions(changes)
 
     def _prune(self) -> None:
         """Nothing grows without bound: state of removed entries, old backfills, dead nodes."""
@@ -275,11 +291,14 @@ def _say_anchored(loaded: Any) -> None:
     for op, said in ((Op.ANCHOR, "had no slot state in Redis (new entries, or Redis lost its "
                       "data); they start from now, without catch-up"),
                      (Op.REANCHOR, "have a changed definition; they start again from now"),
-                     (Op.RESTORE, "had a slot state older than a slot this node sent (Redis "
-                      "lost writes: a restart or an older snapshot); they carry on after what "
-                      "was sent")):
+                     (Op.RESTORE, "had lost the slot state of what this node sent (Redis "
+                      "restarted empty or went back to an older snapshot while this node led); "
+                      "they carry on after what it sent"),
+                     (Op.ROLLED_BACK, "had a slot state older than a slot this node sent "
+                      "(Redis went back to an older snapshot or a lagging replica); they start "
+                      "from now, without catch-up, like entries with no state")):
         names = [item.name for item in loaded.anchors if item.op == op]
         if names:
-            log = logger.warning if op == Op.RESTORE else logger.info
+            log = logger.info if op == Op.ANCHOR else logger.warning
             log("leaderbeat: %d of %d entries %s: %s", len(names), total, said,
                 ", ".join(names[:10]))

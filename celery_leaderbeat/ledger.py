@@ -33,6 +33,7 @@ class Op:
     ANCHOR = "anchor"  # the entry's first slot, only if it has no state yet: state 'a'
     REANCHOR = "reanchor"  # the definition changed: start again from this slot, state 'a'
     RESTORE = "restore"  # this node sent the slot and Redis lost that: state 's'
+    ROLLED_BACK = "skip"  # Redis went back to older state: start again past it, state 'k'
     RECOVER = "recover"  # re-send an earlier claimant's unconfirmed slot: state 'c'
 
 
@@ -45,6 +46,8 @@ DIFFERS = "differs"
 EARLY = "early"
 #: what a rescue answers for an entry with no state yet (its phase is not known)
 UNKNOWN = "unknown"
+#: the fingerprint stored for an entry the leader no longer schedules (removed, disabled)
+REMOVED = "-"
 
 #: claim items and history events per script call at most (bounds one call's run time)
 _MAX_PER_CALL = 2000
@@ -134,8 +137,11 @@ class Ledger:
             reply = self._call("lead", token, int(self.config.lease_ttl * 1000), epoch,
                                batch_events, batch_items)
             if status(reply, "claim") == 0:
-                holder = text(reply[1]) if len(reply) > 1 and reply[1] else "nobody"
-                raise LeaseLostError(f"claim refused: lease {token} lost; held by {holder}")
+                holder = text(reply[1]) if len(reply) > 1 and reply[1] else None
+                lost = LeaseLostError(f"claim refused: lease {token} lost; held by "
+                                      f"{holder or 'nobody'}")
+                lost.holder = holder
+                raise lost
             results += [_lead_result(r) for r in reply[3:]]
             if self.config.min_replicas and batch_items:
                 self._wait_for_replicas()
@@ -240,6 +246,12 @@ class Ledger:
             args=[cutoff, time.time() - node_keep_s, len(unscheduled), *unscheduled,
                   *backfilled])
         return [int(x) for x in reply]
+
+    def write_definitions(self, fingerprints: dict[str, str]) -> None:
+        """Store the fingerprints of the definitions the leader plans (:data:`REMOVED` for
+        an entry it no longer schedules: no standby may rescue it)."""
+        if fingerprints:
+            self.client.hset(self.keys.definitions, mapping=fingerprints)
 
     def overtaken(self) -> dict[tuple[str, int], SlotState]:
         """Claimed, unconfirmed slots that a newer claim of the same entry replaced."""

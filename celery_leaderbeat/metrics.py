@@ -12,6 +12,8 @@ a port nothing is imported and :class:`NullMetrics` does nothing.
   entries, to keep the cardinality bounded)
 - ``leaderbeat_lease_renew_seconds`` (histogram), ``leaderbeat_lease_renew_failures_total``
 - ``leaderbeat_clock_skew_seconds`` (gauge: this node's clock minus Redis TIME)
+- ``leaderbeat_redis_last_answer_timestamp_seconds`` (gauge: Unix time Redis last answered
+  this process: a lease renewal, or a tick whose Redis calls all succeeded; 0 until then)
 - ``leaderbeat_tick_seconds`` (histogram: one scheduler tick)
 """
 
@@ -75,6 +77,8 @@ class Metrics(NullMetrics):
         self._skew = Gauge("leaderbeat_clock_skew_seconds", "local clock minus Redis TIME",
                            registry=r)
         self._tick = Histogram("leaderbeat_tick_seconds", "one scheduler tick", registry=r)
+        self._redis_answered = Gauge("leaderbeat_redis_last_answer_timestamp_seconds",
+                                     "Unix time Redis last answered this process", registry=r)
         self._server: Any = None
 
     def serve(self, port: int) -> None:
@@ -102,8 +106,12 @@ class Metrics(NullMetrics):
             self._renew_failures.inc()
         else:
             self._renew.observe(seconds)
+            self._redis_answered.set_to_current_time()
 
     def clock_skew(self, seconds: float | None) -> None:
+        # called once per renew interval after a tick whose Redis calls all succeeded (a
+        # standby's too, which renews nothing): Redis answers this process
+        self._redis_answered.set_to_current_time()
         if seconds is not None:
             self._skew.set(seconds)
 

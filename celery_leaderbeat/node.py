@@ -53,7 +53,8 @@ class Node:
     exact: Callable[[], Collection[str]] = tuple  # dynamic entries anchored before any state
 
     def track(self, stored: Mapping[str, SlotState], *, start: datetime,
-              epoch: int | None, definitions: Mapping[str, str] | None = None) -> Loaded:
+              epoch: int | None, definitions: Mapping[str, str] | None = None,
+              trust_memory: bool = False) -> Loaded:
         """The schedule's entries tracked from ``stored`` states (see :func:`agenda.load`)."""
         if stored:
             self.lease.observe_epoch(max(state.epoch for state in stored.values()))
@@ -63,7 +64,8 @@ class Node:
         return load(schedule, stored, start=start, tz=self.tz, options=self.options(),
                     default=EntryOptions.defaults(self.config), epoch=epoch,
                     clock_of=self.clock_of, fingerprint_of=self.fingerprint_of,
-                    definitions=definitions, remembered=self.sent.newest)
+                    definitions=definitions, remembered=self.sent.newest,
+                    trust_memory=trust_memory)
 
     def fingerprint_of(self, name: str, entry: Any, tz: tzinfo, jitter: float | None) -> str:
         """The fingerprint of an entry's definition, computed once per entry object."""

@@ -7,7 +7,7 @@ then sleeps until the next one, while its heartbeat renews the lease. This
 module keeps only what Celery needs: building the schedule, the per-process
 Redis client, dispatch, error handling, publishing, shutdown.
 
-Lifecycle traps this class respects (see CELERY_NOTES.md): it is built twice
+Lifecycle traps this class respects (docs/architecture.md, "Living inside Celery's beat"): it is built twice
 (once ``lazy`` for the banner: no network I/O then); ``beat_init`` swallows
 exceptions (so nothing happens there); ``close()`` runs twice on SIGTERM; under
 ``worker -B`` beat runs in a forked child (clients are made per process).
@@ -44,6 +44,9 @@ from .standby import Standby
 from .telemetry import Telemetry
 
 logger = logging.getLogger(__name__)
+#: one INFO line per send, in stock beat's words; a logger of its own so a busy
+#: schedule can quiet it alone (``logging.getLogger("celery_leaderbeat.sends")``)
+send_logger = logging.getLogger("celery_leaderbeat.sends")
 
 STANDBY, LEADER = "standby", "leader"
 
@@ -83,6 +86,7 @@ class Scheduler(beat.Scheduler):
         self._wake_by = time.monotonic()
         self._last_wall = (time.time(), time.monotonic())
         self._redis_failures = 0
+        self._contact_since = time.time()  # Redis answered without a break since then
         self._closed = False
         self._registration = Registration()
         self._telemetry = Telemetry(self, self.keys.prefix)
@@ -282,6 +286,11 @@ class Scheduler(beat.Scheduler):
             self._watch_wall_clock()
             if self._leader is None:
                 assert self._standby is not None
+                if self._redis_failures:
+                    # Redis answers again: the standby hears so before it tries for the lease
+                    # (under last-leader, the previous leader goes first)
+                    node.client.ping()
+                    self._redis_back()
                 if self._standby.tick(self._schedule_version):
                     self._become_leader(node, self._standby)
                 delay = 0.0
@@ -309,8 +318,8 @@ class Scheduler(beat.Scheduler):
                 "and the script, string, hash, stream, pub/sub, TIME and PING commands") from exc
         except (redis.RedisError, OSError) as exc:
             return self._redis_trouble(exc)
-        if self._redis_failures:
-            self._redis_back()
+        if self._redis_failures and (self._leader is None or self._leader.outage is None):
+            self._redis_back()  # (a leader sending through an outage returns without Redis)
         return delay
 
     def _redis_trouble(self, exc: Exception) -> float:
@@ -335,6 +344,7 @@ class Scheduler(beat.Scheduler):
     def _redis_back(self) -> None:
         logger.info("leaderbeat: Redis at %s answers again", describe(self.lb_config.redis_url))
         self._redis_failures = 0
+        self._contact_since = time.time()
         if self._standby is not None:
             self._standby.restart(head_start=self.lb_config.redis_down_policy == "last-leader"
                                   and self._leader is None)
@@ -364,8 +374,10 @@ class Scheduler(beat.Scheduler):
     def _register(self, role: str) -> None:
         node = self._connect()
         self._telemetry.metrics.clock_skew(node.lease.clock_skew)
+        # A node follows the schedule only while Redis answers it: slots due while it could
+        # not claim are not on time because of it (they follow the catch-up policy).
         room = self._leader if role == LEADER else self._standby
-        since = room.since.timestamp() if room is not None else None
+        since = max(room.since.timestamp(), self._contact_since) if room is not None else None
         self._registration.write(node, role, node.lease.epoch if role == LEADER else None, since)
 
     # -- sending -------------------------------------------------------------------------
@@ -380,6 +392,12 @@ class Scheduler(beat.Scheduler):
         """Publish one slot; a failure is logged and reported, never swallowed."""
         opts = self._entry_options.get(entry.name)
         overlap = opts.overlap if opts else self.lb_config.overlap
+        if send_logger.isEnabledFor(logging.INFO):
+            # epoch 0 is a standby's rescue; a task id of its own, a trigger or backfill
+            how = (" (rescue: a standby sends a slot the leader had not claimed)" if epoch == 0
+                   else f" (requested, task id {task_id})" if task_id else "")
+            send_logger.info("Scheduler: Sending due task %s (%s) for slot %s%s",
+                             entry.name, entry.task, slot.isoformat(), how)
         try:
             publish(self, entry, slot, epoch, overlap, task_id)
         except Exception:  # any publish failure: logged with its traceback, recorded unsent

@@ -191,24 +191,43 @@ def test_what_an_earlier_leader_claimed_and_this_process_sent_is_recorded_not_re
     assert leader.ledger.load()["e"].state == "s"
 
 
-def test_after_redis_lost_its_data_a_node_carries_on_after_what_it_sent(node, redis_client):
+def test_a_leader_that_led_until_redis_lost_its_data_carries_on_after_what_it_sent():
     """No margin and no re-send: the remembered slot is restored in Redis."""
-    now = from_ms(redis_ms(redis_client))
+    now = datetime(2026, 5, 4, 10, 0, tzinfo=UTC)
     memory = SentMemory()
     memory.note("e", to_ms(now - timedelta(seconds=1)))
     entries = {"e": SimpleNamespace(schedule=schedule(timedelta(seconds=10)))}
     opts = EntryOptions.defaults(Config.from_values({"redis_url": "redis://x", "key_prefix": "t", "node_id": "n"}))
     loaded = load(entries, {}, start=now + timedelta(seconds=5), tz=UTC, options={},
-                  default=opts, epoch=1, remembered=memory.newest)
+                  default=opts, epoch=1, remembered=memory.newest, trust_memory=True)
     assert [(i.op, i.slot_ms) for i in loaded.anchors] == [(Op.RESTORE,
                                                            to_ms(now - timedelta(seconds=1)))]
     assert loaded.tracked["e"].next_fire == now + timedelta(seconds=9)
     # an older snapshot: the stored slot is behind the remembered one
     stale = {"e": SlotState(to_ms(now - timedelta(seconds=21)), 3, "s")}
     loaded = load(entries, stale, start=now, tz=UTC, options={}, default=opts, epoch=4,
-                  remembered=memory.newest)
+                  remembered=memory.newest, trust_memory=True)
     assert loaded.anchors[0].op == Op.RESTORE
     assert loaded.tracked["e"].last == now - timedelta(seconds=1)
+
+
+def test_a_node_that_did_not_lead_until_redis_lost_its_data_keeps_the_margin():
+    """Another node may have sent later slots than this one remembers (it led meanwhile):
+    carrying on from its own memory once re-sent six slots in a chaos run."""
+    now = datetime(2026, 5, 4, 10, 0, tzinfo=UTC)
+    memory = SentMemory()
+    memory.note("e", to_ms(now - timedelta(seconds=8)))
+    entries = {"e": SimpleNamespace(schedule=schedule(timedelta(seconds=1)))}
+    opts = EntryOptions.defaults(Config.from_values({"redis_url": "redis://x", "key_prefix": "t", "node_id": "n"}))
+    start = now + timedelta(seconds=5)
+    empty = load(entries, {}, start=start, tz=UTC, options={}, default=opts, epoch=9,
+                 remembered=memory.newest)
+    assert [(i.op, i.slot_ms) for i in empty.anchors] == [(Op.ANCHOR, to_ms(start))]
+    rolled_back = load(entries, {"e": SlotState(to_ms(now - timedelta(seconds=20)), 2, "s")},
+                       start=start, tz=UTC, options={}, default=opts, epoch=9,
+                       remembered=memory.newest)
+    assert [(i.op, i.slot_ms) for i in rolled_back.anchors] == [(Op.ROLLED_BACK, to_ms(start))]
+    assert rolled_back.tracked["e"].last == start
 
 
 def test_a_changed_definition_starts_again_from_now(node, redis_client):
@@ -312,3 +331,90 @@ def test_a_rescue_waits_while_the_leader_is_still_claiming_chunks_of_a_burst(
     assert standby.ledger.rescue([ClaimItem("b", late, Op.CLAIM, late, base)]).results == [EARLY]
     redis_client.delete(leader.keys.progress)  # it stopped claiming (dead or paused)
     assert standby.ledger.rescue([ClaimItem("b", late, Op.CLAIM, late, base)]).results == [None]
+
+
+def test_a_lease_that_vanishes_while_valid_says_redis_lost_its_data(node, redis_client):
+    from celery_leaderbeat.errors import LeaseLostError
+    leader = node("leader")
+    assert leader.lease.try_acquire()
+    redis_client.delete(leader.keys.leader)  # Redis restarted empty
+    with pytest.raises(LeaseLostError):
+        leader.lease.renew()
+    assert leader.lease.vanished_while_held
+    other, taken = node("other"), node("taker")
+    assert other.lease.try_acquire()
+    redis_client.delete(other.keys.leader)
+    assert taken.lease.try_acquire()  # another node leads now: nothing vanished
+    with pytest.raises(LeaseLostError):
+        other.lease.renew()
+    assert not other.lease.vanished_while_held
+
+
+def test_a_paused_leaders_claimed_chunk_is_recovered_by_its_next_election_once(
+        node, redis_client):
+    """Paused between claiming a chunk and publishing it, past the ttl; a standby rescued
+    the next slot of some entries meanwhile; the same process is elected again."""
+    leader, standby = node("leader", recover_unsent=True), node("standby")
+    assert leader.lease.try_acquire()
+    base = redis_ms(redis_client) - 20_000
+    names = [f"e{i}" for i in range(4)]
+    leader.ledger.claim(*leader.lease.credentials(),
+                        [ClaimItem(n, base, Op.ANCHOR) for n in names])
+    slot = base + 5000
+    leader.ledger.claim(*leader.lease.credentials(),
+                        [ClaimItem(n, slot, Op.CLAIM, slot) for n in names])  # then paused
+    redis_client.delete(leader.keys.progress)
+    nxt = slot + 5000  # a standby rescues e0's and e1's next slot while it is paused
+    assert standby.ledger.rescue([ClaimItem(n, nxt, Op.CLAIM, nxt, slot)
+                                  for n in names[:2]]).results == [None, None]
+    standby.ledger.record(0, [Event(n, nxt, "sent", "rescued") for n in names[:2]])
+    # resumed: its lease expired; the rest of the chunk is recorded unsent, then re-elected
+    leader.lease.mark_lost()
+    leader.ledger.record(1, [Event(n, slot, "unsent", "lease expired") for n in names])
+    redis_client.delete(leader.keys.leader)
+    assert leader.lease.try_acquire()
+    stored, definitions = leader.ledger.load_with_definitions()
+    opts = EntryOptions.defaults(leader.config)
+    entries = {n: SimpleNamespace(schedule=schedule(timedelta(seconds=5))) for n in names}
+    loaded = load(entries, stored, start=from_ms(base + 30_000), tz=UTC, options={},
+                  default=opts, epoch=leader.lease.epoch, definitions=definitions)
+    unsent = list(loaded.unsent) + [
+        Unsent(n, from_ms(s), st.state == "c", st.claimed_ms, overtaken=True)
+        for (n, s), st in leader.ledger.overtaken().items()]
+    sent: list[tuple[str, int]] = []
+    gate = LeaderGate(leader.lease, leader.ledger)
+
+    def send(name: str, at: datetime) -> bool:
+        sent.append((name, to_ms(at)))
+        return True
+    later = report_unsent(unsent, gate=gate, send=send, recover=True, memory=SentMemory())
+    assert later == []
+    assert sorted(sent) == [(n, slot) for n in names]
+    # asked again (a second election, the reply lost): nothing goes twice
+    again = report_unsent(unsent, gate=gate, send=send, recover=True, memory=SentMemory())
+    assert again == [] and len(sent) == 4
+
+
+def test_an_entry_the_leader_no_longer_schedules_is_not_rescued_and_restarts_when_back(
+        node, redis_client):
+    """A disabled row: a standby that has not re-read the rows must not rescue it, and
+    re-enabling it starts at its next slot, not a replay of one due while disabled."""
+    from celery_leaderbeat.ledger import REMOVED
+    leader, standby = node("leader"), node("standby")
+    assert leader.lease.try_acquire()
+    base = redis_ms(redis_client) - 20_000
+    leader.ledger.claim(*leader.lease.credentials(),
+                        [ClaimItem("row", base, Op.ANCHOR, fingerprint="fp")])
+    leader.ledger.write_definitions({"row": REMOVED})  # the leader's reload: row disabled
+    slot = base + 5000
+    assert standby.ledger.rescue([ClaimItem("row", slot, Op.CLAIM, slot, base, "fp")]).results \
+        == [DIFFERS]
+    now = from_ms(redis_ms(redis_client))
+    opts = EntryOptions.defaults(leader.config)
+    stored, definitions = leader.ledger.load_with_definitions()
+    back = load({"row": SimpleNamespace(schedule=schedule(timedelta(seconds=5)))}, stored,
+                start=now, tz=UTC, options={}, default=opts, epoch=1, definitions=definitions,
+                fingerprint_of=lambda *a: "fp")
+    assert [(i.op, i.slot_ms) for i in back.anchors] == [(Op.REANCHOR, to_ms(now))]
+    assert leader.ledger.claim(*leader.lease.credentials(), back.anchors) == [None]
+    assert leader.ledger.load_with_definitions()[1]["row"] == "fp"
