@@ -53,6 +53,8 @@ class NullMetrics:
 
     def ticked(self, seconds: float) -> None: ...
 
+    def keep_entries(self, names: Iterable[str]) -> None: ...
+
 
 class Metrics(NullMetrics):
     """The real thing, on a registry of its own (several schedulers in one test process)."""
@@ -80,6 +82,7 @@ class Metrics(NullMetrics):
         self._redis_answered = Gauge("leaderbeat_redis_last_answer_timestamp_seconds",
                                      "Unix time Redis last answered this process", registry=r)
         self._server: Any = None
+        self._labelled: dict[str, set[str]] = {}  # entry -> states it has a series for
 
     def serve(self, port: int) -> None:
         from prometheus_client import start_http_server
@@ -99,7 +102,16 @@ class Metrics(NullMetrics):
             state = "rescued" if ev.event == "sent" and ev.detail == "rescued" else \
                 _STATES.get(ev.event)
             if state is not None:
-                self._slots.labels(state, ev.name if entries <= ENTRY_LABEL_LIMIT else "*").inc()
+                entry = ev.name if entries <= ENTRY_LABEL_LIMIT else "*"
+                self._slots.labels(state, entry).inc()
+                self._labelled.setdefault(entry, set()).add(state)
+
+    def keep_entries(self, names: Iterable[str]) -> None:
+        """Drop the series of entries no longer scheduled: labels never outgrow the schedule."""
+        keep = set(names) | {"*"}
+        for entry in [e for e in self._labelled if e not in keep]:
+            for state in self._labelled.pop(entry):
+                self._slots.remove(state, entry)
 
     def renewed(self, seconds: float | None) -> None:
         if seconds is None:

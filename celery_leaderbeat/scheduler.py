@@ -87,6 +87,7 @@ class Scheduler(beat.Scheduler):
         self._last_wall = (time.time(), time.monotonic())
         self._redis_failures = 0
         self._contact_since = time.time()  # Redis answered without a break since then
+        self._labels_version = 0  # the schedule version the metric labels follow
         self._closed = False
         self._registration = Registration()
         self._telemetry = Telemetry(self, self.keys.prefix)
@@ -267,6 +268,9 @@ class Scheduler(beat.Scheduler):
     def _observe(self, events: Sequence[Event]) -> None:
         self._telemetry.slots(events, len(self.schedule),
                               lambda: self._node.lease.epoch if self._node else None)
+        if self._labels_version != self._schedule_version:  # a removed entry's series go
+            self._labels_version = self._schedule_version
+            self._telemetry.metrics.keep_entries(self.schedule)
 
     # -- the tick --------------------------------------------------------------------
 

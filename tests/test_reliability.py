@@ -418,3 +418,15 @@ def test_an_entry_the_leader_no_longer_schedules_is_not_rescued_and_restarts_whe
     assert [(i.op, i.slot_ms) for i in back.anchors] == [(Op.REANCHOR, to_ms(now))]
     assert leader.ledger.claim(*leader.lease.credentials(), back.anchors) == [None]
     assert leader.ledger.load_with_definitions()[1]["row"] == "fp"
+
+
+def test_metric_series_of_entries_no_longer_scheduled_are_dropped():
+    pytest.importorskip("prometheus_client")
+    from celery_leaderbeat.metrics import Metrics
+    metrics = Metrics()
+    metrics.slots([Event("kept", 1, "sent"), Event("gone", 1, "sent"),
+                   Event("gone", 2, "missed")], entries=2)
+    metrics.keep_entries(["kept"])
+    names = {s.labels.get("entry") for m in metrics.registry.collect() for s in m.samples
+             if m.name == "leaderbeat_slots"}
+    assert names == {"kept"}
