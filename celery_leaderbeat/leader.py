@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from datetime import datetime
+from collections.abc import Collection
 from typing import Any
 
 import redis
@@ -120,6 +121,32 @@ class Leader:
             self._recover_at = time.monotonic() + node.config.lease_ttl
             self._reported = True
 
+    def update(self, names: Collection[str], version: int) -> None:
+        """Take in a change of a few entries: work in proportion to the change, not the
+        schedule (one read of their states; those with no state anchored)."""
+        node = self.node
+        names = sorted(names)
+        margin = min(node.config.max_clock_skew, UNKNOWN_STATE_MARGIN)
+        start = from_ms(to_ms(utcnow()) + int(margin * 1000))
+        stored, definitions = node.ledger.load_with_definitions(names)
+        loaded = node.track(stored, start=start, epoch=node.lease.epoch,
+                            definitions=definitions, only=names)
+        if loaded.anchors:
+            try:
+                refused = node.ledger.claim(*node.lease.credentials(), loaded.anchors)
+            except NotReplicatedError as exc:  # anchors send nothing: safe to go on
+                logger.warning("leaderbeat: %s for the anchors of changed entries; going on", exc)
+                refused = [None] * len(loaded.anchors)
+            adopt_refused_anchors(loaded, refused)
+            _say_anchored(loaded)
+        for name in names:
+            if name in loaded.tracked:
+                self.agenda.add(loaded.tracked[name])
+            else:
+                self.agenda.drop(name)
+        self._publish_definitions(loaded.tracked, definitions, names)
+        self._version = version
+
     def tick(self, version: int) -> float:
         """Send every due slot; the seconds until the next one (at most ``max_interval``)."""
         if self.outage is not None:
@@ -137,7 +164,11 @@ class Leader:
             raise Resign(f"clock is {skew:+.3f} s off Redis TIME, beyond "
                          f"leaderbeat_max_clock_skew={node.config.max_clock_skew}", release=True)
         if self._version != version:
-            self.reload(version)
+            changed = node.changed_since(self._version) if self._version >= 0 else None
+            if changed is not None and len(changed) <= max(100, len(self.tracked) // 10):
+                self.update(changed, version)
+            else:
+                self.reload(version)
         if self._recover_later and time.monotonic() >= self._recover_at:
             later, self._recover_later = self._recover_later, []
             self._recover_later = report_unsent(later, gate=self.gate, send=self._send,
@@ -172,16 +203,16 @@ class Leader:
             self._record_broken()
         return min(self.delay(), self.node.config.standby_poll)
 
-    def _publish_definitions(self, tracked: dict[str, Tracked],
-                             stored: dict[str, str]) -> None:
+    def _publish_definitions(self, tracked: dict[str, Tracked], stored: dict[str, str],
+                             names: Collection[str] | None = None) -> None:
         """Tell rescuers what this leader plans: each entry's fingerprint, and REMOVED for an
         entry it no longer schedules (removed, or a disabled row): a standby that has not
         seen the change yet must not rescue it. An entry that comes back later finds
         REMOVED, not its own fingerprint, and starts again from its next slot."""
         changes = {name: t.fingerprint for name, t in tracked.items()
                    if t.fingerprint and stored.get(name) is None}
-        changes.update({name: REMOVED for name, fp in stored.items()
-                        if name not in tracked and fp != REMOVED})
+        changes.update({name: REMOVED for name in (stored if names is None else names)
+                        if name not in tracked and stored.get(name) not in (None, REMOVED)})
         self.node.ledger.write_definitions(changes)
 
     def _prune(self) -> None:

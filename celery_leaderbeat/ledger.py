@@ -218,12 +218,23 @@ class Ledger:
             raw = zip(names, self.client.hmget(self.keys.slots, list(names))) if names else []
         return {text(k): SlotState.parse(v) for k, v in raw if v is not None}
 
-    def load_with_definitions(self) -> tuple[dict[str, SlotState], dict[str, str]]:
-        """Every entry's last slot and the fingerprints stored beside them (one round trip)."""
+    def load_with_definitions(self, names: Sequence[str] | None = None
+                              ) -> tuple[dict[str, SlotState], dict[str, str]]:
+        """Every entry's last slot and the fingerprints stored beside them, or only those
+        of ``names`` (one round trip either way)."""
+        if names is not None and not names:
+            return {}, {}
         pipe = self.client.pipeline(transaction=False)
-        pipe.hgetall(self.keys.slots)
-        pipe.hgetall(self.keys.definitions)
-        slots, definitions = pipe.execute()
+        if names is None:
+            pipe.hgetall(self.keys.slots)
+            pipe.hgetall(self.keys.definitions)
+            slots, definitions = (dict(r) for r in pipe.execute())
+        else:
+            pipe.hmget(self.keys.slots, list(names))
+            pipe.hmget(self.keys.definitions, list(names))
+            raw_slots, raw_defs = pipe.execute()
+            slots = {n: v for n, v in zip(names, raw_slots) if v is not None}
+            definitions = {n: v for n, v in zip(names, raw_defs) if v is not None}
         return ({text(k): SlotState.parse(v) for k, v in slots.items()},
                 {text(k): text(v) for k, v in definitions.items()})
 

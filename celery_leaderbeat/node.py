@@ -41,6 +41,8 @@ class Node:
     wake_by: Callable[[], float]  # monotonic time by which the main loop will be back
     observe: Callable[[Sequence[Event]], None]  # what became of slots: signals, metrics
     progress: Callable[[], None]  # the main loop is working, not wedged (a long batch)
+    #: the entry names changed after a schedule version (None: read the whole schedule)
+    changed_since: Callable[[int], "frozenset[str] | None"] = lambda version: None
 
     clocks: dict[str, tuple[Any, Any, Any, SlotClock]] = field(default_factory=dict)
     #: what this process published (it never publishes a slot twice, whatever Redis says)
@@ -54,12 +56,16 @@ class Node:
 
     def track(self, stored: Mapping[str, SlotState], *, start: datetime,
               epoch: int | None, definitions: Mapping[str, str] | None = None,
-              trust_memory: bool = False) -> Loaded:
-        """The schedule's entries tracked from ``stored`` states (see :func:`agenda.load`)."""
+              trust_memory: bool = False, only: Collection[str] | None = None) -> Loaded:
+        """The schedule's entries tracked from ``stored`` states (see :func:`agenda.load`);
+        with ``only``, just those entries (a change of a few in a large schedule)."""
         if stored:
             self.lease.observe_epoch(max(state.epoch for state in stored.values()))
         schedule = self.schedule()
-        self._forget_unscheduled(schedule)
+        if only is not None:
+            schedule = {name: schedule[name] for name in only if name in schedule}
+        else:
+            self._forget_unscheduled(schedule)
         stored = reanchor(stored, self.anchors(), self.exact())
         return load(schedule, stored, start=start, tz=self.tz, options=self.options(),
                     default=EntryOptions.defaults(self.config), epoch=epoch,

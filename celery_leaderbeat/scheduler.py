@@ -50,6 +50,9 @@ send_logger = logging.getLogger("celery_leaderbeat.sends")
 
 STANDBY, LEADER = "standby", "leader"
 
+#: schedule versions whose changed names are kept (an older one means a full reload)
+_CHANGE_LOG = 64
+
 #: seconds by which the wall clock must move against the monotonic one to count as a
 #: step (NTP slews smaller offsets; GC pauses and SIGSTOP move both clocks alike)
 CLOCK_STEP = 2.0
@@ -88,6 +91,8 @@ class Scheduler(beat.Scheduler):
         self._redis_failures = 0
         self._contact_since = time.time()  # Redis answered without a break since then
         self._labels_version = 0  # the schedule version the metric labels follow
+        #: (schedule version, entry names it changed) for changes known name by name
+        self._changes: list[tuple[int, frozenset[str]]] = []
         self._closed = False
         self._registration = Registration()
         self._telemetry = Telemetry(self, self.keys.prefix)
@@ -131,6 +136,16 @@ class Scheduler(beat.Scheduler):
         entry = super().add(**kwargs)
         self._schedule_version += 1
         return entry
+
+    def _changed_since(self, version: int) -> frozenset[str] | None:
+        """The entry names changed after schedule ``version``, or None when some change
+        since then is not known name by name (the whole schedule must be read again)."""
+        if version >= self._schedule_version:
+            return frozenset()
+        known = [names for v, names in self._changes if v > version]
+        if len(known) != self._schedule_version - version:
+            return None
+        return frozenset().union(*known)
 
     def _slot_entries(self) -> Any:
         """The entries slots are computed from: name -> an object with ``.schedule``."""
@@ -189,7 +204,7 @@ class Scheduler(beat.Scheduler):
                           options=lambda: self._entry_options, tz=self.app.timezone,
                           max_interval=lambda: float(self.max_interval),
                           wake_by=lambda: self._wake_by, observe=self._observe,
-                          progress=self._progress)
+                          progress=self._progress, changed_since=self._changed_since)
         self._dynamic = self._follow_dynamic(client)
         if self._dynamic is not None:
             self._node.anchors = lambda: self._dynamic.anchors if self._dynamic else {}
@@ -285,8 +300,12 @@ class Scheduler(beat.Scheduler):
     def _tick(self) -> float:
         try:
             node = self._connect()
-            if self._dynamic is not None and self._dynamic.refresh():
-                self._schedule_version += 1  # the roles rebuild what they track
+            if self._dynamic is not None:
+                touched = self._dynamic.refresh()
+                if touched:  # the roles update only what changed
+                    self._schedule_version += 1
+                    self._changes.append((self._schedule_version, frozenset(touched)))
+                    del self._changes[:-_CHANGE_LOG]
             self._watch_wall_clock()
             if self._leader is None:
                 assert self._standby is not None

@@ -118,7 +118,11 @@ class Standby:
 
     def _rescue(self, version: int) -> None:
         if self.agenda is None or version != self._version:
-            self._load(version)
+            changed = self.node.changed_since(self._version) if self.agenda is not None else None
+            if changed is not None and len(changed) <= max(100, len(self.agenda.tracked) // 10):
+                self._update(changed, version)
+            else:
+                self._load(version)
         elif self._unknown and time.monotonic() - self._unknown_checked >= self.node.config.rescue_after:
             self._recheck_unknown()
         if time.monotonic() < self._retry_at or self.agenda is None:
@@ -204,6 +208,25 @@ class Standby:
         self._version = version
         self._differs.clear()
 
+    def _update(self, names: frozenset[str], version: int) -> None:
+        """A change of a few entries: read just their states (one HMGET)."""
+        assert self.agenda is not None
+        ordered = sorted(names)
+        stored = self.node.ledger.load(ordered)
+        loaded = self.node.track(stored, start=utcnow(), epoch=None, only=ordered)
+        for name in ordered:
+            if name in loaded.tracked and name in stored:
+                self.agenda.add(loaded.tracked[name])
+                self._unknown.discard(name)
+            else:
+                self.agenda.drop(name)
+                if name in loaded.tracked:
+                    self._unknown.add(name)
+                else:
+                    self._unknown.discard(name)
+        self._differs -= names
+        self._version = version
+
     def _recheck_unknown(self) -> None:
         """Entries that had no state: one HMGET per rescue_after until the leader anchors them."""
         assert self.agenda is not None
@@ -236,9 +259,12 @@ class Standby:
         deadline = time.monotonic() + timeout
         while (left := deadline - time.monotonic()) > 0:
             message = self._pubsub.get_message(timeout=left)
-            if message and message.get("data") in (b"released", "released"):
+            data = message.get("data") if message else None
+            if data in (b"released", "released"):
                 self._next_attempt = 0.0
                 return
+            if data in (b"entries", "entries"):
+                return  # an entry changed: the next tick takes it in
 
     def close(self) -> None:
         # Dropped, not closed: on SIGTERM close() runs inside the signal handler, on

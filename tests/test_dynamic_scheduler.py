@@ -196,3 +196,35 @@ def test_an_entry_stored_under_a_static_name_is_ignored_and_the_static_one_kept(
     assert not hasattr(scheduler.schedule["static"], "leaderbeat_source")
     assert "dynamic entry 'static' is ignored" in caplog.text
     assert state.client().exists(Keys(key_prefix).entries)
+
+
+def test_a_save_among_many_entries_is_taken_in_by_name_not_by_reading_every_entry(
+        servers, key_prefix):
+    state, broker = servers
+    static = {f"s{i}": {"task": NOOP, "schedule": 3600} for i in range(300)}
+    apps = [make_app(state.url, broker.url, key_prefix, static) for _ in range(2)]
+    first, second = (Scheduler(app=app) for app in apps)
+    try:
+        run([first, second], 10, until=lambda: first.role == LEADER)
+        run([first, second], 0.5)
+        reads: list[object] = []
+        for s in (first, second):
+            for attr in ("load", "load_with_definitions"):
+                real = getattr(s.ledger, attr)
+
+                def spy(names=None, _real=real):
+                    reads.append(names)
+                    return _real(names)
+                setattr(s.ledger, attr, spy)
+        Entry("dyn", NOOP, 60).save(apps[0])
+        run([first, second], 3, until=lambda: "dyn" in first.leading.tracked
+            and "dyn" in second.schedule)
+        run([first, second], 0.3)
+        assert reads and None not in reads, "a full read of every entry's state"
+        assert all(list(names) == ["dyn"] for names in reads)
+        Entry.get(apps[0], "dyn").delete(apps[0])
+        run([first, second], 3, until=lambda: "dyn" not in first.leading.tracked)
+        assert None not in reads
+    finally:
+        first.close()
+        second.close()
