@@ -158,22 +158,27 @@ class DynamicSchedule:
 
 
 def reanchor(stored: Mapping[str, SlotState], anchors: Mapping[str, SlotState],
-             exact: Collection[str] = ()) -> Mapping[str, SlotState]:
+             exact: Collection[str] = (), names: Collection[str] | None = None
+             ) -> Mapping[str, SlotState]:
     """Slot states to plan from: a dynamic entry's starts at its anchor when older.
 
     ``anchors`` holds each dynamic entry's anchor as a slot state (built once per
     change). An entry with no stored state is left to the leader's own anchoring
     (from now, written to Redis, so standbys can rescue it) unless it is in
     ``exact``: an imported entry (its phase from elsewhere) or a one-off whose time
-    is already past. In memory only: the next claim is what Redis keeps.
+    is already past. In memory only: the next claim is what Redis keeps. With
+    ``names`` (a change of a few entries) only those are looked at: the cost
+    follows the change, not the schedule.
     """
     if not anchors:
         return stored
     out = dict(stored)
-    for name in anchors.keys() & stored.keys():
-        if stored[name].slot_ms < anchors[name].slot_ms:
-            out[name] = anchors[name]
-    for name in exact:
+    for name, state in stored.items():
+        anchor = anchors.get(name)
+        if anchor is not None and state.slot_ms < anchor.slot_ms:
+            out[name] = anchor
+    candidates = exact if names is None else [n for n in names if n in exact]
+    for name in candidates:
         if name not in stored and name in anchors:
             out[name] = anchors[name]
     return out

@@ -66,7 +66,7 @@ class Node:
             schedule = {name: schedule[name] for name in only if name in schedule}
         else:
             self._forget_unscheduled(schedule)
-        stored = reanchor(stored, self.anchors(), self.exact())
+        stored = reanchor(stored, self.anchors(), self.exact(), only)
         return load(schedule, stored, start=start, tz=self.tz, options=self.options(),
                     default=EntryOptions.defaults(self.config), epoch=epoch,
                     clock_of=self.clock_of, fingerprint_of=self.fingerprint_of,
