@@ -50,14 +50,25 @@ from typing import Any
 import redis
 from redis.client import Pipeline, PubSub
 
-from celery_leaderbeat import scripts as _scripts
 from celery_leaderbeat.connection import client_defaults
 
 BEFORE, AFTER, DELAY, LATE, DROP, REPEAT = "before", "after", "delay", "late", "drop", "repeat"
 KINDS = (BEFORE, AFTER, DELAY, LATE, DROP, REPEAT)
 
+def _script_names() -> dict[str, str]:
+    """EVALSHA digest -> script name: every ``lua/*.lua`` of the package."""
+    from importlib import resources
+
+    names = {}
+    for item in resources.files("celery_leaderbeat").joinpath("lua").iterdir():
+        if item.name.endswith(".lua"):
+            digest = hashlib.sha1(item.read_text().encode()).hexdigest()
+            names[digest] = item.name[:-len(".lua")]
+    return names
+
+
 #: EVALSHA digest -> script name, for call-site labels
-SCRIPT_NAMES = {hashlib.sha1(_scripts.source(n).encode()).hexdigest(): n for n in _scripts.NAMES}
+SCRIPT_NAMES = _script_names()
 
 _PACKAGE = "celery_leaderbeat"
 

@@ -1,7 +1,8 @@
 """Failures the sweep and the model found, each as a plain deterministic test.
 
-Each is marked ``xfail(strict=True)`` until its fix lands: strict, so the
-test turns red once the bug is fixed and the marker must come off. Faults are
+Each was marked ``xfail(strict=True)`` until its fix landed (strict, so the
+test turns red once the bug is fixed and the marker must come off); those still
+marked describe a bug not fixed yet. Each test's docstring says what it found. Faults are
 aimed at a call site (label) and its n-th occurrence, not at an index, so the
 tests keep hitting the same call when the code around it changes.
 """
@@ -54,11 +55,10 @@ def play_scenario(server: RedisServer, monkeypatch: pytest.MonkeyPatch,
         sim.close()
 
 
-@pytest.mark.xfail(strict=True, reason="a chunk's 'sent' rides on the next claim; when that "
-                   "call fails the chunk is pushed back un-advanced and claim.lua grants the "
-                   "same value again: the chunk is published twice")
 def test_a_claim_that_fails_before_reaching_redis_does_not_resend_the_previous_chunk(
         empty_redis, monkeypatch, caplog):
+    """Found by the sweep: a chunk's 'sent' rode on the next claim; when that call failed the
+    chunk was pushed back un-advanced and claim.lua granted the same value again."""
     caplog.set_level(logging.ERROR)
     seam = Seam()
     seam.aim(BATCH_CLAIM, BEFORE, occurrence=2)  # the second chunk of the first burst
@@ -67,11 +67,10 @@ def test_a_claim_that_fails_before_reaching_redis_does_not_resend_the_previous_c
     assert problems == []
 
 
-@pytest.mark.xfail(strict=True, reason="the batch's last chunk is recorded 'sent' by a call "
-                   "of its own; when it fails before reaching Redis the chunk is pushed back "
-                   "un-advanced and sent again at the next tick")
 def test_a_record_of_the_last_chunk_that_fails_does_not_resend_the_chunk(
         empty_redis, monkeypatch, caplog):
+    """Found by the sweep: the batch's last chunk, recorded 'sent' by a call of its own that
+    failed before reaching Redis, was pushed back un-advanced and sent again."""
     caplog.set_level(logging.ERROR)
     seam = Seam()
     seam.aim(BATCH_RECORD, BEFORE, occurrence=1)
@@ -80,9 +79,9 @@ def test_a_record_of_the_last_chunk_that_fails_does_not_resend_the_chunk(
     assert problems == []
 
 
-@pytest.mark.xfail(strict=True, reason="backfill trusts the history alone: a range reaching "
-                   "into the future publishes slots that are sent again when they come due")
 def test_a_backfill_reaching_into_the_future_does_not_send_a_slot_twice(empty_redis, caplog):
+    """Found by the model: backfill trusted the history alone; slots of a range reaching into
+    the future were published, then sent again when they came due."""
     caplog.set_level(logging.ERROR)
     world = World(empty_redis)
     try:
@@ -106,11 +105,10 @@ def test_a_backfill_reaching_into_the_future_does_not_send_a_slot_twice(empty_re
 RESCUE_CLAIM = "EVALSHA[claim] ledger.Ledger._call<ledger.Ledger.rescue<batch.RescueGate.claim"
 
 
-@pytest.mark.xfail(strict=True, reason="a rescue claim granted in Redis whose reply is lost: "
-                   "the standby never sends those slots and nothing records them (no unsent "
-                   "report, no missed): lost without a trace")
 def test_a_rescue_claim_whose_reply_is_lost_leaves_no_slot_unrecorded(
         empty_redis, monkeypatch, caplog):
+    """Found by the sweep: a rescue claim granted in Redis whose reply was lost: the standby
+    never sent those slots and nothing recorded them."""
     caplog.set_level(logging.ERROR)
     seam = Seam()
     seam.aim(RESCUE_CLAIM, AFTER, occurrence=2)  # a rescue while the crashed leader's lease lives
@@ -160,10 +158,10 @@ def test_slots_sent_before_redis_is_restored_from_an_older_snapshot_are_not_sent
         world.close()
 
 
-@pytest.mark.xfail(strict=True, reason="a standby that has not seen a schedule change rescues "
-                   "slots of the old definition that the leader no longer plans")
 def test_a_standby_with_an_old_definition_does_not_rescue_slots_the_leader_does_not_plan(
         empty_redis, caplog):
+    """Found by the model: a standby that had not seen a schedule change rescued slots of the
+    old definition that the leader no longer planned."""
     caplog.set_level(logging.ERROR)
     world = World(empty_redis)
     try:
@@ -178,11 +176,10 @@ def test_a_standby_with_an_old_definition_does_not_rescue_slots_the_leader_does_
         world.close()
 
 
-@pytest.mark.xfail(strict=True, reason="one Redis error on a standby while the leader is "
-                   "stopped restarts its rescues from 'now': the slots due between the leader's "
-                   "stop and that moment are neither rescued nor recorded")
 def test_a_redis_error_on_a_standby_while_the_leader_is_paused_loses_no_slot_unrecorded(
         empty_redis, caplog):
+    """Found by the model: one Redis error on the only standby while the leader was stopped
+    restarted its rescues from 'now'; the slots due in between were lost unrecorded."""
     caplog.set_level(logging.ERROR)
     world = World(empty_redis)
     try:
@@ -199,5 +196,37 @@ def test_a_redis_error_on_a_standby_while_the_leader_is_paused_loses_no_slot_unr
         world.run(1.0)
         assert len(world.sim.seam.injected()) == 1
         assert world.settle_and_check() == []
+    finally:
+        world.close()
+
+
+@pytest.mark.xfail(strict=True, reason="a backfill request restored with an older snapshot is "
+                   "carried out again: the leader publishes the slots it already backfilled")
+def test_a_backfill_restored_with_an_older_snapshot_is_not_sent_again(empty_redis, caplog):
+    caplog.set_level(logging.ERROR)
+    world = World(empty_redis)
+    try:
+        for node in ("a", "b", "c"):
+            world.sim.start(node)
+        world.run(8.0)
+        cluster = Cluster(world.sim.app("cli"))
+        world.clis.append(cluster)
+        now = utcnow()
+        never, _, _ = cluster.backfill_slots("s1", now - timedelta(seconds=6),
+                                             now - timedelta(seconds=3))
+        assert never, "nothing to backfill: the test would prove nothing"
+        cluster.backfill("s1", never, "regression")
+        world.take_snapshot()  # the request is still queued
+        world.run(12.0)  # the leader carries it out; the snapshot's lease has expired since
+        assert any(p.via == "backfill" for p in world.sim.published)
+        world.restore_snapshot()  # no lease in it: the leader is elected again
+        world.run(5.0)
+        seen: set[tuple[str, int]] = set()
+        backfilled_again = []
+        for p in world.sim.published:
+            if p.via == "backfill" and (p.name, p.slot_ms) in seen:
+                backfilled_again.append(f"{p.name} {p.header_slot} by {p.node}@{p.epoch}")
+            seen.add((p.name, p.slot_ms))
+        assert backfilled_again == []
     finally:
         world.close()
