@@ -230,3 +230,24 @@ def test_a_backfill_restored_with_an_older_snapshot_is_not_sent_again(empty_redi
         assert backfilled_again == []
     finally:
         world.close()
+
+
+@pytest.mark.xfail(strict=True, reason="Redis restarted empty and no node remembers: every "
+                   "entry re-anchors 5 s ahead and the slots due meanwhile are not recorded "
+                   "(by design a margin is kept; I2 wants them recorded, e.g. missed)")
+def test_slots_due_after_redis_restarts_empty_with_no_node_remembering_are_recorded(
+        empty_redis, caplog):
+    caplog.set_level(logging.ERROR)
+    world = World(empty_redis)
+    try:
+        for node in ("a", "b", "c"):
+            world.sim.start(node)
+        world.run(8.0)
+        world.redis_restarts_empty()
+        for node in ("a", "b", "c"):  # every process restarts too: nobody remembers
+            world.sim.crash(node)
+            world.sim.start(node)
+        world.run(15.0)
+        assert world.settle_and_check() == []
+    finally:
+        world.close()
