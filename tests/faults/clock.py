@@ -89,8 +89,18 @@ class FakeTime:
 def install_clock(monkeypatch: Any, clock: FakeClock) -> list[str]:
     """Point the ``time`` name of every loaded ``celery_leaderbeat`` module at ``clock``."""
     import celery_leaderbeat  # noqa: F401  (its modules must be loaded first)
-    from celery_leaderbeat import (agenda, batch, degraded, leader, lease, ledger,  # noqa: F401
-                                   node, registry, scheduler, standby)
+    from celery_leaderbeat import (  # noqa: F401
+        agenda,
+        batch,
+        degraded,
+        leader,
+        lease,
+        ledger,
+        node,
+        registry,
+        scheduler,
+        standby,
+    )
 
     fake = FakeTime(clock)
     patched = []
@@ -153,7 +163,7 @@ class RedisExpiry:
         self._prev_ms = self._now_ms()
 
     def _now_ms(self) -> int:
-        return int(round(self.clock.time() * 1000))
+        return round(self.clock.time() * 1000)
 
     def __call__(self, seconds: float) -> None:
         now = self._now_ms()

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -112,7 +113,7 @@ def unaccounted(published: Sequence[Published], events: Iterable[Mapping[str, An
         slots = sorted(s for s in accounted[name] if starts[name] <= s <= horizon_ms)
         if not slots:
             continue
-        gaps = [(a, b) for a, b in zip(slots, slots[1:])
+        gaps = [(a, b) for a, b in itertools.pairwise(slots)
                 if b - a > step + 1 and b not in summarised[name]]
         if horizon_ms - slots[-1] > step + 1:
             gaps.append((slots[-1], horizon_ms))

@@ -69,7 +69,7 @@ class World:
     # -- time --------------------------------------------------------------------------
 
     def run(self, seconds: float) -> None:
-        steps = max(1, int(round(seconds / self.sim.step_seconds)))
+        steps = max(1, round(seconds / self.sim.step_seconds))
         for _ in range(steps):
             self.sim.step()
             self._note_leader()

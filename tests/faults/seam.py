@@ -41,10 +41,10 @@ from __future__ import annotations
 import hashlib
 import itertools
 import sys
-from time import monotonic as _real_monotonic
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from time import monotonic as _real_monotonic
 from typing import Any
 
 import redis

@@ -293,7 +293,7 @@ class Sim:
                     self.crash(node_id)
 
     def run(self, seconds: float, exclude: frozenset[str] = frozenset()) -> None:
-        steps = int(round(seconds / self.step_seconds))
+        steps = round(seconds / self.step_seconds)
         for _ in range(steps):
             self.step(exclude)
 

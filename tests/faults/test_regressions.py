@@ -62,7 +62,7 @@ def test_a_claim_that_fails_before_reaching_redis_does_not_resend_the_previous_c
     caplog.set_level(logging.ERROR)
     seam = Seam()
     seam.aim(BATCH_CLAIM, BEFORE, occurrence=2)  # the second chunk of the first burst
-    sim, problems = play_scenario(empty_redis, monkeypatch, seam)
+    _sim, problems = play_scenario(empty_redis, monkeypatch, seam)
     assert len(seam.injected()) == 1
     assert problems == []
 
@@ -74,7 +74,7 @@ def test_a_record_of_the_last_chunk_that_fails_does_not_resend_the_chunk(
     caplog.set_level(logging.ERROR)
     seam = Seam()
     seam.aim(BATCH_RECORD, BEFORE, occurrence=1)
-    sim, problems = play_scenario(empty_redis, monkeypatch, seam)
+    _sim, problems = play_scenario(empty_redis, monkeypatch, seam)
     assert len(seam.injected()) == 1
     assert problems == []
 
@@ -112,7 +112,7 @@ def test_a_rescue_claim_whose_reply_is_lost_leaves_no_slot_unrecorded(
     caplog.set_level(logging.ERROR)
     seam = Seam()
     seam.aim(RESCUE_CLAIM, AFTER, occurrence=2)  # a rescue while the crashed leader's lease lives
-    sim, problems = play_scenario(empty_redis, monkeypatch, seam)
+    _sim, problems = play_scenario(empty_redis, monkeypatch, seam)
     assert len(seam.injected()) == 1
     assert problems == []
 
