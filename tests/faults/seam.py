@@ -93,8 +93,8 @@ class Seam:
 
     #: index -> fault kind
     plan: dict[int, str] = field(default_factory=dict)
-    #: [label substring, occurrence (1: the first matching call), kind]: a fault aimed at a
-    #: call site rather than an index (regression tests: indices move when the code changes)
+    #: [label substring, occurrence (1: the first matching call), kind, node id or None]: a
+    #: fault aimed at a call site rather than an index (regression tests: indices move when the code changes)
     aims: list[list[Any]] = field(default_factory=list)
     #: a call is stalled by ``delay`` for this many virtual seconds (set to ttl + 1)
     stall_seconds: float = 11.0
@@ -113,7 +113,7 @@ class Seam:
         index = next(self._count)  # type: ignore[call-overload]
         kind = self.plan.get(index)
         for aim in self.aims:
-            if kind is None and aim[1] > 0 and aim[0] in label:
+            if kind is None and aim[1] > 0 and aim[0] in label and aim[3] in (None, node):
                 aim[1] -= 1
                 if aim[1] == 0:
                     kind = aim[2]
@@ -148,9 +148,9 @@ class Seam:
         """How many calls each distinct call site made."""
         return Counter(call.label for call in self.calls)
 
-    def aim(self, label: str, kind: str, occurrence: int = 1) -> None:
-        """Fault the ``occurrence``-th call whose label contains ``label``."""
-        self.aims.append([label, occurrence, kind])
+    def aim(self, label: str, kind: str, occurrence: int = 1, node: str | None = None) -> None:
+        """Fault the ``occurrence``-th call whose label contains ``label`` (made by ``node``)."""
+        self.aims.append([label, occurrence, kind, node])
 
     def injected(self) -> list[Call]:
         return [call for call in self.calls if call.fault is not None]

@@ -22,7 +22,7 @@ from tests.support.redis_server import RedisServer
 from . import scenario
 from .invariants import duplicates, unaccounted
 from .model_world import World
-from .seam import AFTER, BEFORE, Seam
+from .seam import AFTER, BEFORE, LATE, Seam
 from .sim import Sim
 
 #: a leader's claim of a chunk in a batch, and its record of the batch's last chunk
@@ -274,5 +274,54 @@ def test_a_backfill_after_redis_restarts_empty_does_not_resend_slots_sent_before
         cluster.backfill("s1", never, "regression")
         world.run(3.0)
         assert duplicates(world.sim.published, world.sim.prefix) == []
+    finally:
+        world.close()
+
+
+@pytest.mark.xfail(strict=True, reason="a standby with a newer definition than the leader's "
+                   "(a rolling deploy) rescues slots under its own definition while the leader "
+                   "is stopped")
+def test_a_standby_with_a_newer_definition_does_not_rescue_while_the_leader_is_stopped(
+        empty_redis, caplog):
+    caplog.set_level(logging.ERROR)
+    world = World(empty_redis)
+    try:
+        for node in ("a", "b", "c"):
+            world.sim.start(node)
+        world.run(6.0)
+        assert world.sim.leader() == "a"
+        world.change_schedule("b")  # x: every 2 s -> every 6 s, on a standby only
+        world.sim.nodes["a"].paused = True  # SIGSTOP: the standbys rescue
+        world.run(8.0)
+        assert any(p.epoch == 0 for p in world.sim.published), "nothing rescued: proves nothing"
+        assert world.rescues_of_another_definition() == []
+    finally:
+        world.close()
+
+
+@pytest.mark.xfail(strict=True, reason="a leader elected with an older definition than the "
+                   "previous leader's (rolling deploy) and then stalled: a standby rescues "
+                   "under the newer definition the current leader does not plan")
+def test_a_standby_does_not_rescue_under_the_previous_leaders_definition(empty_redis, caplog):
+    caplog.set_level(logging.ERROR)
+    world = World(empty_redis)
+    seam = world.sim.seam
+    try:
+        for node in ("a", "b", "c"):
+            world.sim.start(node)
+        world.run(7.0)
+        assert world.sim.leader() == "a"
+        seam.aim("EVALSHA[entries]", LATE, node="c")  # c frozen 11 s from its next refresh
+        world.change_schedule("b")  # x: every 2 s -> every 6 s, on b only
+        world.sim.crash("a")
+        cli = Cluster(world.sim.app("cli"))
+        world.clis.append(cli)
+        cli.step_down()  # a's lease released: b leads, planning the new definition
+        world.run(2.5)
+        seam.aim("LeaderGate.claim", LATE, node="c")  # c's first claim as leader answers late
+        cli.step_down()  # b lets go: c leads, planning the old definition
+        world.run(2.0)
+        assert len(seam.injected()) == 2
+        assert world.settle_and_check() == []
     finally:
         world.close()
