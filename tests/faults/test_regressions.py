@@ -24,6 +24,7 @@ from .invariants import duplicates, unaccounted
 from .model_world import World
 from .seam import AFTER, BEFORE, LATE, Seam
 from .sim import Sim
+from .test_model import LeaderbeatModel
 
 #: a leader's claim of a chunk in a batch, and its record of the batch's last chunk
 BATCH_CLAIM = "EVALSHA[claim] ledger.Ledger._call<ledger.Ledger.claim<batch.LeaderGate.claim"
@@ -323,3 +324,26 @@ def test_a_standby_does_not_rescue_under_the_previous_leaders_definition(empty_r
         assert world.settle_and_check() == []
     finally:
         world.close()
+
+
+
+@pytest.mark.xfail(strict=True, reason="a backfill requested while the leader is stopped is "
+                   "carried out when it resumes from what the CLI saw then: slots a standby "
+                   "rescued meanwhile are published again")
+def test_a_backfill_queued_while_the_leader_is_stopped_skips_slots_rescued_meanwhile(
+        regression_redis, caplog):
+    """The model's steps, shrunk (the schedule change makes the resumed leader reload)."""
+    caplog.set_level(logging.ERROR)
+    LeaderbeatModel.server = regression_redis
+    state = LeaderbeatModel()  # an empty Redis, three nodes
+    state.start_three_nodes()
+    try:
+        state.time_passes(seconds=3.0)
+        state.pause(node="a")  # the leader
+        state.time_passes(seconds=4.0)
+        state.backfill(ahead=4.0, back=2.0, entry="s1")
+        state.time_passes(seconds=2.0)
+        state.schedule_change_seen_by_all()
+        state.nothing_published_twice_and_no_beat_exited()
+    finally:
+        state.teardown()  # resumes every node, lets time run, checks I1, I2, I4
