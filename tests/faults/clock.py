@@ -120,7 +120,7 @@ for _, key in ipairs(redis.call('KEYS', ARGV[1])) do
     if left > cushion / 2 then
       deadline = tonumber(redis.call('HGET', side, key) or now)
     else
-      deadline = prev + math.ceil(left / 100) * 100
+      deadline = prev + math.ceil(left / 1000) * 1000
     end
     if deadline <= now then
       redis.call('DEL', key)
@@ -146,7 +146,9 @@ class RedisExpiry:
     side hash, and a real ttl of that plus :data:`CUSHION_MS`. A ttl the code
     set since the last advance (at most a lease ttl, far below the cushion) was
     set at the previous virtual time, so its deadline is that time plus the ttl
-    (rounded up to 100 ms: the few real milliseconds it already drained). A key
+    rounded up to whole seconds: the real time it already drained (up to a second
+    on a loaded machine) is put back. The harness's nodes use whole-second ttls
+    (Celery's defaults: lease ttl 10 s, guard ttls in seconds). A key
     whose virtual deadline has come is deleted, as Redis would have: the same
     keys expire at the same virtual times on every replay.
     """
