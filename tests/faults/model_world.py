@@ -61,6 +61,9 @@ class World:
         self.snapshot: tuple[float, list[tuple[bytes, int, bytes]]] | None = None
         self.events: dict[bytes, dict[str, str]] = {}
         self.versions = {node: 1 for node in NODES}  # each node's definition of x
+        #: the definition of x each node last ticked with (a paused node has not taken a
+        #: change in yet: it plans what it had)
+        self.planned = dict(self.versions)
         self.changed = False  # x's definition changed on some node: I2 leaves x out
         self.mixed_rescues: list[str] = []
         self.last_leader: str | None = None
@@ -73,6 +76,9 @@ class World:
         for _ in range(steps):
             self.sim.step()
             self._note_leader()
+            for node, sim_node in self.sim.nodes.items():
+                if not sim_node.paused:
+                    self.planned[node] = self.versions[node]
 
     def _note_leader(self) -> None:
         try:
@@ -135,11 +141,11 @@ class World:
             return
         self._note_leader()
         leader = self.last_leader
-        if leader is not None and self.versions[published.node] != self.versions[leader]:
+        if leader is not None and self.versions[published.node] != self.planned[leader]:
             self.mixed_rescues.append(
                 f"I4: {published.node} rescued x slot {published.header_slot} under definition "
                 f"v{self.versions[published.node]} while {leader} plans "
-                f"v{self.versions[leader]}")
+                f"v{self.planned[leader]}")
 
     def rescues_of_another_definition(self) -> list[str]:
         return list(self.mixed_rescues)

@@ -347,3 +347,24 @@ def test_a_backfill_queued_while_the_leader_is_stopped_skips_slots_rescued_meanw
         state.nothing_published_twice_and_no_beat_exited()
     finally:
         state.teardown()  # resumes every node, lets time run, checks I1, I2, I4
+
+
+@pytest.mark.xfail(strict=True, reason="the leader that saw a schedule change steps down; the "
+                   "next leader plans the old definition and, once it is stopped, the previous "
+                   "leader rescues under the new one")
+def test_a_former_leader_with_a_newer_definition_does_not_rescue_under_it(
+        regression_redis, caplog):
+    """The model's steps, shrunk."""
+    caplog.set_level(logging.ERROR)
+    LeaderbeatModel.server = regression_redis
+    state = LeaderbeatModel()
+    state.start_three_nodes()
+    try:
+        state.schedule_change_seen_by_one_node(node="a")  # the leader: x every 6 s
+        state.step_down()  # b leads, x every 2 s
+        state.time_passes(seconds=12.0)
+        state.pause(node="b")
+        state.time_passes(seconds=12.0)
+        assert state.world.rescues_of_another_definition() == []
+    finally:
+        state.world.close()
