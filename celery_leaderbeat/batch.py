@@ -152,9 +152,15 @@ def run_batch(due: Sequence[tuple[Tracked, Plan]], gate: Gate, send: Send, *,
     outcome = Outcome()
     pending: list[Event] = list(backlog)
     backlog.clear()
+    # A leader records what its plan passes over at once; a rescuer only once its claim
+    # of the entry was granted (several standbys plan the same batch: one records it).
+    deferred: dict[str, list[Event]] = {}
     if record_missed:
         for tracked, p in due:
-            pending += missed_events(tracked, p)
+            if gate.records_refusals:
+                pending += missed_events(tracked, p)
+            elif p.missed:
+                deferred[tracked.name] = missed_events(tracked, p)
     position = {tracked.name: tracked.last for tracked, _ in due}
     stopped: set[str] = set()  # entries with a slot left unsettled: not advanced past it
     fenced = False
@@ -192,6 +198,7 @@ def run_batch(due: Sequence[tuple[Tracked, Plan]], gate: Gate, send: Send, *,
                     name, slot_ms = tracked.name, to_ms(slot)
                     if result is None:
                         position[name] = max(position[name], slot)
+                        pending += deferred.pop(name, ())
                         if op != Op.CLAIM:
                             continue
                         if memory.covers(name, slot_ms):  # granted again after a lost reply
