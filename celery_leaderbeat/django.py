@@ -27,16 +27,15 @@ from datetime import datetime, timedelta, timezone, tzinfo
 from typing import Any
 
 from croniter import croniter
-from django.conf import settings
-from django.db.utils import DatabaseError, InterfaceError
 from django.utils import timezone as dj_timezone
 from django_celery_beat.clockedschedule import clocked
 from django_celery_beat.tzcrontab import TzAwareCrontab
 
-from ._clocks import NEVER, BoundedClock, OnceClock
+from ._clocks import NEVER, BoundedClock, IntervalClock, OnceClock, _Clock
+from ._djangoio import Bookkeeping, DatabaseThread, db_time
 from .errors import ConfigurationError
 from .gate import Adapter
-from .leader import UNKNOWN_STATE_MARGIN, Leader
+from .leader import Leader
 from .node import utcnow
 from .schedules import cron
 from .slots import SlotClock, clock_for
@@ -44,6 +43,8 @@ from .slots import SlotClock, clock_for
 logger = logging.getLogger(__name__)
 
 _MS = timedelta(milliseconds=1)
+#: seconds between two looks at the database for changes (one cheap query each)
+READ_PACE = 1.0
 
 
 class Bounded:
@@ -51,30 +52,39 @@ class Bounded:
 
     ``once`` (one-off or clocked): one slot, the schedule's first after ``origin``
     (``last_run_at``, else ``date_changed``, as django-celery-beat counts), at or
-    after ``start``, and never sooner than ``not_before`` (``date_changed`` plus the
-    time a leader needs to see the row and start following it), so that every node
-    computes the same single slot and a leader has it in its agenda in time.
+    after ``start``; every node computes the same single slot, and the leader
+    anchors the row just before it (see :meth:`DatabaseAdapter.anchors`), so a
+    leader that first sees the row after that slot still sends it, late.
+
+    ``restart`` (the row's ``date_changed``): a save restarts the row at its next
+    slot. No slot at or before the last save is sent after it: a re-enabled row
+    does not replay the slots that fell while it was disabled, whatever the last
+    slot stored for it.
     """
 
     def __init__(self, inner: Any, *, tz: tzinfo | None, start: datetime | None,
                  end: datetime | None, once: bool, origin: datetime | None,
-                 not_before: datetime | None) -> None:
+                 restart: datetime | None = None) -> None:
         self.inner = inner
         self.tz = tz
         self.start = start
         self.end = end
         self.once = once
         self.origin = origin
-        self.not_before = not_before
+        self.restart = restart
 
     def leaderbeat_clock(self, *, name: str, tz: tzinfo, jitter: float | None) -> SlotClock:
         zone = self.tz or tz
         if self.once:
             return OnceClock(self.once_at(name, zone), name=name, jitter=jitter)
         if self.start is None and self.end is None:
-            return clock_for(self.inner, name=name, tz=zone, jitter=jitter)
-        return BoundedClock(clock_for(self.inner, name=name, tz=zone), start=self.start,
-                            end=self.end, name=name, jitter=jitter)
+            inner = clock_for(self.inner, name=name, tz=zone)
+        else:
+            inner = BoundedClock(clock_for(self.inner, name=name, tz=zone), start=self.start,
+                                 end=self.end, name=name, jitter=None)
+        if self.restart is None:
+            return clock_for(inner, name=name, tz=zone, jitter=jitter) if jitter else inner
+        return Restarted(inner, after=self.restart, name=name, jitter=jitter)
 
     def once_at(self, name: str, zone: tzinfo) -> datetime:
         """The single slot of a one-off or clocked row (NEVER when it is past ``end``)."""
@@ -85,13 +95,33 @@ class Bounded:
                                  end=None, name=name, jitter=None)
             at = inner.next_after(self.origin or utcnow())
         assert at is not None
-        if self.not_before is not None:
-            at = max(at, self.not_before)
         return NEVER if self.end is not None and at >= self.end else at
 
     def __repr__(self) -> str:
         return (f"<bounded {self.inner!r} start={self.start} end={self.end} "
                 f"once={self.once}>")
+
+
+class Restarted(_Clock):
+    """Another clock's slots, less those at or before ``after`` (the row's last save).
+
+    An interval keeps its phase: the first slot after ``after`` on the same grid.
+    """
+
+    def __init__(self, inner: SlotClock, *, after: datetime, name: str,
+                 jitter: float | None) -> None:
+        super().__init__(name, jitter)
+        self.inner = inner
+        self.after = after
+
+    def next_after(self, t: datetime) -> datetime:
+        s = self.inner.next_after(t)
+        if t >= self.after or s > self.after or s >= NEVER:
+            return s
+        inner = self.inner
+        if isinstance(inner, IntervalClock) and not inner.relative:
+            return inner.nth(t, inner.count(t, self.after) + 1)
+        return inner.next_after(self.after)
 
 
 class RowView:
@@ -105,7 +135,16 @@ class RowView:
 
 
 class DatabaseAdapter(Adapter):
-    """django-celery-beat's DatabaseScheduler: rows, their bounds, its sync."""
+    """django-celery-beat's DatabaseScheduler: rows, their bounds, their bookkeeping."""
+
+    background = True
+
+    def __init__(self, scheduler: Any) -> None:
+        super().__init__(scheduler)
+        from django_celery_beat.models import PeriodicTask
+
+        self.books = Bookkeeping(getattr(scheduler, "Model", PeriodicTask))
+        self._thread: DatabaseThread | None = None
 
     # -- beat_schedule into rows ---------------------------------------------------------
 
@@ -132,8 +171,8 @@ class DatabaseAdapter(Adapter):
             return super().key(entry)
         once = _once(model, entry)
         return (*super().key(entry), model.enabled, model.one_off, model.start_time,
-                model.expires, once and model.total_run_count,
-                once and model.date_changed, once and model.last_run_at)
+                model.expires, model.date_changed, once and model.total_run_count,
+                once and model.last_run_at)
 
     def view(self, entry: Any) -> Any | None:
         model = getattr(entry, "model", None)
@@ -147,35 +186,39 @@ class DatabaseAdapter(Adapter):
         schedule = entry.schedule
         tz = schedule.tz if isinstance(schedule, TzAwareCrontab) else None
         start, end = _aware(model.start_time), _aware(model.expires)
-        if not (once or start or end or tz):
-            return entry
-        origin = _aware(model.last_run_at or model.date_changed)
         changed = _aware(model.date_changed)
-        return RowView(entry.name, Bounded(
-            schedule, tz=tz, start=start, end=end, once=once, origin=origin,
-            not_before=changed + timedelta(seconds=self.settle()) if changed else None))
+        origin = _aware(model.last_run_at) or changed
+        return RowView(entry.name, Bounded(schedule, tz=tz, start=start, end=end, once=once,
+                                           origin=origin, restart=changed))
 
-    def settle(self) -> float:
-        """Seconds after a row is saved before a leader surely follows it."""
+    def anchors(self, view: Any) -> dict[str, datetime]:
+        """One-off and clocked rows: anchored just before their one slot, so a leader that
+        first sees them after it still sends it (late, or as the catch-up policy says)."""
         s = self.scheduler
-        margin = min(s.lb_config.max_clock_skew, UNKNOWN_STATE_MARGIN)
-        return float(s.max_interval or 5.0) + margin + 1.0
+        found = {}
+        for name, shown in view.items():
+            bounded = getattr(shown, "schedule", None)
+            if isinstance(bounded, Bounded) and bounded.once:
+                options = s._entry_options.get(name)
+                at = bounded.once_at(name, bounded.tz or (options.tz if options else None)
+                                     or s.app.timezone)
+                if at < NEVER:
+                    found[name] = at - _MS
+        return found
 
-    # -- what the leader writes ----------------------------------------------------------------
+    # -- what this node writes -----------------------------------------------------------------
 
     def sent(self, entry: Any, slot: datetime, *, leading: bool) -> None:
+        """Counted on every node that sends (a standby's rescue too), written in the background."""
         model = getattr(entry, "model", None)
-        if model is None or not leading:
-            return  # a standby never writes to the database
-        s = self.scheduler
-        model.last_run_at = _db_time(slot)
+        if model is None:
+            return
         model.total_run_count += 1
-        model.no_changes = True  # a run is no schedule change: no beat re-reads for it
+        model.last_run_at = db_time(slot)
         if _once(model, entry):
             self._disable(model, f"one-off: sent its slot {slot.isoformat()}")
         else:
-            s._dirty.add(entry.name)
-            s._tasks_since_sync += 1
+            self.books.ran(model.pk, db_time(slot))
 
     def housekeeping(self, leader: Leader) -> None:
         """Disable expired rows, and one-off rows whose one slot is behind them."""
@@ -190,26 +233,30 @@ class DatabaseAdapter(Adapter):
             elif _once(model, entry) and model.total_run_count == 0:
                 tracked = leader.tracked.get(name)
                 if tracked is not None and tracked.next_fire >= NEVER:
-                    self._disable(model, f"one-off: its slot is behind it (last slot "
-                                         f"{tracked.last.isoformat()})")
+                    self._disable(model, f"one-off {name!r}: its slot is behind it, not sent "
+                                         f"(last slot {tracked.last.isoformat()}; see the "
+                                         "history)")
 
     def _disable(self, model: Any, why: str) -> None:
-        """As django-celery-beat's is_due() would: enabled off, run count reset for one-offs."""
-        model.enabled = False
-        if model.one_off:
-            model.total_run_count = 0
-        model.no_changes = False  # every beat re-reads: the row leaves every schedule
-        try:
-            model.save(update_fields=["enabled", "last_run_at", "total_run_count",
-                                      "date_changed"])
-        except (DatabaseError, InterfaceError):
-            logger.exception("leaderbeat: could not disable %r in the database (%s)",
-                             model.name, why)
-            return
-        finally:
-            self.scheduler._dirty.discard(model.name)
-            self.scheduler.force_refresh()
-        logger.info("leaderbeat: disabled %r in the database: %s", model.name, why)
+        """As django-celery-beat's is_due() would, written by the database thread."""
+        model.enabled = False  # in memory: asked once
+        self.books.disable(model.pk, f"{model.name!r}: {why}")
+        if self._thread is not None:
+            self._thread.poke()
+
+    # -- the database thread ---------------------------------------------------------------
+
+    def thread(self, work: Any) -> DatabaseThread:
+        pace = min(float(self.scheduler.max_interval or 5.0), READ_PACE)
+        self._thread = DatabaseThread(work, pace, name="leaderbeat-db")
+        return self._thread
+
+    def flush(self) -> None:
+        self.books.flush()
+
+    def sync(self, *, leading: bool) -> None:
+        """Increments and disables, safe from any node (they never overwrite a value)."""
+        self.books.flush()
 
     # -- roles ---------------------------------------------------------------------------------
 
@@ -217,9 +264,8 @@ class DatabaseAdapter(Adapter):
         s = self.scheduler
         s._initial_read = True  # the next read of .schedule re-reads every row
         s._heap = None
-
-    def demoted(self) -> None:
-        self.scheduler._dirty.clear()
+        if self._thread is not None:
+            self._thread.poke()
 
 
 def as_crontab(name: str, schedule: cron, zone: tzinfo) -> TzAwareCrontab:
@@ -262,10 +308,3 @@ def _aware(value: datetime | None) -> datetime | None:
     if dj_timezone.is_naive(value):
         value = dj_timezone.make_aware(value, dj_timezone.get_default_timezone())
     return value.astimezone(timezone.utc)
-
-
-def _db_time(slot: datetime) -> datetime:
-    """A slot as the database stores it: aware with USE_TZ, else naive local time."""
-    if getattr(settings, "USE_TZ", True):
-        return slot
-    return dj_timezone.make_naive(slot, dj_timezone.get_default_timezone())

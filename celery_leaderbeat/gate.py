@@ -27,20 +27,23 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import threading
 import time
 from collections.abc import Mapping
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
+import redis
 from celery import beat
 from celery.utils.imports import symbol_by_name
 
 from .entries import split_entries
-from .errors import ConfigurationError
+from .errors import ConfigurationError, LeaseLostError, NotReplicatedError
 from .leader import Leader
+from .ledger import ClaimItem, Op
 from .node import Node
 from .scheduler import Scheduler
-from .slots import clock_for
+from .slots import clock_for, to_ms
 from .standby import Standby
 
 logger = logging.getLogger(__name__)
@@ -81,8 +84,19 @@ def gate_class(base: type) -> type:
                                           "gated": base})
 
 
+class Snapshot(NamedTuple):
+    """One read of the base's schedule: its entries, as the slots see them, fingerprints."""
+
+    entries: dict[str, Any]
+    view: dict[str, Any]
+    keys: dict[str, tuple[Any, ...]]
+
+
 class Adapter:
     """What the gate does that depends on the base; this one suits any Scheduler."""
+
+    #: read the schedule and write bookkeeping on a thread of their own (:meth:`thread`)
+    background = False
 
     def __init__(self, scheduler: GateMixin) -> None:
         self.scheduler = scheduler
@@ -105,6 +119,23 @@ class Adapter:
 
     def housekeeping(self, leader: Leader) -> None:
         """On the leader, after each read of the schedule."""
+
+    def anchors(self, view: Mapping[str, Any]) -> dict[str, datetime]:
+        """Entries of ``view`` (new or changed) to anchor at a slot of their own before a
+        leader tracks them (else an entry with no stored slot starts from "now")."""
+        return {}
+
+    def sync(self, *, leading: bool) -> None:
+        """The base's sync, only while this node leads: a standby never writes."""
+        if leading:
+            super(Scheduler, self.scheduler).sync()
+
+    def flush(self) -> None:
+        """On the background thread: write what is pending."""
+
+    def thread(self, work: Any) -> Any:
+        """The background thread running ``work`` (only when :attr:`background`)."""
+        raise NotImplementedError
 
     def promoted(self) -> None:
         """This node leads now: the base re-reads everything it holds."""
@@ -136,6 +167,11 @@ class GateMixin(Scheduler):
         self._gate_bad: dict[str, tuple[Any, ...]] = {}  # entries left out, and their key
         self._gate_static: set[str] = set()  # names that came from beat_schedule
         self._gate_read_at = float("-inf")  # monotonic time of the last read
+        self._gate_source: Any = None  # the base's schedule object last read
+        self._gate_pending: Snapshot | None = None  # read by the thread, not applied yet
+        self._gate_lock = threading.Lock()
+        self._gate_thread: Any = None
+        self._gate_thread_pid: int | None = None
         super().__init__(app, *args, **kwargs)
 
     # -- the schedule definition: the base's -----------------------------------------
@@ -170,6 +206,8 @@ class GateMixin(Scheduler):
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
         """Read the base's schedule when due, then leaderbeat's tick (never the base's)."""
+        if self.adapter.background:
+            return self._tick_background()
         self._refresh()
         delay = super().tick()
         # wake for the next read too: a leader otherwise sleeps until its next slot
@@ -180,29 +218,43 @@ class GateMixin(Scheduler):
         return float(self.max_interval or 5.0)
 
     def _refresh(self, *, force: bool = False, strict: bool = False) -> None:
-        """Read ``.schedule``; bump the schedule version when the fingerprint changed."""
+        """Read ``.schedule`` here and now; apply what changed."""
         started = time.monotonic()
         if not force and started - self._gate_read_at < self._gate_pace():
             return
         self._gate_read_at = started
+        snapshot = self._read(strict=strict)
+        if snapshot is not None:
+            self._apply(snapshot)
+        if self._leader is not None:
+            self.adapter.housekeeping(self._leader)
+
+    def _read(self, *, strict: bool = False) -> Snapshot | None:
+        """Read ``.schedule`` and see each entry as the slots do; None: unreadable."""
         try:
-            entries = dict(self.schedule)  # the base notices changes to its store here
+            source = self.schedule  # the base notices changes to its store here
+            entries = dict(source)
         except Exception:
             logger.exception("leaderbeat: could not read the schedule of %s; keeping the "
                              "last one read", self.gated.__name__)
             if strict:
                 raise
-            return
+            return None
+        self._gate_source = source
         keys: dict[str, tuple[Any, ...]] = {}
         view: dict[str, Any] = {}
         problems: list[str] = []
+        known_keys, known_view = self._gate_keys, self._gate_view
         for name, entry in entries.items():
             key: tuple[Any, ...] = ()
             try:
                 key = self.adapter.key(entry)
-                shown = self.adapter.view(entry)
-                if shown is not None and self._gate_keys.get(name) != key:
-                    self._check_clock(name, shown)  # new or changed: can we follow it?
+                if known_keys.get(name) == key and name in known_view:
+                    shown = known_view[name]  # the same object: its slot clock is reused
+                else:
+                    shown = self.adapter.view(entry)
+                    if shown is not None:
+                        self._check_clock(name, shown)  # new or changed: can we follow it?
             except Exception as exc:  # noqa: BLE001 - one bad entry never stops the others
                 if strict and name in self._gate_static:
                     problems += getattr(exc, "problems", None) or [f"entry {name!r}: {exc}"]
@@ -216,12 +268,84 @@ class GateMixin(Scheduler):
                 view[name] = shown
         if problems:
             raise ConfigurationError(problems)
+        return Snapshot(entries, view, keys)
+
+    def _apply(self, snapshot: Snapshot) -> bool:
+        """Make ``snapshot`` the schedule; False when it must wait (Redis did not answer)."""
+        entries, view, keys = snapshot
         changed = keys != self._gate_keys or view.keys() != self._gate_view.keys()
+        if changed and self._leader is not None:
+            fresh = {name: shown for name, shown in view.items()
+                     if self._gate_keys.get(name) != keys[name]}
+            if not self._anchor(self._leader.node, fresh):
+                return False
         self._gate_entries, self._gate_view, self._gate_keys = entries, view, keys
         if changed:
             self._schedule_version += 1
-        if self._leader is not None:
+        return True
+
+    def _anchor(self, node: Node, view: Mapping[str, Any]) -> bool:
+        """Store the anchors the adapter asks for before the leader tracks ``view``."""
+        items = [ClaimItem(name, to_ms(at), Op.ANCHOR)
+                 for name, at in self.adapter.anchors(view).items()]
+        if not items:
+            return True
+        try:
+            node.ledger.claim(*node.lease.credentials(), items)
+        except NotReplicatedError as exc:  # stored on the primary: idempotent, go on
+            logger.warning("leaderbeat: %s for the anchors of %d entries; going on", exc,
+                           len(items))
+        except (redis.RedisError, OSError, LeaseLostError) as exc:
+            logger.warning("leaderbeat: could not store the anchors of %d entries (%s); the "
+                           "schedule change waits for the next tick", len(items), exc)
+            return False
+        return True
+
+    # -- reading on a background thread (django-celery-beat) -------------------------------
+
+    def _tick_background(self) -> float:
+        """Pick up what the database thread read; leaderbeat's tick; wake for the next pass."""
+        thread = self._gate_thread
+        if thread is None or not thread.alive() or self._gate_thread_pid != os.getpid():
+            thread = self._start_thread()  # first tick, or a fresh process (worker -B fork)
+        with self._gate_lock:
+            snapshot, self._gate_pending = self._gate_pending, None
+        if snapshot is not None and not self._apply(snapshot):
+            with self._gate_lock:  # tried again next tick, unless a newer read replaced it
+                self._gate_pending = self._gate_pending or snapshot
+        now = time.monotonic()
+        if self._leader is not None and now - self._gate_read_at >= thread.pace:
+            self._gate_read_at = now
             self.adapter.housekeeping(self._leader)
+        delay = super().tick()
+        # wake just after the thread's next pass, to pick up what it read
+        wake = max(thread.next_pass + 0.05, time.monotonic() + 0.05) - time.monotonic()
+        return max(0.0, min(delay, wake))
+
+    def _start_thread(self) -> Any:
+        if self._gate_thread is not None and self._gate_thread_pid == os.getpid():
+            self._gate_thread.stop(timeout=1.0)
+        self._gate_thread_pid = os.getpid()
+        self._gate_thread = self.adapter.thread(self._background_pass)
+        self._gate_thread.start()
+        return self._gate_thread
+
+    def _background_pass(self) -> None:
+        """On the database thread: write the bookkeeping, read the schedule if it changed."""
+        self.adapter.flush()
+        source = self._gate_source
+        try:
+            current = self.schedule
+        except Exception:
+            logger.exception("leaderbeat: could not read the schedule of %s; keeping the "
+                             "last one read", self.gated.__name__)
+            return
+        if current is source:
+            return  # the base did not re-read its store: nothing changed
+        snapshot = self._read()
+        if snapshot is not None:
+            with self._gate_lock:
+                self._gate_pending = snapshot
 
     def _check_clock(self, name: str, shown: Any) -> None:
         options = self._entry_options.get(name)
@@ -234,6 +358,11 @@ class GateMixin(Scheduler):
         self._gate_read_at = float("-inf")
 
     # -- sending ---------------------------------------------------------------------------
+
+    def _observe(self, events: Any) -> None:
+        # the snapshot's size: len(.schedule) is a query on a database scheduler
+        self._telemetry.slots(events, len(self._gate_view),
+                              lambda: self._node.lease.epoch if self._node else None)
 
     def _send_slot(self, name: str, slot: datetime, epoch: int, *args: Any, **kwargs: Any) -> bool:
         # from the snapshot, not .schedule: that read is a query on a database scheduler
@@ -248,9 +377,13 @@ class GateMixin(Scheduler):
     # -- roles: the base writes only while this node leads ------------------------------------
 
     def _become_leader(self, node: Node, standby: Standby) -> Leader:
+        # before the leader's first load: it anchors unknown entries at "now"
+        if not self._anchor(node, self._gate_view):
+            logger.warning("leaderbeat: elected without the anchors of one-off entries")
         leader = super()._become_leader(node, standby)
         self.adapter.promoted()
-        self._refresh(force=True)  # a standby's view may be a max_interval old
+        if not self.adapter.background:
+            self._refresh(force=True)  # a standby's view may be a max_interval old
         return leader
 
     def _step_down(self, why: str, release: bool = False) -> None:
@@ -258,15 +391,19 @@ class GateMixin(Scheduler):
         self.adapter.demoted()
 
     def sync(self) -> None:
-        """The base's sync, only while this node leads (a standby never writes)."""
-        if self._leader is not None and not self._closed:
-            super(Scheduler, self).sync()
+        """The adapter's sync: the base's, only while this node leads (a standby never
+        writes absolute values); django-celery-beat's bookkeeping, on any node."""
+        if not self._closed:
+            self.adapter.sync(leading=self._leader is not None)
 
     def close(self) -> None:
-        """Sync the base while still leading, then release the lease (standbys read after)."""
-        if not self._closed and self._leader is not None and self._pid == os.getpid():
+        """Stop the database thread, write what is pending while still leading, then
+        release the lease (standbys read after)."""
+        if not self._closed and self._pid == os.getpid():
+            if self._gate_thread is not None and self._gate_thread_pid == os.getpid():
+                self._gate_thread.stop()
             try:
-                super(Scheduler, self).sync()
+                self.adapter.sync(leading=self._leader is not None)
             except Exception:
                 logger.exception("leaderbeat: the base scheduler's sync failed on close")
         super().close()
