@@ -5,16 +5,18 @@ Where the state lives: the schedule (rows, admin, ``enabled``, ``one_off``,
 in the database; leadership, each entry's last slot and the history in Redis. Slots
 come from each row's schedule and bounds, never from ``last_run_at``.
 
-django-celery-beat 2.9.0 traps this module respects (CELERY_NOTES.md):
+django-celery-beat 2.6 to 2.9 traps this module respects:
 
 - ``ModelEntry.is_due()`` disables expired and one-off rows and saves them: it never
   runs here. The same rules are slot rules instead, the same on every node: no slot
   before ``start_time``, none at or after ``expires``, one slot for a one-off or
-  clocked row; the leader then disables the row in the database, as is_due() would.
-- ``sync()`` (``last_run_at`` and ``total_run_count``, every 180 s or
-  ``beat_sync_every`` sends) and its ``Finalize`` hook write only on the leader; a
-  standby's rescue is not counted there. On demotion the dirty set is dropped; on
-  promotion the scheduler re-reads every row.
+  clocked row, none at or before the row's last save (``date_changed``: a
+  re-enabled row does not replay its disabled stretch); the row is then disabled
+  in the database, as is_due() would.
+- the ``schedule`` property runs ``sync()`` (one ``UPDATE`` per dirty row in stock
+  beat) before it re-reads a changed table, and re-reads every enabled row: both
+  run on a database thread (:mod:`celery_leaderbeat._djangoio`), and ``sync()``
+  writes this node's run counts as increments, 500 rows per statement.
 - Cron strings in ``beat_schedule`` become crontab rows (the database stores
   crontabs), when a crontab means the same; otherwise start-up stops, naming the
   entry.
@@ -45,6 +47,8 @@ logger = logging.getLogger(__name__)
 _MS = timedelta(milliseconds=1)
 #: seconds between two looks at the database for changes (one cheap query each)
 READ_PACE = 1.0
+#: seconds after its save during which a row with no slot state starts at its save
+FRESH = 60.0
 
 
 class Bounded:
@@ -175,35 +179,32 @@ class DatabaseAdapter(Adapter):
                 once and model.last_run_at)
 
     def view(self, entry: Any) -> Any | None:
-        model = getattr(entry, "model", None)
-        if model is None:
-            return entry
-        if not model.enabled:
-            return None
-        once = _once(model, entry)
-        if once and model.total_run_count > 0:
-            return None  # it ran: django-celery-beat disables it, and so does the leader
-        schedule = entry.schedule
-        tz = schedule.tz if isinstance(schedule, TzAwareCrontab) else None
-        start, end = _aware(model.start_time), _aware(model.expires)
-        changed = _aware(model.date_changed)
-        origin = _aware(model.last_run_at) or changed
-        return RowView(entry.name, Bounded(schedule, tz=tz, start=start, end=end, once=once,
-                                           origin=origin, restart=changed))
+        return row_view(entry)
 
     def anchors(self, view: Any) -> dict[str, datetime]:
-        """One-off and clocked rows: anchored just before their one slot, so a leader that
-        first sees them after it still sends it (late, or as the catch-up policy says)."""
+        """Where the leader starts rows it has no slot state for, before it tracks them.
+
+        A one-off or clocked row: just before its one slot, so a leader that first sees
+        it after that slot still sends it (late, or as the catch-up policy says). A row
+        saved in the last :data:`FRESH` seconds: at its save, so its first slot is one
+        interval after the save (as django-celery-beat counts it), whenever the leader
+        sees it. Older rows with no state start from "now", as any new entry.
+        """
         s = self.scheduler
         found = {}
+        fresh_since = utcnow() - timedelta(seconds=FRESH)
         for name, shown in view.items():
             bounded = getattr(shown, "schedule", None)
-            if isinstance(bounded, Bounded) and bounded.once:
+            if not isinstance(bounded, Bounded):
+                continue
+            if bounded.once:
                 options = s._entry_options.get(name)
                 at = bounded.once_at(name, bounded.tz or (options.tz if options else None)
                                      or s.app.timezone)
                 if at < NEVER:
                     found[name] = at - _MS
+            elif bounded.restart is not None and bounded.restart >= fresh_since:
+                found[name] = bounded.restart
         return found
 
     # -- what this node writes -----------------------------------------------------------------
@@ -266,6 +267,46 @@ class DatabaseAdapter(Adapter):
         s._heap = None
         if self._thread is not None:
             self._thread.poke()
+
+
+def row_view(entry: Any) -> Any | None:
+    """A ``ModelEntry`` as the slots see it (None: no slots, it is disabled or ran once)."""
+    model = getattr(entry, "model", None)
+    if model is None:
+        return entry
+    if not model.enabled:
+        return None
+    once = _once(model, entry)
+    if once and model.total_run_count > 0:
+        return None  # it ran: django-celery-beat disables it, and so does the leader
+    schedule = entry.schedule
+    tz = schedule.tz if isinstance(schedule, TzAwareCrontab) else None
+    start, end = _aware(model.start_time), _aware(model.expires)
+    changed = _aware(model.date_changed)
+    origin = _aware(model.last_run_at) or changed
+    return RowView(entry.name, Bounded(schedule, tz=tz, start=start, end=end, once=once,
+                                       origin=origin, restart=changed))
+
+
+def database_rows(app: Any, base: Any) -> dict[str, dict[str, Any]]:
+    """Every enabled row of ``base``'s table, as ``beat_schedule`` entries (for the CLI)."""
+    from django.apps import apps
+
+    if not apps.ready:
+        import django
+
+        django.setup()
+    rows = {}
+    for model in base.Model.objects.enabled():
+        try:
+            entry = base.Entry(model, app=app)
+            shown = row_view(entry)
+        except Exception as exc:  # noqa: BLE001 - one bad row never hides the others
+            logger.warning("leaderbeat: row %r cannot be shown: %s", model.name, exc)
+            continue
+        if shown is not None:
+            rows[model.name] = {"task": entry.task, "schedule": shown.schedule}
+    return rows
 
 
 def as_crontab(name: str, schedule: cron, zone: tzinfo) -> TzAwareCrontab:

@@ -1,4 +1,4 @@
-"""Gating another Scheduler class: its schedule, our lease and claims (DESIGN.md §11).
+"""Gating another Scheduler class: its schedule, our lease and claims.
 
 With ``leaderbeat_base_scheduler = "django_celery_beat.schedulers:DatabaseScheduler"``
 (or Celery's ``PersistentScheduler``, or any ``celery.beat.Scheduler`` subclass),
@@ -9,14 +9,18 @@ its store, the admin). The gate keeps the rest:
 
 - the tick is leaderbeat's: the base's ``tick()`` (and with it django-celery-beat's
   ``is_due()``, which writes to the database) never runs, on any node;
-- the gate reads the base's ``.schedule`` at the base's pace (its ``max_interval``;
-  5 s for django-celery-beat, whose ``schedule`` property is where it notices
-  database changes) and bumps the schedule version when a cheap fingerprint of the
-  entries changed, so the leader and the standbys re-read them;
+- the gate reads the base's ``.schedule`` at the base's pace (its ``max_interval``)
+  and bumps the schedule version when a cheap fingerprint of the entries changed,
+  so the leader and the standbys re-read them; an adapter may do that read, and
+  the writes of its bookkeeping, on a thread of its own (django-celery-beat's does,
+  once a second), so that neither ever holds up sending;
+- before the leader tracks new or changed entries, the adapter may anchor them in
+  Redis at a slot of its choosing (else an entry with no stored slot starts from
+  "now"): a one-off row just before its one slot;
 - slots come from each entry's schedule, never from ``last_run_at``;
-- the base's ``sync()`` runs only on the leader (a standby never writes to the
-  base's store), and once more before the lease is released on a graceful stop;
-  on promotion the base re-reads everything, on demotion it drops its dirty state.
+- the base's ``sync()`` runs only on the leader (a standby never writes absolute
+  values to the base's store), and once more before the lease is released on a
+  graceful stop; on promotion the base re-reads everything.
 
 What differs between bases lives in an :class:`Adapter`; django-celery-beat's is
 in :mod:`celery_leaderbeat.django`.

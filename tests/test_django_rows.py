@@ -8,11 +8,14 @@ servers; rows change through the ORM while ``celery beat`` processes of the test
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from tests.support.beat import BeatProcess, Recorder, duplicates
+from tests.support.beat import REPO_ROOT, BeatProcess, Recorder, duplicates
 from tests.support.postgres import postgres_database
 
 pytestmark = pytest.mark.slow
@@ -52,6 +55,16 @@ def beat(env, tmp_path, name: str) -> BeatProcess:
     return BeatProcess(APP, env, tmp_path / f"{name}.log")
 
 
+def status(env) -> dict:
+    """``celery -A <site> leaderbeat status --json``, as an operator runs it."""
+    full_env = {**os.environ, **env, "PYTHONPATH": str(REPO_ROOT)}
+    done = subprocess.run([sys.executable, "-m", "celery", "-A", APP, "leaderbeat", "status",
+                           "--json"], cwd=REPO_ROOT, env=full_env, capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    return {row["entry"]: row for row in json.loads(done.stdout)["entries"]}
+
+
 def test_a_one_off_whose_slot_passed_with_no_beat_running_runs_once_and_a_re_enabled_row_replays_nothing(
         tmp_path, site):
     from django_celery_beat.models import ClockedSchedule
@@ -72,6 +85,8 @@ def test_a_one_off_whose_slot_passed_with_no_beat_running_runs_once_and_a_re_ena
         flip.save()
         enabled_at = datetime.now(UTC)
         follow(recorder, 5)
+        add("listed", interval=every(3600))  # not run yet: listed with its next slot
+        rows = status(env)
     finally:
         first.term()  # released: the next beat leads at once
     # -- one-offs due while no beat runs --------------------------------------------------
@@ -106,6 +121,10 @@ def test_a_one_off_whose_slot_passed_with_no_beat_running_runs_once_and_a_re_ena
     due = once.date_changed + timedelta(seconds=2)
     assert timedelta(0) <= sent_once - due < timedelta(milliseconds=1)
     assert not row("clocked").enabled and not row("one-off").enabled
+    # `leaderbeat status` lists the database rows, with their last and next slots
+    assert rows["flip"]["configured"] and rows["flip"]["last_slot"] in {
+        s.isoformat() for s in flips}
+    assert rows["listed"]["configured"] and rows["listed"]["next_due"] is not None
 
 
 @pytest.mark.xdist_group("heavy")  # CPU-heavy: never beside another heavy test
