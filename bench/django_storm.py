@@ -151,7 +151,7 @@ def run(dbname, state, broker, work, rnd, out) -> None:
         rnd.shuffle(ops)
         storm_start = time.time()
         at = {}  # name -> (op, wall time of the save)
-        killed = None
+        killed = elected = None
         oneoff_due = {}
         thirty = every(30)
         ten = every(10)
@@ -162,6 +162,9 @@ def run(dbname, state, broker, work, rnd, out) -> None:
                 pid = leader_pid(client, prefix)
                 os.kill(pid, signal.SIGKILL)
                 killed = (pid, time.time())
+            if killed is not None and elected is None and leader_pid(
+                    client, prefix) not in (None, killed[0]):
+                elected = time.time()
             if op == "add":
                 PeriodicTask.objects.create(name=name, task="tests.noop", interval=ten)
             elif op == "oneoff":
@@ -183,11 +186,11 @@ def run(dbname, state, broker, work, rnd, out) -> None:
                 r.save()
             at[name] = (op, time.time())
         storm_end = time.time()
-        new_leader = None
-        while new_leader in (None, killed[0]):
-            time.sleep(0.1)
-            new_leader = leader_pid(client, prefix)
-        elected = time.time()
+        while elected is None:
+            if leader_pid(client, prefix) not in (None, killed[0]):
+                elected = time.time()
+            time.sleep(0.05)
+        new_leader = leader_pid(client, prefix)
         print(f"new leader pid {new_leader} {elected - killed[1]:.1f} s after the kill; "
               "two more bursts", flush=True)
         wait_until(burst2 + 120 + 15)
@@ -223,18 +226,22 @@ def report(msgs, at, disabled_at, oneoff_due, killed, elected, storm_start, stor
             stretch = [m for m in by.get(name, [])
                        if disabled_at[name] + 2 < ts(m["slot"]) <= saved]
             replays += bool(stretch)
-    # new rows: first slot sent, from the save (one slot is 10 s)
+    # new rows: first slot sent, from the save (one slot is 10 s), and when it was sent
     live = sorted(min(ts(m["slot"]) for m in by[name]) - saved
                   for name, (op, saved) in at.items() if op == "add" and by.get(name))
+    live_sent = sorted(min(m["received"] for m in by[name]) - saved
+                       for name, (op, saved) in at.items() if op == "add" and by.get(name))
     added = sum(1 for op, _ in at.values() if op == "add")
-    # changed rows (60 s -> 30 s): first 30 s step after the save
-    changed = []
+    # changed rows (60 s -> 30 s): the first slot after the save, from the save (the next
+    # slot on the 30 s grid is at most 30 s away), and whether every later step is 30 s
+    changed, changed_ok = [], 0
     for name, (op, saved) in at.items():
         if op == "change":
             after = sorted(ts(m["slot"]) for m in by.get(name, []) if ts(m["slot"]) > saved)
-            steps = [b - a for a, b in itertools.pairwise(after)]
-            if 30.0 in [round(s, 3) for s in steps]:
-                changed.append(after[[round(s, 3) for s in steps].index(30.0) + 1] - 30 - saved)
+            if after:
+                changed.append(after[0] - saved)
+            changed_ok += bool(after) and {round(b - a, 3) for a, b in
+                                           itertools.pairwise(after)} <= {30.0}
     # disabled and deleted rows: the last slot sent after the save
     silent = [max((ts(m["slot"]) - saved for m in by.get(name, [])), default=-1)
               for name, (op, saved) in at.items() if op in ("disable", "delete")]
@@ -259,14 +266,16 @@ def report(msgs, at, disabled_at, oneoff_due, killed, elected, storm_start, stor
         "new_live": len(live), "new_added": added,
         "new_first_slot_after_save_p50_s": round(live[len(live) // 2], 2) if live else None,
         "new_first_slot_after_save_max_s": round(live[-1], 2) if live else None,
-        "changed_live_after_save_max_s": round(max(changed), 2) if changed else None,
-        "changed_seen": len(changed),
+        "new_first_sent_after_save_max_s": round(live_sent[-1], 2) if live_sent else None,
+        "changed_first_slot_after_save_max_s": round(max(changed), 2) if changed else None,
+        "changed_on_30s_grid": changed_ok, "changed": len(changed),
         "disabled_deleted_last_slot_after_save_max_s": round(max(silent), 2),
         "leader_stall_storm_max_s": round(stall, 3) if stall is not None else None,
         "takeover_s": round(elected - killed[1], 2),
         "rescues_per_healthy_burst": rescues, "healthy_burst_sent": burst_sent,
         "sql_xacts_per_min_steady": round(sql_per_min), "leader_cpu_s_per_1000": round(
             cpu_per_1000, 2),
+        "load": " ".join(f"{x:.2f}" for x in os.getloadavg()),
         "logs": str(work / "beats.log"),
     }
     print(json.dumps(result, indent=1))

@@ -5,8 +5,8 @@ Two parts, both driven by one background thread per beat process (:class:`Databa
 - :class:`Bookkeeping`: ``last_run_at`` and ``total_run_count`` of the rows whose slots
   this process sent (as leader, or in a standby's rescue), and the one-off rows to
   disable. Sends only record them in memory; the thread writes them as increments,
-  one ``UPDATE`` per 500 rows (``bulk_update``), never a statement per row, and never
-  as a schedule change (no row is re-read for it). Increments, not absolute values:
+  one ``UPDATE`` per 1,000 rows (from arrays on PostgreSQL, ``bulk_update``
+  elsewhere), never a statement per row, and never as a schedule change (no row is re-read for it). Increments, not absolute values:
   a leader and a rescuing standby can both write, and an admin's edit of the same
   row is never overwritten.
 - the read of the schedule: django-celery-beat's ``schedule`` property (a cheap
@@ -25,7 +25,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from django.db import close_old_connections, connections
+from django.db import close_old_connections, connection, connections
 from django.db.models import F, Value
 from django.db.models.functions import Coalesce, Greatest
 from django.db.utils import DatabaseError, InterfaceError
@@ -34,7 +34,7 @@ from django.utils import timezone as dj_timezone
 logger = logging.getLogger(__name__)
 
 #: rows per UPDATE statement
-BATCH = 500
+BATCH = 1000
 
 
 class Bookkeeping:
@@ -92,19 +92,44 @@ class Bookkeeping:
                 self._disable.setdefault(pk, why)
 
     def _write_runs(self, runs: dict[int, tuple[int, datetime]]) -> int:
+        items = list(runs.items())
+        for i in range(0, len(items), BATCH):
+            chunk = items[i:i + BATCH]
+            if connection.vendor == "postgresql":
+                self._write_runs_postgresql(chunk)
+            else:
+                self._write_runs_generic(chunk)
+        return len(items)
+
+    def _write_runs_postgresql(self, chunk: list[tuple[int, tuple[int, datetime]]]) -> None:
+        """One UPDATE from three arrays: no SQL built per row (bulk_update's CASE WHEN
+        costs about 0.5 ms of CPU per row, on the process that sends)."""
+        meta = self.model._meta
+        q = connection.ops.quote_name
+        table, pk = q(meta.db_table), q(meta.pk.column)
+        count, last = q(meta.get_field("total_run_count").column), q(
+            meta.get_field("last_run_at").column)
+        enabled = q(meta.get_field("enabled").column)
+        sql = (f"UPDATE {table} AS t SET {count} = t.{count} + v.n, "
+               f"{last} = GREATEST(COALESCE(t.{last}, v.at), v.at) "
+               "FROM unnest(%s::bigint[], %s::int[], %s::timestamptz[]) AS v(id, n, at) "
+               f"WHERE t.{pk} = v.id AND t.{enabled}")
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [[pk_ for pk_, _ in chunk], [n for _, (n, _) in chunk],
+                                 [at for _, (_, at) in chunk]])
+
+    def _write_runs_generic(self, chunk: list[tuple[int, tuple[int, datetime]]]) -> None:
         model = self.model
         field = model._meta.get_field("last_run_at")
         objs = []
-        for pk, (n, last) in runs.items():
+        for pk, (n, last) in chunk:
             obj = model(pk=pk)
             at = Value(last, output_field=field)
             obj.total_run_count = F("total_run_count") + n
             obj.last_run_at = Greatest(Coalesce(F("last_run_at"), at), at)
             objs.append(obj)
         # enabled rows only: a disabled row keeps last_run_at empty, as django-celery-beat does
-        model.objects.filter(enabled=True).bulk_update(
-            objs, ["total_run_count", "last_run_at"], batch_size=BATCH)
-        return len(objs)
+        model.objects.filter(enabled=True).bulk_update(objs, ["total_run_count", "last_run_at"])
 
     def _write_disabled(self, disable: dict[int, str]) -> int:
         if not disable:

@@ -16,7 +16,7 @@ django-celery-beat 2.6 to 2.9 traps this module respects:
 - the ``schedule`` property runs ``sync()`` (one ``UPDATE`` per dirty row in stock
   beat) before it re-reads a changed table, and re-reads every enabled row: both
   run on a database thread (:mod:`celery_leaderbeat._djangoio`), and ``sync()``
-  writes this node's run counts as increments, 500 rows per statement.
+  writes this node's run counts as increments, 1,000 rows per statement.
 - Cron strings in ``beat_schedule`` become crontab rows (the database stores
   crontabs), when a crontab means the same; otherwise start-up stops, naming the
   entry.
@@ -149,6 +149,7 @@ class DatabaseAdapter(Adapter):
 
         self.books = Bookkeeping(getattr(scheduler, "Model", PeriodicTask))
         self._thread: DatabaseThread | None = None
+        self._disabled: set[tuple[Any, Any]] = set()  # (pk, date_changed) asked to disable
 
     # -- beat_schedule into rows ---------------------------------------------------------
 
@@ -234,13 +235,19 @@ class DatabaseAdapter(Adapter):
             elif _once(model, entry) and model.total_run_count == 0:
                 tracked = leader.tracked.get(name)
                 if tracked is not None and tracked.next_fire >= NEVER:
-                    self._disable(model, f"one-off {name!r}: its slot is behind it, not sent "
-                                         f"(last slot {tracked.last.isoformat()}; see the "
+                    self._disable(model, f"one-off: its slot is behind it (last slot "
+                                         f"{tracked.last.isoformat()}: sent by another node, "
+                                         "or missed under the catch-up policy; see the "
                                          "history)")
 
     def _disable(self, model: Any, why: str) -> None:
-        """As django-celery-beat's is_due() would, written by the database thread."""
+        """As django-celery-beat's is_due() would, written by the database thread (once per
+        save of the row: a read before the write lands shows it enabled still)."""
         model.enabled = False  # in memory: asked once
+        mark = (model.pk, model.date_changed)
+        if mark in self._disabled:
+            return
+        self._disabled.add(mark)
         self.books.disable(model.pk, f"{model.name!r}: {why}")
         if self._thread is not None:
             self._thread.poke()

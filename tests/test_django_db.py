@@ -27,7 +27,7 @@ def db(monkeypatch):
             yield name
 
 
-def test_run_bookkeeping_is_written_as_increments_one_statement_per_500_rows(db):
+def test_run_bookkeeping_is_written_as_increments_one_statement_per_1000_rows(db):
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
     from django_celery_beat.models import PeriodicTask, PeriodicTasks
@@ -51,7 +51,7 @@ def test_run_bookkeeping_is_written_as_increments_one_statement_per_500_rows(db)
     with CaptureQueriesContext(connection) as queries:
         assert books.flush() == 1200
     updates = [q["sql"] for q in queries.captured_queries if q["sql"].startswith("UPDATE")]
-    assert len(updates) == 3, [u[:80] for u in updates]  # 1,200 rows, 500 per statement
+    assert len(updates) == 2, [u[:80] for u in updates]  # 1,200 rows, 1,000 per statement
     first.refresh_from_db()
     assert (first.total_run_count, first.description) == (7, "edited")
     assert first.last_run_at == t0 + timedelta(seconds=60)
