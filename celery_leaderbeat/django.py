@@ -25,6 +25,7 @@ django-celery-beat 2.6 to 2.9 traps this module respects:
 from __future__ import annotations
 
 import logging
+import time
 from datetime import datetime, timedelta, timezone, tzinfo
 from typing import Any
 
@@ -49,6 +50,9 @@ _MS = timedelta(milliseconds=1)
 READ_PACE = 1.0
 #: seconds after its save during which a row with no slot state starts at its save
 FRESH = 60.0
+#: seconds between two reads of every row's (id, date_changed), whatever the change marker
+#: says (an edit by QuerySet.update() moves neither; django-celery-beat waits 300 s)
+FULL_READ = 300.0
 
 
 class Bounded:
@@ -150,6 +154,8 @@ class DatabaseAdapter(Adapter):
         self.books = Bookkeeping(getattr(scheduler, "Model", PeriodicTask))
         self._thread: DatabaseThread | None = None
         self._disabled: set[tuple[Any, Any]] = set()  # (pk, date_changed) asked to disable
+        self._known: dict[Any, tuple[Any, Any]] | None = None  # pk -> (date_changed, entry)
+        self._full_at = 0.0  # monotonic time of the last read of every row
 
     # -- beat_schedule into rows ---------------------------------------------------------
 
@@ -262,6 +268,38 @@ class DatabaseAdapter(Adapter):
     def flush(self) -> None:
         self.books.flush()
 
+    def read(self) -> dict[str, Any] | None:
+        """The enabled rows, when django-celery-beat's change marker moved (or every
+        :data:`FULL_READ` seconds); None when nothing changed.
+
+        Only the rows whose ``date_changed`` moved are fetched and built again: one
+        query of (id, date_changed) pairs finds them, so an edit storm does not make
+        every beat rebuild every row on every pass, as the base's ``schedule`` does.
+        """
+        s = self.scheduler
+        changed = s.schedule_changed()
+        now = time.monotonic()
+        if not changed and self._known is not None and now - self._full_at < FULL_READ:
+            return None
+        if self._known is None or now - self._full_at >= FULL_READ:
+            self._full_at = now
+        query = s.enabled_models_qs() if hasattr(s, "enabled_models_qs") else \
+            s.Model.objects.enabled()
+        stamps = dict(query.values_list("pk", "date_changed"))
+        known = self._known or {}
+        fetch = [pk for pk, stamp in stamps.items() if pk not in known or known[pk][0] != stamp]
+        if not fetch and stamps.keys() == known.keys():
+            return None
+        rows = {pk: known[pk] for pk in stamps if pk in known and pk not in set(fetch)}
+        for i in range(0, len(fetch), 1000):
+            for model in query.filter(pk__in=fetch[i:i + 1000]):
+                try:
+                    rows[model.pk] = (model.date_changed, s.Entry(model, app=s.app))
+                except ValueError:
+                    pass  # as django-celery-beat: a row it cannot build is left out
+        self._known = rows
+        return {entry.name: entry for _, entry in rows.values()}
+
     def sync(self, *, leading: bool) -> None:
         """Increments and disables, safe from any node (they never overwrite a value)."""
         self.books.flush()
@@ -269,9 +307,7 @@ class DatabaseAdapter(Adapter):
     # -- roles ---------------------------------------------------------------------------------
 
     def promoted(self) -> None:
-        s = self.scheduler
-        s._initial_read = True  # the next read of .schedule re-reads every row
-        s._heap = None
+        self._full_at = float("-inf")  # the next pass looks at every row's date_changed
         if self._thread is not None:
             self._thread.poke()
 

@@ -66,7 +66,7 @@ def resolve_base(value: Any) -> type | None:
     cls = value
     if isinstance(value, str):
         try:
-            cls = symbol_by_name(value)
+            cls = _import(value)
         except Exception as exc:  # noqa: BLE001 - any import failure is the user's to see
             raise ConfigurationError(
                 f"{SETTING}={value!r} is not importable ({type(exc).__name__}: {exc})") from None
@@ -78,6 +78,20 @@ def resolve_base(value: Any) -> type | None:
             f"{SETTING}={value!r} is celery_leaderbeat.Scheduler itself: name the scheduler "
             "it gates, e.g. 'django_celery_beat.schedulers:DatabaseScheduler'")
     return cls
+
+
+def _import(path: str) -> Any:
+    """``symbol_by_name``; a Django app's scheduler outside ``celery beat`` (the CLI, a
+    script) is imported once Django is set up, as the beat's Django fixup would."""
+    try:
+        return symbol_by_name(path)
+    except Exception as exc:
+        if type(exc).__name__ != "AppRegistryNotReady":
+            raise
+        import django
+
+        django.setup()
+        return symbol_by_name(path)
 
 
 @functools.cache
@@ -137,6 +151,10 @@ class Adapter:
     def flush(self) -> None:
         """On the background thread: write what is pending."""
 
+    def read(self) -> dict[str, Any] | None:
+        """On the background thread: the entries, or None when nothing changed."""
+        raise NotImplementedError
+
     def thread(self, work: Any) -> Any:
         """The background thread running ``work`` (only when :attr:`background`)."""
         raise NotImplementedError
@@ -171,7 +189,6 @@ class GateMixin(Scheduler):
         self._gate_bad: dict[str, tuple[Any, ...]] = {}  # entries left out, and their key
         self._gate_static: set[str] = set()  # names that came from beat_schedule
         self._gate_read_at = float("-inf")  # monotonic time of the last read
-        self._gate_source: Any = None  # the base's schedule object last read
         self._gate_pending: Snapshot | None = None  # read by the thread, not applied yet
         self._gate_lock = threading.Lock()
         self._gate_thread: Any = None
@@ -233,18 +250,19 @@ class GateMixin(Scheduler):
         if self._leader is not None:
             self.adapter.housekeeping(self._leader)
 
-    def _read(self, *, strict: bool = False) -> Snapshot | None:
-        """Read ``.schedule`` and see each entry as the slots do; None: unreadable."""
-        try:
-            source = self.schedule  # the base notices changes to its store here
-            entries = dict(source)
-        except Exception:
-            logger.exception("leaderbeat: could not read the schedule of %s; keeping the "
-                             "last one read", self.gated.__name__)
-            if strict:
-                raise
-            return None
-        self._gate_source = source
+    def _read(self, *, strict: bool = False,
+              entries: dict[str, Any] | None = None) -> Snapshot | None:
+        """Read ``.schedule`` (unless ``entries`` were read already) and see each entry as
+        the slots do; None: unreadable."""
+        if entries is None:
+            try:
+                entries = dict(self.schedule)  # the base notices changes to its store here
+            except Exception:
+                logger.exception("leaderbeat: could not read the schedule of %s; keeping the "
+                                 "last one read", self.gated.__name__)
+                if strict:
+                    raise
+                return None
         keys: dict[str, tuple[Any, ...]] = {}
         view: dict[str, Any] = {}
         problems: list[str] = []
@@ -337,16 +355,15 @@ class GateMixin(Scheduler):
     def _background_pass(self) -> None:
         """On the database thread: write the bookkeeping, read the schedule if it changed."""
         self.adapter.flush()
-        source = self._gate_source
         try:
-            current = self.schedule
+            entries = self.adapter.read()
         except Exception:
             logger.exception("leaderbeat: could not read the schedule of %s; keeping the "
                              "last one read", self.gated.__name__)
             return
-        if current is source:
-            return  # the base did not re-read its store: nothing changed
-        snapshot = self._read()
+        if entries is None:
+            return  # nothing changed
+        snapshot = self._read(entries=entries)
         if snapshot is not None:
             with self._gate_lock:
                 self._gate_pending = snapshot

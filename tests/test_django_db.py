@@ -90,3 +90,28 @@ def test_the_cli_lists_the_enabled_rows_with_their_own_slots(db):
     saved = row("hourly").date_changed
     clock = rows["hourly"]["schedule"].leaderbeat_clock(name="hourly", tz=UTC, jitter=None)
     assert clock.next_after(saved - timedelta(seconds=1)) > saved  # nothing before its save
+
+
+def test_a_changed_table_is_read_row_by_row_only_where_date_changed_moved(db):
+    from celery import Celery
+
+    from celery_leaderbeat import Scheduler
+
+    add("a", interval=every(60))
+    add("b", interval=every(60))
+    app = Celery(set_as_current=False)
+    app.conf.update(leaderbeat_redis_url="redis://127.0.0.1:9/0",  # never connected here
+                    leaderbeat_base_scheduler="django_celery_beat.schedulers:DatabaseScheduler")
+    scheduler = Scheduler(app=app)
+    adapter = scheduler.adapter
+    first = adapter.read()
+    assert {"a", "b"} <= set(first)
+    assert adapter.read() is None  # nothing changed: one query of the change marker
+    a = row("a")
+    a.args = "[1]"
+    a.save()
+    second = adapter.read()
+    assert second["a"] is not first["a"] and second["a"].args == [1]
+    assert second["b"] is first["b"]  # not built again
+    row("b").delete()
+    assert "b" not in adapter.read()
