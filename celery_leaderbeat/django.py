@@ -24,6 +24,7 @@ django-celery-beat 2.6 to 2.9 traps this module respects:
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from datetime import datetime, timedelta, timezone, tzinfo
@@ -152,6 +153,7 @@ class DatabaseAdapter(Adapter):
         from django_celery_beat.models import PeriodicTask
 
         self.books = Bookkeeping(getattr(scheduler, "Model", PeriodicTask))
+        scheduler.Entry = _keeping_last_run_at(scheduler.Entry)
         self._thread: DatabaseThread | None = None
         self._disabled: set[tuple[Any, Any]] = set()  # (pk, date_changed) asked to disable
         self._known: dict[Any, tuple[Any, Any]] | None = None  # pk -> (date_changed, entry)
@@ -183,7 +185,7 @@ class DatabaseAdapter(Adapter):
         once = _once(model, entry)
         return (*super().key(entry), model.enabled, model.one_off, model.start_time,
                 model.expires, model.date_changed, once and model.total_run_count,
-                once and model.last_run_at)
+                once and getattr(model, "leaderbeat_last_run_at", model.last_run_at))
 
     def view(self, entry: Any) -> Any | None:
         return row_view(entry)
@@ -312,6 +314,24 @@ class DatabaseAdapter(Adapter):
             self._thread.poke()
 
 
+@functools.cache
+def _keeping_last_run_at(entry_class: type) -> type:
+    """``entry_class`` that keeps the row's stored ``last_run_at`` on the model.
+
+    django-celery-beat fills in an empty ``last_run_at`` as it builds the entry: with
+    ``date_changed`` in 2.9, with the time of the read in 2.6. A one-off's slot comes
+    from the stored value, so that every node computes the same one.
+    """
+
+    class Entry(entry_class):  # type: ignore[misc, valid-type]
+        def __init__(self, model: Any, *args: Any, **kwargs: Any) -> None:
+            model.leaderbeat_last_run_at = model.last_run_at
+            super().__init__(model, *args, **kwargs)
+
+    Entry.__name__ = Entry.__qualname__ = f"Leaderbeat{entry_class.__name__}"
+    return Entry
+
+
 def row_view(entry: Any) -> Any | None:
     """A ``ModelEntry`` as the slots see it (None: no slots, it is disabled or ran once)."""
     model = getattr(entry, "model", None)
@@ -326,7 +346,8 @@ def row_view(entry: Any) -> Any | None:
     tz = schedule.tz if isinstance(schedule, TzAwareCrontab) else None
     start, end = _aware(model.start_time), _aware(model.expires)
     changed = _aware(model.date_changed)
-    origin = _aware(model.last_run_at) or changed
+    # the stored last_run_at: the entry's own may be filled in with its read time (2.6)
+    origin = _aware(getattr(model, "leaderbeat_last_run_at", model.last_run_at)) or changed
     return RowView(entry.name, Bounded(schedule, tz=tz, start=start, end=end, once=once,
                                        origin=origin, restart=changed))
 
@@ -342,7 +363,7 @@ def database_rows(app: Any, base: Any) -> dict[str, dict[str, Any]]:
     rows = {}
     for model in base.Model.objects.enabled():
         try:
-            entry = base.Entry(model, app=app)
+            entry = _keeping_last_run_at(base.Entry)(model, app=app)
             shown = row_view(entry)
         except Exception as exc:  # noqa: BLE001 - one bad row never hides the others
             logger.warning("leaderbeat: row %r cannot be shown: %s", model.name, exc)
