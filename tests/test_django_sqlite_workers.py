@@ -87,7 +87,9 @@ def test_two_workers_with_embedded_beats_on_one_sqlite_file_send_each_slot_once(
     print(f"\nSQLite, 2 x worker -B: {len(messages)} messages, 'a' {len(a)} slots, "
           f"total_run_count {count}")
     assert duplicates(messages) == [], text[-3000:]
-    assert "database is locked" not in text
-    assert [s for s in a if s.timestamp() > killed_at + 5], "the survivor took over"
-    # counted by both workers' beats; the killed one's last second may be lost
-    assert len(a) - 2 <= count <= len(a), text[-3000:]
+    assert "database is locked" not in text, text[-3000:]
+    assert [s for s in a if s.timestamp() > killed_at + 5], text[-3000:]  # the survivor leads
+    # counted by both workers' beats: every run after the kill (the survivor wrote its
+    # counts as it stopped) and earlier ones; the killed one's last pass may be lost
+    after_kill = [s for s in a if s.timestamp() > killed_at]
+    assert len(after_kill) < count <= len(a), text[-3000:]
