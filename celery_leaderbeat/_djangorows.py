@@ -77,6 +77,14 @@ class Bounded:
         return (f"<bounded {self.inner!r} start={self.start} end={self.end} "
                 f"once={self.once}>")
 
+    def leaderbeat_fingerprint(self) -> str:
+        """Which slots exist: the schedule and its bounds; not the last save, which
+        moves on every save and changes no later slot."""
+        from .fingerprint import describe_schedule
+
+        return (f"bounded {describe_schedule(self.inner)} tz={self.tz} start={self.start} "
+                f"end={self.end} once={self.once}")
+
 
 class Restarted(_Clock):
     """Another clock's slots, less those at or before ``after`` (the row's last save).
@@ -101,13 +109,15 @@ class Restarted(_Clock):
 
 
 class RowView:
-    """A row as the slots see it: its name and its bounded schedule."""
+    """A row as the slots see it: its name and bounded schedule, and what it sends (the
+    definition's fingerprint covers the task and its arguments)."""
 
-    __slots__ = ("name", "schedule")
+    __slots__ = ("args", "kwargs", "name", "schedule", "task")
 
-    def __init__(self, name: str, schedule: Bounded) -> None:
-        self.name = name
+    def __init__(self, entry: Any, schedule: Bounded) -> None:
+        self.name = entry.name
         self.schedule = schedule
+        self.task, self.args, self.kwargs = entry.task, entry.args, entry.kwargs
 
 
 @functools.cache
@@ -144,7 +154,7 @@ def row_view(entry: Any) -> Any | None:
     changed = _aware(model.date_changed)
     # the stored last_run_at: the entry's own may be filled in with its read time (2.6)
     origin = _aware(getattr(model, "leaderbeat_last_run_at", model.last_run_at)) or changed
-    return RowView(entry.name, Bounded(schedule, tz=tz, start=start, end=end, once=once,
+    return RowView(entry, Bounded(schedule, tz=tz, start=start, end=end, once=once,
                                        origin=origin, restart=changed))
 
 

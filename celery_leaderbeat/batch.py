@@ -21,6 +21,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -30,7 +31,8 @@ from typing import Protocol
 from .agenda import Tracked, Unsent
 from .errors import LeaseLostError, NotReplicatedError
 from .lease import Lease
-from .ledger import PAUSED, SKIPPED, ClaimItem, Event, Ledger, Op, SlotState
+from .ledger import DIFFERS, EARLY, PAUSED, SKIPPED, ClaimItem, Event, Ledger, Op, SlotState
+from .memory import SentMemory
 from .slots import Plan, from_ms, to_ms
 
 logger = logging.getLogger(__name__)
@@ -68,7 +70,13 @@ class LeaderGate:
 
     def claim(self, items: Sequence[ClaimItem],
               events: Sequence[Event]) -> Sequence[SlotState | None | str]:
-        return self.ledger.claim(*self.lease.credentials(), items, events)
+        try:
+            return self.ledger.claim(*self.lease.credentials(), items, events)
+        except LeaseLostError as exc:
+            if exc.holder is None and self.lease.is_held():
+                # the key vanished while the lease was valid: Redis lost its data
+                self.lease.vanished_while_held = True
+            raise
 
     def may_send(self) -> bool:
         return self.lease.is_held()
@@ -83,18 +91,27 @@ class RescueGate:
     detail = "rescued"
     records_refusals = False  # the normal case: the leader claimed it first
 
-    def __init__(self, ledger: Ledger) -> None:
+    def __init__(self, ledger: Ledger, window: float = float("inf"), *,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.ledger = ledger
         self.redis_now_ms = 0
+        self.window = window
+        self.clock = clock
+        self._claimed_at: float | None = None
 
     def claim(self, items: Sequence[ClaimItem],
               events: Sequence[Event]) -> Sequence[SlotState | None | str]:
+        started = self.clock()
         claimed = self.ledger.rescue(items, events)
+        self._claimed_at = started
         self.redis_now_ms = claimed.redis_now_ms
         return claimed.results
 
     def may_send(self) -> bool:
-        return True  # the claim is the only gate: nobody else can be granted the slot
+        """The claim is the only gate, for as long as the publish window lasts: a rescuer
+        paused between its grant and its publish must not send after a leader may have
+        recovered the slot."""
+        return self._claimed_at is None or self.clock() - self._claimed_at < self.window
 
     def record(self, events: Sequence[Event]) -> None:
         self.ledger.record(0, events)
@@ -107,42 +124,53 @@ class Outcome:
     sent: int = 0
     refused: int = 0
     events: list[Event] = field(default_factory=list)  # what was recorded, for signals/metrics
-    waiting: list[str] = field(default_factory=list)  # rescue: not late enough by Redis TIME
+    waiting: list[str] = field(default_factory=list)  # not late enough (rescue) or ahead
     unknown: list[str] = field(default_factory=list)  # rescue: the entry has no state yet
+    differs: list[str] = field(default_factory=list)  # rescue: the leader plans another definition
 
 
 def run_batch(due: Sequence[tuple[Tracked, Plan]], gate: Gate, send: Send, *,
+              memory: SentMemory | None = None, backlog: list[Event] | None = None,
               record_missed: bool = True,
               progress: Callable[[], None] = lambda: None) -> Outcome:
     """Claim, send and record the due slots; advance each entry past what was settled.
 
     ``progress`` is called after every chunk claimed: a batch of tens of thousands of
     slots takes longer than the lease ttl, and the heartbeat must tell that working
-    loop from a wedged one.
+    loop from a wedged one. ``memory`` holds what this process published: a granted
+    slot it covers is recorded, never published again (a claim whose reply was lost
+    is granted again on the retry; the chunk before it may have gone out already).
 
     Raises LeaseLostError when the leader's claim was refused (another node leads)
     or its lease expired while sending; what was sent is recorded first, and the
-    slots not yet claimed stay unclaimed.
+    slots not yet claimed stay unclaimed. Any other error (a Redis call failed)
+    leaves every entry advanced past what was settled, and no further; events whose
+    record call failed go to ``backlog`` and ride on the next batch's first call.
     """
+    memory = memory if memory is not None else SentMemory()
+    backlog = backlog if backlog is not None else []
     outcome = Outcome()
-    pending: list[Event] = []
+    pending: list[Event] = list(backlog)
+    backlog.clear()
     if record_missed:
         for tracked, p in due:
             pending += missed_events(tracked, p)
     position = {tracked.name: tracked.last for tracked, _ in due}
     stopped: set[str] = set()  # entries with a slot left unsettled: not advanced past it
     fenced = False
+    finished = False
     try:
         for chunk in chunks(due):
             progress()
-            chunk = [(t, slot, op) for t, slot, op in chunk if t.name not in stopped]
+            chunk = [c for c in chunk if c[0].name not in stopped]
             if not chunk:
                 continue
             if not gate.may_send():
                 fenced = True
                 break
-            items = [ClaimItem(t.name, to_ms(slot), op, to_ms(t.clock.fire_time(slot)))
-                     for t, slot, op in chunk]
+            items = [ClaimItem(t.name, to_ms(slot), op, to_ms(t.clock.fire_time(slot)),
+                               to_ms(prev), t.fingerprint)
+                     for t, slot, op, prev in chunk]
             writing, pending = pending, []  # written by the claim call, even when refused
             outcome.events += writing
             with _shield() as stopping:  # a stop signal waits until this chunk is out
@@ -154,18 +182,26 @@ def run_batch(due: Sequence[tuple[Tracked, Plan]], gate: Gate, send: Send, *,
                     # could then duplicate. Not sending keeps G1; the slots are recorded unsent.
                     logger.warning("leaderbeat: %s; not sending this chunk", exc)
                     results, replicated = [None] * len(items), False
-                for (tracked, slot, op), result in zip(chunk, results):
+                except LeaseLostError:
+                    raise  # the events were written: the script writes them before its check
+                except Exception:
+                    backlog.extend(writing)  # may not have been written: written again later
+                    raise
+                for (tracked, slot, op, _), result in zip(chunk, results):
                     name, slot_ms = tracked.name, to_ms(slot)
                     if result is None:
                         position[name] = max(position[name], slot)
                         if op != Op.CLAIM:
                             continue
-                        if not replicated:
+                        if memory.covers(name, slot_ms):  # granted again after a lost reply
+                            pending.append(_already_sent(memory, name, slot_ms, gate.detail))
+                        elif not replicated:
                             pending.append(Event(name, slot_ms, "unsent", "not replicated"))
                         elif fenced or not gate.may_send():
                             fenced = True
                             pending.append(Event(name, slot_ms, "unsent", "lease expired"))
                         elif send(name, slot):
+                            memory.note(name, slot_ms)
                             outcome.sent += 1
                             pending.append(Event(name, slot_ms, "sent", gate.detail))
                         else:
@@ -181,18 +217,29 @@ def run_batch(due: Sequence[tuple[Tracked, Plan]], gate: Gate, send: Send, *,
                                                  _refusal(slot_ms, result)))
                     else:
                         stopped.add(name)
-                        (outcome.waiting if result == "early" else outcome.unknown).append(name)
+                        (outcome.waiting if result == EARLY else outcome.differs
+                         if result == DIFFERS else outcome.unknown).append(name)
                 if stopping and pending:  # record what went out before the signal acts:
                     gate.record(pending)  # its handler releases the lease first
                     outcome.events += pending
                     pending = []
+        finished = True
     finally:
-        if pending:
-            gate.record(pending)
-            outcome.events += pending
-    for tracked, p in due:
-        last = position[tracked.name]
-        tracked.advance(last if tracked.name in stopped or fenced else max(last, p.last))
+        try:
+            if pending:
+                gate.record(pending)
+                outcome.events += pending
+        except Exception:
+            backlog.extend(pending)
+            raise
+        finally:
+            # Advanced past what was settled even when a call failed: an entry left behind
+            # would plan the same slots again (the memory keeps them from going out twice,
+            # but they would be claimed and recorded again).
+            for tracked, p in due:
+                last = position[tracked.name]
+                whole = finished and not fenced and tracked.name not in stopped
+                tracked.advance(max(last, p.last) if whole else last)
     if fenced:
         raise LeaseLostError("lease expired while sending (self-fencing)")
     return outcome
@@ -233,22 +280,34 @@ def _shield() -> Iterator[list[int]]:
 
 
 def chunks(due: Sequence[tuple[Tracked, Plan]], size: int = CHUNK
-           ) -> list[list[tuple[Tracked, datetime, str]]]:
+           ) -> list[list[tuple[Tracked, datetime, str, datetime]]]:
     """The claims of a batch in chunks of at most ``size``, never two of one entry in one.
 
     Round ``r`` holds each entry's ``r``-th slot to send (oldest first); an entry
     that passes over newer missed slots without sending them ends with a skip.
+    Each claim carries the slot before it (the entry's last, then the previous
+    claim's): a rescue is granted only when that is the stored slot.
     """
-    rounds: list[list[tuple[Tracked, datetime, str]]] = []
+    rounds: list[list[tuple[Tracked, datetime, str, datetime]]] = []
     for tracked, p in due:
         ops = [(s, Op.CLAIM) for s in p.send]
         if (not p.send or p.last > p.send[-1]) and p.last > tracked.last:
             ops.append((p.last, Op.SKIP))  # missed slots newer than anything sent
+        prev = tracked.last
         for r, (slot, op) in enumerate(ops):
             if r == len(rounds):
                 rounds.append([])
-            rounds[r].append((tracked, slot, op))
+            rounds[r].append((tracked, slot, op, prev))
+            prev = slot
     return [rnd[i:i + size] for rnd in rounds for i in range(0, len(rnd), size)]
+
+
+def _already_sent(memory: SentMemory, name: str, slot_ms: int, detail: str) -> Event:
+    """A granted slot this process covers: recorded, not published again."""
+    if memory.published(name, slot_ms):
+        return Event(name, slot_ms, "sent", (detail + "; " if detail else "")
+                     + "recorded again (the first record's reply was lost)")
+    return Event(name, slot_ms, "skipped", "older than a slot this node sent")
 
 
 def missed_events(tracked: Tracked, p: Plan) -> list[Event]:
@@ -280,21 +339,47 @@ def say_capped_once(due: Sequence[tuple[Tracked, Plan]], capped: set[str]) -> No
 
 
 def report_unsent(unsent: Sequence[Unsent], *, gate: LeaderGate, send: Send,
-                  recover: bool) -> None:
+                  recover: bool, memory: SentMemory) -> list[Unsent]:
     """Slots claimed by an earlier leader (or a standby) and never confirmed sent.
 
-    Each is reported once (its state becomes 'u'); with ``recover``
-    (``leaderbeat_recover_unsent``) every such slot, reported before or not, is
-    re-sent under its own task id, so a consumer deduping by id sees it once.
+    Each is reported once (its state becomes 'u'). A slot this process itself
+    published (its record was lost with a reply) is recorded sent, never re-sent.
+    With ``recover`` (``leaderbeat_recover_unsent``) every other such slot, reported
+    before or not, is re-sent under its own task id, through a 'recover' claim: it
+    is granted only while the slot is still unconfirmed in Redis (a late 'sent'
+    record of its claimant wins), and a standby's claim only once it is older than
+    the lease ttl (its claimant publishes within that time or not at all).
+    Returns the slots to try again later (a standby's claim too young to take over).
     """
-    new = [(n, s) for n, s, unreported in unsent if unreported]
+    mine = [u for u in unsent if memory.published(u.name, to_ms(u.slot))]
+    others = [u for u in unsent if not memory.published(u.name, to_ms(u.slot))]
+    new = [(u.name, u.slot) for u in others if u.unreported]
     if new:
         logger.warning("leaderbeat: %d slot(s) were claimed but not confirmed sent by an "
                        "earlier leader: %s%s", len(new),
                        ", ".join(f"{n}@{s.isoformat()}" for n, s in new[:10]),
                        "" if recover else " (leaderbeat_recover_unsent is off: not re-sent)")
     events = [Event(n, to_ms(s), "unsent", "claimed by an earlier leader") for n, s in new]
-    if recover:
-        events += [Event(name, to_ms(slot), "sent", "recovered")
-                   for name, slot, _ in unsent if gate.may_send() and send(name, slot)]
+    events += [_already_sent(memory, u.name, to_ms(u.slot), "") for u in mine]
+    later: list[Unsent] = []
+    if recover and others and gate.may_send():
+        items = [ClaimItem(u.name, to_ms(u.slot), Op.RECOVER) for u in others]
+        results = gate.claim(items, events)
+        events = []
+        for u, result in zip(others, results):
+            slot_ms = to_ms(u.slot)
+            if result == EARLY:
+                later.append(u._replace(unreported=False))
+            elif result is not None:
+                continue  # confirmed sent meanwhile, or moved on: nothing to recover
+            elif memory.covers(u.name, slot_ms) and memory.published(u.name, slot_ms):
+                events.append(_already_sent(memory, u.name, slot_ms, "recovered"))
+            elif gate.may_send() and send(u.name, u.slot):
+                memory.note(u.name, slot_ms)
+                events.append(Event(u.name, slot_ms, "sent", "recovered"))
+            else:
+                events.append(Event(u.name, slot_ms, "unsent", "recovery: not sent"))
     gate.record(events)
+    if not recover:
+        gate.ledger.forget_overtaken([(u.name, to_ms(u.slot)) for u in others if u.overtaken])
+    return later

@@ -42,12 +42,12 @@ from celery import beat
 from celery.utils.imports import symbol_by_name
 
 from ._gatebase import Snapshot, adapter_for
-from .entries import split_entries
+from .entries import EntryOptions, split_entries
 from .errors import ConfigurationError, LeaseLostError, NotReplicatedError
 from .leader import Leader
 from .ledger import ClaimItem, Op
 from .node import Node
-from .scheduler import Scheduler
+from .scheduler import _CHANGE_LOG, Scheduler
 from .slots import clock_for, to_ms
 from .standby import Standby
 
@@ -228,15 +228,23 @@ class GateMixin(Scheduler):
                      if self._gate_keys.get(name) != keys[name]}
             if not self._anchor(self._leader.node, fresh):
                 return False
+        touched = {name for name in keys.keys() | self._gate_keys.keys()
+                   if keys.get(name) != self._gate_keys.get(name)}
+        touched |= view.keys() ^ self._gate_view.keys()
         self._gate_entries, self._gate_view, self._gate_keys = entries, view, keys
         if changed:
-            self._schedule_version += 1
+            self._schedule_version += 1  # the roles take in just the entries touched
+            self._changes.append((self._schedule_version, frozenset(touched)))
+            del self._changes[:-_CHANGE_LOG]
         return True
 
     def _anchor(self, node: Node, view: Mapping[str, Any]) -> bool:
         """Store the anchors the adapter asks for before the leader tracks ``view``."""
-        items = [ClaimItem(name, to_ms(at), Op.ANCHOR)
-                 for name, at in self.adapter.anchors(view).items()]
+        items = []
+        for name, at in self.adapter.anchors(view).items():
+            opts = self._entry_options.get(name) or EntryOptions.defaults(self.lb_config)
+            fp = node.fingerprint_of(name, view[name], opts.tz or self.app.timezone, opts.jitter)
+            items.append(ClaimItem(name, to_ms(at), Op.ANCHOR, fingerprint=fp))
         if not items:
             return True
         try:
@@ -308,9 +316,12 @@ class GateMixin(Scheduler):
     # -- sending ---------------------------------------------------------------------------
 
     def _observe(self, events: Any) -> None:
-        # the snapshot's size: len(.schedule) is a query on a database scheduler
+        # the snapshot, not .schedule: that read is a query on a database scheduler
         self._telemetry.slots(events, len(self._gate_view),
                               lambda: self._node.lease.epoch if self._node else None)
+        if self._labels_version != self._schedule_version:  # a removed entry's series go
+            self._labels_version = self._schedule_version
+            self._telemetry.metrics.keep_entries(self._gate_view)
 
     def _send_slot(self, name: str, slot: datetime, epoch: int, *args: Any, **kwargs: Any) -> bool:
         # from the snapshot, not .schedule: that read is a query on a database scheduler
