@@ -179,9 +179,10 @@ def run_batch(due: Sequence[tuple[Tracked, Plan]], gate: Gate, send: Send, *,
                     replicated = True
                 except NotReplicatedError as exc:
                     # Granted on the master, but a failover could lose the claims: sending
-                    # could then duplicate. Not sending keeps G1; the slots are recorded unsent.
+                    # could then duplicate. Not sending keeps G1; what was granted is
+                    # recorded unsent, what was refused is handled as any refusal.
                     logger.warning("leaderbeat: %s; not sending this chunk", exc)
-                    results, replicated = [None] * len(items), False
+                    results, replicated = exc.results or [None] * len(items), False
                 except LeaseLostError:
                     raise  # the events were written: the script writes them before its check
                 except Exception:

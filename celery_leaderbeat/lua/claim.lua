@@ -73,7 +73,12 @@ for i = 10, claims_at - 1, 4 do
         redis.call('HSET', KEYS[2], name, rest .. 's' .. who)
         marked = marked + 1
       elseif state == 'c' then
-        redis.call('HSET', KEYS[2], name, rest .. 'u' .. who)
+        -- a standby (epoch 0) marks only its own claim: another node's live claim of the
+        -- same slot stays claimed until its own record lands; a leader reports any
+        local s_who = string.match(who, '^|([^|]*)') or ''
+        if epoch ~= '0' or s_who == node then
+          redis.call('HSET', KEYS[2], name, rest .. 'u' .. who)
+        end
       end
     end
     if event == 'sent' and any_overtaken then
