@@ -42,7 +42,7 @@ class Node:
     observe: Callable[[Sequence[Event]], None]  # what became of slots: signals, metrics
     progress: Callable[[], None]  # the main loop is working, not wedged (a long batch)
     #: the entry names changed after a schedule version (None: read the whole schedule)
-    changed_since: Callable[[int], "frozenset[str] | None"] = lambda version: None
+    changed_since: Callable[[int], frozenset[str] | None] = lambda version: None
 
     clocks: dict[str, tuple[Any, Any, Any, SlotClock]] = field(default_factory=dict)
     #: what this process published (it never publishes a slot twice, whatever Redis says)

@@ -128,8 +128,10 @@ class Standby:
 
     def _rescue(self, version: int) -> None:
         if self.agenda is None or version != self._version:
-            changed = self.node.changed_since(self._version) if self.agenda is not None else None
-            if changed is not None and len(changed) <= max(100, len(self.agenda.tracked) // 10):
+            agenda = self.agenda
+            changed = self.node.changed_since(self._version) if agenda is not None else None
+            if (agenda is not None and changed is not None
+                    and len(changed) <= max(100, len(agenda.tracked) // 10)):
                 self._update(changed, version)
             else:
                 self._load(version)
