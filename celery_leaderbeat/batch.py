@@ -42,6 +42,45 @@ CHUNK = 100
 Send = Callable[[str, datetime], bool]
 
 
+class ChunkSend(Protocol):
+    """Sends a chunk's granted slots at once; may hand their broker commands to the claim."""
+
+    def prepare(self, slots: Sequence[tuple[str, datetime]]) -> Sequence[tuple | None]:
+        """Per slot, broker commands the claim runs if it grants the slot, or None."""
+
+    def enqueued(self, slots: Sequence[tuple[str, datetime]]) -> None:
+        """These slots were granted and enqueued by the claim itself."""
+
+    def send_many(self, slots: Sequence[tuple[str, datetime]]) -> list[bool]:
+        """Publish these granted slots; True for each one the broker accepted.
+
+        A shorter answer means it stopped early because the lease could no
+        longer be confirmed: the rest are recorded unsent ("lease expired").
+        """
+
+
+class _OneByOne:
+    """A per-slot :data:`Send` as a :class:`ChunkSend`."""
+
+    def __init__(self, send: Send, may_send: Callable[[], bool]) -> None:
+        self.send = send
+        self.may_send = may_send
+
+    def prepare(self, slots: Sequence[tuple[str, datetime]]) -> Sequence[tuple | None]:
+        return [None] * len(slots)
+
+    def enqueued(self, slots: Sequence[tuple[str, datetime]]) -> None:
+        pass
+
+    def send_many(self, slots: Sequence[tuple[str, datetime]]) -> list[bool]:
+        out: list[bool] = []
+        for name, slot in slots:
+            if out and not self.may_send():  # the lease ran out mid-chunk: stop here
+                break
+            out.append(self.send(name, slot))
+        return out
+
+
 class Gate(Protocol):
     """Who claims: the leader (fenced by its lease) or a standby (rescue, no lease)."""
 
@@ -111,7 +150,7 @@ class Outcome:
     unknown: list[str] = field(default_factory=list)  # rescue: the entry has no state yet
 
 
-def run_batch(due: Sequence[tuple[Tracked, Plan]], gate: Gate, send: Send, *,
+def run_batch(due: Sequence[tuple[Tracked, Plan]], gate: Gate, send: Send | ChunkSend, *,
               record_missed: bool = True,
               progress: Callable[[], None] = lambda: None) -> Outcome:
     """Claim, send and record the due slots; advance each entry past what was settled.
@@ -124,6 +163,8 @@ def run_batch(due: Sequence[tuple[Tracked, Plan]], gate: Gate, send: Send, *,
     or its lease expired while sending; what was sent is recorded first, and the
     slots not yet claimed stay unclaimed.
     """
+    sender = (send if hasattr(send, "send_many")
+              else _OneByOne(send, gate.may_send))  # type: ignore[arg-type]
     outcome = Outcome()
     pending: list[Event] = []
     if record_missed:
@@ -141,7 +182,10 @@ def run_batch(due: Sequence[tuple[Tracked, Plan]], gate: Gate, send: Send, *,
             if not gate.may_send():
                 fenced = True
                 break
-            items = [ClaimItem(t.name, to_ms(slot), op, to_ms(t.clock.fire_time(slot)))
+            wanted = [(t.name, slot) for t, slot, op in chunk if op == Op.CLAIM]
+            commands = dict(zip(wanted, sender.prepare(wanted)))
+            items = [ClaimItem(t.name, to_ms(slot), op, to_ms(t.clock.fire_time(slot)),
+                               commands.get((t.name, slot)) or ())
                      for t, slot, op in chunk]
             writing, pending = pending, []  # written by the claim call, even when refused
             outcome.events += writing
@@ -154,18 +198,34 @@ def run_batch(due: Sequence[tuple[Tracked, Plan]], gate: Gate, send: Send, *,
                     # could then duplicate. Not sending keeps G1; the slots are recorded unsent.
                     logger.warning("leaderbeat: %s; not sending this chunk", exc)
                     results, replicated = [None] * len(items), False
+                granted = [(t.name, slot) for (t, slot, op), item, result
+                           in zip(chunk, items, results)
+                           if result is None and op == Op.CLAIM]
+                enqueued = {(t.name, slot) for (t, slot, op), item, result
+                            in zip(chunk, items, results)
+                            if result is None and op == Op.CLAIM and item.enqueue}
+                sender.enqueued([g for g in granted if g in enqueued])
+                to_send = [g for g in granted if g not in enqueued]
+                if to_send and replicated and not (fenced or not gate.may_send()):
+                    sent = dict(zip(to_send, sender.send_many(to_send)))
+                    fenced = len(sent) < len(to_send)
+                else:
+                    fenced = fenced or (bool(to_send) and replicated)
+                    sent = {}
                 for (tracked, slot, op), result in zip(chunk, results):
                     name, slot_ms = tracked.name, to_ms(slot)
                     if result is None:
                         position[name] = max(position[name], slot)
                         if op != Op.CLAIM:
                             continue
-                        if not replicated:
+                        if (name, slot) in enqueued:  # granted and enqueued in one step
+                            outcome.sent += 1
+                            pending.append(Event(name, slot_ms, "sent", gate.detail))
+                        elif not replicated:
                             pending.append(Event(name, slot_ms, "unsent", "not replicated"))
-                        elif fenced or not gate.may_send():
-                            fenced = True
+                        elif (name, slot) not in sent:
                             pending.append(Event(name, slot_ms, "unsent", "lease expired"))
-                        elif send(name, slot):
+                        elif sent[(name, slot)]:
                             outcome.sent += 1
                             pending.append(Event(name, slot_ms, "sent", gate.detail))
                         else:

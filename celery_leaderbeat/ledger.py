@@ -65,6 +65,8 @@ class ClaimItem:
     slot_ms: int
     op: str  # an Op
     fire_ms: int = 0  # the slot plus its jitter; a rescue waits for fire + rescue_after
+    #: broker commands (name, key, argument) the script runs if it grants the claim
+    enqueue: tuple[tuple[str, str, Any], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -153,8 +155,11 @@ class Ledger:
             args += [ev.name, ev.slot_ms, ev.event, ev.detail]
         for item in items:
             args += [item.name, item.slot_ms, item.op, item.fire_ms]
-        return self.scripts.claim(keys=[self.keys.leader, self.keys.slots, self.keys.history,
-                                        self.keys.overtaken, self.keys.paused], args=args)
+        keys = [self.keys.leader, self.keys.slots, self.keys.history, self.keys.overtaken,
+                self.keys.paused]
+        if any(item.enqueue for item in items):
+            args += _enqueue_section(items, keys)
+        return self.scripts.claim(keys=keys, args=args)
 
     def _wait_for_replicas(self) -> None:
         """Block until ``min_replicas`` replicas have the claims, or raise NotReplicatedError.
@@ -227,6 +232,24 @@ def _calls(events: Sequence[Event], items: Sequence[ClaimItem]
         yield events[start:start + _MAX_PER_CALL], ()
     for start in range(0, len(items), _MAX_PER_CALL):
         yield (), items[start:start + _MAX_PER_CALL]
+
+
+def _enqueue_section(items: Sequence[ClaimItem], keys: list[Any]) -> list[Any]:
+    """The claim script's trailing ARGV: each item's broker commands, keys added to ``keys``.
+
+    Per item in order: its number of commands, then (command, index into KEYS,
+    argument) for each; last, the length of the section before that number.
+    """
+    at: dict[str, int] = {}
+    section: list[Any] = []
+    for item in items:
+        section.append(len(item.enqueue))
+        for name, key, arg in item.enqueue:
+            if key not in at:
+                keys.append(key)
+                at[key] = len(keys)  # Lua counts KEYS from 1
+            section += [name, at[key], arg]
+    return section + [len(section)]
 
 
 def _rescue_result(reply: Any) -> SlotState | None | str:

@@ -40,6 +40,14 @@ class Node:
     progress: Callable[[], None]  # the main loop is working, not wedged (a long batch)
 
     clocks: dict[str, tuple[Any, Any, Any, SlotClock]] = field(default_factory=dict)
+    #: a chunk sender (``batch.ChunkSend``) under an epoch; None: ``send``, one slot at a time
+    sender: Callable[[int], Any] | None = None
+
+    def chunk_send(self, epoch: int) -> Any:
+        """What a batch sends its chunks through, under ``epoch`` (0: a standby's rescue)."""
+        if self.sender is None:
+            return lambda name, slot: self.send(name, slot, epoch, None)
+        return self.sender(epoch)
 
     def track(self, stored: Mapping[str, SlotState], *, start: datetime,
               epoch: int | None) -> Loaded:

@@ -28,6 +28,7 @@ from celery import beat
 from .config import Config
 from .connection import describe, make_client
 from .entries import EntryOptions, split_entries
+from .enqueue import Enqueuer
 from .errors import ConfigurationError, LeaseLostError, NotReplicatedError, RedisAuthError
 from .keys import Keys
 from .leader import Leader, Resign
@@ -75,6 +76,7 @@ class Scheduler(beat.Scheduler):
         self._schedule_version = 0
         self._pid: int | None = None
         self._node: Node | None = None
+        self._enqueuer: Enqueuer | None = None
         self._leader: Leader | None = None
         self._standby: Standby | None = None
         self._wake_by = time.monotonic()
@@ -181,7 +183,8 @@ class Scheduler(beat.Scheduler):
                           options=lambda: self._entry_options, tz=self.app.timezone,
                           max_interval=lambda: float(self.max_interval),
                           wake_by=lambda: self._wake_by, observe=self._observe,
-                          progress=self._progress)
+                          progress=self._progress, sender=self._chunk_sender)
+        self._enqueuer = None  # made again in this process, on the first batch
         self._leader = None
         self._standby = Standby(self._node)
         return self._node
@@ -330,6 +333,13 @@ class Scheduler(beat.Scheduler):
 
     # -- sending -------------------------------------------------------------------------
 
+    def _chunk_sender(self, epoch: int) -> Any:
+        """A batch's sender: claim and enqueue in one step where exact, else kombu batches."""
+        if self._enqueuer is None or not self._enqueuer.checked:
+            said = self._enqueuer is not None  # an unreachable broker is said once
+            self._enqueuer = Enqueuer(self, self._connect().client, quiet=said)
+        return self._enqueuer.bind(epoch)
+
     def _send_slot(self, name: str, slot: datetime, epoch: int,
                    task_id: str | None = None) -> bool:
         """Publish ``slot`` of the entry named ``name``, if it is still scheduled."""
@@ -378,4 +388,6 @@ class Scheduler(beat.Scheduler):
                 self._leader = None
             if self._standby is not None:
                 self._standby.close()
+            if self._enqueuer is not None:
+                self._enqueuer.close()
             super().close()

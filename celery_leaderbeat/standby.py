@@ -127,7 +127,7 @@ class Standby:
             if not unclaimed:
                 return
             outcome = run_batch(unclaimed, RescueGate(self.node.ledger),
-                                lambda name, slot: self.node.send(name, slot, 0, None),
+                                self.node.chunk_send(0),
                                 record_missed=False)
         finally:
             self.agenda.push_all(due)

@@ -16,6 +16,15 @@
 --   op 'claim'   claim the slot to send it        (state 'c', claimed)
 --   op 'skip'    advance past a slot not sent     (state 'k', skipped by policy)
 --   op 'anchor'  the entry's first slot, only if it has no state yet (state 'a')
+-- Claim and enqueue in one step (optional: only when KEYS has more than five keys):
+-- KEYS[6 ..]        the broker's keys (queue lists) the commands below write
+-- ARGV[#ARGV]       L, the length of the enqueue section, which ends just before it and
+--                   follows the claims; for each claim in order: c, its number of broker
+--                   commands, then c groups of three: 'lpush' or 'pexpire', an index into
+--                   KEYS (6 or more), the argument (the message payload, or ms)
+--   A granted 'claim' that has commands runs them here, in this atomic step, and is
+--   stored sent ('s'), never claimed: a slot is granted and enqueued, or neither. A
+--   retry that finds exactly that sent value answers 1 again and runs nothing twice.
 -- A 'claim' of a paused entry's slot advances past it instead (state 'k') and
 -- answers 2: the slot is skipped, and resuming does not replay it.
 -- Events are written first and unfenced: they say what already happened (the
@@ -38,6 +47,21 @@
 local mode, node, epoch = ARGV[1], ARGV[6], ARGV[4]
 local n = tonumber(ARGV[7])
 local claims_at = 8 + 4 * n
+local claims_end = #ARGV
+local enq = nil  -- where the current claim's enqueue commands start, if any
+if #KEYS > 5 then
+  claims_end = #ARGV - 1 - tonumber(ARGV[#ARGV])
+  enq = claims_end + 1
+  local j = enq
+  while j < #ARGV do  -- checked before anything is written: a script is not rolled back
+    for k = j + 1, j + 3 * tonumber(ARGV[j]), 3 do
+      if ARGV[k] ~= 'lpush' and ARGV[k] ~= 'pexpire' then
+        return redis.error_reply('claim.lua: broker command ' .. ARGV[k] .. ' is not supported')
+      end
+    end
+    j = j + 1 + 3 * tonumber(ARGV[j])
+  end
+end
 local marked = 0
 for i = 8, claims_at - 1, 4 do
   local name, slot, event, detail = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
@@ -63,7 +87,7 @@ if mode == 'lead' then
   end
   redis.call('PEXPIRE', KEYS[1], ARGV[3])
 elseif mode ~= 'rescue' then
-  if #ARGV >= claims_at then
+  if claims_end >= claims_at then
     return redis.error_reply('claim.lua: mode ' .. mode .. ' takes no claims')
   end
 end
@@ -75,10 +99,20 @@ if mode == 'rescue' then
   suffix = '|' .. node
 end
 local out = {1, now_ms, marked}
-for i = claims_at, #ARGV, 4 do
+for i = claims_at, claims_end, 4 do
   local name, slot, op, fire = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2], tonumber(ARGV[i + 3])
   local stored = redis.call('HGET', KEYS[2], name)
-  local value = ARGV[i + 1] .. '|' .. epoch .. '|' .. states[op] .. suffix
+  local cmds, ncmds = 0, 0
+  if enq then
+    ncmds = tonumber(ARGV[enq])
+    cmds = enq + 1
+    enq = cmds + 3 * ncmds
+  end
+  local state = states[op]
+  if op == 'claim' and ncmds > 0 then
+    state = 's'
+  end
+  local value = ARGV[i + 1] .. '|' .. epoch .. '|' .. state .. suffix
   local granted
   if mode == 'rescue' and (op ~= 'claim' or not stored) then
     granted = nil
@@ -101,6 +135,14 @@ for i = claims_at, #ARGV, 4 do
       end
     end
     redis.call('HSET', KEYS[2], name, value)
+    for j = cmds, cmds + 3 * ncmds - 1, 3 do
+      local cmd, key = ARGV[j], KEYS[tonumber(ARGV[j + 1])]
+      if cmd == 'lpush' then
+        redis.call('LPUSH', key, ARGV[j + 2])
+      else
+        redis.call('PEXPIRE', key, ARGV[j + 2])
+      end
+    end
     out[#out + 1] = 1
   elseif stored == value then
     out[#out + 1] = 1
