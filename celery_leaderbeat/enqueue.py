@@ -28,9 +28,7 @@ from typing import Any
 
 import kombu
 from celery import signals
-from kombu import Producer
-
-from .publish import publish, send_many
+from .publish import DeclaringOnce, publish, send_many
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +82,7 @@ class _Collector:
         """Holds no connection."""
 
 
-class _CaptureProducer(Producer):  # type: ignore[misc]
+class _CaptureProducer(DeclaringOnce):
     """A producer whose every publish is routed into a :class:`_Collector`, then stopped.
 
     Raising after routing keeps Celery from firing ``after_task_publish`` and

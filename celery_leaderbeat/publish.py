@@ -17,6 +17,7 @@ from datetime import datetime
 from typing import Any
 
 from celery.beat import BeatLazyFunc
+from kombu import Producer
 
 from .slots import slot_id
 
@@ -26,6 +27,29 @@ logger = logging.getLogger(__name__)
 #: (one LPUSH per message, plus PEXPIREs for queues that expire), so a chunk is flushed
 #: once, at the end, and counts as sent only then
 BATCH_OPERATIONS = 10_000
+
+
+class DeclaringOnce(Producer):  # type: ignore[misc]
+    """A kombu producer that declares each queue once per channel, not once per message.
+
+    Celery asks for the message's queue to be declared on every publish; kombu
+    remembers what it declared, but only after binding a copy of the queue to the
+    channel, which cost about a third of building a message. This producer
+    remembers the queues it declared on its current channel before that copy.
+    """
+
+    def maybe_declare(self, entity: Any, retry: bool = False, **retry_policy: Any) -> Any:
+        if not entity:
+            return False
+        channel = self.channel
+        if getattr(self, "_declared_on", None) is not channel:
+            self._declared_on, self._declared = channel, set()
+        key = hash(entity)
+        if key in self._declared:
+            return False
+        declared = super().maybe_declare(entity, retry, **retry_policy)
+        self._declared.add(key)
+        return declared
 
 
 def _evaluate(value: Any) -> Any:
