@@ -87,8 +87,8 @@ class Gate(Protocol):
     detail: str  # the history detail of a slot this gate sent
     records_refusals: bool  # a refused claim goes to the history (the leader's, not a rescue's)
 
-    def claim(self, items: Sequence[ClaimItem],
-              events: Sequence[Event]) -> Sequence[SlotState | None | str]: ...
+    def claim(self, items: Sequence[ClaimItem], events: Sequence[Event],
+              more: bool = False) -> Sequence[SlotState | None | str]: ...
 
     def may_send(self) -> bool: ...
 
@@ -105,9 +105,9 @@ class LeaderGate:
         self.lease = lease
         self.ledger = ledger
 
-    def claim(self, items: Sequence[ClaimItem],
-              events: Sequence[Event]) -> Sequence[SlotState | None | str]:
-        return self.ledger.claim(*self.lease.credentials(), items, events)
+    def claim(self, items: Sequence[ClaimItem], events: Sequence[Event],
+              more: bool = False) -> Sequence[SlotState | None | str]:
+        return self.ledger.claim(*self.lease.credentials(), items, events, more=more)
 
     def may_send(self) -> bool:
         return self.lease.is_held()
@@ -126,8 +126,8 @@ class RescueGate:
         self.ledger = ledger
         self.redis_now_ms = 0
 
-    def claim(self, items: Sequence[ClaimItem],
-              events: Sequence[Event]) -> Sequence[SlotState | None | str]:
+    def claim(self, items: Sequence[ClaimItem], events: Sequence[Event],
+              more: bool = False) -> Sequence[SlotState | None | str]:
         claimed = self.ledger.rescue(items, events)
         self.redis_now_ms = claimed.redis_now_ms
         return claimed.results
@@ -174,7 +174,8 @@ def run_batch(due: Sequence[tuple[Tracked, Plan]], gate: Gate, send: Send | Chun
     stopped: set[str] = set()  # entries with a slot left unsettled: not advanced past it
     fenced = False
     try:
-        for chunk in chunks(due):
+        planned = chunks(due)
+        for index, chunk in enumerate(planned):
             progress()
             chunk = [(t, slot, op) for t, slot, op in chunk if t.name not in stopped]
             if not chunk:
@@ -191,7 +192,7 @@ def run_batch(due: Sequence[tuple[Tracked, Plan]], gate: Gate, send: Send | Chun
             outcome.events += writing
             with _shield() as stopping:  # a stop signal waits until this chunk is out
                 try:
-                    results = gate.claim(items, writing)
+                    results = gate.claim(items, writing, more=index + 1 < len(planned))
                     replicated = True
                 except NotReplicatedError as exc:
                     # Granted on the master, but a failover could lose the claims: sending

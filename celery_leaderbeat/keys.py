@@ -43,6 +43,12 @@ class Keys:
         return self._key("overtaken")
 
     @property
+    def sending(self) -> str:
+        """String, PX ttl: Redis TIME (ms) of the leader's last claim; standbys hold their
+        rescue while a leader is claiming (a long burst is slow, not dead)."""
+        return self._key("sending")
+
+    @property
     def paused(self) -> str:
         """Hash: entry name -> JSON (note, when, who) of an entry paused from the CLI."""
         return self._key("paused")

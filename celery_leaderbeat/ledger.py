@@ -96,7 +96,8 @@ class Ledger:
         self.config = config
 
     def claim(self, token: str, epoch: int, items: Sequence[ClaimItem],
-              events: Sequence[Event] = ()) -> list[SlotState | None | str]:
+              events: Sequence[Event] = (), *, more: bool = False
+              ) -> list[SlotState | None | str]:
         """Leader: write ``events``, then claim ``items`` in order, in one call.
 
         Returns ``None`` per granted item, :data:`PAUSED` for a paused entry's slot
@@ -104,10 +105,13 @@ class Ledger:
         LeaseLostError (and grants nothing; the events are written all the same:
         they say what already happened) when ``token`` no longer leads, and
         NotReplicatedError when ``min_replicas`` replicas did not acknowledge.
+        ``more``: this batch has more chunks to claim; standbys hold their rescue
+        until ``rescue_after`` has passed since such a claim.
         """
         results: list[SlotState | None | str] = []
         for batch_events, batch_items in _calls(events, items):
-            reply = self._call("lead", token, int(self.config.lease_ttl * 1000), epoch,
+            reply = self._call("lead-more" if more else "lead", token,
+                               int(self.config.lease_ttl * 1000), epoch,
                                batch_events, batch_items)
             if status(reply, "claim") == 0:
                 holder = text(reply[1]) if len(reply) > 1 and reply[1] else "nobody"
@@ -156,7 +160,7 @@ class Ledger:
         for item in items:
             args += [item.name, item.slot_ms, item.op, item.fire_ms]
         keys = [self.keys.leader, self.keys.slots, self.keys.history, self.keys.overtaken,
-                self.keys.paused]
+                self.keys.paused, self.keys.sending]
         if any(item.enqueue for item in items):
             args += _enqueue_section(items, keys)
         return self.scripts.claim(keys=keys, args=args)

@@ -214,3 +214,28 @@ def test_a_jittered_entry_keeps_its_own_fire_time(monkeypatch):
     pa = plan(a, last=last, now=now, since=last, policy=CatchupPolicy())
     pb = plan(b, last=last, now=now, since=last, policy=CatchupPolicy())
     assert pa.next_fire != pb.next_fire  # jitter is per entry: never shared
+
+
+def test_standbys_hold_their_rescue_while_the_leader_has_more_chunks_of_a_batch_to_claim(
+        redis_server, key_prefix):
+    app = make_app(redis_server.url_for(0), key_prefix, {"a": {"task": NOOP, "schedule": 60.0}})
+    scheduler = Scheduler(app=app)
+    try:
+        ledger, lease = scheduler.ledger, scheduler.lease
+        assert lease.try_acquire()
+        token, epoch = lease.credentials()
+        ledger.claim(token, epoch, [ClaimItem(n, 1000, Op.ANCHOR) for n in "ab"])
+        seconds, micros = redis_server.client().time()
+        late = int(seconds) * 1000 + int(micros) // 1000 - 5000  # 5 s late by Redis TIME
+        ledger.claim(token, epoch, [ClaimItem("a", late, Op.CLAIM, late)], more=True)
+        # the leader is mid-batch: b's slot is late, but a standby leaves it to the leader
+        assert ledger.rescue([ClaimItem("b", late, Op.CLAIM, late)]).results == ["early"]
+        ledger.claim(token, epoch, [ClaimItem("b", late, Op.CLAIM, late)])  # its last chunk
+        assert ledger.load()["b"].slot_ms == late
+        # a leader that made no claim for rescue_after (2 s, the default) since one that
+        # said more would follow (it died mid-batch) is rescued as before
+        ledger.claim(token, epoch, [ClaimItem("a", late + 1, Op.CLAIM, late + 1)], more=True)
+        time.sleep(2.1)
+        assert ledger.rescue([ClaimItem("b", late + 1, Op.CLAIM, late + 1)]).results == [None]
+    finally:
+        scheduler.close()

@@ -3,7 +3,11 @@
 -- KEYS[4] overtaken hash: "<entry>|<slot_ms>" -> the value a newer claim replaced while it
 --         was still claimed and unconfirmed ('c' or 'u') by another claimant
 -- KEYS[5] paused hash: entry -> note (``celery leaderbeat pause``)
--- ARGV[1] mode: 'lead', 'rescue' or 'record'
+-- KEYS[6] sending string: Redis TIME (ms) of the leader's last 'lead-more' call, PX lease
+--         ttl; a rescue waits until rescue_after has passed since then too, so standbys
+--         do not rescue slots of a healthy leader still working through a long batch
+-- ARGV[1] mode: 'lead', 'rescue' or 'record'; 'lead-more' is 'lead' with more chunks of
+--         this batch still to claim (it sets KEYS[6])
 -- ARGV[2] lead: this leader's token (node_id|epoch); rescue/record: ''
 -- ARGV[3] lead: lease ttl (ms); rescue: rescue_after (ms); record: ''
 -- ARGV[4] epoch written with claims (lead: the leader's; rescue: 0, no lease)
@@ -16,12 +20,12 @@
 --   op 'claim'   claim the slot to send it        (state 'c', claimed)
 --   op 'skip'    advance past a slot not sent     (state 'k', skipped by policy)
 --   op 'anchor'  the entry's first slot, only if it has no state yet (state 'a')
--- Claim and enqueue in one step (optional: only when KEYS has more than five keys):
--- KEYS[6 ..]        the broker's keys (queue lists) the commands below write
+-- Claim and enqueue in one step (optional: only when KEYS has more than six keys):
+-- KEYS[7 ..]        the broker's keys (queue lists) the commands below write
 -- ARGV[#ARGV]       L, the length of the enqueue section, which ends just before it and
 --                   follows the claims; for each claim in order: c, its number of broker
 --                   commands, then c groups of three: 'lpush' or 'pexpire', an index into
---                   KEYS (6 or more), the argument (the message payload, or ms)
+--                   KEYS (7 or more), the argument (the message payload, or ms)
 --   A granted 'claim' that has commands runs them here, in this atomic step, and is
 --   stored sent ('s'), never claimed: a slot is granted and enqueued, or neither. A
 --   retry that finds exactly that sent value answers 1 again and runs nothing twice.
@@ -45,11 +49,15 @@
 --           2 paused (skipped), 0 not late enough (rescue), false no state (rescue),
 --           else the stored value
 local mode, node, epoch = ARGV[1], ARGV[6], ARGV[4]
+local more = mode == 'lead-more'
+if more then
+  mode = 'lead'
+end
 local n = tonumber(ARGV[7])
 local claims_at = 8 + 4 * n
 local claims_end = #ARGV
 local enq = nil  -- where the current claim's enqueue commands start, if any
-if #KEYS > 5 then
+if #KEYS > 6 then
   claims_end = #ARGV - 1 - tonumber(ARGV[#ARGV])
   enq = claims_end + 1
   local j = enq
@@ -93,6 +101,12 @@ elseif mode ~= 'rescue' then
 end
 local time = redis.call('TIME')
 local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local sending = 0
+if more then
+  redis.call('SET', KEYS[6], now_ms, 'PX', ARGV[3])
+elseif mode == 'rescue' then
+  sending = tonumber(redis.call('GET', KEYS[6]) or '0')
+end
 local states = {claim = 'c', skip = 'k', anchor = 'a'}
 local suffix = ''
 if mode == 'rescue' then
@@ -121,7 +135,8 @@ for i = claims_at, claims_end, 4 do
   else
     granted = (not stored) or slot > tonumber(string.match(stored, '^(%d+)'))
   end
-  if granted and mode == 'rescue' and now_ms < fire + tonumber(ARGV[3]) then
+  if granted and mode == 'rescue' and (now_ms < fire + tonumber(ARGV[3])
+                                        or now_ms < sending + tonumber(ARGV[3])) then
     out[#out + 1] = 0
   elseif granted and op == 'claim' and redis.call('HEXISTS', KEYS[5], name) == 1 then
     redis.call('HSET', KEYS[2], name, ARGV[i + 1] .. '|' .. epoch .. '|k' .. suffix)
