@@ -35,10 +35,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _harness import LEASE_TTL, LOOP, SCHEDULERS, Watch, cpu_seconds, load, versions  # noqa: E402
+from _harness import LEASE_TTL, LOOP, SCHEDULERS, Watch, cpu_seconds, load, versions
 
-from tests.support.beat import NOOP, BeatProcess, beat_env  # noqa: E402
-from tests.support.redis_server import RedisServer  # noqa: E402
+from tests.support.beat import NOOP, BeatProcess, beat_env
+from tests.support.redis_server import RedisServer
 
 RESULTS = Path(__file__).resolve().parent / "results"
 BURST_EVERY = 30  # seconds between bursts of the burst and kill scenarios (cron, seconds first)

@@ -163,8 +163,8 @@ def run_batch(due: Sequence[tuple[Tracked, Plan]], gate: Gate, send: Send | Chun
     or its lease expired while sending; what was sent is recorded first, and the
     slots not yet claimed stay unclaimed.
     """
-    sender = (send if hasattr(send, "send_many")
-              else _OneByOne(send, gate.may_send))  # type: ignore[arg-type]
+    sender: ChunkSend = (send if hasattr(send, "send_many")  # type: ignore[assignment]
+                         else _OneByOne(send, gate.may_send))  # type: ignore[arg-type]
     outcome = Outcome()
     pending: list[Event] = []
     if record_missed:

@@ -28,6 +28,7 @@ from typing import Any
 
 import kombu
 from celery import signals
+
 from .publish import DeclaringOnce, publish, send_many
 
 logger = logging.getLogger(__name__)
@@ -89,7 +90,7 @@ class _CaptureProducer(DeclaringOnce):
     from sending a ``task-sent`` event for a message that is not enqueued yet.
     """
 
-    def publish(self, body: Any, **kwargs: Any) -> Any:
+    def publish(self, body: Any, **kwargs: Any) -> Any:  # type: ignore[override]
         collector = _Collector(self.channel)
         self.channel.create_publish_batch = lambda max_size: collector
         with self.batch():
@@ -139,7 +140,7 @@ class Enqueuer:
             problem = ("turned off by leaderbeat_atomic_enqueue=False"
                        if not config.atomic_enqueue else
                        fast_path_problem(scheduler.app, client, config.min_replicas))
-        except Exception as exc:  # the broker is down: this batch publishes (and fails) as before
+        except Exception as exc:  # noqa: BLE001 - broker down: this batch publishes (and fails) as before
             self.checked = False
             problem = f"the broker could not be reached to check ({exc})"
         self.fast = problem is None
@@ -219,7 +220,7 @@ class ChunkSender:
             if found is not None:
                 try:
                     captured = self.enqueuer.capture(found[0], slot, self.epoch, found[1])
-                except Exception:  # built again, and its error logged, by send_many
+                except Exception:  # noqa: BLE001 - built again, and its error logged, by send_many
                     captured = None
                 if captured is not None:
                     self._held[(name, slot)] = captured
@@ -261,9 +262,9 @@ class ChunkSender:
                 found[0].last_run_at = slot
                 found[0].total_run_count += 1
         for i, captured in held:
-            found = self._entry(slots[i][0])
-            if ok[i] and found is not None:
-                found[0].last_run_at = slots[i][1]
-                found[0].total_run_count += 1
-                signals.after_task_publish.send(sender=found[0].task, **captured.after)
+            again = self._entry(slots[i][0])
+            if ok[i] and again is not None:
+                again[0].last_run_at = slots[i][1]
+                again[0].total_run_count += 1
+                signals.after_task_publish.send(sender=again[0].task, **captured.after)
         return ok

@@ -43,7 +43,8 @@ class DeclaringOnce(Producer):  # type: ignore[misc]
             return False
         channel = self.channel
         if getattr(self, "_declared_on", None) is not channel:
-            self._declared_on, self._declared = channel, set()
+            self._declared_on = channel
+            self._declared: set[int] = set()
         key = hash(entity)
         if key in self._declared:
             return False

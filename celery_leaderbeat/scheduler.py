@@ -27,8 +27,8 @@ from celery import beat
 
 from .config import Config
 from .connection import describe, make_client
-from .entries import EntryOptions, split_entries
 from .enqueue import Enqueuer
+from .entries import EntryOptions, split_entries
 from .errors import ConfigurationError, LeaseLostError, NotReplicatedError, RedisAuthError
 from .keys import Keys
 from .leader import Leader, Resign

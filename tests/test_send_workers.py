@@ -43,7 +43,7 @@ def test_prefork_workers_run_each_fast_path_slot_once_across_queues_priorities_a
     env = beat_env(tmp_path, broker_url=server.url_for(0), prefix=key_prefix,
                    schedule=schedule, settings=settings)
     env["LB_RECORD_URL"] = results.url
-    rows = lambda: executed(results.client())  # noqa: E731
+    rows = lambda: executed(results.client())
     with WorkerProcess(env, tmp_path / "worker.log", extra_args=["-Q", "celery,other"]) as worker:
         worker.wait_ready()
         with BeatProcess(env=env, log_path=tmp_path / "beat.log") as beat:
