@@ -146,6 +146,7 @@ class Enqueuer:
         self.fast = problem is None
         self._conn: Any = None
         self._producer: Any = None
+        self._out: Any = None  # (connection, producer) of the batched path, made when first used
         if quiet:
             pass
         elif self.fast:
@@ -156,7 +157,14 @@ class Enqueuer:
                         "where it can (claim and enqueue in one step is off: %s)", problem)
 
     def bind(self, epoch: int) -> ChunkSender:
-        return ChunkSender(self, epoch)
+        """A batch's sender under ``epoch``; a standby's rescue (epoch 0) claims first.
+
+        A rescue is mostly refused while a healthy leader works ("not late enough"):
+        building every message before such a claim cost two standbys as much CPU as
+        the leader's own burst, on the same cores. A rescue therefore publishes its
+        granted slots after the claim, batched.
+        """
+        return ChunkSender(self, epoch, fast=self.fast and epoch != 0)
 
     def capture(self, entry: Any, slot: datetime, epoch: int, overlap: str) -> _Captured | None:
         """Build ``slot``'s message with Celery and route it with kombu; nothing is sent."""
@@ -186,18 +194,29 @@ class Enqueuer:
                     getattr(pipe, name)(*args)
             pipe.execute()
 
+    def producer(self) -> Any:
+        """The batched path's producer: its own connection, each queue declared once."""
+        if self._out is None:
+            conn = self.scheduler.app.connection_for_write()
+            self._out = (conn, DeclaringOnce(conn, auto_declare=False))
+        return self._out[1]
+
     def close(self) -> None:
         if self._conn is not None:
             self._conn.release()
             self._conn = self._producer = None
+        if self._out is not None:
+            self._out[0].release()
+            self._out = None
 
 
 class ChunkSender:
     """One batch's sender under one fencing epoch (0: a standby's rescue)."""
 
-    def __init__(self, enqueuer: Enqueuer, epoch: int) -> None:
+    def __init__(self, enqueuer: Enqueuer, epoch: int, *, fast: bool) -> None:
         self.enqueuer = enqueuer
         self.epoch = epoch
+        self.fast = fast
         self._held: dict[tuple[str, datetime], _Captured] = {}
 
     def _entry(self, name: str) -> tuple[Any, str] | None:
@@ -211,7 +230,7 @@ class ChunkSender:
     def prepare(self, slots: Sequence[tuple[str, datetime]]) -> list[tuple[Command, ...] | None]:
         """Each slot's broker commands for the claim script to run, or None (sent after)."""
         self._held.clear()
-        if not self.enqueuer.fast:
+        if not self.fast:
             return [None] * len(slots)
         out: list[tuple[Command, ...] | None] = []
         for name, slot in slots:
@@ -255,7 +274,8 @@ class ChunkSender:
                 if i not in held_at]
         todo = [(i, found, slot) for i, found, slot in rest if found is not None]
         results = send_many(self.enqueuer.scheduler,
-                            [(found[0], slot, found[1]) for _, found, slot in todo], self.epoch)
+                            [(found[0], slot, found[1]) for _, found, slot in todo], self.epoch,
+                            producer=self.enqueuer.producer) if todo else []
         for (i, found, slot), sent in zip(todo, results):
             ok[i] = sent
             if sent:

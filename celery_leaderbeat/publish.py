@@ -122,6 +122,8 @@ def send_many(scheduler: Any, slots: Sequence[tuple[Any, datetime, str]], epoch:
     """
     ok = [False] * len(slots)
     try:
+        if callable(producer):  # made on first use: connecting can fail like a publish
+            producer = producer()
         producer = producer if producer is not None else scheduler.producer
         with batched(producer):
             for i, (entry, slot, overlap) in enumerate(slots):
