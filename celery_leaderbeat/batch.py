@@ -125,11 +125,13 @@ class RescueGate:
     def __init__(self, ledger: Ledger) -> None:
         self.ledger = ledger
         self.redis_now_ms = 0
+        self.holding = False  # a leader is still claiming a batch: no use asking again soon
 
     def claim(self, items: Sequence[ClaimItem], events: Sequence[Event],
               more: bool = False) -> Sequence[SlotState | None | str]:
         claimed = self.ledger.rescue(items, events)
         self.redis_now_ms = claimed.redis_now_ms
+        self.holding = self.holding or claimed.holding
         return claimed.results
 
     def may_send(self) -> bool:

@@ -84,6 +84,7 @@ class Claimed(NamedTuple):
 
     results: list[SlotState | None | str]  # str: PAUSED, "early" (not late enough), "unknown"
     redis_now_ms: int
+    holding: bool = False  # some were early because the leader is still claiming a batch
 
 
 class Ledger:
@@ -130,16 +131,17 @@ class Ledger:
         as ``"unknown"`` when its entry has no state (its phase is not known yet).
         """
         results: list[SlotState | None | str] = []
-        now_ms = 0
+        now_ms, holding = 0, False
         for batch_events, batch_items in _calls(events, items):
             reply = self._call("rescue", "", int(self.config.rescue_after * 1000), 0,
                                batch_events, batch_items)
             status(reply, "claim")
             now_ms = int(reply[1])
             results += [_rescue_result(r) for r in reply[3:]]
+            holding = holding or 3 in reply[3:]
             if self.config.min_replicas:
                 self._wait_for_replicas()
-        return Claimed(results, now_ms)
+        return Claimed(results, now_ms, holding)
 
     def record(self, epoch: int, events: Iterable[Event]) -> int:
         """Write events to the history; ``sent`` events also mark their slot sent."""
@@ -261,7 +263,7 @@ def _rescue_result(reply: Any) -> SlotState | None | str:
         return None
     if reply == 2:
         return PAUSED
-    if reply == 0:
+    if reply in (0, 3):
         return "early"
     if reply is None or reply is False:
         return "unknown"

@@ -33,6 +33,10 @@ _RESCUE_POLICY = CatchupPolicy("skip")
 
 #: seconds before a rescue that Redis TIME found early is asked again
 _EARLY_RETRY = 0.1
+#: seconds before asking again while the leader is still claiming a batch (each try
+#: reads and plans the whole due batch; a long burst would cost the standbys as much as
+#: the leader, on the same cores)
+_HOLD_RETRY = 0.5
 
 
 class Standby:
@@ -126,9 +130,8 @@ class Standby:
             unclaimed = self._still_unclaimed(due)
             if not unclaimed:
                 return
-            outcome = run_batch(unclaimed, RescueGate(self.node.ledger),
-                                self.node.chunk_send(0),
-                                record_missed=False)
+            gate = RescueGate(self.node.ledger)
+            outcome = run_batch(unclaimed, gate, self.node.chunk_send(0), record_missed=False)
         finally:
             self.agenda.push_all(due)
         self.node.observe(outcome.events)
@@ -137,7 +140,7 @@ class Standby:
                            "after their time", self.node.config.node_id, outcome.sent,
                            self.node.config.rescue_after)
         if outcome.waiting:
-            self._retry_at = time.monotonic() + _EARLY_RETRY
+            self._retry_at = time.monotonic() + (_HOLD_RETRY if gate.holding else _EARLY_RETRY)
         for name in outcome.unknown:
             self.agenda.tracked.pop(name, None)
             self._unknown.add(name)

@@ -229,7 +229,8 @@ def test_standbys_hold_their_rescue_while_the_leader_has_more_chunks_of_a_batch_
         late = int(seconds) * 1000 + int(micros) // 1000 - 5000  # 5 s late by Redis TIME
         ledger.claim(token, epoch, [ClaimItem("a", late, Op.CLAIM, late)], more=True)
         # the leader is mid-batch: b's slot is late, but a standby leaves it to the leader
-        assert ledger.rescue([ClaimItem("b", late, Op.CLAIM, late)]).results == ["early"]
+        held = ledger.rescue([ClaimItem("b", late, Op.CLAIM, late)])
+        assert held.results == ["early"] and held.holding
         ledger.claim(token, epoch, [ClaimItem("b", late, Op.CLAIM, late)])  # its last chunk
         assert ledger.load()["b"].slot_ms == late
         # a leader that made no claim for rescue_after (2 s, the default) since one that

@@ -46,7 +46,8 @@
 -- a client that lost the reply and retried must not take its grant for a refusal.
 -- Returns {0, holder_token or false, marked}   lead mode, not the leader: no claim granted
 --         {1, redis_now_ms, marked, r1, r2, ...}  one result per claim: 1 granted,
---           2 paused (skipped), 0 not late enough (rescue), false no state (rescue),
+--           2 paused (skipped), 0 not late enough (rescue), 3 not late enough after the
+--           leader's last claim mid-batch (rescue), false no state (rescue),
 --           else the stored value
 local mode, node, epoch = ARGV[1], ARGV[6], ARGV[4]
 local more = mode == 'lead-more'
@@ -135,9 +136,10 @@ for i = claims_at, claims_end, 4 do
   else
     granted = (not stored) or slot > tonumber(string.match(stored, '^(%d+)'))
   end
-  if granted and mode == 'rescue' and (now_ms < fire + tonumber(ARGV[3])
-                                        or now_ms < sending + tonumber(ARGV[3])) then
+  if granted and mode == 'rescue' and now_ms < fire + tonumber(ARGV[3]) then
     out[#out + 1] = 0
+  elseif granted and mode == 'rescue' and now_ms < sending + tonumber(ARGV[3]) then
+    out[#out + 1] = 3
   elseif granted and op == 'claim' and redis.call('HEXISTS', KEYS[5], name) == 1 then
     redis.call('HSET', KEYS[2], name, ARGV[i + 1] .. '|' .. epoch .. '|k' .. suffix)
     out[#out + 1] = 2
