@@ -115,6 +115,8 @@ def fast_path_problem(app: Any, client: Any, min_replicas: int) -> str | None:
     from kombu.transport import redis as kombu_redis
 
     with app.connection_for_write() as conn:
+        if type(conn.transport) is not kombu_redis.Transport:  # known without connecting
+            return f"the broker transport is {conn.transport_cls!r}, not plain Redis"
         channel = conn.default_channel
         if type(channel) is not kombu_redis.Channel:
             return f"the broker transport is {conn.transport_cls!r}, not plain Redis"
