@@ -91,6 +91,8 @@ class _CaptureProducer(DeclaringOnce):
     """
 
     def publish(self, body: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        if not self.supports_batch_publish:  # kombu would publish at once: never here
+            raise RuntimeError("the broker channel no longer batches: cannot capture")
         collector = _Collector(self.channel)
         self.channel.create_publish_batch = lambda max_size: collector
         with self.batch():
