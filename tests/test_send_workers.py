@@ -10,6 +10,7 @@ and the worker acknowledges late.
 from __future__ import annotations
 
 import re
+import time
 from collections import Counter
 
 import pytest
@@ -69,3 +70,48 @@ def _iso(slot_ms: str) -> str:
     from celery_leaderbeat.slots import from_ms
 
     return from_ms(int(slot_ms)).isoformat()
+
+
+@pytest.mark.slow
+def test_on_the_fast_path_a_killed_leader_costs_no_slot_and_standbys_rescue_within_rescue_after(
+        tmp_path, make_redis_server, key_prefix):
+    """The failover suite's SIGKILL test with state and broker on one Redis (fast path):
+    the rescue hold-off must not delay a rescue once the leader is dead."""
+    from datetime import datetime
+
+    from tests.support.beat import duplicates
+    from tests.test_failover import (
+        POLL,
+        RESCUE_AFTER,
+        TTL,
+        beat_by_pid,
+        every,
+        follow,
+        gaps,
+        leader_pid,
+        leader_token,
+        slot_times,
+        start,
+        wait_for_leader,
+    )
+
+    server = make_redis_server()
+    client = server.client()
+    cluster, recorder = start(tmp_path, (server, server), key_prefix, every(1.0, 3))
+    with cluster:
+        follow(recorder, 20, until=lambda: len(recorder.messages) >= 6)
+        token, _ = wait_for_leader(client, key_prefix)
+        killed_at = time.time()
+        beat_by_pid(cluster, leader_pid(token)).kill()
+        follow(recorder, TTL + POLL + 2,
+               until=lambda: leader_token(client, key_prefix) not in (None, token))
+        follow(recorder, 4)
+        logs = cluster.logs()
+    messages = recorder.messages
+    assert "claims and enqueues each slot in one step" in logs
+    assert duplicates(messages) == []
+    after_kill = [m for m in messages if datetime.fromisoformat(m.slot).timestamp() > killed_at]
+    assert any(m.epoch == 0 for m in after_kill), "standbys rescued nothing"
+    for entry, slots in slot_times(messages).items():
+        assert gaps(slots, 1.0) == [], f"{entry} missed a slot across the SIGKILL"
+    assert max(m.lateness for m in after_kill) <= RESCUE_AFTER + 1.0
