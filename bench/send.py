@@ -30,7 +30,7 @@ import time
 import uuid
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -101,7 +101,7 @@ class SendRig:
         self.broker.close()
         shutil.rmtree(self.work, ignore_errors=True)
 
-    def __enter__(self) -> SendRig:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
