@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ._version import __version__
 
-__all__ = ["Scheduler", "__version__", "cron"]
+__all__ = ["Entry", "Scheduler", "__version__", "cron"]
 
 
 def __getattr__(name: str):  # lazy: importing the package must not import celery.beat
@@ -17,6 +17,10 @@ def __getattr__(name: str):  # lazy: importing the package must not import celer
         from .scheduler import Scheduler
 
         return Scheduler
+    if name == "Entry":
+        from .dynamic import Entry
+
+        return Entry
     if name == "cron":
         from .schedules import cron
 

@@ -30,13 +30,14 @@ RETRY_BROKEN = 60.0
 class Tracked:
     """What the leader knows of one entry: its clock, options and last slot."""
 
-    __slots__ = ("clock", "last", "name", "next_fire", "options")
+    __slots__ = ("clock", "fingerprint", "last", "name", "next_fire", "options")
 
     def __init__(self, name: str, clock: SlotClock, options: EntryOptions,
-                 last: datetime) -> None:
+                 last: datetime, fingerprint: str = "") -> None:
         self.name = name
         self.clock = clock
         self.options = options
+        self.fingerprint = fingerprint  # of the definition this node plans (see fingerprint)
         self.next_fire = last
         self.advance(last)
 
@@ -60,31 +61,58 @@ class Unsent(NamedTuple):
     name: str
     slot: datetime
     unreported: bool  # still 'claimed': no leader has reported it yet (then it is 'unsent')
+    claimed_ms: int | None = None  # a standby's claim: when (Redis TIME) it was made
+    overtaken: bool = False  # a newer claim of the entry replaced it (kept apart in Redis)
 
 
 class Loaded(NamedTuple):
     """What :func:`load` found: the entries, and what the leader must do about them."""
 
     tracked: dict[str, Tracked]
-    anchors: list[ClaimItem]  # entries with no stored slot yet: anchored at ``start``
+    #: entries with no stored slot yet (anchored at ``start``), entries whose definition
+    #: changed (re-anchored at ``start``), and entries whose stored slot is older than one
+    #: this process published (restored: Redis lost writes)
+    anchors: list[ClaimItem]
     unsent: list[Unsent]  # slots claimed under another epoch, never confirmed sent
+
+    def count(self, op: str) -> int:
+        return sum(1 for item in self.anchors if item.op == op)
 
 
 #: builds the slot clock of one entry: (name, schedule, zone, jitter) -> clock
 ClockOf = Callable[[str, Any, tzinfo, "float | None"], SlotClock]
+
+#: the fingerprint of one entry's definition: (name, entry, zone, jitter) -> text
+FingerprintOf = Callable[[str, Any, tzinfo, "float | None"], str]
 
 
 def _build(name: str, schedule_: Any, tz: tzinfo, jitter: float | None) -> SlotClock:
     return clock_for(schedule_, name=name, tz=tz, jitter=jitter)
 
 
+def _no_fingerprint(name: str, entry: Any, tz: tzinfo, jitter: float | None) -> str:
+    return ""
+
+
 def load(schedule: Mapping[str, Any], stored: Mapping[str, SlotState], *, start: datetime,
          tz: tzinfo, options: Mapping[str, EntryOptions], default: EntryOptions,
-         epoch: int | None, clock_of: ClockOf = _build) -> Loaded:
+         epoch: int | None, clock_of: ClockOf = _build,
+         fingerprint_of: FingerprintOf = _no_fingerprint,
+         definitions: Mapping[str, str] | None = None,
+         remembered: Callable[[str], int | None] = lambda name: None,
+         trust_memory: bool = False) -> Loaded:
     """Track every entry of ``schedule`` from its stored last slot, else from ``start``.
 
     ``epoch`` is the leader's own: a claimed or unsent slot of any other epoch
-    was left behind by an earlier leader.
+    was left behind by an earlier leader. ``definitions`` are the fingerprints
+    stored beside the slot states (a leader loads them; an entry whose stored
+    fingerprint differs from its own starts again from ``start``).
+    ``remembered`` gives the newest slot this process published of an entry: a
+    stored slot older than that means Redis lost writes. With ``trust_memory``
+    (this process led until Redis lost them: nobody can have sent later slots)
+    the entry carries on after what was published; otherwise another node may
+    have sent later slots than this one remembers, so the entry is treated as
+    unknown and starts from ``start``, like an entry with no state.
     """
     tracked: dict[str, Tracked] = {}
     anchors: list[ClaimItem] = []
@@ -93,19 +121,32 @@ def load(schedule: Mapping[str, Any], stored: Mapping[str, SlotState], *, start:
         opts = options.get(name) or default
         try:
             clock = clock_of(name, entry.schedule, opts.tz or tz, opts.jitter)
+            fp = fingerprint_of(name, entry, opts.tz or tz, opts.jitter)
         except Exception as exc:  # noqa: BLE001 - an entry added at runtime: the others go on
             logger.error("leaderbeat: entry %r is left out: its schedule cannot be followed (%s)",
                          name, exc)
             continue
         state = stored.get(name)
-        if state is None:
-            anchors.append(ClaimItem(name, to_ms(start), Op.ANCHOR))
+        sent_ms = remembered(name)
+        stored_fp = (definitions or {}).get(name)
+        if sent_ms is not None and (state is None or state.slot_ms < sent_ms) and trust_memory:
+            anchors.append(ClaimItem(name, sent_ms, Op.RESTORE, fingerprint=fp))
+            last = from_ms(sent_ms)
+        elif sent_ms is not None and state is not None and state.slot_ms < sent_ms:
+            # rolled back (an older snapshot, a lagging replica): unknown, as if empty
+            anchors.append(ClaimItem(name, to_ms(start), Op.ROLLED_BACK, fingerprint=fp))
             last = start
+        elif state is None:
+            anchors.append(ClaimItem(name, to_ms(start), Op.ANCHOR, fingerprint=fp))
+            last = start
+        elif definitions is not None and stored_fp and fp and stored_fp != fp:
+            anchors.append(ClaimItem(name, to_ms(start), Op.REANCHOR, fingerprint=fp))
+            last = max(start, from_ms(state.slot_ms))
         else:
             last = from_ms(state.slot_ms)
             if state.state in (CLAIMED, UNSENT) and state.epoch != epoch:
-                unsent.append(Unsent(name, last, state.state == CLAIMED))
-        tracked[name] = Tracked(name, clock, opts, last)
+                unsent.append(Unsent(name, last, state.state == CLAIMED, state.claimed_ms))
+        tracked[name] = Tracked(name, clock, opts, last, fp)
     return Loaded(tracked, anchors, unsent)
 
 
@@ -141,12 +182,14 @@ class Agenda:
         others go on.
         """
         due = []
+        taken: set[str] = set()
         now_ts = now.timestamp()
         while self._heap and self._heap[0][0] <= now_ts:
-            _, name = heapq.heappop(self._heap)
+            at, name = heapq.heappop(self._heap)
             tracked = self.tracked.get(name)
-            if tracked is None:
-                continue  # dropped from the schedule since it was pushed
+            if tracked is None or name in taken or at != tracked.next_fire.timestamp():
+                continue  # dropped from the schedule, or a stale copy of a re-pushed entry
+            taken.add(name)
             try:
                 due.append((tracked, plan(tracked.clock, last=tracked.last, now=now,
                                           since=since, policy=policy or tracked.options.policy)))
@@ -158,7 +201,8 @@ class Agenda:
         logger.error("leaderbeat: the schedule of entry %r raised %r; it is skipped and asked "
                      "again in %.0f s", tracked.name, exc, RETRY_BROKEN, exc_info=exc)
         self.broken.append((tracked.name, f"{type(exc).__name__}: {exc}"[:200]))
-        heapq.heappush(self._heap, (now_ts + RETRY_BROKEN, tracked.name))
+        tracked.next_fire = datetime.fromtimestamp(now_ts + RETRY_BROKEN, timezone.utc)
+        self.push(tracked)
 
     def take_broken(self) -> list[tuple[str, str]]:
         """Entries whose schedule raised since the last call, with what it raised."""
@@ -170,9 +214,13 @@ class Agenda:
         heapq.heappush(self._heap, (tracked.next_fire.timestamp(), tracked.name))
 
     def add(self, tracked: Tracked) -> None:
-        """Track one more entry."""
+        """Track one more entry (or track it afresh: the older copy is dropped)."""
         self.tracked[tracked.name] = tracked
         self.push(tracked)
+
+    def drop(self, name: str) -> None:
+        """Stop tracking ``name`` (its heap item is skipped when it comes up)."""
+        self.tracked.pop(name, None)
 
     def push_all(self, due: Sequence[tuple[Tracked, Plan]]) -> None:
         """Put back every entry :meth:`pop_due` took."""

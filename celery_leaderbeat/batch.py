@@ -21,6 +21,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -30,7 +31,8 @@ from typing import Protocol
 from .agenda import Tracked, Unsent
 from .errors import LeaseLostError, NotReplicatedError
 from .lease import Lease
-from .ledger import PAUSED, SKIPPED, ClaimItem, Event, Ledger, Op, SlotState
+from .ledger import DIFFERS, EARLY, PAUSED, SKIPPED, ClaimItem, Event, Ledger, Op, SlotState
+from .memory import SentMemory
 from .slots import Plan, from_ms, to_ms
 
 logger = logging.getLogger(__name__)
@@ -51,20 +53,21 @@ class ChunkSend(Protocol):
     def enqueued(self, slots: Sequence[tuple[str, datetime]]) -> None:
         """These slots were granted and enqueued by the claim itself."""
 
-    def send_many(self, slots: Sequence[tuple[str, datetime]]) -> list[bool]:
+    def send_many(self, slots: Sequence[tuple[str, datetime]],
+                  may_send: Callable[[], bool]) -> list[bool]:
         """Publish these granted slots; True for each one the broker accepted.
 
-        A shorter answer means it stopped early because the lease could no
-        longer be confirmed: the rest are recorded unsent ("lease expired").
+        ``may_send`` is asked again just before anything reaches the broker. A
+        shorter answer means it stopped because it said no (the lease can no
+        longer be confirmed): the rest are recorded unsent ("lease expired").
         """
 
 
 class _OneByOne:
     """A per-slot :data:`Send` as a :class:`ChunkSend`."""
 
-    def __init__(self, send: Send, may_send: Callable[[], bool]) -> None:
+    def __init__(self, send: Send) -> None:
         self.send = send
-        self.may_send = may_send
 
     def prepare(self, slots: Sequence[tuple[str, datetime]]) -> Sequence[tuple | None]:
         return [None] * len(slots)
@@ -72,10 +75,11 @@ class _OneByOne:
     def enqueued(self, slots: Sequence[tuple[str, datetime]]) -> None:
         pass
 
-    def send_many(self, slots: Sequence[tuple[str, datetime]]) -> list[bool]:
+    def send_many(self, slots: Sequence[tuple[str, datetime]],
+                  may_send: Callable[[], bool]) -> list[bool]:
         out: list[bool] = []
         for name, slot in slots:
-            if out and not self.may_send():  # the lease ran out mid-chunk: stop here
+            if not may_send():  # the lease ran out mid-chunk: stop here
                 break
             out.append(self.send(name, slot))
         return out
@@ -87,8 +91,8 @@ class Gate(Protocol):
     detail: str  # the history detail of a slot this gate sent
     records_refusals: bool  # a refused claim goes to the history (the leader's, not a rescue's)
 
-    def claim(self, items: Sequence[ClaimItem], events: Sequence[Event],
-              more: bool = False) -> Sequence[SlotState | None | str]: ...
+    def claim(self, items: Sequence[ClaimItem],
+              events: Sequence[Event]) -> Sequence[SlotState | None | str]: ...
 
     def may_send(self) -> bool: ...
 
@@ -105,9 +109,15 @@ class LeaderGate:
         self.lease = lease
         self.ledger = ledger
 
-    def claim(self, items: Sequence[ClaimItem], events: Sequence[Event],
-              more: bool = False) -> Sequence[SlotState | None | str]:
-        return self.ledger.claim(*self.lease.credentials(), items, events, more=more)
+    def claim(self, items: Sequence[ClaimItem],
+              events: Sequence[Event]) -> Sequence[SlotState | None | str]:
+        try:
+            return self.ledger.claim(*self.lease.credentials(), items, events)
+        except LeaseLostError as exc:
+            if exc.holder is None and self.lease.is_held():
+                # the key vanished while the lease was valid: Redis lost its data
+                self.lease.vanished_while_held = True
+            raise
 
     def may_send(self) -> bool:
         return self.lease.is_held()
@@ -122,20 +132,27 @@ class RescueGate:
     detail = "rescued"
     records_refusals = False  # the normal case: the leader claimed it first
 
-    def __init__(self, ledger: Ledger) -> None:
+    def __init__(self, ledger: Ledger, window: float = float("inf"), *,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.ledger = ledger
         self.redis_now_ms = 0
-        self.holding = False  # a leader is still claiming a batch: no use asking again soon
+        self.window = window
+        self.clock = clock
+        self._claimed_at: float | None = None
 
-    def claim(self, items: Sequence[ClaimItem], events: Sequence[Event],
-              more: bool = False) -> Sequence[SlotState | None | str]:
+    def claim(self, items: Sequence[ClaimItem],
+              events: Sequence[Event]) -> Sequence[SlotState | None | str]:
+        started = self.clock()
         claimed = self.ledger.rescue(items, events)
+        self._claimed_at = started
         self.redis_now_ms = claimed.redis_now_ms
-        self.holding = self.holding or claimed.holding
         return claimed.results
 
     def may_send(self) -> bool:
-        return True  # the claim is the only gate: nobody else can be granted the slot
+        """The claim is the only gate, for as long as the publish window lasts: a rescuer
+        paused between its grant and its publish must not send after a leader may have
+        recovered the slot."""
+        return self._claimed_at is None or self.clock() - self._claimed_at < self.window
 
     def record(self, events: Sequence[Event]) -> None:
         self.ledger.record(0, events)
@@ -148,80 +165,95 @@ class Outcome:
     sent: int = 0
     refused: int = 0
     events: list[Event] = field(default_factory=list)  # what was recorded, for signals/metrics
-    waiting: list[str] = field(default_factory=list)  # rescue: not late enough by Redis TIME
+    waiting: list[str] = field(default_factory=list)  # not late enough (rescue) or ahead
     unknown: list[str] = field(default_factory=list)  # rescue: the entry has no state yet
+    differs: list[str] = field(default_factory=list)  # rescue: the leader plans another definition
 
 
 def run_batch(due: Sequence[tuple[Tracked, Plan]], gate: Gate, send: Send | ChunkSend, *,
+              memory: SentMemory | None = None, backlog: list[Event] | None = None,
               record_missed: bool = True,
               progress: Callable[[], None] = lambda: None) -> Outcome:
     """Claim, send and record the due slots; advance each entry past what was settled.
 
     ``progress`` is called after every chunk claimed: a batch of tens of thousands of
     slots takes longer than the lease ttl, and the heartbeat must tell that working
-    loop from a wedged one.
+    loop from a wedged one. ``memory`` holds what this process published: a granted
+    slot it covers is recorded, never published again (a claim whose reply was lost
+    is granted again on the retry; the chunk before it may have gone out already).
 
     Raises LeaseLostError when the leader's claim was refused (another node leads)
     or its lease expired while sending; what was sent is recorded first, and the
-    slots not yet claimed stay unclaimed.
+    slots not yet claimed stay unclaimed. Any other error (a Redis call failed)
+    leaves every entry advanced past what was settled, and no further; events whose
+    record call failed go to ``backlog`` and ride on the next batch's first call.
     """
     sender: ChunkSend = (send if hasattr(send, "send_many")  # type: ignore[assignment]
-                         else _OneByOne(send, gate.may_send))  # type: ignore[arg-type]
+                         else _OneByOne(send))  # type: ignore[arg-type]
+    memory = memory if memory is not None else SentMemory()
+    backlog = backlog if backlog is not None else []
     outcome = Outcome()
-    pending: list[Event] = []
+    pending: list[Event] = list(backlog)
+    backlog.clear()
     if record_missed:
         for tracked, p in due:
             pending += missed_events(tracked, p)
     position = {tracked.name: tracked.last for tracked, _ in due}
     stopped: set[str] = set()  # entries with a slot left unsettled: not advanced past it
     fenced = False
+    finished = False
     try:
-        planned = chunks(due)
-        for index, chunk in enumerate(planned):
+        for chunk in chunks(due):
             progress()
-            chunk = [(t, slot, op) for t, slot, op in chunk if t.name not in stopped]
+            chunk = [c for c in chunk if c[0].name not in stopped]
             if not chunk:
                 continue
             if not gate.may_send():
                 fenced = True
                 break
-            wanted = [(t.name, slot) for t, slot, op in chunk if op == Op.CLAIM]
+            wanted = [(t.name, slot) for t, slot, op, _ in chunk
+                      if op == Op.CLAIM and not memory.covers(t.name, to_ms(slot))]
             commands = dict(zip(wanted, sender.prepare(wanted)))
             items = [ClaimItem(t.name, to_ms(slot), op, to_ms(t.clock.fire_time(slot)),
-                               commands.get((t.name, slot)) or ())
-                     for t, slot, op in chunk]
+                               to_ms(prev), t.fingerprint, commands.get((t.name, slot)) or ())
+                     for t, slot, op, prev in chunk]
             writing, pending = pending, []  # written by the claim call, even when refused
             outcome.events += writing
             with _shield() as stopping:  # a stop signal waits until this chunk is out
                 try:
-                    results = gate.claim(items, writing, more=index + 1 < len(planned))
+                    results = gate.claim(items, writing)
                     replicated = True
                 except NotReplicatedError as exc:
                     # Granted on the master, but a failover could lose the claims: sending
                     # could then duplicate. Not sending keeps G1; the slots are recorded unsent.
                     logger.warning("leaderbeat: %s; not sending this chunk", exc)
                     results, replicated = [None] * len(items), False
-                granted = [(t.name, slot) for (t, slot, op), item, result
-                           in zip(chunk, items, results)
-                           if result is None and op == Op.CLAIM]
-                enqueued = {(t.name, slot) for (t, slot, op), item, result
-                            in zip(chunk, items, results)
-                            if result is None and op == Op.CLAIM and item.enqueue}
+                except LeaseLostError:
+                    raise  # the events were written: the script writes them before its check
+                except Exception:
+                    backlog.extend(writing)  # may not have been written: written again later
+                    raise
+                granted = [(t.name, slot) for (t, slot, op, _), result in zip(chunk, results)
+                           if result is None and op == Op.CLAIM
+                           and not memory.covers(t.name, to_ms(slot))]
+                enqueued = {(c[0].name, c[1]) for c, item, result in zip(chunk, items, results)
+                            if result is None and item.enqueue and replicated}
                 sender.enqueued([g for g in granted if g in enqueued])
                 to_send = [g for g in granted if g not in enqueued]
-                if to_send and replicated and not (fenced or not gate.may_send()):
-                    sent = dict(zip(to_send, sender.send_many(to_send)))
-                    fenced = len(sent) < len(to_send)
-                else:
-                    fenced = fenced or (bool(to_send) and replicated)
-                    sent = {}
-                for (tracked, slot, op), result in zip(chunk, results):
+                sent: dict[tuple[str, datetime], bool] = {}
+                if to_send and replicated and not fenced:
+                    sent = dict(zip(to_send, sender.send_many(to_send, gate.may_send)))
+                fenced = fenced or (replicated and len(sent) < len(to_send))
+                for (tracked, slot, op, _), result in zip(chunk, results):
                     name, slot_ms = tracked.name, to_ms(slot)
                     if result is None:
                         position[name] = max(position[name], slot)
                         if op != Op.CLAIM:
                             continue
-                        if (name, slot) in enqueued:  # granted and enqueued in one step
+                        if memory.covers(name, slot_ms):  # granted again after a lost reply
+                            pending.append(_already_sent(memory, name, slot_ms, gate.detail))
+                        elif (name, slot) in enqueued:  # granted and enqueued in one step
+                            memory.note(name, slot_ms)
                             outcome.sent += 1
                             pending.append(Event(name, slot_ms, "sent", gate.detail))
                         elif not replicated:
@@ -229,6 +261,7 @@ def run_batch(due: Sequence[tuple[Tracked, Plan]], gate: Gate, send: Send | Chun
                         elif (name, slot) not in sent:
                             pending.append(Event(name, slot_ms, "unsent", "lease expired"))
                         elif sent[(name, slot)]:
+                            memory.note(name, slot_ms)
                             outcome.sent += 1
                             pending.append(Event(name, slot_ms, "sent", gate.detail))
                         else:
@@ -244,18 +277,29 @@ def run_batch(due: Sequence[tuple[Tracked, Plan]], gate: Gate, send: Send | Chun
                                                  _refusal(slot_ms, result)))
                     else:
                         stopped.add(name)
-                        (outcome.waiting if result == "early" else outcome.unknown).append(name)
+                        (outcome.waiting if result == EARLY else outcome.differs
+                         if result == DIFFERS else outcome.unknown).append(name)
                 if stopping and pending:  # record what went out before the signal acts:
                     gate.record(pending)  # its handler releases the lease first
                     outcome.events += pending
                     pending = []
+        finished = True
     finally:
-        if pending:
-            gate.record(pending)
-            outcome.events += pending
-    for tracked, p in due:
-        last = position[tracked.name]
-        tracked.advance(last if tracked.name in stopped or fenced else max(last, p.last))
+        try:
+            if pending:
+                gate.record(pending)
+                outcome.events += pending
+        except Exception:
+            backlog.extend(pending)
+            raise
+        finally:
+            # Advanced past what was settled even when a call failed: an entry left behind
+            # would plan the same slots again (the memory keeps them from going out twice,
+            # but they would be claimed and recorded again).
+            for tracked, p in due:
+                last = position[tracked.name]
+                whole = finished and not fenced and tracked.name not in stopped
+                tracked.advance(max(last, p.last) if whole else last)
     if fenced:
         raise LeaseLostError("lease expired while sending (self-fencing)")
     return outcome
@@ -296,22 +340,34 @@ def _shield() -> Iterator[list[int]]:
 
 
 def chunks(due: Sequence[tuple[Tracked, Plan]], size: int = CHUNK
-           ) -> list[list[tuple[Tracked, datetime, str]]]:
+           ) -> list[list[tuple[Tracked, datetime, str, datetime]]]:
     """The claims of a batch in chunks of at most ``size``, never two of one entry in one.
 
     Round ``r`` holds each entry's ``r``-th slot to send (oldest first); an entry
     that passes over newer missed slots without sending them ends with a skip.
+    Each claim carries the slot before it (the entry's last, then the previous
+    claim's): a rescue is granted only when that is the stored slot.
     """
-    rounds: list[list[tuple[Tracked, datetime, str]]] = []
+    rounds: list[list[tuple[Tracked, datetime, str, datetime]]] = []
     for tracked, p in due:
         ops = [(s, Op.CLAIM) for s in p.send]
         if (not p.send or p.last > p.send[-1]) and p.last > tracked.last:
             ops.append((p.last, Op.SKIP))  # missed slots newer than anything sent
+        prev = tracked.last
         for r, (slot, op) in enumerate(ops):
             if r == len(rounds):
                 rounds.append([])
-            rounds[r].append((tracked, slot, op))
+            rounds[r].append((tracked, slot, op, prev))
+            prev = slot
     return [rnd[i:i + size] for rnd in rounds for i in range(0, len(rnd), size)]
+
+
+def _already_sent(memory: SentMemory, name: str, slot_ms: int, detail: str) -> Event:
+    """A granted slot this process covers: recorded, not published again."""
+    if memory.published(name, slot_ms):
+        return Event(name, slot_ms, "sent", (detail + "; " if detail else "")
+                     + "recorded again (the first record's reply was lost)")
+    return Event(name, slot_ms, "skipped", "older than a slot this node sent")
 
 
 def missed_events(tracked: Tracked, p: Plan) -> list[Event]:
@@ -343,21 +399,47 @@ def say_capped_once(due: Sequence[tuple[Tracked, Plan]], capped: set[str]) -> No
 
 
 def report_unsent(unsent: Sequence[Unsent], *, gate: LeaderGate, send: Send,
-                  recover: bool) -> None:
+                  recover: bool, memory: SentMemory) -> list[Unsent]:
     """Slots claimed by an earlier leader (or a standby) and never confirmed sent.
 
-    Each is reported once (its state becomes 'u'); with ``recover``
-    (``leaderbeat_recover_unsent``) every such slot, reported before or not, is
-    re-sent under its own task id, so a consumer deduping by id sees it once.
+    Each is reported once (its state becomes 'u'). A slot this process itself
+    published (its record was lost with a reply) is recorded sent, never re-sent.
+    With ``recover`` (``leaderbeat_recover_unsent``) every other such slot, reported
+    before or not, is re-sent under its own task id, through a 'recover' claim: it
+    is granted only while the slot is still unconfirmed in Redis (a late 'sent'
+    record of its claimant wins), and a standby's claim only once it is older than
+    the lease ttl (its claimant publishes within that time or not at all).
+    Returns the slots to try again later (a standby's claim too young to take over).
     """
-    new = [(n, s) for n, s, unreported in unsent if unreported]
+    mine = [u for u in unsent if memory.published(u.name, to_ms(u.slot))]
+    others = [u for u in unsent if not memory.published(u.name, to_ms(u.slot))]
+    new = [(u.name, u.slot) for u in others if u.unreported]
     if new:
         logger.warning("leaderbeat: %d slot(s) were claimed but not confirmed sent by an "
                        "earlier leader: %s%s", len(new),
                        ", ".join(f"{n}@{s.isoformat()}" for n, s in new[:10]),
                        "" if recover else " (leaderbeat_recover_unsent is off: not re-sent)")
     events = [Event(n, to_ms(s), "unsent", "claimed by an earlier leader") for n, s in new]
-    if recover:
-        events += [Event(name, to_ms(slot), "sent", "recovered")
-                   for name, slot, _ in unsent if gate.may_send() and send(name, slot)]
+    events += [_already_sent(memory, u.name, to_ms(u.slot), "") for u in mine]
+    later: list[Unsent] = []
+    if recover and others and gate.may_send():
+        items = [ClaimItem(u.name, to_ms(u.slot), Op.RECOVER) for u in others]
+        results = gate.claim(items, events)
+        events = []
+        for u, result in zip(others, results):
+            slot_ms = to_ms(u.slot)
+            if result == EARLY:
+                later.append(u._replace(unreported=False))
+            elif result is not None:
+                continue  # confirmed sent meanwhile, or moved on: nothing to recover
+            elif memory.covers(u.name, slot_ms) and memory.published(u.name, slot_ms):
+                events.append(_already_sent(memory, u.name, slot_ms, "recovered"))
+            elif gate.may_send() and send(u.name, u.slot):
+                memory.note(u.name, slot_ms)
+                events.append(Event(u.name, slot_ms, "sent", "recovered"))
+            else:
+                events.append(Event(u.name, slot_ms, "unsent", "recovery: not sent"))
     gate.record(events)
+    if not recover:
+        gate.ledger.forget_overtaken([(u.name, to_ms(u.slot)) for u in others if u.overtaken])
+    return later

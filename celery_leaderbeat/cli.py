@@ -9,7 +9,9 @@
     pause NAME [--note T]   slots of NAME are skipped (recorded 'paused') until resume NAME
     trigger NAME            the leader sends NAME once now, under a task id of its own
     backfill NAME --from ISO --to ISO   send the slots in that range that were never sent
-    reset --yes             delete this app's leaderbeat state in Redis
+    reset --yes             delete this app's leaderbeat state in Redis (not its entries)
+    entries, add, edit, remove, enable, disable, import-redbeat
+                            entries defined at run time (see cli_entries)
 
 Every command takes ``--json``. Errors are one line on stderr and an exit code:
 1 unhealthy / no leader, 2 Redis unreachable, 3 bad settings or URL, 4 unknown
@@ -27,10 +29,14 @@ from typing import Any
 import click
 import redis
 
-from . import guard as _guard  # noqa: F401 - connects the worker guard to worker_init
 from .cluster import Cluster, UnknownEntry
 from .connection import describe
 from .errors import LeaderbeatError
+from .guard import offer_step
+
+# Loaded by every `celery` command as its plugin: the apps it finalizes get the worker
+# guard's bootstep, which switches itself on only in a worker with leaderbeat_guard = True.
+offer_step()
 
 NO_LEADER, REDIS_DOWN, BAD_SETTINGS, UNKNOWN_ENTRY, REFUSED = 1, 2, 3, 4, 5
 
@@ -93,13 +99,15 @@ def status(ctx: click.Context, as_json: bool) -> None:
     lines = [f"redis   {describe(cluster.config.redis_url)}  prefix {cluster.config.key_prefix}",
              "leader  " + (f"{leader['node']} (epoch {leader['epoch']}, lease "
                            f"{leader['lease_ms_left'] / 1000:.1f} s left)" if leader else "none")]
-    lines.append(f"{'entry':<24} {'last slot':<33} {'state':<18} {'next due':<33} run / paused")
+    lines.append(f"{'entry':<24} {'source':<9} {'last slot':<33} {'state':<18} "
+                 f"{'next due':<33} run / paused")
     for row in entries:
         name = row["entry"] + ("" if row["configured"] else " (not configured)")
         extra = row["run"] or ""
         if row["paused"]:
             extra = f"PAUSED ({row['paused'].get('note') or 'no note'}) {extra}".strip()
-        lines.append(f"{name:<24} {row['last_slot'] or '-':<33} {row['state'] or '-':<18} "
+        lines.append(f"{name:<24} {row['source']:<9} {row['last_slot'] or '-':<33} "
+                     f"{row['state'] or '-':<18} "
                      f"{row['next_due'] or '-':<33} {extra}")
     if leader:
         leader = {k: v for k, v in leader.items() if k != "token"}
@@ -300,10 +308,16 @@ def backfill(ctx: click.Context, name: str, start: str, end: str, limit: int, ye
 @click.pass_context
 @_command
 def reset(ctx: click.Context, yes: bool, as_json: bool) -> None:
-    """Delete this app's leaderbeat state: lease, claims, history, nodes, pauses."""
+    """Delete this app's leaderbeat state: lease, claims, history, nodes, pauses.
+
+    Entries defined at run time are definitions, not state: they stay (remove them
+    with ``remove``)."""
     cluster = _cluster(ctx)
     if not yes:
         _fail(REFUSED, f"reset deletes every key under {cluster.keys.tag}: add --yes")
     deleted = cluster.reset()
     _emit(as_json, {"deleted_keys": deleted},
           [f"deleted {deleted} key(s) under {cluster.keys.tag}; running beats start afresh"])
+
+
+from . import cli_entries  # noqa: F401 - registers the entry commands on the group

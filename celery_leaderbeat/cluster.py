@@ -47,6 +47,7 @@ class Cluster:
                                   self.config.socket_timeout)
         self.scripts = Scripts(self.client)
         self.ledger = Ledger(self.client, self.scripts, self.keys, self.config)
+        self._dynamic_names: set[str] = set()
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -66,7 +67,8 @@ class Cluster:
 
     def check_entry(self, name: str) -> None:
         schedule, _ = self.schedule()
-        if name not in schedule and not self.client.hexists(self.keys.slots, name):
+        if (name not in schedule and not self.client.hexists(self.keys.slots, name)
+                and not self.client.hexists(self.keys.entries, name)):
             known = ", ".join(sorted(schedule)) or "none"
             raise UnknownEntry(f"no entry {name!r} in beat_schedule or in Redis (known: {known})")
 
@@ -77,11 +79,14 @@ class Cluster:
     def entries(self) -> list[dict[str, Any]]:
         """Every entry (configured or left in Redis): last slot, state, run, next due, paused."""
         schedule, options = self.schedule()
+        static = set(schedule)
+        dynamic = self.dynamic_entries()
+        schedule, options = {**dynamic[0], **schedule}, {**dynamic[1], **options}
         stored, paused = self.ledger.load(), self.paused()
         rows = []
         for name in sorted(set(schedule) | set(stored)):
             state = stored.get(name)
-            row: dict[str, Any] = {"entry": name,
+            row: dict[str, Any] = {"entry": name, "source": self._source(name, static, dynamic),
                                    "configured": name in schedule or name.startswith("celery."),
                                    "last_slot": None, "state": None, "epoch": None,
                                    "task_id": None, "run": None, "next_due": None,
@@ -103,6 +108,32 @@ class Cluster:
         for row in rows:
             row["run"] = runs.get(row["task_id"])
         return rows
+
+    def dynamic_entries(self) -> tuple[dict[str, Any], dict[str, EntryOptions]]:
+        """The enabled dynamic entries, as :meth:`schedule` gives the static ones."""
+        from .dynamic import Entry  # late: it imports celery.schedules
+        from .entry_store import EntryStore
+
+        raw = {}
+        every = EntryStore(self.client, self.keys).all()
+        self._dynamic_names = set(every)
+        for name, stored in every.items():
+            if stored.enabled:
+                try:
+                    raw[name] = Entry.from_stored(stored).raw()
+                except (ValueError, KeyError):
+                    continue  # shown without a next slot
+        try:
+            return split_entries(raw, self.config)
+        except Exception:  # noqa: BLE001 - one entry this host cannot read: show the others bare
+            return {}, {}
+
+    def _source(self, name: str, static: set[str], dynamic: tuple[dict[str, Any], Any]) -> str:
+        if name in static or name.startswith("celery."):
+            return "static"
+        if name in dynamic[0] or name in self._dynamic_names:
+            return "dynamic" if name in dynamic[0] else "dynamic (disabled)"
+        return "database" if self.config.base_scheduler is not None else "-"
 
     def _runs(self, task_ids: list[str]) -> dict[str, str]:
         """The worker guard's record of each run: started (on whom) or finished."""
@@ -268,8 +299,11 @@ class Cluster:
     def reset(self) -> int:
         """Delete every key of this prefix (lease, claims, history, nodes, pauses)."""
         deleted = 0
+        definitions = {self.keys.entries, self.keys.entries_meta, self.keys.entries_changed,
+                       self.keys.entries_removed}
         for key in self.client.scan_iter(match=f"{self.keys.tag}:*", count=1000):
-            deleted += int(self.client.delete(key))
+            if text(key) not in definitions:  # entries defined at run time stay
+                deleted += int(self.client.delete(key))
         return deleted
 
     def _note(self, name: str, event: str, detail: str) -> None:

@@ -8,7 +8,9 @@ Celery's namespace. Every problem is collected and reported together, and a
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
+import logging
 import os
 import socket
 import uuid
@@ -18,6 +20,12 @@ from typing import Any
 
 from .errors import ConfigurationError
 from .policy import catchup_problems
+
+logger = logging.getLogger(__name__)
+
+#: the newest Celery minor version CI runs the tests on (the oldest: the lower bound in
+#: pyproject.toml); a newer one gets a warning at start-up, not a refusal
+TESTED_CELERY = (5, 7)
 
 REDIS_DOWN_POLICIES = ("pause", "last-leader")
 REDIS_SCHEMES = ("redis", "rediss", "unix", "sentinel", "redis+cluster", "rediss+cluster")
@@ -81,6 +89,17 @@ class Config:
     base_scheduler: type | None = None
     #: claim and enqueue in one step where the broker is leaderbeat's Redis
     atomic_enqueue: bool = True
+    #: Celery's ``beat_cron_starting_deadline``: the catch-up window of crontab entries
+    cron_starting_deadline: float | None = None
+    #: start-up warnings (Celery settings this scheduler does not use, a newer Celery)
+    notes: tuple[str, ...] = field(default=(), compare=False)
+
+    def say_notes(self) -> None:
+        """Log each start-up warning once per process."""
+        for note in self.notes:
+            if note not in _SAID:
+                _SAID.add(note)
+                logger.warning("leaderbeat: %s", note)
 
     @property
     def socket_timeout(self) -> float:
@@ -114,7 +133,10 @@ class Config:
             raw["key_prefix"] = f"leaderbeat:{app.main or 'default'}"
         if raw["node_id"] is None:
             raw["node_id"] = default_node_id()
-        return cls.from_values(raw, problems)
+        deadline = _cron_starting_deadline(conf, problems)
+        config = cls.from_values(raw, problems)
+        notes = beat_setting_notes(conf, config, deadline) + celery_version_notes()
+        return dataclasses.replace(config, cron_starting_deadline=deadline, notes=tuple(notes))
 
     @classmethod
     def from_values(cls, raw: Mapping[str, Any], problems: list[str] | None = None) -> Config:
@@ -206,6 +228,78 @@ class Config:
             overlap=overlap, metrics_port=metrics_port,
             base_scheduler=base, atomic_enqueue=atomic,
         )
+
+
+#: start-up warnings already logged by this process
+_SAID: set[str] = set()
+
+
+def _cron_starting_deadline(conf: Any, problems: list[str]) -> float | None:
+    value = conf.get("beat_cron_starting_deadline")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        problems.append(f"beat_cron_starting_deadline={value!r} must be a number of seconds > 0 "
+                        "(or None)")
+        return None
+    return float(value)
+
+
+def beat_setting_notes(conf: Any, config: Config, deadline: float | None) -> list[str]:
+    """A warning for each Celery ``beat_*`` setting that is set but not used as Celery says.
+
+    Honoured without a word: ``beat_schedule``, ``beat_scheduler``,
+    ``beat_max_loop_interval`` (an upper bound; a leader wakes at least every
+    ``leaderbeat_standby_poll``), ``beat_enable_remote_control`` and
+    ``beat_remote_control_max_tick_age`` (Celery's beat service answers, whatever the
+    scheduler), ``beat_cron_starting_deadline`` (the catch-up window of crontab and cron
+    string entries that set none of their own). ``beat_sync_every`` and
+    ``beat_schedule_filename`` matter only to a base scheduler that persists.
+    """
+    notes = []
+    base = config.base_scheduler
+    if deadline is not None and config.catchup_window is not None:
+        notes.append(
+            f"beat_cron_starting_deadline={deadline:g} is not used: leaderbeat_catchup_window="
+            f"{config.catchup_window:g} is set and bounds the catch-up of every entry "
+            "(crontab entries included); unset one of them")
+    sync_every = conf.get("beat_sync_every")
+    if sync_every and base is None:
+        notes.append(f"beat_sync_every={sync_every!r} has no effect: the schedule's state lives "
+                     "in Redis and is written at every claim (it applies to a "
+                     "leaderbeat_base_scheduler that persists)")
+    filename = conf.get("beat_schedule_filename")
+    if filename and filename != "celerybeat-schedule" and not _persists(base):
+        notes.append(f"beat_schedule_filename={filename!r} has no effect: the schedule's state "
+                     "lives in Redis (it applies to a leaderbeat_base_scheduler that is "
+                     "celery.beat.PersistentScheduler or a subclass)")
+    return notes
+
+
+def celery_version_notes(version: str | None = None) -> list[str]:
+    """A warning when Celery is newer than the newest version the tests run on."""
+    if version is None:
+        import celery
+
+        version = celery.__version__
+    try:
+        major, minor = (int(part) for part in version.split(".")[:2])
+    except ValueError:
+        return []
+    if (major, minor) <= TESTED_CELERY:
+        return []
+    tested = ".".join(map(str, TESTED_CELERY))
+    return [(f"Celery {version} is newer than the newest version this celery-leaderbeat is "
+             f"tested with ({tested}.x); it should work, but look for a newer celery-leaderbeat "
+             "and report what breaks")]
+
+
+def _persists(base: type | None) -> bool:
+    if base is None:
+        return False
+    from celery.beat import PersistentScheduler
+
+    return issubclass(base, PersistentScheduler)
 
 
 def default_node_id() -> str:

@@ -20,6 +20,7 @@ from .config import Config
 from .errors import LeaseLostError, NotReplicatedError
 from .lease import Lease
 from .ledger import ClaimItem, Event, Ledger, Op, SlotState
+from .memory import SentMemory
 from .slots import from_ms, to_ms
 
 logger = logging.getLogger(__name__)
@@ -42,11 +43,16 @@ class Outage:
         return cls(config, time.monotonic())
 
     def send_due(self, agenda: Agenda, now: datetime, since: datetime,
-                 send: Callable[[str, datetime], bool]) -> None:
-        """Send every due slot from the local agenda alone: no claims, nothing recorded yet."""
+                 send: Callable[[str, datetime], bool], memory: SentMemory) -> None:
+        """Send every due slot from the local agenda alone: no claims, nothing recorded yet.
+
+        A slot this process published before (a batch cut short by the outage) is not
+        sent again.
+        """
         for tracked, p in agenda.pop_due(now, since):
             for slot in p.send:
-                if send(tracked.name, slot):
+                if not memory.covers(tracked.name, to_ms(slot)) and send(tracked.name, slot):
+                    memory.note(tracked.name, to_ms(slot))
                     self.sent.append((tracked.name, slot))
             tracked.advance(p.last)
             agenda.push(tracked)

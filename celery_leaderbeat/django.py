@@ -5,7 +5,7 @@ Where the state lives: the schedule (rows, admin, ``enabled``, ``one_off``,
 in the database; leadership, each entry's last slot and the history in Redis. Slots
 come from each row's schedule and bounds, never from ``last_run_at``.
 
-django-celery-beat 2.9.0 traps this module respects (CELERY_NOTES.md):
+django-celery-beat 2.9.0 traps this module respects (read from its source):
 
 - ``ModelEntry.is_due()`` disables expired and one-off rows and saves them: it never
   runs here. The same rules are slot rules instead, the same on every node: no slot

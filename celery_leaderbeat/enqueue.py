@@ -22,7 +22,7 @@ with the very commands kombu computed.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -253,42 +253,52 @@ class ChunkSender:
 
     def enqueued(self, slots: Sequence[tuple[str, datetime]]) -> None:
         """The claim script granted and enqueued these: Celery's after_task_publish, once each."""
+        s = self.enqueuer.scheduler
         for name, slot in slots:
             captured = self._held.pop((name, slot), None)
             found = self._entry(name)
             if found is not None:
-                found[0].last_run_at = slot
-                found[0].total_run_count += 1
+                s._say_sending(found[0], slot, self.epoch)
+                s._note_sent(found[0], slot)
                 if captured is not None:
                     signals.after_task_publish.send(sender=found[0].task, **captured.after)
 
-    def send_many(self, slots: Sequence[tuple[str, datetime]]) -> list[bool]:
-        """Publish granted slots that the claim did not enqueue; True for each one sent."""
+    def send_many(self, slots: Sequence[tuple[str, datetime]],
+                  may_send: Callable[[], bool] = lambda: True) -> list[bool]:
+        """Publish granted slots that the claim did not enqueue; True for each one sent.
+
+        Shorter than ``slots`` when ``may_send`` said no before the rest reached the
+        broker (the lease ran out): the answer covers only what was settled.
+        """
         ok = [False] * len(slots)
-        held = [(i, self._held.pop(s)) for i, s in enumerate(slots) if s in self._held]
-        if held:
-            try:
-                self.enqueuer.run([c for _, c in held])
-                for i, _ in held:
-                    ok[i] = True
-            except Exception:
-                logger.exception("leaderbeat: %d routed message(s) could not be sent", len(held))
-        held_at = {i for i, _ in held}
-        rest = [(i, self._entry(name), slot) for i, (name, slot) in enumerate(slots)
-                if i not in held_at]
-        todo = [(i, found, slot) for i, found, slot in rest if found is not None]
+        held = {i: self._held.pop(s) for i, s in enumerate(slots) if s in self._held}
+        todo = [(i, found, slots[i][1]) for i in range(len(slots)) if i not in held
+                for found in [self._entry(slots[i][0])] if found is not None]
         results = send_many(self.enqueuer.scheduler,
                             [(found[0], slot, found[1]) for _, found, slot in todo], self.epoch,
-                            producer=self.enqueuer.producer) if todo else []
+                            producer=self.enqueuer.producer, may_send=may_send,
+                            say=lambda entry, slot: self.enqueuer.scheduler._say_sending(
+                                entry, slot, self.epoch)) if todo else []
+        s = self.enqueuer.scheduler
         for (i, found, slot), sent in zip(todo, results):
             ok[i] = sent
             if sent:
-                found[0].last_run_at = slot
-                found[0].total_run_count += 1
-        for i, captured in held:
+                s._note_sent(found[0], slot)
+        if len(results) < len(todo):  # stopped: nothing from the first unsettled one on
+            return ok[:todo[len(results)][0]]
+        if held and may_send():
+            try:
+                self.enqueuer.run(list(held.values()))
+                for i in held:
+                    ok[i] = True
+            except Exception:
+                logger.exception("leaderbeat: %d routed message(s) could not be sent", len(held))
+        elif held:
+            return ok[:min(held)]
+        for i, captured in held.items():
             again = self._entry(slots[i][0])
             if ok[i] and again is not None:
-                again[0].last_run_at = slots[i][1]
-                again[0].total_run_count += 1
+                s._say_sending(again[0], slots[i][1], self.epoch)
+                s._note_sent(again[0], slots[i][1])
                 signals.after_task_publish.send(sender=again[0].task, **captured.after)
         return ok

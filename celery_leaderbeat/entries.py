@@ -16,6 +16,7 @@ These options are removed before the entry is built, so they never reach
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta, tzinfo
@@ -77,11 +78,31 @@ def split_entries(
             except ConfigurationError as exc:
                 problems.extend(exc.problems)
         if parsed is not None:
-            options[name] = parsed
+            options[name] = _cron_deadline(parsed, entry.get("schedule"), ours, config)
         celery_entries[name] = entry
     if problems:
         raise ConfigurationError(problems)
+    config.say_notes()
     return celery_entries, options
+
+
+def _cron_deadline(parsed: EntryOptions, schedule: Any, ours: Mapping[str, Any],
+                   config: Config) -> EntryOptions:
+    """Celery's ``beat_cron_starting_deadline``: a crontab slot older than it does not run.
+
+    Applied as the catch-up window of crontab and cron string entries that have none of
+    their own and when ``leaderbeat_catchup_window`` is not set (it wins, said at start-up).
+    """
+    from celery.schedules import crontab
+
+    from .schedules import cron
+
+    deadline = config.cron_starting_deadline
+    if (deadline is None or "catchup_window" in ours or config.catchup_window is not None
+            or not isinstance(schedule, (crontab, cron))):
+        return parsed
+    policy = dataclasses.replace(parsed.policy, window=timedelta(seconds=deadline))
+    return dataclasses.replace(parsed, policy=policy)
 
 
 

@@ -24,6 +24,9 @@ class ConfigurationError(LeaderbeatError):
 class LeaseLostError(LeaderbeatError):
     """The leader key no longer holds this node's token: another node leads now."""
 
+    #: the token the leader key holds instead (None: it holds nothing at all)
+    holder: str | None = None
+
 
 class NotReplicatedError(LeaderbeatError):
     """A claim was not acknowledged by ``leaderbeat_min_replicas`` replicas in time."""

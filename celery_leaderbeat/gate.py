@@ -1,4 +1,4 @@
-"""Gating another Scheduler class: its schedule, our lease and claims (DESIGN.md §11).
+"""Gating another Scheduler class: its schedule, our lease and claims (docs/architecture.md).
 
 With ``leaderbeat_base_scheduler = "django_celery_beat.schedulers:DatabaseScheduler"``
 (or Celery's ``PersistentScheduler``, or any ``celery.beat.Scheduler`` subclass),

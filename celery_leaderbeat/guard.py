@@ -18,10 +18,21 @@ finish record is the one case that can run twice.
 The hook: Celery signals cannot cancel a task (receivers' exceptions are logged
 and swallowed), and ``before_start`` must be defined on the task's class before
 the worker builds its tracers. The guard instead wraps each task's ``run`` on
-the task instance when the worker starts (``worker_init``, in the parent, before
-the pool forks and the tracers are built), so it works for every task class,
-bound or not, and raises :class:`celery.exceptions.Ignore` for a duplicate: the
-message is acknowledged and no result is stored.
+the task instance while the worker is built, in the parent, before the pool
+forks and the tracers are built, so it works for every task class, bound or
+not, and raises :class:`celery.exceptions.Ignore` for a duplicate: the message
+is acknowledged and no result is stored.
+
+It is a worker bootstep, :class:`GuardStep`, Celery's own way to extend a
+worker: it is part of every worker whose app lists it in ``app.steps["worker"]``
+and switches itself on only when that app has ``leaderbeat_guard = True``. The
+``celery`` command adds it to each app it finalizes (the ``celery leaderbeat``
+plugin calls :func:`offer_step`), so ``celery worker`` and ``app.worker_main()``
+need nothing more; a worker built in Python (``app.Worker(...).start()``,
+``app.WorkController``) needs the one line
+``app.steps["worker"].add("celery_leaderbeat.guard:GuardStep")`` in the app
+module, which is harmless next to the automatic one. Importing the package
+connects nothing: no signal receiver, no step.
 
 Overlap ``skip`` (per entry, or ``leaderbeat_overlap``): a slot does not start
 while another run of the same entry is alive on any worker (``skipped``/
@@ -47,7 +58,8 @@ from datetime import datetime
 from typing import Any
 
 import redis
-from celery import signals
+from celery import bootsteps
+from celery._state import _get_active_apps, connect_on_app_finalize
 from celery.exceptions import Ignore, Retry
 
 from .config import Config
@@ -228,26 +240,57 @@ def install(app: Any) -> Guard:
     return guard
 
 
-@signals.worker_init.connect(weak=False)
-def _on_worker_init(sender: Any = None, **kwargs: Any) -> None:
-    app = getattr(sender, "app", None)
-    if app is None or not app.conf.get("leaderbeat_guard"):
-        return
-    try:
-        install(app)
-    except ConfigurationError as exc:
-        # Celery logs and swallows a receiver's exception: a guard silently missing
-        # would break the promise, so the worker stops with the reason instead.
-        logger.critical("leaderbeat guard: %s", exc)
-        raise SystemExit(f"leaderbeat_guard is on but the settings are invalid: {exc}") from exc
+class GuardStep(bootsteps.StartStopStep):
+    """The worker guard as a worker bootstep: on when the app has ``leaderbeat_guard = True``.
+
+    Created while the worker is built (before the pool forks and the tracers are
+    built), it wraps every task of the worker's app; bad settings stop the worker
+    with the reason, since a guard silently missing would break its promise.
+    """
+
+    label = "leaderbeat guard"
+
+    def __init__(self, parent: Any, **kwargs: Any) -> None:
+        super().__init__(parent, **kwargs)
+        self.guard: Guard | None = None
+
+    def include_if(self, parent: Any) -> bool:
+        return bool(parent.app.conf.get("leaderbeat_guard"))
+
+    def create(self, parent: Any) -> None:
+        try:
+            self.guard = install(parent.app)
+        except ConfigurationError as exc:
+            logger.critical("leaderbeat guard: %s", exc)
+            raise SystemExit(f"leaderbeat_guard is on but the settings are invalid: {exc}") \
+                from exc
+
+    def start(self, parent: Any) -> None:
+        if self.guard is not None:  # said here: while the worker is built, logging is not set up
+            logger.info("leaderbeat guard: on; each slot runs at most once (records in "
+                        "%s:run:*, kept %.0f s)", self.guard.keys.tag,
+                        self.guard.config.guard_expires)
 
 
-@signals.worker_ready.connect(weak=False)
-def _on_worker_ready(sender: Any = None, **kwargs: Any) -> None:
-    guard = getattr(getattr(sender, "app", None), _INSTALLED, None)
-    if guard is not None:  # said here: at worker_init, logging is not set up yet
-        logger.info("leaderbeat guard: on; each slot runs at most once (records in %s:run:*, "
-                    "kept %.0f s)", guard.keys.tag, guard.config.guard_expires)
+STEP_PATH = "celery_leaderbeat.guard:GuardStep"
+
+
+def add_step(app: Any) -> None:
+    """Make :class:`GuardStep` part of ``app``'s workers (it checks ``leaderbeat_guard`` itself)."""
+    app.steps["worker"].add(STEP_PATH)
+
+
+def offer_step() -> None:
+    """Add :class:`GuardStep` to every app this process has or will finalize.
+
+    Called by the ``celery`` command's plugin (``celery_leaderbeat.cli``): the apps
+    of ``celery worker`` and ``app.worker_main()`` get the step without a line of
+    code. The step is inert in every other command (only a worker builds steps)
+    and in a worker whose app does not set ``leaderbeat_guard = True``.
+    """
+    for app in list(_get_active_apps()):
+        add_step(app)
+    connect_on_app_finalize(add_step)
 
 
 def _slot_ms(slot: str) -> int:

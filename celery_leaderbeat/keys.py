@@ -43,10 +43,14 @@ class Keys:
         return self._key("overtaken")
 
     @property
-    def sending(self) -> str:
-        """String, PX ttl: Redis TIME (ms) of the leader's last claim; standbys hold their
-        rescue while a leader is claiming (a long burst is slow, not dead)."""
-        return self._key("sending")
+    def definitions(self) -> str:
+        """Hash: entry name -> fingerprint of the definition the leader plans (rescues check it)."""
+        return self._key("definitions")
+
+    @property
+    def progress(self) -> str:
+        """String, PX ttl: Redis TIME (ms) of the leader's latest claim (rescues wait on it)."""
+        return self._key("progress")
 
     @property
     def paused(self) -> str:
@@ -77,6 +81,26 @@ class Keys:
     def events(self) -> str:
         """Pub/sub channel: ``released`` and ``step-down`` messages."""
         return self._key("events")
+
+    @property
+    def entries(self) -> str:
+        """Hash: entry name -> a dynamic entry's header line and JSON definition."""
+        return self._key("entries")
+
+    @property
+    def entries_meta(self) -> str:
+        """Hash: ``version`` (bumped by every entry change), ``floor`` (older changes forgotten)."""
+        return self._key("entries:meta")
+
+    @property
+    def entries_changed(self) -> str:
+        """Sorted set: dynamic entry name -> the version of its last change."""
+        return self._key("entries:changed")
+
+    @property
+    def entries_removed(self) -> str:
+        """Sorted set, capped: removed dynamic entry name -> the version of its removal."""
+        return self._key("entries:removed")
 
     def run(self, task_id: str) -> str:
         """String, PX ``guard_expires``: ``<state>|<worker>`` of a guarded slot's run."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from datetime import datetime
+from collections.abc import Collection
 from typing import Any
 
 import redis
@@ -20,7 +21,7 @@ from .agenda import Agenda, Tracked, Unsent, adopt_refused_anchors
 from .batch import LeaderGate, report_unsent, run_batch, say_capped_once
 from .degraded import Outage
 from .errors import NotReplicatedError
-from .ledger import CLAIMED, Event
+from .ledger import CLAIMED, REMOVED, Event, Op
 from .node import Node, utcnow
 from .requests import WAKE, carry_out
 from .slots import from_ms, to_ms
@@ -29,6 +30,13 @@ logger = logging.getLogger(__name__)
 
 #: cap, in seconds, of how far past "now" an entry with no stored state starts
 UNKNOWN_STATE_MARGIN = 5.0
+
+#: state of an entry nobody schedules any more, and backfill records, older than this go
+PRUNE_AFTER = 30 * 86400.0
+#: node records not seen for this long go
+FORGET_NODES_AFTER = 3600.0
+#: seconds between two prunes (the first comes a minute after the election)
+PRUNE_EVERY = 3600.0
 
 
 class Resign(Exception):
@@ -56,6 +64,12 @@ class Leader:
         self._paused: set[str] = set()  # entries seen skipped as paused (logged once)
         self._requests_pending = True  # requests may have queued while nobody led
         self._pubsub: Any = None
+        #: what earlier leaders left unconfirmed is reported once, by the first reload that
+        #: gets through (an election whose first load failed reports on the next one)
+        self._reported = False
+        self._recover_later: list[Unsent] = []  # a standby's claims too young to take over
+        self._recover_at = 0.0  # monotonic: when to try those again
+        self._prune_at = time.monotonic() + 60.0
 
     @property
     def tracked(self) -> dict[str, Tracked]:
@@ -73,16 +87,21 @@ class Leader:
         # the data was lost cannot come round again on a node whose clock is behind.
         margin = min(node.config.max_clock_skew, UNKNOWN_STATE_MARGIN)
         start = from_ms(to_ms(utcnow()) + int(margin * 1000))
-        loaded = node.track(node.ledger.load(), start=start, epoch=node.lease.epoch)
-        overtaken: list[tuple[str, int]] = []
+        stored, definitions = node.ledger.load_with_definitions()
+        # Only a node that led until Redis lost its data knows nobody sent anything later
+        trusted = node.lease.vanished_while_held
+        loaded = node.track(stored, start=start, epoch=node.lease.epoch,
+                            definitions=definitions, trust_memory=trusted)
+        report = report or not self._reported
+        unsent: list[Unsent] = []
         if report:
-            self._unsent += loaded.unsent
+            unsent += loaded.unsent
             # older unconfirmed claims a newer claim replaced (a standby rescued the
             # entry's next slot before this leader was elected): reported all the same
             for (name, slot_ms), state in node.ledger.overtaken().items():
-                overtaken.append((name, slot_ms))
                 if name in loaded.tracked:
-                    self._unsent.append(Unsent(name, from_ms(slot_ms), state.state == CLAIMED))
+                    unsent.append(Unsent(name, from_ms(slot_ms), state.state == CLAIMED,
+                                         state.claimed_ms, overtaken=True))
         if loaded.anchors:
             try:
                 refused = node.ledger.claim(*node.lease.credentials(), loaded.anchors)
@@ -90,19 +109,43 @@ class Leader:
                 logger.warning("leaderbeat: %s for the anchors of new entries; going on", exc)
                 refused = [None] * len(loaded.anchors)
             adopt_refused_anchors(loaded, refused)
-            # One line per reload, not per entry: after a Redis restart that lost its data
-            # this is the only trace. Unknown state is "start from now", never "never ran".
-            logger.info("leaderbeat: %d of %d entries had no slot state in Redis (new entries, "
-                        "or Redis lost its data); they start from now, without catch-up: %s",
-                        len(loaded.anchors), len(loaded.tracked),
-                        ", ".join(item.name for item in loaded.anchors[:10]))
+            _say_anchored(loaded)
+        self._publish_definitions(loaded.tracked, definitions)
         self.agenda = Agenda(loaded.tracked)
         self._version = version
-        if self._unsent:
-            unsent, self._unsent = self._unsent, []
-            report_unsent(unsent, gate=self.gate, send=self._send,
-                          recover=node.config.recover_unsent)
-        node.ledger.forget_overtaken(overtaken)
+        node.lease.vanished_while_held = False
+        if report:
+            self._recover_later = report_unsent(unsent, gate=self.gate, send=self._send,
+                                                recover=node.config.recover_unsent,
+                                                memory=node.sent)
+            self._recover_at = time.monotonic() + node.config.lease_ttl
+            self._reported = True
+
+    def update(self, names: Collection[str], version: int) -> None:
+        """Take in a change of a few entries: work in proportion to the change, not the
+        schedule (one read of their states; those with no state anchored)."""
+        node = self.node
+        names = sorted(names)
+        margin = min(node.config.max_clock_skew, UNKNOWN_STATE_MARGIN)
+        start = from_ms(to_ms(utcnow()) + int(margin * 1000))
+        stored, definitions = node.ledger.load_with_definitions(names)
+        loaded = node.track(stored, start=start, epoch=node.lease.epoch,
+                            definitions=definitions, only=names)
+        if loaded.anchors:
+            try:
+                refused = node.ledger.claim(*node.lease.credentials(), loaded.anchors)
+            except NotReplicatedError as exc:  # anchors send nothing: safe to go on
+                logger.warning("leaderbeat: %s for the anchors of changed entries; going on", exc)
+                refused = [None] * len(loaded.anchors)
+            adopt_refused_anchors(loaded, refused)
+            _say_anchored(loaded)
+        for name in names:
+            if name in loaded.tracked:
+                self.agenda.add(loaded.tracked[name])
+            else:
+                self.agenda.drop(name)
+        self._publish_definitions(loaded.tracked, definitions, names)
+        self._version = version
 
     def tick(self, version: int) -> float:
         """Send every due slot; the seconds until the next one (at most ``max_interval``)."""
@@ -121,12 +164,24 @@ class Leader:
             raise Resign(f"clock is {skew:+.3f} s off Redis TIME, beyond "
                          f"leaderbeat_max_clock_skew={node.config.max_clock_skew}", release=True)
         if self._version != version:
-            self.reload(version)
+            changed = node.changed_since(self._version) if self._version >= 0 else None
+            if changed is not None and len(changed) <= max(100, len(self.tracked) // 10):
+                self.update(changed, version)
+            else:
+                self.reload(version)
+        if self._recover_later and time.monotonic() >= self._recover_at:
+            later, self._recover_later = self._recover_later, []
+            self._recover_later = report_unsent(later, gate=self.gate, send=self._send,
+                                                recover=True, memory=node.sent)
+            self._recover_at = time.monotonic() + node.config.lease_ttl
         self.notice_requests()
+        if time.monotonic() >= self._prune_at:
+            self._prune()
         if self._requests_pending:
-            self._requests_pending = False
             carry_out(node.ledger, node.keys, lease.epoch or 0, node.keys.prefix, self._publish,
-                      utcnow(), known=lambda name: name in self.tracked)
+                      utcnow(), known=lambda name: name in self.tracked,
+                      stored=lambda name: self._stored_slot(name), memory=node.sent)
+            self._requests_pending = False  # only now: a failed pop leaves them pending
         now = utcnow()
         earliest = self.agenda.earliest() or now.timestamp()
         due = self.agenda.pop_due(now, self.since)
@@ -135,6 +190,7 @@ class Leader:
                 started = time.monotonic()
                 say_capped_once(due, self._capped)
                 outcome = run_batch(due, self.gate, node.chunk_send(node.lease.epoch or 0),
+                                    memory=node.sent, backlog=node.backlog,
                                     progress=node.progress)
                 node.observe(outcome.events)
                 self._say_paused(outcome.events)
@@ -147,6 +203,33 @@ class Leader:
             self.agenda.push_all(due)
             self._record_broken()
         return min(self.delay(), self.node.config.standby_poll)
+
+    def _publish_definitions(self, tracked: dict[str, Tracked], stored: dict[str, str],
+                             names: Collection[str] | None = None) -> None:
+        """Tell rescuers what this leader plans: each entry's fingerprint, and REMOVED for an
+        entry it no longer schedules (removed, or a disabled row): a standby that has not
+        seen the change yet must not rescue it. An entry that comes back later finds
+        REMOVED, not its own fingerprint, and starts again from its next slot."""
+        changes = {name: t.fingerprint for name, t in tracked.items()
+                   if t.fingerprint and stored.get(name) is None}
+        changes.update({name: REMOVED for name in (stored if names is None else names)
+                        if name not in tracked and stored.get(name) not in (None, REMOVED)})
+        self.node.ledger.write_definitions(changes)
+
+    def _prune(self) -> None:
+        """Nothing grows without bound: state of removed entries, old backfills, dead nodes."""
+        self._prune_at = time.monotonic() + PRUNE_EVERY
+        slots, backfills, nodes = self.node.ledger.prune(
+            self.node.schedule(), keep_ms=int(PRUNE_AFTER * 1000), node_keep_s=FORGET_NODES_AFTER)
+        if slots or backfills or nodes:
+            logger.info("leaderbeat: pruned the state of %d entries no longer scheduled, %d old "
+                        "backfill records and %d node records not seen for %.0f s",
+                        slots, backfills, nodes, FORGET_NODES_AFTER)
+
+    def _stored_slot(self, name: str) -> int | None:
+        """The entry's last slot as this leader tracks it (claimed, sent or passed)."""
+        tracked = self.tracked.get(name)
+        return to_ms(tracked.last) if tracked is not None else None
 
     def delay(self, limit: float | None = None) -> float:
         return self.agenda.delay(time.time(), float(limit or self.node.max_interval()))
@@ -179,6 +262,8 @@ class Leader:
         if self._pubsub is None:
             self._pubsub = self.node.client.pubsub(ignore_subscribe_messages=True)
             self._pubsub.subscribe(self.node.keys.events)
+            # a request queued while there was no subscription woke nobody: look anyway
+            self._requests_pending = True
         while (message := self._pubsub.get_message(timeout=0.0)) is not None:
             if message.get("data") in (WAKE.encode(), WAKE):
                 self._requests_pending = True
@@ -194,13 +279,17 @@ class Leader:
 
     # -- redis_down_policy = "last-leader" ------------------------------------------------
 
-    def redis_unreachable(self) -> bool:
+    def redis_unreachable(self, exc: BaseException) -> bool:
         """Redis stopped answering: True while this leader goes on (degraded), else False.
 
         Only a leader whose lease is still valid by its own deadline may go on: one
         resumed from a long pause whose link is down must not send while another leads.
+        Only an unreachable Redis starts an outage: one that answers with an error
+        (READONLY during a failover, OOM, a script error) still lets standbys claim
+        and rescue, so sending without claims could send twice.
         """
         if (self.outage is None and self.node.config.redis_down_policy == "last-leader"
+                and isinstance(exc, (redis.ConnectionError, redis.TimeoutError, OSError))
                 and self.node.lease.is_held()):
             self.outage = Outage.begin(self.node.config)
         return self.outage is not None
@@ -211,7 +300,7 @@ class Leader:
             self.outage = None
             raise Resign("Redis unreachable for longer than leaderbeat_degraded_max_seconds="
                          f"{self.node.config.degraded_max_seconds}")
-        outage.send_due(self.agenda, utcnow(), self.since, self._send)
+        outage.send_due(self.agenda, utcnow(), self.since, self._send, self.node.sent)
         try:
             self.node.client.ping()
         except (redis.RedisError, OSError):
@@ -224,3 +313,24 @@ class Leader:
         if not reconciled:
             raise Resign("another node leads after the Redis outage")
         return 0.0
+
+
+def _say_anchored(loaded: Any) -> None:
+    """One line per kind of anchor and reload, not per entry: after a Redis restart that
+    lost its data this is the only trace. Unknown state is "start from now", never "never
+    ran"; a slot this node remembers sending is never sent again."""
+    total = len(loaded.tracked)
+    for op, said in ((Op.ANCHOR, "had no slot state in Redis (new entries, or Redis lost its "
+                      "data); they start from now, without catch-up"),
+                     (Op.REANCHOR, "have a changed definition; they start again from now"),
+                     (Op.RESTORE, "had lost the slot state of what this node sent (Redis "
+                      "restarted empty or went back to an older snapshot while this node led); "
+                      "they carry on after what it sent"),
+                     (Op.ROLLED_BACK, "had a slot state older than a slot this node sent "
+                      "(Redis went back to an older snapshot or a lagging replica); they start "
+                      "from now, without catch-up, like entries with no state")):
+        names = [item.name for item in loaded.anchors if item.op == op]
+        if names:
+            log = logger.info if op == Op.ANCHOR else logger.warning
+            log("leaderbeat: %d of %d entries %s: %s", len(names), total, said,
+                ", ".join(names[:10]))

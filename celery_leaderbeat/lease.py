@@ -53,6 +53,10 @@ class Lease:
         #: the highest fencing epoch this node has seen; acquire lifts the counter above
         #: it, so epochs never go backwards even after Redis lost its data
         self.highest_epoch = 0
+        #: the leader key vanished while this node's lease was still valid: Redis lost its
+        #: data (restarted empty, an older snapshot) while this node led, so no other node
+        #: can have sent a later slot than those it remembers sending
+        self.vanished_while_held = False
 
     def observe_epoch(self, epoch: int | None) -> None:
         """Note an epoch seen elsewhere (a holder's token, a stored slot state)."""
@@ -123,6 +127,10 @@ class Lease:
         current = token == self.token
         if status(reply, "renew") == 0:
             if current:
+                if not (len(reply) > 1 and reply[1]) and self.clock() < self._valid_until:
+                    self.vanished_while_held = True
+                    logger.warning("leaderbeat: the lease %s vanished while still valid: Redis "
+                                   "lost its data (restarted empty, or an older snapshot)", token)
                 self.mark_lost()
             holder = text(reply[1]) if len(reply) > 1 and reply[1] else "nobody"
             raise LeaseLostError(f"lease {token} lost; held by {holder}")

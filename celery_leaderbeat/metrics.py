@@ -12,6 +12,8 @@ a port nothing is imported and :class:`NullMetrics` does nothing.
   entries, to keep the cardinality bounded)
 - ``leaderbeat_lease_renew_seconds`` (histogram), ``leaderbeat_lease_renew_failures_total``
 - ``leaderbeat_clock_skew_seconds`` (gauge: this node's clock minus Redis TIME)
+- ``leaderbeat_redis_last_answer_timestamp_seconds`` (gauge: Unix time Redis last answered
+  this process: a lease renewal, or a tick whose Redis calls all succeeded; 0 until then)
 - ``leaderbeat_tick_seconds`` (histogram: one scheduler tick)
 """
 
@@ -51,6 +53,8 @@ class NullMetrics:
 
     def ticked(self, seconds: float) -> None: ...
 
+    def keep_entries(self, names: Iterable[str]) -> None: ...
+
 
 class Metrics(NullMetrics):
     """The real thing, on a registry of its own (several schedulers in one test process)."""
@@ -75,7 +79,10 @@ class Metrics(NullMetrics):
         self._skew = Gauge("leaderbeat_clock_skew_seconds", "local clock minus Redis TIME",
                            registry=r)
         self._tick = Histogram("leaderbeat_tick_seconds", "one scheduler tick", registry=r)
+        self._redis_answered = Gauge("leaderbeat_redis_last_answer_timestamp_seconds",
+                                     "Unix time Redis last answered this process", registry=r)
         self._server: Any = None
+        self._labelled: dict[str, set[str]] = {}  # entry -> states it has a series for
 
     def serve(self, port: int) -> None:
         from prometheus_client import start_http_server
@@ -95,15 +102,28 @@ class Metrics(NullMetrics):
             state = "rescued" if ev.event == "sent" and ev.detail == "rescued" else \
                 _STATES.get(ev.event)
             if state is not None:
-                self._slots.labels(state, ev.name if entries <= ENTRY_LABEL_LIMIT else "*").inc()
+                entry = ev.name if entries <= ENTRY_LABEL_LIMIT else "*"
+                self._slots.labels(state, entry).inc()
+                self._labelled.setdefault(entry, set()).add(state)
+
+    def keep_entries(self, names: Iterable[str]) -> None:
+        """Drop the series of entries no longer scheduled: labels never outgrow the schedule."""
+        keep = set(names) | {"*"}
+        for entry in [e for e in self._labelled if e not in keep]:
+            for state in self._labelled.pop(entry):
+                self._slots.remove(state, entry)
 
     def renewed(self, seconds: float | None) -> None:
         if seconds is None:
             self._renew_failures.inc()
         else:
             self._renew.observe(seconds)
+            self._redis_answered.set_to_current_time()
 
     def clock_skew(self, seconds: float | None) -> None:
+        # called once per renew interval after a tick whose Redis calls all succeeded (a
+        # standby's too, which renews nothing): Redis answers this process
+        self._redis_answered.set_to_current_time()
         if seconds is not None:
             self._skew.set(seconds)
 

@@ -1,4 +1,4 @@
-"""The catch-up policy (DESIGN.md §5) and its one validator.
+"""The catch-up policy (docs/architecture.md, "Catch-up") and its one validator.
 
 The global settings (``leaderbeat_catchup``, ``leaderbeat_catchup_window``,
 ``leaderbeat_max_catchup``) and each entry's own ``leaderbeat`` options are
@@ -35,7 +35,7 @@ def catchup_problems(mode: Any, window: Any, max_catchup: Any, *,
 
 @dataclass(frozen=True)
 class CatchupPolicy:
-    """What to do with slots missed while no node could send them (DESIGN.md §5)."""
+    """What to do with slots missed while no node could send them."""
 
     mode: str = "latest"
     window: timedelta | None = None

@@ -11,7 +11,7 @@ have it; otherwise one publish per message.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
@@ -111,14 +111,23 @@ def batched(producer: Any) -> Iterator[None]:
         yield
 
 
+class _Stopped(Exception):
+    """``may_send`` said no before the batch was flushed: nothing of it goes out."""
+
+
 def send_many(scheduler: Any, slots: Sequence[tuple[Any, datetime, str]], epoch: int,
-              producer: Any = None) -> list[bool]:
+              producer: Any = None, may_send: Callable[[], bool] = lambda: True,
+              say: Callable[[Any, datetime], None] = lambda entry, slot: None) -> list[bool]:
     """Publish several slots (entry, slot, overlap) in one batch; True for each one sent.
 
+    ``say`` is called before each message is built (the scheduler's INFO line).
     A message that cannot be built or published is logged and answers False;
-    the others still go. A failed flush answers False for every message of the
-    batch (kombu cannot tell which ones Redis ran: "delivery is uncertain", so
-    they are recorded unsent, the way a failed publish is).
+    the others still go. ``may_send`` is asked once more just before the flush
+    (a pause while the batch was built must not publish after the lease ran
+    out): when it says no, the batch is discarded and the answer is empty. A
+    failed flush answers False for every message of the batch (kombu cannot
+    tell which ones Redis ran: "delivery is uncertain", so they are recorded
+    unsent, the way a failed publish is).
     """
     ok = [False] * len(slots)
     try:
@@ -127,12 +136,19 @@ def send_many(scheduler: Any, slots: Sequence[tuple[Any, datetime, str]], epoch:
         producer = producer if producer is not None else scheduler.producer
         with batched(producer):
             for i, (entry, slot, overlap) in enumerate(slots):
+                if not batches(producer) and not may_send():
+                    return ok[:i]  # published one by one: stop where the lease ran out
+                say(entry, slot)
                 try:
                     publish(scheduler, entry, slot, epoch, overlap, producer=producer)
                     ok[i] = True
                 except Exception:  # this message only: logged with its traceback, unsent
                     logger.exception("leaderbeat: could not send %s for slot %s",
                                      entry.name, slot.isoformat())
+            if batches(producer) and not may_send():
+                raise _Stopped
+    except _Stopped:
+        return []
     except Exception:
         logger.exception("leaderbeat: a batch of %d message(s) could not be sent "
                          "(no broker connection, or the flush failed); recorded unsent", len(slots))

@@ -30,11 +30,16 @@ class Registration:
     def due(self, every: float) -> bool:
         return time.monotonic() - self._at >= every
 
-    def write(self, node: Node, role: str, epoch: int | None) -> None:
+    def write(self, node: Node, role: str, epoch: int | None,
+              following_since: float | None = None) -> None:
+        """``following_since``: since when (epoch seconds) this node has followed the
+        schedule without a break; a new leader treats slots due after the earliest such
+        moment of any live node as on time (a standby could have rescued them)."""
         self._at = time.monotonic()
         replaced = node.ledger.register_node(role, {
             "host": socket.gethostname(), "pid": os.getpid(), "version": __version__,
-            "instance": self.instance, "epoch": epoch, "clock_skew": node.lease.clock_skew})
+            "instance": self.instance, "epoch": epoch, "clock_skew": node.lease.clock_skew,
+            "following_since": following_since})
         other = replaced.get("instance") if replaced else None
         if replaced and self._once and other not in (None, self.instance):
             raise ConfigurationError(
@@ -46,3 +51,11 @@ class Registration:
 
     def forget(self, node: Node) -> None:
         node.ledger.unregister_node()
+
+
+def earliest_follower(nodes: dict[str, dict], *, now: float, fresh: float) -> float | None:
+    """The earliest ``following_since`` of a node seen within ``fresh`` seconds, if any."""
+    times = [float(info["following_since"]) for info in nodes.values()
+             if info.get("following_since") is not None
+             and now - float(info.get("last_seen") or 0) <= fresh]
+    return min(times) if times else None

@@ -18,6 +18,7 @@ from datetime import datetime
 from typing import Any
 
 from .ledger import Event, Ledger
+from .memory import SentMemory
 from .slots import from_ms, to_ms
 
 logger = logging.getLogger(__name__)
@@ -66,8 +67,15 @@ Publish = Callable[[str, datetime, str | None], bool]
 
 
 def carry_out(ledger: Ledger, keys: Any, epoch: int, prefix: str, publish: Publish,
-              now: datetime, known: Callable[[str], bool]) -> int:
-    """Leader side: pop and carry out every pending request. Returns how many."""
+              now: datetime, known: Callable[[str], bool],
+              stored: Callable[[str], int | None] = lambda name: None,
+              memory: SentMemory | None = None) -> int:
+    """Leader side: pop and carry out every pending request. Returns how many.
+
+    ``stored`` gives an entry's last slot as the leader tracks it: a backfill
+    never sends a slot at or after it (those are the schedule's to send, when
+    due), nor one ``memory`` says this process published.
+    """
     raw = ledger.client.lpop(keys.requests, 1000) or []
     events: list[Event] = []
     for item in raw:
@@ -91,18 +99,30 @@ def carry_out(ledger: Ledger, keys: Any, epoch: int, prefix: str, publish: Publi
             else:
                 events.append(Event(request.entry, to_ms(now), "unsent", "trigger: publish failed"))
         elif request.op == "backfill":
-            events += _backfill(ledger, keys, request, publish)
+            events += _backfill(ledger, keys, request, publish, stored(request.entry),
+                                memory or SentMemory())
     if events:
         ledger.record(epoch, events)
     return len(raw)
 
 
-def _backfill(ledger: Ledger, keys: Any, request: Request, publish: Publish) -> list[Event]:
-    """Send each requested slot once ever: ``{prefix}:backfilled`` holds what was sent."""
+def _backfill(ledger: Ledger, keys: Any, request: Request, publish: Publish,
+              last_ms: int | None, memory: SentMemory) -> list[Event]:
+    """Send each requested slot once ever: ``{prefix}:backfilled`` holds what was sent.
+
+    Only slots the schedule has settled (before the entry's last slot) qualify: a
+    later one is the schedule's own, sent when due, and backfilling it would send
+    it twice.
+    """
     events = []
     sent = 0
     for slot_ms in sorted(request.slots_ms):
-        if not ledger.client.hsetnx(keys.backfilled, f"{request.entry}|{slot_ms}", request.id):
+        if last_ms is None or slot_ms >= last_ms:
+            events.append(Event(request.entry, slot_ms, "skipped",
+                                "backfill: not settled by the schedule yet (sent when due)"))
+        elif memory.published(request.entry, slot_ms):
+            events.append(Event(request.entry, slot_ms, "skipped", "backfill: sent on time"))
+        elif not ledger.client.hsetnx(keys.backfilled, f"{request.entry}|{slot_ms}", request.id):
             events.append(Event(request.entry, slot_ms, "skipped", "backfill: sent before"))
         elif publish(request.entry, from_ms(slot_ms), None):
             sent += 1

@@ -7,7 +7,7 @@ then sleeps until the next one, while its heartbeat renews the lease. This
 module keeps only what Celery needs: building the schedule, the per-process
 Redis client, dispatch, error handling, publishing, shutdown.
 
-Lifecycle traps this class respects (see CELERY_NOTES.md): it is built twice
+Lifecycle traps this class respects (docs/architecture.md, "Living inside Celery's beat"): it is built twice
 (once ``lazy`` for the banner: no network I/O then); ``beat_init`` swallows
 exceptions (so nothing happens there); ``close()`` runs twice on SIGTERM; under
 ``worker -B`` beat runs in a forked child (clients are made per process).
@@ -19,7 +19,7 @@ import logging
 import os
 import time
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
 import redis
@@ -27,8 +27,10 @@ from celery import beat
 
 from .config import Config
 from .connection import describe, make_client
+from .dynamic_schedule import DynamicSchedule
 from .enqueue import Enqueuer
 from .entries import EntryOptions, split_entries
+from .entry_store import EntryStore
 from .errors import ConfigurationError, LeaseLostError, NotReplicatedError, RedisAuthError
 from .keys import Keys
 from .leader import Leader, Resign
@@ -36,15 +38,21 @@ from .lease import Lease
 from .ledger import Event, Ledger
 from .node import Node, utcnow
 from .publish import publish
-from .registry import Registration
+from .registry import Registration, earliest_follower
 from .scripts import Scripts
-from .slots import clock_for
+from .slots import clock_for, to_ms
 from .standby import Standby
 from .telemetry import Telemetry
 
 logger = logging.getLogger(__name__)
+#: one INFO line per send, in stock beat's words; a logger of its own so a busy
+#: schedule can quiet it alone (``logging.getLogger("celery_leaderbeat.sends")``)
+send_logger = logging.getLogger("celery_leaderbeat.sends")
 
 STANDBY, LEADER = "standby", "leader"
+
+#: schedule versions whose changed names are kept (an older one means a full reload)
+_CHANGE_LOG = 64
 
 #: seconds by which the wall clock must move against the monotonic one to count as a
 #: step (NTP slews smaller offsets; GC pauses and SIGSTOP move both clocks alike)
@@ -79,9 +87,14 @@ class Scheduler(beat.Scheduler):
         self._enqueuer: Enqueuer | None = None
         self._leader: Leader | None = None
         self._standby: Standby | None = None
+        self._dynamic: DynamicSchedule | None = None
         self._wake_by = time.monotonic()
         self._last_wall = (time.time(), time.monotonic())
         self._redis_failures = 0
+        self._contact_since = time.time()  # Redis answered without a break since then
+        self._labels_version = 0  # the schedule version the metric labels follow
+        #: (schedule version, entry names it changed) for changes known name by name
+        self._changes: list[tuple[int, frozenset[str]]] = []
         self._closed = False
         self._registration = Registration()
         self._telemetry = Telemetry(self, self.keys.prefix)
@@ -125,6 +138,16 @@ class Scheduler(beat.Scheduler):
         entry = super().add(**kwargs)
         self._schedule_version += 1
         return entry
+
+    def _changed_since(self, version: int) -> frozenset[str] | None:
+        """The entry names changed after schedule ``version``, or None when some change
+        since then is not known name by name (the whole schedule must be read again)."""
+        if version >= self._schedule_version:
+            return frozenset()
+        known = [names for v, names in self._changes if v > version]
+        if len(known) != self._schedule_version - version:
+            return None
+        return frozenset().union(*known)
 
     def _slot_entries(self) -> Any:
         """The entries slots are computed from: name -> an object with ``.schedule``."""
@@ -183,14 +206,30 @@ class Scheduler(beat.Scheduler):
                           options=lambda: self._entry_options, tz=self.app.timezone,
                           max_interval=lambda: float(self.max_interval),
                           wake_by=lambda: self._wake_by, observe=self._observe,
-                          progress=self._progress, sender=self._chunk_sender)
+                          progress=self._progress, changed_since=self._changed_since,
+                          sender=self._chunk_sender)
         self._enqueuer = None  # made again in this process, on the first batch
+        self._dynamic = self._follow_dynamic(client)
+        if self._dynamic is not None:
+            self._node.anchors = lambda: self._dynamic.anchors if self._dynamic else {}
+            self._node.exact = lambda: self._dynamic.exact if self._dynamic else ()
         self._leader = None
         self._standby = Standby(self._node)
         return self._node
 
+    def _follow_dynamic(self, client: Any) -> DynamicSchedule | None:
+        """Entries defined at run time (not behind a base scheduler: it has its own store)."""
+        if self.lb_config.base_scheduler is not None:
+            return None
+        for name in list(self._dynamic.names if self._dynamic else ()):
+            self.schedule.pop(name, None)  # a forked child reads them again
+        return DynamicSchedule(EntryStore(client, self.keys), self.lb_config,
+                               entries=self.schedule, options=self._entry_options,
+                               make_entry=self._maybe_entry,
+                               static=lambda: self.app.conf.beat_schedule or {})
+
     def _become_leader(self, node: Node, standby: Standby) -> Leader:
-        leader = Leader(node, since=standby.since)
+        leader = Leader(node, since=self._on_time_since(node, standby.since))
         self._leader = leader
         node.lease.start_heartbeat(lambda: self._wake_by)
         logger.info("leaderbeat: %s elected leader (epoch %s); slots due since %s are on "
@@ -200,6 +239,18 @@ class Scheduler(beat.Scheduler):
         self._register(LEADER)
         leader.elected(self._schedule_version)
         return leader
+
+    def _on_time_since(self, node: Node, own: datetime) -> datetime:
+        """Slots due since a live standby followed the schedule are on time, not missed:
+        it was there to rescue them (the registry says since when each node follows)."""
+        try:
+            earliest = earliest_follower(node.ledger.nodes(), now=time.time(),
+                                         fresh=3 * self.lb_config.renew_interval)
+        except (redis.RedisError, OSError, ValueError, TypeError):
+            return own
+        if earliest is None:
+            return own
+        return min(own, datetime.fromtimestamp(earliest, timezone.utc))
 
     def _step_down(self, why: str, release: bool = False) -> None:
         if self._node is None:
@@ -212,7 +263,11 @@ class Scheduler(beat.Scheduler):
         self._leader = None
         lease.stop_heartbeat()
         if release:
-            lease.release("step-down")
+            try:
+                lease.release("step-down")
+            except (redis.RedisError, OSError) as exc:  # it expires on its own: ttl
+                logger.warning("leaderbeat: could not release the lease on step-down (%s); "
+                               "standbys take over when it expires", exc)
         lease.mark_lost()
         lease.token = None
         if self._standby is not None:
@@ -232,6 +287,9 @@ class Scheduler(beat.Scheduler):
     def _observe(self, events: Sequence[Event]) -> None:
         self._telemetry.slots(events, len(self.schedule),
                               lambda: self._node.lease.epoch if self._node else None)
+        if self._labels_version != self._schedule_version:  # a removed entry's series go
+            self._labels_version = self._schedule_version
+            self._telemetry.metrics.keep_entries(self.schedule)
 
     # -- the tick --------------------------------------------------------------------
 
@@ -246,9 +304,20 @@ class Scheduler(beat.Scheduler):
     def _tick(self) -> float:
         try:
             node = self._connect()
+            if self._dynamic is not None:
+                touched = self._dynamic.refresh()
+                if touched:  # the roles update only what changed
+                    self._schedule_version += 1
+                    self._changes.append((self._schedule_version, frozenset(touched)))
+                    del self._changes[:-_CHANGE_LOG]
             self._watch_wall_clock()
             if self._leader is None:
                 assert self._standby is not None
+                if self._redis_failures:
+                    # Redis answers again: the standby hears so before it tries for the lease
+                    # (under last-leader, the previous leader goes first)
+                    node.client.ping()
+                    self._redis_back()
                 if self._standby.tick(self._schedule_version):
                     self._become_leader(node, self._standby)
                 delay = 0.0
@@ -276,8 +345,8 @@ class Scheduler(beat.Scheduler):
                 "and the script, string, hash, stream, pub/sub, TIME and PING commands") from exc
         except (redis.RedisError, OSError) as exc:
             return self._redis_trouble(exc)
-        if self._redis_failures:
-            self._redis_back()
+        if self._redis_failures and (self._leader is None or self._leader.outage is None):
+            self._redis_back()  # (a leader sending through an outage returns without Redis)
         return delay
 
     def _redis_trouble(self, exc: Exception) -> float:
@@ -291,15 +360,18 @@ class Scheduler(beat.Scheduler):
             self._standby.lost_connection()
         if self._leader is not None:
             self._leader.close()  # its subscription is made again once Redis answers
-        if (self._leader is not None and not self._leader.redis_unreachable()
+        if (self._leader is not None and not self._leader.redis_unreachable(exc)
                 and (self._node is None or not self._node.lease.is_held())):
             self._step_down("lease could not be confirmed while Redis was unreachable")
+        # capped at one standby poll (1 s): a leader that survived Redis restarting empty
+        # is back within about a second of Redis answering, not a backoff step later
         return min(0.25 * 2 ** min(self._redis_failures - 1, 6),
-                   max(2.0, self.lb_config.standby_poll))
+                   max(0.25, self.lb_config.standby_poll))
 
     def _redis_back(self) -> None:
         logger.info("leaderbeat: Redis at %s answers again", describe(self.lb_config.redis_url))
         self._redis_failures = 0
+        self._contact_since = time.time()
         if self._standby is not None:
             self._standby.restart(head_start=self.lb_config.redis_down_policy == "last-leader"
                                   and self._leader is None)
@@ -329,7 +401,11 @@ class Scheduler(beat.Scheduler):
     def _register(self, role: str) -> None:
         node = self._connect()
         self._telemetry.metrics.clock_skew(node.lease.clock_skew)
-        self._registration.write(node, role, node.lease.epoch if role == LEADER else None)
+        # A node follows the schedule only while Redis answers it: slots due while it could
+        # not claim are not on time because of it (they follow the catch-up policy).
+        room = self._leader if role == LEADER else self._standby
+        since = max(room.since.timestamp(), self._contact_since) if room is not None else None
+        self._registration.write(node, role, node.lease.epoch if role == LEADER else None, since)
 
     # -- sending -------------------------------------------------------------------------
 
@@ -350,15 +426,32 @@ class Scheduler(beat.Scheduler):
         """Publish one slot; a failure is logged and reported, never swallowed."""
         opts = self._entry_options.get(entry.name)
         overlap = opts.overlap if opts else self.lb_config.overlap
+        self._say_sending(entry, slot, epoch, task_id)
         try:
             publish(self, entry, slot, epoch, overlap, task_id)
         except Exception:  # any publish failure: logged with its traceback, recorded unsent
             logger.exception("leaderbeat: could not send %s for slot %s",
                              entry.name, slot.isoformat())
             return False
+        self._note_sent(entry, slot)
+        return True
+
+    def _say_sending(self, entry: Any, slot: datetime, epoch: int,
+                     task_id: str | None = None) -> None:
+        """Stock beat's INFO line for a send (a chunk sender says it for each slot too)."""
+        if send_logger.isEnabledFor(logging.INFO):
+            # epoch 0 is a standby's rescue; a task id of its own, a trigger or backfill
+            how = (" (rescue: a standby sends a slot the leader had not claimed)" if epoch == 0
+                   else f" (requested, task id {task_id})" if task_id else "")
+            send_logger.info("Scheduler: Sending due task %s (%s) for slot %s%s",
+                             entry.name, entry.task, slot.isoformat(), how)
+
+    def _note_sent(self, entry: Any, slot: datetime) -> None:
+        """What a sent slot changes in the entry (a chunk sender calls it for each slot too)."""
         entry.last_run_at = slot
         entry.total_run_count += 1
-        return True
+        if getattr(entry, "leaderbeat_once", False) and self._dynamic is not None:
+            self._dynamic.ran(entry, to_ms(slot))
 
     # -- shutdown ----------------------------------------------------------------------
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from .errors import ScriptError
 
-NAMES = ("acquire", "renew", "release", "claim", "guard")
+NAMES = ("acquire", "renew", "release", "claim", "guard", "prune")
 
 
 @cache
@@ -33,6 +33,7 @@ class Scripts:
     release: Any
     claim: Any
     guard: Any
+    prune: Any
 
 
 def status(reply: Any, script: str) -> int:

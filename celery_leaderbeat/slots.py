@@ -4,7 +4,7 @@ Pure functions, no Redis and no Celery app. A *slot* is the exact scheduled time
 one run of one entry (never the dispatch time); every node computes the same slots
 and the same :func:`slot_id` for them, which is what makes a claim in Redis unique.
 
-Catch-up rule, applied in :func:`plan` (DESIGN.md §5): a due slot at or after
+Catch-up rule, applied in :func:`plan` (docs/architecture.md, "Catch-up"): a due slot at or after
 ``since`` (the moment this node started leading, or a detected wall-clock step) is
 on time and always sent. A due slot before ``since`` was missed while no leader
 existed; the entry's :class:`CatchupPolicy` decides whether it is sent.

@@ -22,6 +22,7 @@ from typing import Any
 from .agenda import Agenda, Tracked
 from .batch import RescueGate, run_batch
 from .connection import server_warnings
+from .errors import LeaseLostError
 from .node import Node, utcnow
 from .policy import CatchupPolicy
 from .slots import Plan, from_ms, to_ms
@@ -33,10 +34,6 @@ _RESCUE_POLICY = CatchupPolicy("skip")
 
 #: seconds before a rescue that Redis TIME found early is asked again
 _EARLY_RETRY = 0.1
-#: seconds before asking again while the leader is still claiming a batch (each try
-#: reads and plans the whole due batch; a long burst would cost the standbys as much as
-#: the leader, on the same cores)
-_HOLD_RETRY = 0.5
 
 
 class Standby:
@@ -56,6 +53,7 @@ class Standby:
         self._pubsub: Any = None
         self._skew_refused = False
         self._server_checked = False
+        self._differs: set[str] = set()  # entries whose definition is not the leader's (said)
 
     # -- what the scheduler tells it ---------------------------------------------------
 
@@ -90,6 +88,10 @@ class Standby:
             if node.lease.try_acquire():
                 return True
             self._next_attempt = now + config.standby_poll
+        if node.backlog:  # history events a failed call did not write: write them now
+            events = list(node.backlog)
+            RescueGate(node.ledger).record(events)
+            del node.backlog[:len(events)]
         self._rescue(version)
         self._wait(self._timeout())
         return False
@@ -116,7 +118,11 @@ class Standby:
 
     def _rescue(self, version: int) -> None:
         if self.agenda is None or version != self._version:
-            self._load(version)
+            changed = self.node.changed_since(self._version) if self.agenda is not None else None
+            if changed is not None and len(changed) <= max(100, len(self.agenda.tracked) // 10):
+                self._update(changed, version)
+            else:
+                self._load(version)
         elif self._unknown and time.monotonic() - self._unknown_checked >= self.node.config.rescue_after:
             self._recheck_unknown()
         if time.monotonic() < self._retry_at or self.agenda is None:
@@ -130,8 +136,17 @@ class Standby:
             unclaimed = self._still_unclaimed(due)
             if not unclaimed:
                 return
-            gate = RescueGate(self.node.ledger)
-            outcome = run_batch(unclaimed, gate, self.node.chunk_send(0), record_missed=False)
+            try:
+                outcome = run_batch(unclaimed,
+                                    RescueGate(self.node.ledger, self._publish_window()),
+                                    lambda name, slot: self.node.send(name, slot, 0, None),
+                                    memory=self.node.sent, backlog=self.node.backlog,
+                                    record_missed=False)
+            except LeaseLostError:  # the publish window passed mid-batch (this node paused)
+                logger.warning("leaderbeat: standby %s was held up past its publish window "
+                               "while rescuing; the slots it had not sent are recorded unsent",
+                               self.node.config.node_id)
+                return
         finally:
             self.agenda.push_all(due)
         self.node.observe(outcome.events)
@@ -140,10 +155,27 @@ class Standby:
                            "after their time", self.node.config.node_id, outcome.sent,
                            self.node.config.rescue_after)
         if outcome.waiting:
-            self._retry_at = time.monotonic() + (_HOLD_RETRY if gate.holding else _EARLY_RETRY)
+            self._retry_at = time.monotonic() + _EARLY_RETRY
         for name in outcome.unknown:
-            self.agenda.tracked.pop(name, None)
+            self.agenda.drop(name)
             self._unknown.add(name)
+        for name in outcome.differs:
+            self.agenda.drop(name)  # tracked again when this node's schedule changes
+            if name not in self._differs:
+                self._differs.add(name)
+                logger.warning("leaderbeat: standby %s does not rescue %s: its definition of the "
+                               "entry is not the one the leader plans (a changed row this node "
+                               "has not read yet, or a rolling deploy); said once",
+                               self.node.config.node_id, name)
+
+    def _publish_window(self) -> float:
+        """Seconds after its claim call began within which a rescuer may still publish.
+
+        A leader recovers a standby's unconfirmed claim only once it is a lease ttl
+        old by Redis TIME; a rescuer paused between its grant and its publish must
+        not send after that, or the slot could go twice.
+        """
+        return max(0.0, self.node.config.lease_ttl - self.node.config.safety_margin)
 
     def _still_unclaimed(self, due: list[tuple[Tracked, Plan]]) -> list[tuple[Tracked, Plan]]:
         """One read (HMGET) for the whole due batch; keep the entries nobody has claimed.
@@ -157,6 +189,11 @@ class Standby:
             state = stored.get(tracked.name)
             if state is not None and (not p.send or state.slot_ms >= to_ms(p.send[-1])):
                 tracked.advance(max(from_ms(state.slot_ms), p.last))
+            elif p.missed_total:
+                # Slots before this standby's start (Redis was away, or it just started)
+                # lie between the stored slot and these: they are the next leader's, under
+                # the catch-up policy, and a rescue past them would hide them from it.
+                tracked.advance(p.last)
             else:
                 unclaimed.append((tracked, p))
         return unclaimed
@@ -169,6 +206,26 @@ class Standby:
         self._unknown = set(loaded.tracked) - set(stored)
         self._unknown_checked = time.monotonic()
         self._version = version
+        self._differs.clear()
+
+    def _update(self, names: frozenset[str], version: int) -> None:
+        """A change of a few entries: read just their states (one HMGET)."""
+        assert self.agenda is not None
+        ordered = sorted(names)
+        stored = self.node.ledger.load(ordered)
+        loaded = self.node.track(stored, start=utcnow(), epoch=None, only=ordered)
+        for name in ordered:
+            if name in loaded.tracked and name in stored:
+                self.agenda.add(loaded.tracked[name])
+                self._unknown.discard(name)
+            else:
+                self.agenda.drop(name)
+                if name in loaded.tracked:
+                    self._unknown.add(name)
+                else:
+                    self._unknown.discard(name)
+        self._differs -= names
+        self._version = version
 
     def _recheck_unknown(self) -> None:
         """Entries that had no state: one HMGET per rescue_after until the leader anchors them."""
@@ -179,7 +236,7 @@ class Standby:
             return
         loaded = self.node.track(found, start=utcnow(), epoch=None)
         for name, tracked in loaded.tracked.items():
-            if name in found:
+            if name in found and name in self._unknown:
                 self.agenda.add(tracked)
                 self._unknown.discard(name)
 
@@ -202,9 +259,12 @@ class Standby:
         deadline = time.monotonic() + timeout
         while (left := deadline - time.monotonic()) > 0:
             message = self._pubsub.get_message(timeout=left)
-            if message and message.get("data") in (b"released", "released"):
+            data = message.get("data") if message else None
+            if data in (b"released", "released"):
                 self._next_attempt = 0.0
                 return
+            if data in (b"entries", "entries"):
+                return  # an entry changed: the next tick takes it in
 
     def close(self) -> None:
         # Dropped, not closed: on SIGTERM close() runs inside the signal handler, on

@@ -42,7 +42,7 @@ def stored(seconds: float, epoch: int = 1, state: str = SENT) -> SlotState:
 
 def claimed(due) -> list[list[tuple[str, datetime, str]]]:
     """The claims of a batch, chunk by chunk, as (entry, slot, op)."""
-    return [[(t.name, slot, op) for t, slot, op in chunk] for chunk in chunks(due)]
+    return [[(t.name, slot, op) for t, slot, op, _ in chunk] for chunk in chunks(due)]
 
 
 def load_at(now: datetime, entries: dict, states: dict | None = None, *, epoch: int = 2,

@@ -167,7 +167,9 @@ def test_a_rescue_of_an_entrys_next_slot_keeps_the_older_unconfirmed_claim_visib
     now = redis_ms(redis_client)
     older, newer = now - 8000, now - 3000
     leader.ledger.claim(*leader.lease.credentials(), [ClaimItem("e", older, Op.CLAIM)])
-    # ... the leader is paused before publishing; a standby rescues the next slot
+    # ... the leader is paused before publishing (its progress goes stale: a rescue waits
+    # while a live leader claims, see test_reliability); a standby rescues the next slot
+    redis_client.delete(Keys(leader.lease.keys.prefix).progress)
     assert standby.ledger.rescue([rescue_item("e", newer)]).results == [None]
     overtaken = standby.ledger.overtaken()
     assert list(overtaken) == [("e", older)]

@@ -181,8 +181,13 @@ def test_a_leader_paused_mid_batch_with_the_guard_on_every_slot_runs_exactly_onc
         time.sleep(12)  # past the ttl: a standby leads, re-sends the paused chunk
         leader.cont()
         first = min(r["slot"] for r in executed(results.client()))
-        wait_until(lambda: len({r["entry"] for r in executed(results.client())
-                                if r["slot"] == first}) >= n, 60, f"{n} runs of the first slot")
+        def ran() -> int:
+            return len({r["entry"] for r in executed(results.client()) if r["slot"] == first})
+        try:
+            wait_until(lambda: ran() >= n, 60, f"{n} runs of the first slot")
+        except AssertionError:
+            raise AssertionError(f"{ran()} of {n} slots of the paused batch ran within 60 s; "
+                                 f"history: {Counter((e['event'], e.get('detail', '')[:40]) for e in history(client, key_prefix))}") from None
         time.sleep(2)
         assert leader.alive
     rows = [r for r in executed(results.client()) if r["slot"] == first]

@@ -76,7 +76,7 @@ def test_a_claim_refused_runs_none_of_its_commands_and_a_retried_grant_runs_them
     try:
         ledger, lease = scheduler.ledger, scheduler.lease
         assert lease.try_acquire()
-        item = ClaimItem("a", 2000, Op.CLAIM, 2000, (("lpush", "q", "payload"),))
+        item = ClaimItem("a", 2000, Op.CLAIM, 2000, enqueue=(("lpush", "q", "payload"),))
         with pytest.raises(Exception, match="lost"):  # another token: refused wholesale
             ledger.claim("someone-else|99", 99, [item])
         assert client.llen("q") == 0
@@ -84,7 +84,7 @@ def test_a_claim_refused_runs_none_of_its_commands_and_a_retried_grant_runs_them
         assert ledger.claim(token, epoch, [item]) == [None]
         assert ledger.claim(token, epoch, [item]) == [None]  # the reply was lost: asked again
         assert client.lrange("q", 0, -1) == [b"payload"]
-        older = ClaimItem("a", 1000, Op.CLAIM, 1000, (("lpush", "q", "older"),))
+        older = ClaimItem("a", 1000, Op.CLAIM, 1000, enqueue=(("lpush", "q", "older"),))
         refused = ledger.claim(token, epoch, [older])
         assert refused[0] is not None and refused[0].slot_ms == 2000
         assert client.lrange("q", 0, -1) == [b"payload"]
@@ -140,13 +140,13 @@ def test_before_task_publish_fires_before_the_claim_and_after_task_publish_only_
         assert scheduler.lease.try_acquire()
         token, epoch = scheduler.lease.credentials()
         sender = scheduler._chunk_sender(epoch)
-        slot = datetime(2030, 1, 1, tzinfo=UTC)
+        slot = datetime(2020, 1, 1, tzinfo=UTC)  # in the past: a leader never claims the future
         prepared = sender.prepare([("a", slot), ("b", slot)])
         assert before == [("a", 0), ("b", 0)] and after == []  # built, nothing enqueued yet
         # b's slot was claimed by someone else first: refused, its message never enqueued
         scheduler.ledger.claim(token, epoch, [ClaimItem("b", to_ms(slot), Op.CLAIM)])
         results = scheduler.ledger.claim(token, epoch, [
-            ClaimItem(name, to_ms(slot), Op.CLAIM, to_ms(slot), commands)
+            ClaimItem(name, to_ms(slot), Op.CLAIM, to_ms(slot), enqueue=commands)
             for name, commands in zip("ab", prepared)])
         assert results[0] is None and results[1] is not None
         sender.enqueued([("a", slot)])
@@ -215,28 +215,3 @@ def test_a_jittered_entry_keeps_its_own_fire_time(monkeypatch):
     pb = plan(b, last=last, now=now, since=last, policy=CatchupPolicy())
     assert pa.next_fire != pb.next_fire  # jitter is per entry: never shared
 
-
-def test_standbys_hold_their_rescue_while_the_leader_has_more_chunks_of_a_batch_to_claim(
-        redis_server, key_prefix):
-    app = make_app(redis_server.url_for(0), key_prefix, {"a": {"task": NOOP, "schedule": 60.0}})
-    scheduler = Scheduler(app=app)
-    try:
-        ledger, lease = scheduler.ledger, scheduler.lease
-        assert lease.try_acquire()
-        token, epoch = lease.credentials()
-        ledger.claim(token, epoch, [ClaimItem(n, 1000, Op.ANCHOR) for n in "ab"])
-        seconds, micros = redis_server.client().time()
-        late = int(seconds) * 1000 + int(micros) // 1000 - 5000  # 5 s late by Redis TIME
-        ledger.claim(token, epoch, [ClaimItem("a", late, Op.CLAIM, late)], more=True)
-        # the leader is mid-batch: b's slot is late, but a standby leaves it to the leader
-        held = ledger.rescue([ClaimItem("b", late, Op.CLAIM, late)])
-        assert held.results == ["early"] and held.holding
-        ledger.claim(token, epoch, [ClaimItem("b", late, Op.CLAIM, late)])  # its last chunk
-        assert ledger.load()["b"].slot_ms == late
-        # a leader that made no claim for rescue_after (2 s, the default) since one that
-        # said more would follow (it died mid-batch) is rescued as before
-        ledger.claim(token, epoch, [ClaimItem("a", late + 1, Op.CLAIM, late + 1)], more=True)
-        time.sleep(2.1)
-        assert ledger.rescue([ClaimItem("b", late + 1, Op.CLAIM, late + 1)]).results == [None]
-    finally:
-        scheduler.close()

@@ -3,29 +3,43 @@
 -- KEYS[4] overtaken hash: "<entry>|<slot_ms>" -> the value a newer claim replaced while it
 --         was still claimed and unconfirmed ('c' or 'u') by another claimant
 -- KEYS[5] paused hash: entry -> note (``celery leaderbeat pause``)
--- KEYS[6] sending string: Redis TIME (ms) of the leader's last 'lead-more' call, PX lease
---         ttl; a rescue waits until rescue_after has passed since then too, so standbys
---         do not rescue slots of a healthy leader still working through a long batch
--- ARGV[1] mode: 'lead', 'rescue' or 'record'; 'lead-more' is 'lead' with more chunks of
---         this batch still to claim (it sets KEYS[6])
+-- KEYS[6] definitions hash: entry -> fingerprint of the definition the leader plans
+-- KEYS[7] progress: Redis TIME (ms) of the leader's latest call with a 'claim' in it
+-- ARGV[1] mode: 'lead', 'rescue' or 'record'
 -- ARGV[2] lead: this leader's token (node_id|epoch); rescue/record: ''
 -- ARGV[3] lead: lease ttl (ms); rescue: rescue_after (ms); record: ''
 -- ARGV[4] epoch written with claims (lead: the leader's; rescue: 0, no lease)
--- ARGV[5] history max length      ARGV[6] node id      ARGV[7] n, the number of events
--- ARGV[8 .. 7+4n]   events, groups of four: entry, slot (ms), event, detail
+-- ARGV[5] history max length      ARGV[6] node id
+-- ARGV[7] lead: how far (ms) a claimed slot's fire time may lie ahead of Redis TIME;
+--         rescue: how recent (ms) the leader's progress must be for a rescue to wait
+--         (a live leader still claiming chunks of a burst gets to its slots first);
+--         record: ''
+-- ARGV[8] lead: how old (ms, by Redis TIME) a standby's claim must be before 'recover'
+--         may take it over (younger, its claimant may still be publishing it); else ''
+-- ARGV[9] n, the number of events
+-- ARGV[10 .. 9+4n]  events, groups of four: entry, slot (ms), event, detail
 --   'sent'    the broker accepted the slot: state -> 's' while the stored slot is this one
+--             (and an overtaken record of that slot is dropped: it was sent after all)
 --   'unsent'  claimed, not sent: state 'c' -> 'u', so the next leader reports it once
 --   others ('missed', 'skipped', 'error', ...) go to the history only
--- ARGV[8+4n ..]     claims, groups of four: entry, slot (ms), op, fire time (ms)
---   op 'claim'   claim the slot to send it        (state 'c', claimed)
---   op 'skip'    advance past a slot not sent     (state 'k', skipped by policy)
---   op 'anchor'  the entry's first slot, only if it has no state yet (state 'a')
--- Claim and enqueue in one step (optional: only when KEYS has more than six keys):
--- KEYS[7 ..]        the broker's keys (queue lists) the commands below write
+-- ARGV[10+4n ..]    claims, groups of six: entry, slot (ms), op, fire time (ms),
+--                   previous slot (ms, or ''), definition fingerprint (or '')
+--   op 'claim'    claim the slot to send it        (state 'c', claimed)
+--   op 'skip'     advance past a slot not sent     (state 'k', skipped by policy)
+--   op 'anchor'   the entry's first slot, only if it has no state yet (state 'a')
+--   op 'reanchor' the entry's definition changed: start again from this slot (state 'a'),
+--                 only while the stored fingerprint differs; never moves a slot backwards
+--   op 'restore'  this node sent the slot and Redis lost that (restart, older snapshot):
+--                 state 's', only when newer than the stored slot
+--   op 'recover'  re-send an unconfirmed slot an earlier claimant left: granted only while
+--                 the stored slot is this one and still 'c' or 'u' (or it is in KEYS[4]);
+--                 the claim becomes this leader's ('c')
+-- Claim and enqueue in one step (optional: only when KEYS has more than seven keys):
+-- KEYS[8 ..]        the broker's keys (queue lists) the commands below write
 -- ARGV[#ARGV]       L, the length of the enqueue section, which ends just before it and
 --                   follows the claims; for each claim in order: c, its number of broker
 --                   commands, then c groups of three: 'lpush' or 'pexpire', an index into
---                   KEYS (7 or more), the argument (the message payload, or ms)
+--                   KEYS (8 or more), the argument (the message payload, or ms)
 --   A granted 'claim' that has commands runs them here, in this atomic step, and is
 --   stored sent ('s'), never claimed: a slot is granted and enqueued, or neither. A
 --   retry that finds exactly that sent value answers 1 again and runs nothing twice.
@@ -34,31 +48,31 @@
 -- Events are written first and unfenced: they say what already happened (the
 -- previous chunk's sends ride on the next chunk's claim). Claims are then
 -- granted only when the slot is newer than the stored one, so no slot can be
--- granted twice; in 'lead' mode only while the leader key holds the token; in
--- 'rescue' mode (a standby, no lease) only 'claim', only for an entry that has
--- state (its phase is known), and only once Redis TIME >= fire time + rescue_after,
--- so a standby with a fast clock cannot pre-empt a healthy leader.
--- A value is "<slot_ms>|<epoch>|<state>", plus "|<node>" for a standby's claim.
--- A grant that replaces another claimant's claimed, unconfirmed slot keeps that slot in
--- KEYS[4], so the next leader still reports it (and re-sends it with recover_unsent):
--- without this, a standby rescuing an entry's next slot made the older one vanish.
--- Asking again for the exact value this caller already wrote answers 1 again:
--- a client that lost the reply and retried must not take its grant for a refusal.
+-- granted twice; in 'lead' mode only while the leader key holds the token, and only
+-- for slots whose fire time is not ahead of Redis TIME by more than ARGV[7] (a node
+-- whose wall clock stepped forward must not send the future). A leader's claim writes
+-- the fingerprint of its definition to KEYS[6].
+-- In 'rescue' mode (a standby, no lease) only 'claim', only for an entry that has
+-- state (its phase is known), only when the stored slot is the rescuer's previous slot
+-- (a rescuer whose view is stale plans slots of another phase), only when the rescuer's
+-- fingerprint is the leader's (answers 3 otherwise), and only once Redis TIME >= fire
+-- time + rescue_after, so a standby with a fast clock cannot pre-empt a healthy leader,
+-- and not while the lease holder claimed something within ARGV[7] ms (answers 0).
+-- A value is "<slot_ms>|<epoch>|<state>", plus "|<node>|<claimed at ms>" for a standby's
+-- claim.
+-- Asking again for the exact claim this caller already holds answers 1 again: a client
+-- that lost the reply and retried must not take its grant for a refusal (the caller
+-- remembers what it published and never publishes a slot twice).
 -- Returns {0, holder_token or false, marked}   lead mode, not the leader: no claim granted
 --         {1, redis_now_ms, marked, r1, r2, ...}  one result per claim: 1 granted,
---           2 paused (skipped), 0 not late enough (rescue), 3 not late enough after the
---           leader's last claim mid-batch (rescue), false no state (rescue),
---           else the stored value
+--           2 paused (skipped), 3 definition differs (rescue), 0 not late enough (rescue)
+--           or too far ahead (lead), false no state (rescue), else the stored value
 local mode, node, epoch = ARGV[1], ARGV[6], ARGV[4]
-local more = mode == 'lead-more'
-if more then
-  mode = 'lead'
-end
-local n = tonumber(ARGV[7])
-local claims_at = 8 + 4 * n
+local n = tonumber(ARGV[9])
+local claims_at = 10 + 4 * n
 local claims_end = #ARGV
 local enq = nil  -- where the current claim's enqueue commands start, if any
-if #KEYS > 6 then
+if #KEYS > 7 then
   claims_end = #ARGV - 1 - tonumber(ARGV[#ARGV])
   enq = claims_end + 1
   local j = enq
@@ -72,7 +86,8 @@ if #KEYS > 6 then
   end
 end
 local marked = 0
-for i = 8, claims_at - 1, 4 do
+local any_overtaken = redis.call('EXISTS', KEYS[4]) == 1
+for i = 10, claims_at - 1, 4 do
   local name, slot, event, detail = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
   if event == 'sent' or event == 'unsent' then
     local stored = redis.call('HGET', KEYS[2], name)
@@ -84,6 +99,9 @@ for i = 8, claims_at - 1, 4 do
       elseif state == 'c' then
         redis.call('HSET', KEYS[2], name, rest .. 'u' .. who)
       end
+    end
+    if event == 'sent' and any_overtaken then
+      redis.call('HDEL', KEYS[4], name .. '|' .. slot)
     end
   end
   redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[5], '*', 'event', event,
@@ -102,21 +120,32 @@ elseif mode ~= 'rescue' then
 end
 local time = redis.call('TIME')
 local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-local sending = 0
-if more then
-  redis.call('SET', KEYS[6], now_ms, 'PX', ARGV[3])
-elseif mode == 'rescue' then
-  sending = tonumber(redis.call('GET', KEYS[6]) or '0')
-end
-local states = {claim = 'c', skip = 'k', anchor = 'a'}
+local states = {claim = 'c', skip = 'k', anchor = 'a', reanchor = 'a', restore = 's',
+                recover = 'c'}
 local suffix = ''
+local leader_busy = false
 if mode == 'rescue' then
-  suffix = '|' .. node
+  suffix = '|' .. node .. '|' .. now_ms
+  local progress = tonumber(redis.call('GET', KEYS[7]) or '')
+  leader_busy = progress ~= nil and ARGV[7] ~= '' and now_ms - progress < tonumber(ARGV[7])
+                and redis.call('EXISTS', KEYS[1]) == 1
 end
+local progressed = false
+
+-- the stored value's parts: slot (number), epoch, state, node ('' for a leader), claimed at
+local function parts(stored)
+  local s_slot, s_epoch, s_state, s_rest = string.match(stored, '^(%d+)|(%d+)|(%a)|?(.*)$')
+  local s_node, s_at = string.match(s_rest, '^(.*)|(%d+)$')
+  if not s_node then
+    s_node, s_at = s_rest, nil
+  end
+  return tonumber(s_slot), s_epoch, s_state, s_node, tonumber(s_at)
+end
+
 local out = {1, now_ms, marked}
-for i = claims_at, claims_end, 4 do
+for i = claims_at, claims_end, 6 do
   local name, slot, op, fire = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2], tonumber(ARGV[i + 3])
-  local stored = redis.call('HGET', KEYS[2], name)
+  local prev, fp = ARGV[i + 4], ARGV[i + 5]
   local cmds, ncmds = 0, 0
   if enq then
     ncmds = tonumber(ARGV[enq])
@@ -125,46 +154,96 @@ for i = claims_at, claims_end, 4 do
   end
   local state = states[op]
   if op == 'claim' and ncmds > 0 then
-    state = 's'
+    state = 's'  -- enqueued in this step: sent
   end
-  local value = ARGV[i + 1] .. '|' .. epoch .. '|' .. state .. suffix
-  local granted
-  if mode == 'rescue' and (op ~= 'claim' or not stored) then
-    granted = nil
+  local stored = redis.call('HGET', KEYS[2], name)
+  local s_slot, s_epoch, s_state, s_node, s_at
+  if stored then
+    s_slot, s_epoch, s_state, s_node, s_at = parts(stored)
+  end
+  local slot_text = ARGV[i + 1]
+  local result
+  if mode == 'lead' and op == 'claim' and not progressed then
+    redis.call('SET', KEYS[7], now_ms, 'PX', ARGV[3])
+    progressed = true
+  end
+  if mode == 'rescue' then
+    local def = fp ~= '' and redis.call('HGET', KEYS[6], name)
+    if op ~= 'claim' or not stored then
+      result = false
+    elseif def and def ~= fp then
+      result = 3
+    elseif s_slot == slot and s_epoch == '0' and s_state == state and s_node == node then
+      result = 1  -- a retry of this rescuer's own claim
+    elseif slot <= s_slot or (prev ~= '' and tonumber(prev) ~= s_slot) then
+      result = stored
+    elseif now_ms < fire + tonumber(ARGV[3]) or leader_busy then
+      result = 0
+    end
+  elseif op == 'claim' and fire > now_ms + tonumber(ARGV[7]) then
+    result = 0
   elseif op == 'anchor' then
-    granted = not stored
-  else
-    granted = (not stored) or slot > tonumber(string.match(stored, '^(%d+)'))
+    if stored then result = stored end
+  elseif op == 'reanchor' then
+    if redis.call('HGET', KEYS[6], name) == fp then
+      result = stored or false
+    elseif stored and s_slot > slot then
+      slot, slot_text = s_slot, tostring(s_slot)
+    end
+  elseif op == 'recover' then
+    local field = name .. '|' .. slot_text
+    local over = redis.call('HGET', KEYS[4], field)
+    local left = over or (stored and s_slot == slot and (s_state == 'c' or s_state == 'u')
+                          and stored)
+    if not left then
+      result = stored or false
+    else
+      local _, o_epoch, _, o_node, o_at = parts(left)
+      if o_epoch == epoch and o_node == '' then
+        result = 1  -- this leader's own claim (a retry)
+      elseif o_at and now_ms < o_at + tonumber(ARGV[8]) then
+        result = 0  -- a standby's claim, young enough that it may still publish it
+      else
+        if over then
+          redis.call('HDEL', KEYS[4], field)
+          result = 1  -- the newer stored slot stays as it is
+        end
+      end
+    end
+  elseif stored then
+    if s_slot == slot and s_epoch == epoch and s_node == '' and s_state == state then
+      result = 1  -- a retry of this leader's own claim (its commands ran the first time)
+    elseif slot <= s_slot then
+      result = stored
+    end
   end
-  if granted and mode == 'rescue' and now_ms < fire + tonumber(ARGV[3]) then
-    out[#out + 1] = 0
-  elseif granted and mode == 'rescue' and now_ms < sending + tonumber(ARGV[3]) then
-    out[#out + 1] = 3
-  elseif granted and op == 'claim' and redis.call('HEXISTS', KEYS[5], name) == 1 then
-    redis.call('HSET', KEYS[2], name, ARGV[i + 1] .. '|' .. epoch .. '|k' .. suffix)
-    out[#out + 1] = 2
-  elseif granted then
-    if stored then
-      local s_slot, s_epoch, s_state, s_node = string.match(stored, '^(%d+)|(%d+)|(%a)|?(.*)$')
-      if (s_state == 'c' or s_state == 'u')
-          and not (s_epoch == epoch and s_node == string.sub(suffix, 2)) then
+  if result == nil then
+    -- granted
+    if op == 'claim' and redis.call('HEXISTS', KEYS[5], name) == 1 then
+      redis.call('HSET', KEYS[2], name, slot_text .. '|' .. epoch .. '|k' .. suffix)
+      result = 2
+    else
+      local own = (mode == 'lead' and s_epoch == epoch and s_node == '')
+                  or (mode == 'rescue' and s_epoch == '0' and s_node == node)
+      if stored and op ~= 'recover' and (s_state == 'c' or s_state == 'u') and s_slot ~= slot
+          and not own then
         redis.call('HSET', KEYS[4], name .. '|' .. s_slot, stored)
       end
-    end
-    redis.call('HSET', KEYS[2], name, value)
-    for j = cmds, cmds + 3 * ncmds - 1, 3 do
-      local cmd, key = ARGV[j], KEYS[tonumber(ARGV[j + 1])]
-      if cmd == 'lpush' then
-        redis.call('LPUSH', key, ARGV[j + 2])
-      else
-        redis.call('PEXPIRE', key, ARGV[j + 2])
+      redis.call('HSET', KEYS[2], name, slot_text .. '|' .. epoch .. '|' .. state .. suffix)
+      for j = cmds, cmds + 3 * ncmds - 1, 3 do
+        local cmd, key = ARGV[j], KEYS[tonumber(ARGV[j + 1])]
+        if cmd == 'lpush' then
+          redis.call('LPUSH', key, ARGV[j + 2])
+        else
+          redis.call('PEXPIRE', key, ARGV[j + 2])
+        end
       end
+      result = 1
     end
-    out[#out + 1] = 1
-  elseif stored == value then
-    out[#out + 1] = 1
-  else
-    out[#out + 1] = stored or false
+    if mode == 'lead' and fp ~= '' then
+      redis.call('HSET', KEYS[6], name, fp)
+    end
   end
+  out[#out + 1] = result
 end
 return out

@@ -9,7 +9,11 @@
 -- ARGV[8] entry    ARGV[9] slot (ms)    ARGV[10] epoch
 -- ARGV[11] finish: the outcome recorded; start: 'wait' while the caller will ask again
 --          (a "running" answer is then not recorded yet)
--- start: a slot whose run finished, or still runs (its liveness key lives), is a duplicate;
+-- renew: the liveness is set again (not only extended: after a Redis outage longer than the
+--   lease, or a restart, it may be gone while the run goes on), and so is the run record
+--   unless it says finished.
+-- start: a slot whose run finished, or still runs (its liveness key lives, even once its
+--   run record has expired), is a duplicate;
 --   with overlap 'skip', a slot whose entry has another run alive is skipped; else the
 --   run is recorded started ('s'), alive, and (skip) holds the entry's overlap lock.
 --   A run recorded started whose liveness lapsed died with its worker: it may run again.
@@ -22,7 +26,11 @@ local function history(event, detail)
              'slot', ARGV[9], 'node', worker, 'epoch', ARGV[10], 'detail', detail)
 end
 if mode == 'renew' then
-  redis.call('PEXPIRE', KEYS[2], lease)
+  redis.call('SET', KEYS[2], worker, 'PX', lease)
+  local run = redis.call('GET', KEYS[1])
+  if not run or string.sub(run, 1, 1) ~= 'f' then
+    redis.call('SET', KEYS[1], 's|' .. worker, 'PX', record_ttl)
+  end
   if redis.call('GET', KEYS[3]) == task then
     redis.call('PEXPIRE', KEYS[3], lease)
   end
@@ -38,6 +46,12 @@ if mode == 'finish' then
   return {'ok'}
 end
 local run = redis.call('GET', KEYS[1])
+if not run then
+  local alive = redis.call('GET', KEYS[2])
+  if alive then  -- the record expired (guard_expires) while the run still goes on
+    run = 's|' .. alive
+  end
+end
 if run then
   local state, by = string.match(run, '^(%a)|(.*)$')
   if state == 'f' then

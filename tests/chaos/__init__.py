@@ -1,4 +1,4 @@
-"""Chaos suite (issue 4): N real beats, seeded random faults, exactly-once verdict.
+"""Chaos suite: N real beats, seeded random faults, exactly-once verdict.
 
 - :mod:`.harness`: :class:`ChaosRun` (servers, proxies, beats, monitor,
   fault injector) and :func:`verdict` (duplicates, explained misses, failover).

@@ -1,0 +1,68 @@
+"""What this process published: the memory that outlives a lost Redis reply.
+
+Every Redis call can fail after the server ran it: a claim granted, a
+``sent`` record written, and the reply lost. Redis can also lose writes it
+acknowledged (restarted empty, restored from an older snapshot, failed over
+to a lagging replica). Either way the slot states in Redis may say less than
+what this process knows it did. The rule: what this process published is
+never published again by it, whatever Redis says, and its memory never moves
+backwards because of a reply that did not arrive.
+
+The memory is per process and per entry: the newest slot published and the
+few slots before it (exact, for recovery checks). It is bounded by the number
+of entries, and forgets entries that leave the schedule.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+
+#: exact slots remembered per entry besides the newest
+RECENT = 16
+
+
+class SentMemory:
+    """The slots this process published, per entry."""
+
+    def __init__(self) -> None:
+        self._newest: dict[str, int] = {}
+        self._recent: dict[str, deque[int]] = {}
+
+    def note(self, name: str, slot_ms: int) -> None:
+        """``slot_ms`` of ``name`` was published by this process."""
+        recent = self._recent.get(name)
+        if recent is None:
+            recent = self._recent[name] = deque(maxlen=RECENT)
+        recent.append(slot_ms)
+        if slot_ms > self._newest.get(name, -1):
+            self._newest[name] = slot_ms
+
+    def published(self, name: str, slot_ms: int) -> bool:
+        """True when this process published exactly this slot (as far as it remembers)."""
+        return slot_ms in self._recent.get(name, ())
+
+    def covers(self, name: str, slot_ms: int) -> bool:
+        """True when ``slot_ms`` is not newer than a slot this process published.
+
+        The schedule's slots go out oldest first and claims only move forward, so a
+        slot at or before one this process sent is either that slot or one it passed.
+        """
+        return slot_ms <= self._newest.get(name, -1)
+
+    def newest(self, name: str) -> int | None:
+        """The newest slot of ``name`` this process published, if any."""
+        return self._newest.get(name)
+
+    def items(self) -> Iterable[tuple[str, int]]:
+        return self._newest.items()
+
+    def keep_only(self, names: Iterable[str]) -> None:
+        """Forget entries no longer scheduled (bounded by the schedule, not its history)."""
+        keep = set(names)
+        for name in [n for n in self._newest if n not in keep]:
+            del self._newest[name]
+            self._recent.pop(name, None)
+
+    def __len__(self) -> int:
+        return len(self._newest)

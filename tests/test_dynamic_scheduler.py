@@ -1,0 +1,230 @@
+"""Running schedulers (in-process, real Redis) follow entries changed through the API."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timedelta, timezone
+from itertools import pairwise
+
+import pytest
+
+from celery_leaderbeat import Entry
+from celery_leaderbeat.keys import Keys
+from celery_leaderbeat.scheduler import LEADER, STANDBY, Scheduler
+from tests.support.beat import NOOP, Recorder, duplicates
+from tests.test_scheduler import make_app
+
+
+@pytest.fixture
+def servers(make_redis_server):
+    return make_redis_server(), make_redis_server()
+
+
+def run(schedulers, seconds: float, until=None) -> None:
+    """Tick every scheduler as their beats would, for ``seconds`` (or until ``until()``)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        delay = min(s.tick() for s in schedulers)
+        if until is not None and until():
+            return
+        time.sleep(min(delay, 0.05))
+    assert until is None, "condition not reached"
+
+
+def by_entry(messages, name):
+    return [m for m in messages if m.entry == name]
+
+
+def test_leader_and_standby_both_follow_a_save_within_a_second(servers, key_prefix):
+    state, broker = servers
+    apps = [make_app(state.url, broker.url, key_prefix, {"static": {"task": NOOP,
+                                                                    "schedule": 3600}})
+            for _ in range(2)]
+    first, second = (Scheduler(app=app) for app in apps)
+    try:
+        run([first, second], 10, until=lambda: first.role == LEADER)
+        run([first, second], 0.5)
+        saved_at = time.monotonic()
+        Entry("dyn", NOOP, 60).save(apps[0])
+        run([first, second], 2, until=lambda: "dyn" in first.schedule and "dyn" in second.schedule)
+        seen_after = time.monotonic() - saved_at
+        assert seen_after < 1.0
+        assert second.role == STANDBY
+        assert first.schedule["dyn"].leaderbeat_source == "dynamic"
+        assert first.schedule["dyn"].leaderbeat_fingerprint == \
+            second.schedule["dyn"].leaderbeat_fingerprint
+        assert "dyn" in first.leading.tracked
+    finally:
+        first.close()
+        second.close()
+
+
+def test_a_leader_sends_a_dynamic_entry_sends_its_edit_and_nothing_once_removed(
+        servers, key_prefix):
+    state, broker = servers
+    app = make_app(state.url, broker.url, key_prefix, {})
+    scheduler = Scheduler(app=app)
+    recorder = Recorder(broker.client())
+    try:
+        run([scheduler], 10, until=lambda: scheduler.role == LEADER)
+        Entry("dyn", NOOP, 0.5, kwargs={"v": 1}).save(app)
+        run([scheduler], 10, until=lambda: len(by_entry(recorder.drain_all(), "dyn")) >= 2)
+        Entry("dyn", NOOP, 0.5, kwargs={"v": 2}).save(app)
+        run([scheduler], 10, until=lambda: any(
+            m.kwargs == {"v": 2} for m in by_entry(recorder.drain_all(), "dyn")))
+        Entry("dyn", NOOP, 0.5).delete(app)
+        run([scheduler], 10, until=lambda: "dyn" not in scheduler.schedule)
+        recorder.drain()
+        removed_seen = len(recorder.messages)
+        run([scheduler], 1.5)
+    finally:
+        scheduler.close()
+    assert len(recorder.drain_all()) == removed_seen, "a removed entry was sent"
+    sent = by_entry(recorder.messages, "dyn")
+    kwargs = [m.kwargs["v"] for m in sent]
+    assert kwargs == sorted(kwargs), "an old definition was sent after the new one"
+    assert duplicates(recorder.messages) == []
+
+
+def test_a_changed_interval_counts_from_the_change(servers, key_prefix):
+    state, broker = servers
+    app = make_app(state.url, broker.url, key_prefix, {})
+    scheduler = Scheduler(app=app)
+    recorder = Recorder(broker.client())
+    try:
+        run([scheduler], 10, until=lambda: scheduler.role == LEADER)
+        Entry("dyn", NOOP, 0.4).save(app)
+        run([scheduler], 10, until=lambda: len(by_entry(recorder.drain_all(), "dyn")) >= 1)
+        Entry("dyn", NOOP, 1.3).save(app)
+        anchor = Entry.get(app, "dyn").anchor
+        run([scheduler], 10, until=lambda: any(
+            datetime.fromisoformat(m.slot) > anchor for m in by_entry(recorder.drain_all(),
+                                                                      "dyn")))
+    finally:
+        scheduler.close()
+    after = [datetime.fromisoformat(m.slot) for m in by_entry(recorder.messages, "dyn")
+             if datetime.fromisoformat(m.slot) > anchor]
+    # the leader starts a changed definition again when it reads it (within a poll of
+    # the save) plus its margin for unknown state (leaderbeat_max_clock_skew, 0.5 s here)
+    margin = timedelta(seconds=scheduler.lb_config.standby_poll + 0.5 + 0.1)
+    every = timedelta(seconds=1.3)
+    assert anchor + every <= after[0] <= anchor + every + margin
+    assert all(b - a == every for a, b in pairwise(after))
+
+
+def test_an_entry_enabled_again_starts_at_its_next_slot_without_catching_up(servers, key_prefix):
+    state, broker = servers
+    app = make_app(state.url, broker.url, key_prefix, {})
+    scheduler = Scheduler(app=app)
+    recorder = Recorder(broker.client())
+    try:
+        run([scheduler], 10, until=lambda: scheduler.role == LEADER)
+        Entry("dyn", NOOP, 0.3, catchup="all").save(app)
+        run([scheduler], 10, until=lambda: len(by_entry(recorder.drain_all(), "dyn")) >= 1)
+        Entry("dyn", NOOP, 0.3, catchup="all", enabled=False).save(app)
+        run([scheduler], 10, until=lambda: "dyn" not in scheduler.schedule)
+        run([scheduler], 1.5)  # five slots pass while it is off
+        recorder.drain()
+        off = len(by_entry(recorder.messages, "dyn"))
+        Entry("dyn", NOOP, 0.3, catchup="all").save(app)
+        enabled_at = Entry.get(app, "dyn").anchor
+        run([scheduler], 10, until=lambda: len(by_entry(recorder.drain_all(), "dyn")) > off)
+    finally:
+        scheduler.close()
+    resumed = [datetime.fromisoformat(m.slot) for m in by_entry(recorder.messages, "dyn")[off:]]
+    # nothing of the time it was off: its next slot after the change is read (within a
+    # poll, plus the leader's margin for a definition it starts again, 0.5 s here)
+    every = timedelta(seconds=0.3)
+    margin = timedelta(seconds=scheduler.lb_config.standby_poll + 0.5 + 0.1)
+    assert enabled_at + every <= resumed[0] <= enabled_at + every + margin
+
+
+def test_a_one_off_entry_runs_once_then_is_recorded_and_disabled(servers, key_prefix):
+    state, broker = servers
+    app = make_app(state.url, broker.url, key_prefix, {})
+    first, second = Scheduler(app=app), Scheduler(app=app)
+    recorder = Recorder(broker.client())
+    at = (datetime.now(timezone.utc) + timedelta(seconds=1.5)).replace(microsecond=250_000)
+    try:
+        run([first, second], 10, until=lambda: first.role == LEADER)
+        Entry("once", NOOP, at=at, kwargs={"n": 1}).save(app)
+        run([first, second], 10, until=lambda: not Entry.get(app, "once").enabled)
+        run([first, second], 1.0)
+    finally:
+        first.close()
+        second.close()
+    sent = by_entry(recorder.drain_all(), "once")
+    assert len(sent) == 1 and datetime.fromisoformat(sent[0].slot) == at
+    stored = Entry.get(app, "once")
+    assert stored.ran_at == datetime.fromisoformat(sent[0].slot)
+    assert "once" not in first.schedule and "once" not in second.schedule
+
+
+def test_a_one_off_entry_whose_time_is_past_follows_the_catch_up_policy(servers, key_prefix):
+    state, broker = servers
+    app = make_app(state.url, broker.url, key_prefix, {})
+    scheduler = Scheduler(app=app)
+    recorder = Recorder(broker.client())
+    past = datetime.now(timezone.utc) - timedelta(minutes=5)
+    try:
+        run([scheduler], 10, until=lambda: scheduler.role == LEADER)
+        Entry("late", NOOP, at=past, catchup="latest").save(app)
+        Entry("dropped", NOOP, at=past, catchup="skip").save(app)
+        run([scheduler], 10, until=lambda: not Entry.get(app, "late").enabled)
+        run([scheduler], 1.0)
+    finally:
+        scheduler.close()
+    sent = recorder.drain_all()
+    assert len(by_entry(sent, "late")) == 1
+    assert by_entry(sent, "dropped") == []
+
+
+def test_an_entry_stored_under_a_static_name_is_ignored_and_the_static_one_kept(
+        servers, key_prefix, caplog):
+    state, broker = servers
+    app = make_app(state.url, broker.url, key_prefix, {"static": {"task": NOOP,
+                                                                  "schedule": 3600}})
+    other = make_app(state.url, broker.url, key_prefix, {})  # an app that lacks it
+    Entry("static", "some.other.task", 5).save(other)
+    scheduler = Scheduler(app=app)
+    try:
+        run([scheduler], 10, until=lambda: scheduler.role == LEADER)
+        run([scheduler], 0.5)
+    finally:
+        scheduler.close()
+    assert scheduler.schedule["static"].task == NOOP
+    assert not hasattr(scheduler.schedule["static"], "leaderbeat_source")
+    assert "dynamic entry 'static' is ignored" in caplog.text
+    assert state.client().exists(Keys(key_prefix).entries)
+
+
+def test_a_save_among_many_entries_is_taken_in_by_name_not_by_reading_every_entry(
+        servers, key_prefix):
+    state, broker = servers
+    static = {f"s{i}": {"task": NOOP, "schedule": 3600} for i in range(300)}
+    apps = [make_app(state.url, broker.url, key_prefix, static) for _ in range(2)]
+    first, second = (Scheduler(app=app) for app in apps)
+    try:
+        run([first, second], 10, until=lambda: first.role == LEADER)
+        run([first, second], 0.5)
+        reads: list[object] = []
+        for s in (first, second):
+            for attr in ("load", "load_with_definitions"):
+                real = getattr(s.ledger, attr)
+
+                def spy(names=None, _real=real):
+                    reads.append(names)
+                    return _real(names)
+                setattr(s.ledger, attr, spy)
+        Entry("dyn", NOOP, 60).save(apps[0])
+        run([first, second], 3, until=lambda: "dyn" in first.leading.tracked
+            and "dyn" in second.schedule)
+        run([first, second], 0.3)
+        assert reads and None not in reads, "a full read of every entry's state"
+        assert all(list(names) == ["dyn"] for names in reads)
+        Entry.get(apps[0], "dyn").delete(apps[0])
+        run([first, second], 3, until=lambda: "dyn" not in first.leading.tracked)
+        assert None not in reads
+    finally:
+        first.close()
+        second.close()
