@@ -15,10 +15,12 @@ exceptions (so nothing happens there); ``close()`` runs twice on SIGTERM; under
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from typing import Any
 
@@ -57,6 +59,26 @@ _CHANGE_LOG = 64
 #: seconds by which the wall clock must move against the monotonic one to count as a
 #: step (NTP slews smaller offsets; GC pauses and SIGSTOP move both clocks alike)
 CLOCK_STEP = 2.0
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector waits until the tick is over.
+
+    A burst allocates tens of thousands of objects; the collections they set
+    off scan every object of the process (Celery's, the schedule's) and cost
+    a 10,000-slot burst about 0.5 of its 3.2 CPU seconds, 0.1 s of it before
+    the first claim. A tick is bounded, and the objects it leaves in cycles
+    are collected after it, as before.
+    """
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 class Scheduler(beat.Scheduler):
@@ -296,7 +318,8 @@ class Scheduler(beat.Scheduler):
     def tick(self, *args: Any, **kwargs: Any) -> float:
         """One pass: a standby tries to lead and rescues; the leader sends every due slot."""
         started = self._wake_by = time.monotonic()  # working: the heartbeat allows one ttl
-        delay = self._tick()
+        with _collector_paused():
+            delay = self._tick()
         self._wake_by = time.monotonic() + delay  # asleep as told until then
         self._telemetry.metrics.ticked(self._wake_by - delay - started)
         return delay
