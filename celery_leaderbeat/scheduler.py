@@ -229,7 +229,10 @@ class Scheduler(beat.Scheduler):
                           max_interval=lambda: float(self.max_interval),
                           wake_by=lambda: self._wake_by, observe=self._observe,
                           progress=self._progress, changed_since=self._changed_since,
-                          sender=self._chunk_sender)
+                          # a gated base scheduler sends slot by slot, through its own
+                          # entries and bookkeeping (``gate.py``)
+                          sender=self._chunk_sender
+                          if type(self)._send_slot is Scheduler._send_slot else None)
         self._enqueuer = None  # made again in this process, on the first batch
         self._dynamic = self._follow_dynamic(client)
         if self._dynamic is not None:
