@@ -195,9 +195,15 @@ def run_batch(due: Sequence[tuple[Tracked, Plan]], gate: Gate, send: Send | Chun
     outcome = Outcome()
     pending: list[Event] = list(backlog)
     backlog.clear()
+    # A leader records what its plan passes over at once; a rescuer only once its claim
+    # of the entry was granted (several standbys plan the same batch: one records it).
+    deferred: dict[str, list[Event]] = {}
     if record_missed:
         for tracked, p in due:
-            pending += missed_events(tracked, p)
+            if gate.records_refusals:
+                pending += missed_events(tracked, p)
+            elif p.missed:
+                deferred[tracked.name] = missed_events(tracked, p)
     position = {tracked.name: tracked.last for tracked, _ in due}
     stopped: set[str] = set()  # entries with a slot left unsettled: not advanced past it
     fenced = False
@@ -225,9 +231,10 @@ def run_batch(due: Sequence[tuple[Tracked, Plan]], gate: Gate, send: Send | Chun
                     replicated = True
                 except NotReplicatedError as exc:
                     # Granted on the master, but a failover could lose the claims: sending
-                    # could then duplicate. Not sending keeps G1; the slots are recorded unsent.
+                    # could then duplicate. Not sending keeps G1; what was granted is
+                    # recorded unsent, what was refused is handled as any refusal.
                     logger.warning("leaderbeat: %s; not sending this chunk", exc)
-                    results, replicated = [None] * len(items), False
+                    results, replicated = exc.results or [None] * len(items), False
                 except LeaseLostError:
                     raise  # the events were written: the script writes them before its check
                 except Exception:
@@ -248,6 +255,7 @@ def run_batch(due: Sequence[tuple[Tracked, Plan]], gate: Gate, send: Send | Chun
                     name, slot_ms = tracked.name, to_ms(slot)
                     if result is None:
                         position[name] = max(position[name], slot)
+                        pending += deferred.pop(name, ())
                         if op != Op.CLAIM:
                             continue
                         if memory.covers(name, slot_ms):  # granted again after a lost reply

@@ -31,6 +31,9 @@ class LeaseLostError(LeaderbeatError):
 class NotReplicatedError(LeaderbeatError):
     """A claim was not acknowledged by ``leaderbeat_min_replicas`` replicas in time."""
 
+    #: what the claim call answered per item (granted or why not), when it got that far
+    results: list | None = None
+
 
 class RedisAuthError(LeaderbeatError):
     """Redis refused the credentials; retrying cannot help."""

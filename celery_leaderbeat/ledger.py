@@ -146,7 +146,7 @@ class Ledger:
                 raise lost
             results += [_lead_result(r) for r in reply[3:]]
             if self.config.min_replicas and batch_items:
-                self._wait_for_replicas()
+                self._wait_for_replicas(results)
         return results
 
     def rescue(self, items: Sequence[ClaimItem], events: Sequence[Event] = ()) -> Claimed:
@@ -165,7 +165,7 @@ class Ledger:
             now_ms = int(reply[1])
             results += [_rescue_result(r) for r in reply[3:]]
             if self.config.min_replicas:
-                self._wait_for_replicas()
+                self._wait_for_replicas(results)
         return Claimed(results, now_ms)
 
     def record(self, epoch: int, events: Iterable[Event]) -> int:
@@ -200,7 +200,7 @@ class Ledger:
             args += _enqueue_section(items, keys)
         return self.scripts.claim(keys=keys, args=args)
 
-    def _wait_for_replicas(self) -> None:
+    def _wait_for_replicas(self, results: list[SlotState | None | str]) -> None:
         """Block until ``min_replicas`` replicas have the claims, or raise NotReplicatedError.
 
         WAIT's own timeout stays well inside the socket timeout: a WAIT that outlived
@@ -210,9 +210,11 @@ class Ledger:
                                     self.config.socket_timeout / 2) * 1000))
         acked = int(self.client.execute_command("WAIT", self.config.min_replicas, timeout_ms))
         if acked < self.config.min_replicas:
-            raise NotReplicatedError(
+            error = NotReplicatedError(
                 f"no replica acknowledged the claims in time ({acked} of "
                 f"leaderbeat_min_replicas={self.config.min_replicas} within {timeout_ms} ms)")
+            error.results = results  # what was granted, and what was refused anyway
+            raise error
 
     def load(self, names: Sequence[str] | None = None) -> dict[str, SlotState]:
         """Every entry's last slot (one HGETALL), or only those of ``names`` (one HMGET)."""

@@ -113,6 +113,7 @@ class Scheduler(beat.Scheduler):
         self._wake_by = time.monotonic()
         self._last_wall = (time.time(), time.monotonic())
         self._redis_failures = 0
+        self._led_at_outage = False  # this node led when Redis stopped answering
         self._contact_since = time.time()  # Redis answered without a break since then
         self._labels_version = 0  # the schedule version the metric labels follow
         #: (schedule version, entry names it changed) for changes known name by name
@@ -377,6 +378,7 @@ class Scheduler(beat.Scheduler):
 
     def _redis_trouble(self, exc: Exception) -> float:
         if not self._redis_failures:
+            self._led_at_outage = self._leader is not None
             logger.warning("leaderbeat: Redis at %s unreachable (%s); %s, retrying with backoff",
                            describe(self.lb_config.redis_url), exc,
                            "leader stops sending until its lease is confirmed"
@@ -398,9 +400,27 @@ class Scheduler(beat.Scheduler):
         logger.info("leaderbeat: Redis at %s answers again", describe(self.lb_config.redis_url))
         self._redis_failures = 0
         self._contact_since = time.time()
-        if self._standby is not None:
-            self._standby.restart(head_start=self.lb_config.redis_down_policy == "last-leader"
-                                  and self._leader is None)
+        config = self.lb_config
+        if self._leader is not None and self._node is not None:
+            # Is the lease still there? If Redis lost it while it was valid, this node (the
+            # only one that can know nobody sent later slots) steps down now and takes the
+            # lease again first, carrying on from what it sent.
+            try:
+                self._node.lease.renew()
+            except LeaseLostError as exc:
+                self._step_down(str(exc))
+            except (redis.RedisError, OSError):
+                pass  # the heartbeat and the next tick find out
+        if self._standby is not None and self._leader is None:
+            if config.redis_down_policy == "last-leader" and not self._led_at_outage:
+                # the previous leader reconciles what it sent meanwhile first
+                self._standby.restart(head_start=config.lease_ttl, shift_since=True)
+            elif not self._led_at_outage:
+                # the node that led goes first: it knows what it sent (Redis may not)
+                self._standby.restart(head_start=min(config.lease_ttl,
+                                                     2 * config.standby_poll))
+            else:
+                self._standby.restart()
 
     def _watch_wall_clock(self) -> None:
         """A forward wall-clock step makes the slots it jumped over 'missed' (catch-up policy)."""

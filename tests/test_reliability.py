@@ -430,3 +430,19 @@ def test_metric_series_of_entries_no_longer_scheduled_are_dropped():
     names = {s.labels.get("entry") for m in metrics.registry.collect() for s in m.samples
              if m.name == "leaderbeat_slots"}
     assert names == {"kept"}
+
+
+def test_a_claim_no_replica_acknowledged_still_says_what_was_granted_and_what_refused(
+        node, redis_client):
+    from celery_leaderbeat.errors import NotReplicatedError
+    leader = node("leader", min_replicas=1)
+    assert leader.lease.try_acquire()
+    now = redis_ms(redis_client)
+    with pytest.raises(NotReplicatedError):  # the anchor: no replica here at all
+        leader.ledger.claim(*leader.lease.credentials(), [ClaimItem("e", now - 5000, Op.ANCHOR)])
+    with pytest.raises(NotReplicatedError) as caught:
+        leader.ledger.claim(*leader.lease.credentials(),
+                            [ClaimItem("e", now - 6000, Op.CLAIM, now - 6000),  # older: refused
+                             ClaimItem("f", now - 1000, Op.CLAIM, now - 1000)])  # granted
+    refused, granted = caught.value.results
+    assert isinstance(refused, SlotState) and granted is None

@@ -52,7 +52,8 @@
 -- for slots whose fire time is not ahead of Redis TIME by more than ARGV[7] (a node
 -- whose wall clock stepped forward must not send the future). A leader's claim writes
 -- the fingerprint of its definition to KEYS[6].
--- In 'rescue' mode (a standby, no lease) only 'claim', only for an entry that has
+-- In 'rescue' mode (a standby, no lease) only 'claim' and 'skip' (slots its catch-up
+-- policy passes over), only for an entry that has
 -- state (its phase is known), only when the stored slot is the rescuer's previous slot
 -- (a rescuer whose view is stale plans slots of another phase), only when the rescuer's
 -- fingerprint is the leader's (answers 3 otherwise), and only once Redis TIME >= fire
@@ -97,7 +98,12 @@ for i = 10, claims_at - 1, 4 do
         redis.call('HSET', KEYS[2], name, rest .. 's' .. who)
         marked = marked + 1
       elseif state == 'c' then
-        redis.call('HSET', KEYS[2], name, rest .. 'u' .. who)
+        -- a standby (epoch 0) marks only its own claim: another node's live claim of the
+        -- same slot stays claimed until its own record lands; a leader reports any
+        local s_who = string.match(who, '^|([^|]*)') or ''
+        if epoch ~= '0' or s_who == node then
+          redis.call('HSET', KEYS[2], name, rest .. 'u' .. who)
+        end
       end
     end
     if event == 'sent' and any_overtaken then
@@ -169,7 +175,7 @@ for i = claims_at, claims_end, 6 do
   end
   if mode == 'rescue' then
     local def = fp ~= '' and redis.call('HGET', KEYS[6], name)
-    if op ~= 'claim' or not stored then
+    if (op ~= 'claim' and op ~= 'skip') or not stored then
       result = false
     elseif def and def ~= fp then
       result = 3
