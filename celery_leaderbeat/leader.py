@@ -189,8 +189,9 @@ class Leader:
             if due:
                 started = time.monotonic()
                 say_capped_once(due, self._capped)
-                outcome = run_batch(due, self.gate, self._send, memory=node.sent,
-                                    backlog=node.backlog, progress=node.progress)
+                outcome = run_batch(due, self.gate, node.chunk_send(node.lease.epoch or 0),
+                                    memory=node.sent, backlog=node.backlog,
+                                    progress=node.progress)
                 node.observe(outcome.events)
                 self._say_paused(outcome.events)
                 if outcome.sent:

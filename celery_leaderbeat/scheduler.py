@@ -15,10 +15,12 @@ exceptions (so nothing happens there); ``close()`` runs twice on SIGTERM; under
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from typing import Any
 
@@ -28,6 +30,7 @@ from celery import beat
 from .config import Config
 from .connection import describe, make_client
 from .dynamic_schedule import DynamicSchedule
+from .enqueue import Enqueuer
 from .entries import EntryOptions, split_entries
 from .entry_store import EntryStore
 from .errors import ConfigurationError, LeaseLostError, NotReplicatedError, RedisAuthError
@@ -58,6 +61,26 @@ _CHANGE_LOG = 64
 CLOCK_STEP = 2.0
 
 
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector waits until the tick is over.
+
+    A burst allocates tens of thousands of objects; the collections they set
+    off scan every object of the process (Celery's, the schedule's) and cost
+    a 10,000-slot burst about 0.5 of its 3.2 CPU seconds, 0.1 s of it before
+    the first claim. A tick is bounded, and the objects it leaves in cycles
+    are collected after it, as before.
+    """
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
 class Scheduler(beat.Scheduler):
     """Highly available beat scheduler: run it on any number of nodes.
 
@@ -83,6 +106,7 @@ class Scheduler(beat.Scheduler):
         self._schedule_version = 0
         self._pid: int | None = None
         self._node: Node | None = None
+        self._enqueuer: Enqueuer | None = None
         self._leader: Leader | None = None
         self._standby: Standby | None = None
         self._dynamic: DynamicSchedule | None = None
@@ -205,7 +229,12 @@ class Scheduler(beat.Scheduler):
                           options=lambda: self._entry_options, tz=self.app.timezone,
                           max_interval=lambda: float(self.max_interval),
                           wake_by=lambda: self._wake_by, observe=self._observe,
-                          progress=self._progress, changed_since=self._changed_since)
+                          progress=self._progress, changed_since=self._changed_since,
+                          # a gated base scheduler sends slot by slot, through its own
+                          # entries and bookkeeping (``gate.py``)
+                          sender=self._chunk_sender
+                          if type(self)._send_slot is Scheduler._send_slot else None)
+        self._enqueuer = None  # made again in this process, on the first batch
         self._dynamic = self._follow_dynamic(client)
         if self._dynamic is not None:
             self._node.anchors = lambda: self._dynamic.anchors if self._dynamic else {}
@@ -293,7 +322,8 @@ class Scheduler(beat.Scheduler):
     def tick(self, *args: Any, **kwargs: Any) -> float:
         """One pass: a standby tries to lead and rescues; the leader sends every due slot."""
         started = self._wake_by = time.monotonic()  # working: the heartbeat allows one ttl
-        delay = self._tick()
+        with _collector_paused():
+            delay = self._tick()
         self._wake_by = time.monotonic() + delay  # asleep as told until then
         self._telemetry.metrics.ticked(self._wake_by - delay - started)
         return delay
@@ -425,6 +455,13 @@ class Scheduler(beat.Scheduler):
 
     # -- sending -------------------------------------------------------------------------
 
+    def _chunk_sender(self, epoch: int) -> Any:
+        """A batch's sender: claim and enqueue in one step where exact, else kombu batches."""
+        if self._enqueuer is None or not self._enqueuer.checked:
+            said = self._enqueuer is not None  # an unreachable broker is said once
+            self._enqueuer = Enqueuer(self, self._connect().client, quiet=said)
+        return self._enqueuer.bind(epoch)
+
     def _send_slot(self, name: str, slot: datetime, epoch: int,
                    task_id: str | None = None) -> bool:
         """Publish ``slot`` of the entry named ``name``, if it is still scheduled."""
@@ -435,23 +472,32 @@ class Scheduler(beat.Scheduler):
         """Publish one slot; a failure is logged and reported, never swallowed."""
         opts = self._entry_options.get(entry.name)
         overlap = opts.overlap if opts else self.lb_config.overlap
-        if send_logger.isEnabledFor(logging.INFO):
-            # epoch 0 is a standby's rescue; a task id of its own, a trigger or backfill
-            how = (" (rescue: a standby sends a slot the leader had not claimed)" if epoch == 0
-                   else f" (requested, task id {task_id})" if task_id else "")
-            send_logger.info("Scheduler: Sending due task %s (%s) for slot %s%s",
-                             entry.name, entry.task, slot.isoformat(), how)
+        self._say_sending(entry, slot, epoch, task_id)
         try:
             publish(self, entry, slot, epoch, overlap, task_id)
         except Exception:  # any publish failure: logged with its traceback, recorded unsent
             logger.exception("leaderbeat: could not send %s for slot %s",
                              entry.name, slot.isoformat())
             return False
+        self._note_sent(entry, slot)
+        return True
+
+    def _say_sending(self, entry: Any, slot: datetime, epoch: int,
+                     task_id: str | None = None) -> None:
+        """Stock beat's INFO line for a send (a chunk sender says it for each slot too)."""
+        if send_logger.isEnabledFor(logging.INFO):
+            # epoch 0 is a standby's rescue; a task id of its own, a trigger or backfill
+            how = (" (rescue: a standby sends a slot the leader had not claimed)" if epoch == 0
+                   else f" (requested, task id {task_id})" if task_id else "")
+            send_logger.info("Scheduler: Sending due task %s (%s) for slot %s%s",
+                             entry.name, entry.task, slot.isoformat(), how)
+
+    def _note_sent(self, entry: Any, slot: datetime) -> None:
+        """What a sent slot changes in the entry (a chunk sender calls it for each slot too)."""
         entry.last_run_at = slot
         entry.total_run_count += 1
         if getattr(entry, "leaderbeat_once", False) and self._dynamic is not None:
             self._dynamic.ran(entry, to_ms(slot))
-        return True
 
     # -- shutdown ----------------------------------------------------------------------
 
@@ -481,4 +527,6 @@ class Scheduler(beat.Scheduler):
                 self._leader = None
             if self._standby is not None:
                 self._standby.close()
+            if self._enqueuer is not None:
+                self._enqueuer.close()
             super().close()
