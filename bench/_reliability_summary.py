@@ -23,10 +23,14 @@ def _reasons(row: dict[str, Any]) -> str:
 def _burst(runs: list[dict[str, Any]]) -> list[str]:
     out = ["## Sentinel master SIGKILLed a third of the way into a 1,000-entry burst",
            "", "3 beats, `leaderbeat_min_replicas = 1`, 1,000 entries every 30 s.", "",
-           "| run | published before the kill | promoted after (s) | slots twice | "
-           "unrecorded | recorded, not published | load |", "|---|---|---|---|---|---|---|"]
+           "Healed: the killed master restarted (empty) 3 s after the promotion and "
+           "made a replica by Sentinel; not healed: the new master has no replica, so no "
+           "later chunk meets `min_replicas`.", "",
+           "| run | healed | published before the kill | promoted after (s) | slots twice | "
+           "unrecorded | recorded, not published | load |", "|---|---|---|---|---|---|---|---|"]
     for r in runs:
-        out.append(f"| {r['run']} | {_f(r.get('published_at_kill'))} | {_f(r.get('promoted_s'))} "
+        out.append(f"| {r['run']} | {'yes' if r.get('heal') else 'no'} | "
+                   f"{_f(r.get('published_at_kill'))} | {_f(r.get('promoted_s'))} "
                    f"| {_f(r.get('slots_twice'))} | {_f(r.get('unrecorded'))} | {_reasons(r)} "
                    f"| {r.get('load_start')} |")
     return out

@@ -77,9 +77,10 @@ def wait_leader(client_of: Any, beats: list[BeatProcess], other_than: int | None
     return None, None
 
 
-def finish(row: dict[str, Any], work: Path, name: str) -> dict[str, Any]:
+def finish(row: dict[str, Any], work: Path, name: str, always: bool = False
+           ) -> dict[str, Any]:
     row["load_end"] = load()
-    if row.get("slots_twice") or row.get("unrecorded"):
+    if always or row.get("slots_twice") or row.get("unrecorded"):
         row["logs"] = keep_logs(work, name)
     shutil.rmtree(work, ignore_errors=True)
     return row
@@ -188,7 +189,7 @@ def failover(run: int, min_replicas: int = 0, n: int = 10, delay: float = 0.7
         row["after_kill"] = dict(by_source(after))
         row["late_max_s"] = max((m.lateness for m in after), default=None)
         row.update(audit(msgs, events, 1.0, until=t_end - 5, since=t_start - 5))
-    return finish(row, work, f"failover-r{min_replicas}-{run}")
+    return finish(row, work, f"failover-r{min_replicas}-{run}", always=True)  # small logs
 
 
 # -- 3. Redis (no persistence) restarted empty under three beats ---------------------------------
