@@ -142,11 +142,12 @@ def burst(run: int, heal: bool, n: int = 1000, every: float = 30.0) -> dict[str,
 
 # -- 2. the leader SIGKILLed during a Sentinel failover ----------------------------------------
 
-def failover(run: int, min_replicas: int = 0, n: int = 10, delay: float = 0.7
-             ) -> dict[str, Any]:
+def failover(run: int, min_replicas: int = 0, heal: bool = False, n: int = 10,
+             delay: float = 0.7) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="lb-rel-failover-"))
     row: dict[str, Any] = {"scenario": "failover", "run": run, "entries": n, "every": 1.0,
-                           "min_replicas": min_replicas, "leader_kill_after_s": delay,
+                           "min_replicas": min_replicas, "heal": heal,
+                           "leader_kill_after_s": delay,
                            "load_start": load()}
     with SentinelSet(work / "sentinel") as sset, RedisServer(workdir=work / "broker") as broker:
         settings: dict[str, Any] = {"leaderbeat_redis_options": {"master_name": MASTER}}
@@ -170,6 +171,8 @@ def failover(run: int, min_replicas: int = 0, n: int = 10, delay: float = 0.7
             row["leader_killed_s"] = time.time() - t_kill
             sset.wait_for_new_master(old.port)
             row["promoted_s"] = time.time() - t_kill
+            if heal:  # a replica again, so min_replicas = 1 can be met
+                old.restart()
             alive = [b for b in beats if b is not victim]
             new_leader, t_led = wait_leader(lambda: sset.master().client(), alive, leader, 40)
             row["new_leader_s"] = t_led - t_kill if t_led else None
@@ -316,7 +319,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--min-replicas", type=int, default=0, help="failover only")
     parser.add_argument("--heal", action="store_true",
-                        help="burst only: restart the killed master as a replica")
+                        help="burst, failover: restart the killed master; Sentinel makes it "
+                        "a replica")
     args = parser.parse_args(argv)
     if args.scenario == "summary":
         import _reliability_summary
@@ -329,7 +333,7 @@ def main(argv: list[str] | None = None) -> None:
         elif args.scenario == "burst":
             rows = [burst(r, args.heal)]
         elif args.scenario == "failover":
-            rows = [failover(r, args.min_replicas)]
+            rows = [failover(r, args.min_replicas, args.heal)]
         else:
             rows = [django(r)]
         for row in rows:
