@@ -163,7 +163,7 @@ def audit(messages: list[Message], events: list[dict[str, str]], every: float, u
             "unrecorded": len(unrecorded), "unrecorded_counted_only": counted,
             "recorded_not_published": dict(reasons),
             "history_sent_not_published": len(sent_not_published),
-            "twice_detail": twice[:20], "unrecorded_detail": unrecorded[:40]}
+            "twice_detail": twice[:20], "unrecorded_detail": unrecorded[:200]}
 
 
 def by_source(messages: list[Message]) -> Counter:

@@ -184,6 +184,7 @@ def failover(run: int, min_replicas: int = 0, heal: bool = False, n: int = 10,
                 b.term()
             msgs = drain.close()
             events = history(sset.master().client(), PREFIX)
+            (work / "history.log").write_text("".join(json.dumps(e) + "\n" for e in events))
         finally:
             drain.close()
             for b in beats:
@@ -220,6 +221,9 @@ def restart(runs: int, n: int = 10, down: float = 3.0) -> list[dict[str, Any]]:
                 time.sleep(6)
                 after = [m for m in drain.messages if m.received > t_up]
                 first_leader = next((m for m in after if pid_of(m) == leader), None)
+                # slots due from the kill to 4 s after Redis answered: sent, recorded or not
+                gap = audit(drain.messages, history(state.client(), PREFIX), 1.0,
+                            until=t_up + 4, since=t_down)
                 rows.append({
                     "scenario": "restart", "run": r, "entries": n, "every": 1.0,
                     "down_s": round(t_up - t_down, 3),
@@ -231,7 +235,11 @@ def restart(runs: int, n: int = 10, down: float = 3.0) -> list[dict[str, Any]]:
                     "first_slot_minus_up_s": slot_ms(first) / 1000 - t_up if first else None,
                     "same_leader_after": leader_pid(state.client()) == leader,
                     "t_up": t_up,
-                    "after_up": dict(by_source(after)), "load": load()})
+                    "after_up": dict(by_source(after)), "load": load(),
+                    "outage_and_after": {k: gap[k] for k in (
+                        "unrecorded", "recorded_not_published", "slots_twice")},
+                    "unrecorded_after_up": sum(1 for u in gap["unrecorded_detail"]
+                                               if u["slot"] > t_up * 1000)})
                 print(rows[-1], flush=True)
             t_end = time.time()
             for b in beats:
@@ -297,7 +305,7 @@ def django(run: int, watch: float = 60.0) -> dict[str, Any]:
     a = audit(mine, [], 5.0, until=0)
     row.update(slots_twice=a["slots_twice"], twice_detail=a["twice_detail"],
                published=len(mine))
-    return finish(row, work, f"django-{run}")
+    return finish(row, work, f"django-{run}", always=True)  # small: refusals are logged
 
 
 # -- the command line -----------------------------------------------------------------------------
