@@ -38,13 +38,16 @@ def _burst(runs: list[dict[str, Any]]) -> list[str]:
 
 def _failover(runs: list[dict[str, Any]]) -> list[str]:
     out = ["## Leader SIGKILLed during a Sentinel failover", "",
-           "3 beats, 10 entries every 1 s; the master SIGKILLed, the leader ~0.7 s later.", "",
-           "| run | min_replicas | promoted (s) | new leader (s) | first send (s) | slots twice "
-           "| unrecorded | recorded, not published | load |",
-           "|---|---|---|---|---|---|---|---|---|"]
+           "3 beats, 10 entries every 1 s; the master SIGKILLed, the leader ~0.7 s later; "
+           "times from the master's kill; healed: the killed master restarted at the promotion.",
+           "", "| run | min_replicas | healed | promoted (s) | new leader (s) | first send (s) "
+           "| worst lateness (s) | rescued | slots twice | unrecorded | recorded, not published "
+           "| load |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
-        out.append(f"| {r['run']} | {r.get('min_replicas')} | {_f(r.get('promoted_s'))} | "
-                   f"{_f(r.get('new_leader_s'))} | {_f(r.get('first_send_s'))} | "
+        out.append(f"| {r['run']} | {r.get('min_replicas')} | {'yes' if r.get('heal') else 'no'} "
+                   f"| {_f(r.get('promoted_s'))} | {_f(r.get('new_leader_s'))} | "
+                   f"{_f(r.get('first_send_s'))} | {_f(r.get('late_max_s'))} | "
+                   f"{(r.get('after_kill') or {}).get('rescue', 0)} | "
                    f"{_f(r.get('slots_twice'))} | {_f(r.get('unrecorded'))} | {_reasons(r)} | "
                    f"{r.get('load_start')} |")
     return out
@@ -53,16 +56,24 @@ def _failover(runs: list[dict[str, Any]]) -> list[str]:
 def _restart(runs: list[dict[str, Any]]) -> list[str]:
     out = ["## Redis (no persistence) restarted empty under 3 beats", "",
            "10 entries every 1 s; Redis SIGKILLed, restarted empty on the same port 3 s later.",
-           "", "| restart | first send after Redis answers (s) | sent by | same leader after "
-           "| load |", "|---|---|---|---|---|"]
+           "Unrecorded: slots due from the kill to 4 s after Redis answered, neither "
+           "published nor in the history (series b only).", "",
+           "| series | restart | first send after Redis answers (s) | sent by | "
+           "same leader after | unrecorded (of them after Redis answered) | recorded, not "
+           "published | load |", "|---|---|---|---|---|---|---|---|"]
+    totals = []
     for r in runs:
         if r.get("run") == "all":
-            out += ["", f"Whole run: {r.get('published')} messages, "
-                    f"{r.get('slots_twice')} slots twice."]
+            totals.append(f"Series {r.get('series', 'b')}, whole run: {r.get('published')} "
+                          f"messages, {r.get('slots_twice')} slots twice.")
         else:
-            out.append(f"| {r['run']} | {_f(r.get('first_send_s'))} | {r.get('first_sender')} "
-                       f"| {r.get('same_leader_after')} | {r.get('load')} |")
-    return out
+            gap = r.get("outage_and_after") or {}
+            unrec = (f"{gap.get('unrecorded')} ({r.get('unrecorded_after_up')})" if gap
+                     else "–")
+            out.append(f"| {r.get('series', 'b')} | {r['run']} | {_f(r.get('first_send_s'))} | "
+                       f"{r.get('first_sender')} | {r.get('same_leader_after')} | {unrec} | "
+                       f"{_reasons(gap) if gap else '–'} | {r.get('load')} |")
+    return out + [""] + totals
 
 
 def _django(runs: list[dict[str, Any]]) -> list[str]:
