@@ -95,7 +95,8 @@ def _django(runs: list[dict[str, Any]]) -> list[str]:
 def write(results: Path) -> Path:
     parts = ["# Reliability: faults mid-protocol, real processes", "",
              "Written by `python bench/reliability.py summary` from "
-             "`bench/results/reliability-*.json`; how each is measured: docs/benchmarks.md.", ""]
+             "`bench/results/reliability-*.json`; how each is measured, and what the runs "
+             "found: docs/benchmarks.md (Reliability).", ""]
     for name, render in (("burst", _burst), ("failover", _failover), ("restart", _restart),
                          ("django", _django)):
         path = results / f"reliability-{name}.json"
