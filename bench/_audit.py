@@ -15,6 +15,7 @@ side, per entry and slot:
 
 from __future__ import annotations
 
+import itertools
 import re
 import threading
 import time
@@ -137,7 +138,7 @@ def audit(messages: list[Message], events: list[dict[str, str]], every: float, u
     for name in sorted(names):
         known = sorted({s for n, s in pub if n == name} | {s for n, s in hist if n == name})
         holes = []
-        for a, b in zip(known, known[1:]):
+        for a, b in itertools.pairwise(known):
             k = round((b - a) / step) - 1
             holes += [a + i * step for i in range(1, k + 1)]
         s = known[-1] + step

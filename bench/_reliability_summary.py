@@ -23,11 +23,11 @@ def _reasons(row: dict[str, Any]) -> str:
 def _burst(runs: list[dict[str, Any]]) -> list[str]:
     out = ["## Sentinel master SIGKILLed a third of the way into a 1,000-entry burst",
            "", "3 beats, `leaderbeat_min_replicas = 1`, 1,000 entries every 30 s.", "",
-           "Healed: the killed master restarted (empty) 3 s after the promotion and "
+           ("Healed: the killed master restarted (empty) 3 s after the promotion and "
            "made a replica by Sentinel; not healed: the new master has no replica, so no "
-           "later chunk meets `min_replicas`.", "",
-           "| run | healed | published before the kill | promoted after (s) | slots twice | "
-           "unrecorded | recorded, not published | load |", "|---|---|---|---|---|---|---|---|"]
+           "later chunk meets `min_replicas`."), "",
+           ("| run | healed | published before the kill | promoted after (s) | slots twice | "
+           "unrecorded | recorded, not published | load |"), "|---|---|---|---|---|---|---|---|"]
     for r in runs:
         out.append(f"| {r['run']} | {'yes' if r.get('heal') else 'no'} | "
                    f"{_f(r.get('published_at_kill'))} | {_f(r.get('promoted_s'))} "
@@ -38,11 +38,11 @@ def _burst(runs: list[dict[str, Any]]) -> list[str]:
 
 def _failover(runs: list[dict[str, Any]]) -> list[str]:
     out = ["## Leader SIGKILLed during a Sentinel failover", "",
-           "3 beats, 10 entries every 1 s; the master SIGKILLed, the leader ~0.7 s later; "
-           "times from the master's kill; healed: the killed master restarted at the promotion.",
-           "", "| run | min_replicas | healed | promoted (s) | new leader (s) | first send (s) "
+           ("3 beats, 10 entries every 1 s; the master SIGKILLed, the leader ~0.7 s later; "
+           "times from the master's kill; healed: the killed master restarted at the promotion."),
+           "", ("| run | min_replicas | healed | promoted (s) | new leader (s) | first send (s) "
            "| worst lateness (s) | rescued | slots twice | unrecorded | recorded, not published "
-           "| load |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "| load |"), "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
         out.append(f"| {r['run']} | {r.get('min_replicas')} | {'yes' if r.get('heal') else 'no'} "
                    f"| {_f(r.get('promoted_s'))} | {_f(r.get('new_leader_s'))} | "
@@ -56,11 +56,11 @@ def _failover(runs: list[dict[str, Any]]) -> list[str]:
 def _restart(runs: list[dict[str, Any]]) -> list[str]:
     out = ["## Redis (no persistence) restarted empty under 3 beats", "",
            "10 entries every 1 s; Redis SIGKILLed, restarted empty on the same port 3 s later.",
-           "Unrecorded: slots due from the kill to 4 s after Redis answered, neither "
-           "published nor in the history (series b only).", "",
-           "| series | restart | first send after Redis answers (s) | sent by | "
+           ("Unrecorded: slots due from the kill to 4 s after Redis answered, neither "
+           "published nor in the history (series b only)."), "",
+           ("| series | restart | first send after Redis answers (s) | sent by | "
            "same leader after | unrecorded (of them after Redis answered) | recorded, not "
-           "published | load |", "|---|---|---|---|---|---|---|---|"]
+           "published | load |"), "|---|---|---|---|---|---|---|---|"]
     totals = []
     for r in runs:
         if r.get("run") == "all":
@@ -78,10 +78,10 @@ def _restart(runs: list[dict[str, Any]]) -> list[str]:
 
 def _django(runs: list[dict[str, Any]]) -> list[str]:
     out = ["## django-celery-beat: an interval row changed 5 s -> 10 s through the ORM", "",
-           "3 beats, PostgreSQL; steps between consecutive slots sent after the save "
-           "(L leader, R rescue).", "",
-           "| run | slots after the change (s from the save, source) | steps (s) | "
-           "last non-10 s step ends (s after save) | slots twice | load |",
+           ("3 beats, PostgreSQL; steps between consecutive slots sent after the save "
+           "(L leader, R rescue)."), "",
+           ("| run | slots after the change (s from the save, source) | steps (s) | "
+           "last non-10 s step ends (s after save) | slots twice | load |"),
            "|---|---|---|---|---|---|"]
     for r in runs:
         slots = ", ".join(f"{a['slot_from_change_s']:.1f}{a['source'][0].upper()}"
@@ -94,9 +94,9 @@ def _django(runs: list[dict[str, Any]]) -> list[str]:
 
 def write(results: Path) -> Path:
     parts = ["# Reliability: faults mid-protocol, real processes", "",
-             "Written by `python bench/reliability.py summary` from "
+             ("Written by `python bench/reliability.py summary` from "
              "`bench/results/reliability-*.json`; how each is measured, and what the runs "
-             "found: docs/benchmarks.md (Reliability).", ""]
+             "found: docs/benchmarks.md (Reliability)."), ""]
     for name, render in (("burst", _burst), ("failover", _failover), ("restart", _restart),
                          ("django", _django)):
         path = results / f"reliability-{name}.json"

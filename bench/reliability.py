@@ -16,9 +16,11 @@ the logs of a run that shows a duplicate or an unrecorded slot are kept under
 bench/results/reliability-logs/.
 """
 
+# ruff: noqa: I001 - _harness is imported first: it puts the repository on sys.path
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import shutil
 import sys
@@ -29,8 +31,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from _harness import entries, load, versions  # first: puts the repository on sys.path
-from _audit import Drain, audit, by_source, history, pid_of, slot_ms  # noqa: I001
+import redis
+
+from _harness import entries, load, versions
+from _audit import Drain, audit, by_source, history, pid_of, slot_ms
 
 from tests.deployments.sentinel import MASTER, SentinelSet
 from tests.support.beat import APP_MODULE, BeatProcess, beat_env
@@ -44,7 +48,7 @@ PREFIX = "rel"
 def leader_pid(client: Any, prefix: str = PREFIX) -> int | None:
     try:
         raw = client.get("{" + prefix + "}:leader")
-    except Exception:  # noqa: BLE001 - Redis down or failing over: no answer
+    except redis.RedisError:  # down, or failing over: no answer
         return None
     return int(raw.decode().split("|")[0].split(":")[-2]) if raw else None
 
@@ -119,7 +123,7 @@ def burst(run: int, heal: bool, n: int = 1000, every: float = 30.0) -> dict[str,
             if heal:
                 time.sleep(3)
                 old.restart()
-            new_leader, t_led = wait_leader(lambda: sset.master().client(), beats, None, 30)
+            new_leader, _ = wait_leader(lambda: sset.master().client(), beats, None, 30)
             row["leader_before"], row["leader_after"] = leader, new_leader
             time.sleep(max(0.0, t_kill + every + 15 - time.time()))  # the next burst too
             t_end = time.time()
@@ -174,7 +178,7 @@ def failover(run: int, min_replicas: int = 0, heal: bool = False, n: int = 10,
             if heal:  # a replica again, so min_replicas = 1 can be met
                 old.restart()
             alive = [b for b in beats if b is not victim]
-            new_leader, t_led = wait_leader(lambda: sset.master().client(), alive, leader, 40)
+            _, t_led = wait_leader(lambda: sset.master().client(), alive, leader, 40)
             row["new_leader_s"] = t_led - t_kill if t_led else None
             first = drain.first_after(t_kill, 30)
             row["first_send_s"] = first.received - t_kill if first else None
@@ -271,7 +275,7 @@ def django(run: int, watch: float = 60.0) -> dict[str, Any]:
         drain = Drain(broker.client())
         beats = start_beats(3, env, work, app=site.APP)
         try:
-            probe = lambda: [m for m in drain.messages if m.entry == "probe"]  # noqa: E731
+            probe = lambda: [m for m in drain.messages if m.entry == "probe"]
             deadline = time.monotonic() + 60
             while len(probe()) < 4 and time.monotonic() < deadline:
                 time.sleep(0.1)
@@ -289,16 +293,16 @@ def django(run: int, watch: float = 60.0) -> dict[str, Any]:
     mine = sorted((m for m in msgs if m.entry == "probe"), key=slot_ms)
     after = [m for m in mine if slot_ms(m) / 1000 > changed]
     row["before_change_steps_s"] = sorted({round((slot_ms(b) - slot_ms(a)) / 1000, 3) for a, b in
-                                           zip(mine, mine[1:]) if slot_ms(b) / 1000 <= changed})
+                                           itertools.pairwise(mine) if slot_ms(b) / 1000 <= changed})
     row["after"] = [{"slot_from_change_s": round(slot_ms(m) / 1000 - changed, 3),
                      "source": "rescue" if m.epoch == 0 else "leader", "pid": pid_of(m)}
                     for m in after]
     row["steps_after_s"] = [round((slot_ms(b) - slot_ms(a)) / 1000, 3)
-                            for a, b in zip(after, after[1:])]
+                            for a, b in itertools.pairwise(after)]
     for source in ("leader", "rescue"):
         own = [m for m in after if (m.epoch == 0) == (source == "rescue")]
         row[f"steps_after_{source}_s"] = [round((slot_ms(b) - slot_ms(a)) / 1000, 3)
-                                          for a, b in zip(own, own[1:])]
+                                          for a, b in itertools.pairwise(own)]
     ten = [i for i, s in enumerate(row["steps_after_s"]) if abs(s - 10) > 0.01]
     row["last_non_10s_step_ends_s"] = (round(slot_ms(after[ten[-1] + 1]) / 1000 - changed, 3)
                                        if ten else None)
