@@ -57,7 +57,7 @@ def _restart(runs: list[dict[str, Any]]) -> list[str]:
     out = ["## Redis (no persistence) restarted empty under 3 beats", "",
            "10 entries every 1 s; Redis SIGKILLed, restarted empty on the same port 3 s later.",
            ("Unrecorded: slots due from the kill to 4 s after Redis answered, neither "
-           "published nor in the history (series b only)."), "",
+           "published nor in the history (series b; series a ran before that audit)."), "",
            ("| series | restart | first send after Redis answers (s) | sent by | "
            "same leader after | unrecorded (of them after Redis answered) | recorded, not "
            "published | load |"), "|---|---|---|---|---|---|---|---|"]
