@@ -43,6 +43,12 @@ class _Clock:
     def next_after(self, t: datetime) -> datetime:
         raise NotImplementedError
 
+    @property
+    def share_key(self) -> object | None:
+        """Equal for clocks with the same slots and fire times, whatever the entry; None
+        when they are this entry's own (jitter, or a schedule compared by nothing)."""
+        return None
+
     def fire_time(self, slot: datetime) -> datetime:
         """``slot`` + a deterministic offset in [0, jitter), always before the next slot."""
         if not self.jitter_ms:
@@ -70,6 +76,10 @@ class IntervalClock(_Clock):
             return EPOCH + ((t - EPOCH) // self.every + 1) * self.every
         return t + self.every
 
+    @property
+    def share_key(self) -> object | None:
+        return None if self.jitter_ms else ("interval", self.every, self.relative)
+
     def count(self, last: datetime, t: datetime) -> int:
         """How many slots lie in (last, t], ``last`` being a slot."""
         if t <= last:
@@ -94,6 +104,10 @@ class CronClock(_Clock):
 
     def next_after(self, t: datetime) -> datetime:
         return self.engine.next_after(t)
+
+    @property
+    def share_key(self) -> object | None:
+        return None if self.jitter_ms else self.engine  # engines are shared per expression+zone
 
 
 # Each solar event as ephem finds it: (Observer method, horizon, use the sun's centre).

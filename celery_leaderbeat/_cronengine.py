@@ -38,6 +38,29 @@ _NEAR = timedelta(hours=6)  # more than any clock shift (3 h), so a fold or gap 
 _SECOND = timedelta(seconds=1)
 _TINY = timedelta(microseconds=1)
 _MAX_STEPS = 64
+_MEMO = 512  # next_after answers kept per engine: a burst asks the same few instants
+
+_shared: dict[tuple[object, ...], CronEngine] = {}
+_shared_lock = threading.Lock()
+
+
+def shared_engine(expr: str, tz: tzinfo, *, day_or: bool = True, hash_id: str | None = None,
+                  second_at_beginning: bool = False) -> CronEngine:
+    """The one engine of this expression in this zone, shared by every entry that has it.
+
+    Entries on one schedule then share each next-fire computation (a burst of 10,000
+    entries on one cron asks one engine the same instant 10,000 times: answered from
+    its memo after the first).
+    """
+    key = (expr, tz, day_or, hash_id, second_at_beginning)
+    engine = _shared.get(key)
+    if engine is None:
+        with _shared_lock:
+            engine = _shared.get(key)
+            if engine is None:
+                engine = _shared[key] = CronEngine(expr, tz, day_or=day_or, hash_id=hash_id,
+                                                   second_at_beginning=second_at_beginning)
+    return engine
 
 
 class CronEngine:
@@ -68,6 +91,7 @@ class CronEngine:
         )[0][HOUR_FIELD]
         self.fixed_hour = not (hours == ["*"] or set(hours) >= set(range(24)))
         self._lock = threading.Lock()
+        self._memo: dict[datetime, datetime] = {}
 
     # -- wall clock -------------------------------------------------------------
 
@@ -109,7 +133,20 @@ class CronEngine:
     # -- the search -------------------------------------------------------------
 
     def next_after(self, t: datetime) -> datetime:
-        """The first instant strictly after ``t`` (aware) at which the schedule fires, in UTC."""
+        """The first instant strictly after ``t`` (aware) at which the schedule fires, in UTC.
+
+        Answers are remembered (a pure function of ``t``): entries sharing this engine
+        ask for the same instants.
+        """
+        found = self._memo.get(t)
+        if found is None:
+            found = self._search(t)
+            if len(self._memo) >= _MEMO:
+                self._memo.clear()
+            self._memo[t] = found
+        return found
+
+    def _search(self, t: datetime) -> datetime:
         s, inclusive = t.astimezone(UTC), False
         for _ in range(_MAX_STEPS):
             offset = self._offset(s)

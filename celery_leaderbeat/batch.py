@@ -44,6 +44,47 @@ CHUNK = 100
 Send = Callable[[str, datetime], bool]
 
 
+class ChunkSend(Protocol):
+    """Sends a chunk's granted slots at once; may hand their broker commands to the claim."""
+
+    def prepare(self, slots: Sequence[tuple[str, datetime]]) -> Sequence[tuple | None]:
+        """Per slot, broker commands the claim runs if it grants the slot, or None."""
+
+    def enqueued(self, slots: Sequence[tuple[str, datetime]]) -> None:
+        """These slots were granted and enqueued by the claim itself."""
+
+    def send_many(self, slots: Sequence[tuple[str, datetime]],
+                  may_send: Callable[[], bool]) -> list[bool]:
+        """Publish these granted slots; True for each one the broker accepted.
+
+        ``may_send`` is asked again just before anything reaches the broker. A
+        shorter answer means it stopped because it said no (the lease can no
+        longer be confirmed): the rest are recorded unsent ("lease expired").
+        """
+
+
+class _OneByOne:
+    """A per-slot :data:`Send` as a :class:`ChunkSend`."""
+
+    def __init__(self, send: Send) -> None:
+        self.send = send
+
+    def prepare(self, slots: Sequence[tuple[str, datetime]]) -> Sequence[tuple | None]:
+        return [None] * len(slots)
+
+    def enqueued(self, slots: Sequence[tuple[str, datetime]]) -> None:
+        pass
+
+    def send_many(self, slots: Sequence[tuple[str, datetime]],
+                  may_send: Callable[[], bool]) -> list[bool]:
+        out: list[bool] = []
+        for name, slot in slots:
+            if not may_send():  # the lease ran out mid-chunk: stop here
+                break
+            out.append(self.send(name, slot))
+        return out
+
+
 class Gate(Protocol):
     """Who claims: the leader (fenced by its lease) or a standby (rescue, no lease)."""
 
@@ -129,7 +170,7 @@ class Outcome:
     differs: list[str] = field(default_factory=list)  # rescue: the leader plans another definition
 
 
-def run_batch(due: Sequence[tuple[Tracked, Plan]], gate: Gate, send: Send, *,
+def run_batch(due: Sequence[tuple[Tracked, Plan]], gate: Gate, send: Send | ChunkSend, *,
               memory: SentMemory | None = None, backlog: list[Event] | None = None,
               record_missed: bool = True,
               progress: Callable[[], None] = lambda: None) -> Outcome:
@@ -147,14 +188,22 @@ def run_batch(due: Sequence[tuple[Tracked, Plan]], gate: Gate, send: Send, *,
     leaves every entry advanced past what was settled, and no further; events whose
     record call failed go to ``backlog`` and ride on the next batch's first call.
     """
+    sender: ChunkSend = (send if hasattr(send, "send_many")  # type: ignore[assignment]
+                         else _OneByOne(send))  # type: ignore[arg-type]
     memory = memory if memory is not None else SentMemory()
     backlog = backlog if backlog is not None else []
     outcome = Outcome()
     pending: list[Event] = list(backlog)
     backlog.clear()
+    # A leader records what its plan passes over at once; a rescuer only once its claim
+    # of the entry was granted (several standbys plan the same batch: one records it).
+    deferred: dict[str, list[Event]] = {}
     if record_missed:
         for tracked, p in due:
-            pending += missed_events(tracked, p)
+            if gate.records_refusals:
+                pending += missed_events(tracked, p)
+            elif p.missed:
+                deferred[tracked.name] = missed_events(tracked, p)
     position = {tracked.name: tracked.last for tracked, _ in due}
     stopped: set[str] = set()  # entries with a slot left unsettled: not advanced past it
     fenced = False
@@ -168,8 +217,11 @@ def run_batch(due: Sequence[tuple[Tracked, Plan]], gate: Gate, send: Send, *,
             if not gate.may_send():
                 fenced = True
                 break
+            wanted = [(t.name, slot) for t, slot, op, _ in chunk
+                      if op == Op.CLAIM and not memory.covers(t.name, to_ms(slot))]
+            commands = dict(zip(wanted, sender.prepare(wanted)))
             items = [ClaimItem(t.name, to_ms(slot), op, to_ms(t.clock.fire_time(slot)),
-                               to_ms(prev), t.fingerprint)
+                               to_ms(prev), t.fingerprint, commands.get((t.name, slot)) or ())
                      for t, slot, op, prev in chunk]
             writing, pending = pending, []  # written by the claim call, even when refused
             outcome.events += writing
@@ -188,20 +240,35 @@ def run_batch(due: Sequence[tuple[Tracked, Plan]], gate: Gate, send: Send, *,
                 except Exception:
                     backlog.extend(writing)  # may not have been written: written again later
                     raise
+                granted = [(t.name, slot) for (t, slot, op, _), result in zip(chunk, results)
+                           if result is None and op == Op.CLAIM
+                           and not memory.covers(t.name, to_ms(slot))]
+                enqueued = {(c[0].name, c[1]) for c, item, result in zip(chunk, items, results)
+                            if result is None and item.enqueue and replicated}
+                sender.enqueued([g for g in granted if g in enqueued])
+                to_send = [g for g in granted if g not in enqueued]
+                sent: dict[tuple[str, datetime], bool] = {}
+                if to_send and replicated and not fenced:
+                    sent = dict(zip(to_send, sender.send_many(to_send, gate.may_send)))
+                fenced = fenced or (replicated and len(sent) < len(to_send))
                 for (tracked, slot, op, _), result in zip(chunk, results):
                     name, slot_ms = tracked.name, to_ms(slot)
                     if result is None:
                         position[name] = max(position[name], slot)
+                        pending += deferred.pop(name, ())
                         if op != Op.CLAIM:
                             continue
                         if memory.covers(name, slot_ms):  # granted again after a lost reply
                             pending.append(_already_sent(memory, name, slot_ms, gate.detail))
+                        elif (name, slot) in enqueued:  # granted and enqueued in one step
+                            memory.note(name, slot_ms)
+                            outcome.sent += 1
+                            pending.append(Event(name, slot_ms, "sent", gate.detail))
                         elif not replicated:
                             pending.append(Event(name, slot_ms, "unsent", "not replicated"))
-                        elif fenced or not gate.may_send():
-                            fenced = True
+                        elif (name, slot) not in sent:
                             pending.append(Event(name, slot_ms, "unsent", "lease expired"))
-                        elif send(name, slot):
+                        elif sent[(name, slot)]:
                             memory.note(name, slot_ms)
                             outcome.sent += 1
                             pending.append(Event(name, slot_ms, "sent", gate.detail))

@@ -63,7 +63,14 @@ class Cluster:
                 "token": text(token)}
 
     def schedule(self) -> tuple[dict[str, Any], dict[str, EntryOptions]]:
-        return split_entries(self.app.conf.beat_schedule or {}, self.config)
+        """``beat_schedule``, plus the rows of a django-celery-beat base scheduler."""
+        entries, options = split_entries(self.app.conf.beat_schedule or {}, self.config)
+        base = self.config.base_scheduler
+        if base is not None and hasattr(base, "Model") and hasattr(base, "Entry"):
+            from .django import database_rows
+
+            entries = {**database_rows(self.app, base), **entries}
+        return entries, options
 
     def check_entry(self, name: str) -> None:
         schedule, _ = self.schedule()

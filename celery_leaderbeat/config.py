@@ -54,6 +54,7 @@ DEFAULTS: dict[str, Any] = {
     "overlap": "allow",
     "metrics_port": None,
     "base_scheduler": None,
+    "atomic_enqueue": True,
 }
 
 OVERLAP_POLICIES = ("allow", "skip")
@@ -86,6 +87,8 @@ class Config:
     metrics_port: int | None = None
     #: the Scheduler class the lease and claims are put around (None: our own schedule)
     base_scheduler: type | None = None
+    #: claim and enqueue in one step where the broker is leaderbeat's Redis
+    atomic_enqueue: bool = True
     #: Celery's ``beat_cron_starting_deadline``: the catch-up window of crontab entries
     cron_starting_deadline: float | None = None
     #: start-up warnings (Celery settings this scheduler does not use, a newer Celery)
@@ -176,6 +179,8 @@ class Config:
             recover = guard is True  # the guard makes re-sending safe: each slot runs once
         recover = v.check("recover_unsent", recover, lambda x: isinstance(x, bool),
                           "must be True or False")
+        atomic = v.check("atomic_enqueue", raw.get("atomic_enqueue"),
+                         lambda x: isinstance(x, bool), "must be True or False")
         guard_expires = v.number("guard_expires", raw.get("guard_expires"), minimum=60.0)
         overlap = v.check("overlap", raw.get("overlap"), lambda x: x in OVERLAP_POLICIES,
                           f"must be one of {', '.join(OVERLAP_POLICIES)}")
@@ -221,7 +226,7 @@ class Config:
             history_length=history, min_replicas=replicas, rescue_after=float(rescue or DEFAULTS["rescue_after"]),
             guard=guard, guard_expires=float(guard_expires or DEFAULTS["guard_expires"]),
             overlap=overlap, metrics_port=metrics_port,
-            base_scheduler=base,
+            base_scheduler=base, atomic_enqueue=atomic,
         )
 
 

@@ -5,16 +5,18 @@ Where the state lives: the schedule (rows, admin, ``enabled``, ``one_off``,
 in the database; leadership, each entry's last slot and the history in Redis. Slots
 come from each row's schedule and bounds, never from ``last_run_at``.
 
-django-celery-beat 2.9.0 traps this module respects (read from its source):
+django-celery-beat 2.6 to 2.9 traps this module respects:
 
 - ``ModelEntry.is_due()`` disables expired and one-off rows and saves them: it never
   runs here. The same rules are slot rules instead, the same on every node: no slot
   before ``start_time``, none at or after ``expires``, one slot for a one-off or
-  clocked row; the leader then disables the row in the database, as is_due() would.
-- ``sync()`` (``last_run_at`` and ``total_run_count``, every 180 s or
-  ``beat_sync_every`` sends) and its ``Finalize`` hook write only on the leader; a
-  standby's rescue is not counted there. On demotion the dirty set is dropped; on
-  promotion the scheduler re-reads every row.
+  clocked row, none at or before the row's last save (``date_changed``: a
+  re-enabled row does not replay its disabled stretch); the row is then disabled
+  in the database, as is_due() would.
+- the ``schedule`` property runs ``sync()`` (one ``UPDATE`` per dirty row in stock
+  beat) before it re-reads a changed table, and re-reads every enabled row: both
+  run on a database thread (:mod:`celery_leaderbeat._djangoio`), and ``sync()``
+  writes this node's run counts as increments, 1,000 rows per statement.
 - Cron strings in ``beat_schedule`` become crontab rows (the database stores
   crontabs), when a crontab means the same; otherwise start-up stops, naming the
   entry.
@@ -23,89 +25,49 @@ django-celery-beat 2.9.0 traps this module respects (read from its source):
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timedelta, timezone, tzinfo
+import time
+from datetime import datetime, timedelta, tzinfo
 from typing import Any
 
 from croniter import croniter
-from django.conf import settings
-from django.db.utils import DatabaseError, InterfaceError
-from django.utils import timezone as dj_timezone
-from django_celery_beat.clockedschedule import clocked
 from django_celery_beat.tzcrontab import TzAwareCrontab
 
-from ._clocks import NEVER, BoundedClock, OnceClock
+from ._clocks import NEVER
+from ._djangoio import Bookkeeping, DatabaseThread, db_time
+from ._djangorows import Bounded, _aware, _keeping_last_run_at, _once, row_view
+from ._gatebase import Adapter
 from .errors import ConfigurationError
-from .gate import Adapter
-from .leader import UNKNOWN_STATE_MARGIN, Leader
+from .leader import Leader
 from .node import utcnow
 from .schedules import cron
-from .slots import SlotClock, clock_for
 
 logger = logging.getLogger(__name__)
 
 _MS = timedelta(milliseconds=1)
-
-
-class Bounded:
-    """A row's schedule with the row's own bounds; builds the row's slot clock.
-
-    ``once`` (one-off or clocked): one slot, the schedule's first after ``origin``
-    (``last_run_at``, else ``date_changed``, as django-celery-beat counts), at or
-    after ``start``, and never sooner than ``not_before`` (``date_changed`` plus the
-    time a leader needs to see the row and start following it), so that every node
-    computes the same single slot and a leader has it in its agenda in time.
-    """
-
-    def __init__(self, inner: Any, *, tz: tzinfo | None, start: datetime | None,
-                 end: datetime | None, once: bool, origin: datetime | None,
-                 not_before: datetime | None) -> None:
-        self.inner = inner
-        self.tz = tz
-        self.start = start
-        self.end = end
-        self.once = once
-        self.origin = origin
-        self.not_before = not_before
-
-    def leaderbeat_clock(self, *, name: str, tz: tzinfo, jitter: float | None) -> SlotClock:
-        zone = self.tz or tz
-        if self.once:
-            return OnceClock(self.once_at(name, zone), name=name, jitter=jitter)
-        if self.start is None and self.end is None:
-            return clock_for(self.inner, name=name, tz=zone, jitter=jitter)
-        return BoundedClock(clock_for(self.inner, name=name, tz=zone), start=self.start,
-                            end=self.end, name=name, jitter=jitter)
-
-    def once_at(self, name: str, zone: tzinfo) -> datetime:
-        """The single slot of a one-off or clocked row (NEVER when it is past ``end``)."""
-        if isinstance(self.inner, clocked):
-            at = _aware(self.inner.clocked_time)
-        else:
-            inner = BoundedClock(clock_for(self.inner, name=name, tz=zone), start=self.start,
-                                 end=None, name=name, jitter=None)
-            at = inner.next_after(self.origin or utcnow())
-        assert at is not None
-        if self.not_before is not None:
-            at = max(at, self.not_before)
-        return NEVER if self.end is not None and at >= self.end else at
-
-    def __repr__(self) -> str:
-        return (f"<bounded {self.inner!r} start={self.start} end={self.end} "
-                f"once={self.once}>")
-
-
-class RowView:
-    """A row as the slots see it: its name and its bounded schedule."""
-
-    __slots__ = ("name", "schedule")
-
-    def __init__(self, name: str, schedule: Bounded) -> None:
-        self.name = name
-        self.schedule = schedule
+#: seconds between two looks at the database for changes (one cheap query each)
+READ_PACE = 1.0
+#: seconds after its save during which a row with no slot state starts at its save
+FRESH = 60.0
+#: seconds between two reads of every row's (id, date_changed), whatever the change marker
+#: says (an edit by QuerySet.update() moves neither; django-celery-beat waits 300 s)
+FULL_READ = 300.0
 
 
 class DatabaseAdapter(Adapter):
-    """django-celery-beat's DatabaseScheduler: rows, their bounds, its sync."""
+    """django-celery-beat's DatabaseScheduler: rows, their bounds, their bookkeeping."""
+
+    background = True
+
+    def __init__(self, scheduler: Any) -> None:
+        super().__init__(scheduler)
+        from django_celery_beat.models import PeriodicTask
+
+        self.books = Bookkeeping(getattr(scheduler, "Model", PeriodicTask))
+        scheduler.Entry = _keeping_last_run_at(scheduler.Entry)
+        self._thread: DatabaseThread | None = None
+        self._disabled: set[tuple[Any, Any]] = set()  # (pk, date_changed) asked to disable
+        self._known: dict[Any, tuple[Any, Any]] | None = None  # pk -> (date_changed, entry)
+        self._full_at = 0.0  # monotonic time of the last read of every row
 
     # -- beat_schedule into rows ---------------------------------------------------------
 
@@ -132,50 +94,51 @@ class DatabaseAdapter(Adapter):
             return super().key(entry)
         once = _once(model, entry)
         return (*super().key(entry), model.enabled, model.one_off, model.start_time,
-                model.expires, once and model.total_run_count,
-                once and model.date_changed, once and model.last_run_at)
+                model.expires, model.date_changed, once and model.total_run_count,
+                once and getattr(model, "leaderbeat_last_run_at", model.last_run_at))
 
     def view(self, entry: Any) -> Any | None:
-        model = getattr(entry, "model", None)
-        if model is None:
-            return entry
-        if not model.enabled:
-            return None
-        once = _once(model, entry)
-        if once and model.total_run_count > 0:
-            return None  # it ran: django-celery-beat disables it, and so does the leader
-        schedule = entry.schedule
-        tz = schedule.tz if isinstance(schedule, TzAwareCrontab) else None
-        start, end = _aware(model.start_time), _aware(model.expires)
-        if not (once or start or end or tz):
-            return entry
-        origin = _aware(model.last_run_at or model.date_changed)
-        changed = _aware(model.date_changed)
-        return RowView(entry.name, Bounded(
-            schedule, tz=tz, start=start, end=end, once=once, origin=origin,
-            not_before=changed + timedelta(seconds=self.settle()) if changed else None))
+        return row_view(entry)
 
-    def settle(self) -> float:
-        """Seconds after a row is saved before a leader surely follows it."""
+    def anchors(self, view: Any) -> dict[str, datetime]:
+        """Where the leader starts rows it has no slot state for, before it tracks them.
+
+        A one-off or clocked row: just before its one slot, so a leader that first sees
+        it after that slot still sends it (late, or as the catch-up policy says). A row
+        saved in the last :data:`FRESH` seconds: at its save, so its first slot is one
+        interval after the save (as django-celery-beat counts it), whenever the leader
+        sees it. Older rows with no state start from "now", as any new entry.
+        """
         s = self.scheduler
-        margin = min(s.lb_config.max_clock_skew, UNKNOWN_STATE_MARGIN)
-        return float(s.max_interval or 5.0) + margin + 1.0
+        found = {}
+        fresh_since = utcnow() - timedelta(seconds=FRESH)
+        for name, shown in view.items():
+            bounded = getattr(shown, "schedule", None)
+            if not isinstance(bounded, Bounded):
+                continue
+            if bounded.once:
+                options = s._entry_options.get(name)
+                at = bounded.once_at(name, bounded.tz or (options.tz if options else None)
+                                     or s.app.timezone)
+                if at < NEVER:
+                    found[name] = at - _MS
+            elif bounded.restart is not None and bounded.restart >= fresh_since:
+                found[name] = bounded.restart
+        return found
 
-    # -- what the leader writes ----------------------------------------------------------------
+    # -- what this node writes -----------------------------------------------------------------
 
     def sent(self, entry: Any, slot: datetime, *, leading: bool) -> None:
+        """Counted on every node that sends (a standby's rescue too), written in the background."""
         model = getattr(entry, "model", None)
-        if model is None or not leading:
-            return  # a standby never writes to the database
-        s = self.scheduler
-        model.last_run_at = _db_time(slot)
+        if model is None:
+            return
         model.total_run_count += 1
-        model.no_changes = True  # a run is no schedule change: no beat re-reads for it
+        model.last_run_at = db_time(slot)
         if _once(model, entry):
             self._disable(model, f"one-off: sent its slot {slot.isoformat()}")
         else:
-            s._dirty.add(entry.name)
-            s._tasks_since_sync += 1
+            self.books.ran(model.pk, db_time(slot))
 
     def housekeeping(self, leader: Leader) -> None:
         """Disable expired rows, and one-off rows whose one slot is behind them."""
@@ -191,35 +154,95 @@ class DatabaseAdapter(Adapter):
                 tracked = leader.tracked.get(name)
                 if tracked is not None and tracked.next_fire >= NEVER:
                     self._disable(model, f"one-off: its slot is behind it (last slot "
-                                         f"{tracked.last.isoformat()})")
+                                         f"{tracked.last.isoformat()}: sent by another node, "
+                                         "or missed under the catch-up policy; see the "
+                                         "history)")
 
     def _disable(self, model: Any, why: str) -> None:
-        """As django-celery-beat's is_due() would: enabled off, run count reset for one-offs."""
-        model.enabled = False
-        if model.one_off:
-            model.total_run_count = 0
-        model.no_changes = False  # every beat re-reads: the row leaves every schedule
-        try:
-            model.save(update_fields=["enabled", "last_run_at", "total_run_count",
-                                      "date_changed"])
-        except (DatabaseError, InterfaceError):
-            logger.exception("leaderbeat: could not disable %r in the database (%s)",
-                             model.name, why)
+        """As django-celery-beat's is_due() would, written by the database thread (once per
+        save of the row: a read before the write lands shows it enabled still)."""
+        model.enabled = False  # in memory: asked once
+        mark = (model.pk, model.date_changed)
+        if mark in self._disabled:
             return
-        finally:
-            self.scheduler._dirty.discard(model.name)
-            self.scheduler.force_refresh()
-        logger.info("leaderbeat: disabled %r in the database: %s", model.name, why)
+        self._disabled.add(mark)
+        self.books.disable(model.pk, f"{model.name!r}: {why}")
+        if self._thread is not None:
+            self._thread.poke()
+
+    # -- the database thread ---------------------------------------------------------------
+
+    def thread(self, work: Any) -> DatabaseThread:
+        pace = min(float(self.scheduler.max_interval or 5.0), READ_PACE)
+        self._thread = DatabaseThread(work, pace, name="leaderbeat-db")
+        return self._thread
+
+    def flush(self) -> None:
+        self.books.flush()
+
+    def read(self) -> dict[str, Any] | None:
+        """The enabled rows, when django-celery-beat's change marker moved (or every
+        :data:`FULL_READ` seconds); None when nothing changed.
+
+        Only the rows whose ``date_changed`` moved are fetched and built again: one
+        query of (id, date_changed) pairs finds them, so an edit storm does not make
+        every beat rebuild every row on every pass, as the base's ``schedule`` does.
+        """
+        s = self.scheduler
+        changed = s.schedule_changed()
+        now = time.monotonic()
+        if not changed and self._known is not None and now - self._full_at < FULL_READ:
+            return None
+        if self._known is None or now - self._full_at >= FULL_READ:
+            self._full_at = now
+        query = s.enabled_models_qs() if hasattr(s, "enabled_models_qs") else \
+            s.Model.objects.enabled()
+        stamps = dict(query.values_list("pk", "date_changed"))
+        known = self._known or {}
+        fetch = [pk for pk, stamp in stamps.items() if pk not in known or known[pk][0] != stamp]
+        if not fetch and stamps.keys() == known.keys():
+            return None
+        rows = {pk: known[pk] for pk in stamps if pk in known and pk not in set(fetch)}
+        for i in range(0, len(fetch), 1000):
+            for model in query.filter(pk__in=fetch[i:i + 1000]):
+                try:
+                    rows[model.pk] = (model.date_changed, s.Entry(model, app=s.app))
+                except ValueError:
+                    pass  # as django-celery-beat: a row it cannot build is left out
+        self._known = rows
+        return {entry.name: entry for _, entry in rows.values()}
+
+    def sync(self, *, leading: bool) -> None:
+        """Increments and disables, safe from any node (they never overwrite a value)."""
+        self.books.flush()
 
     # -- roles ---------------------------------------------------------------------------------
 
     def promoted(self) -> None:
-        s = self.scheduler
-        s._initial_read = True  # the next read of .schedule re-reads every row
-        s._heap = None
+        self._full_at = float("-inf")  # the next pass looks at every row's date_changed
+        if self._thread is not None:
+            self._thread.poke()
 
-    def demoted(self) -> None:
-        self.scheduler._dirty.clear()
+
+def database_rows(app: Any, base: Any) -> dict[str, dict[str, Any]]:
+    """Every enabled row of ``base``'s table, as ``beat_schedule`` entries (for the CLI)."""
+    from django.apps import apps
+
+    if not apps.ready:
+        import django
+
+        django.setup()
+    rows = {}
+    for model in base.Model.objects.enabled():
+        try:
+            entry = _keeping_last_run_at(base.Entry)(model, app=app)
+            shown = row_view(entry)
+        except Exception as exc:  # noqa: BLE001 - one bad row never hides the others
+            logger.warning("leaderbeat: row %r cannot be shown: %s", model.name, exc)
+            continue
+        if shown is not None:
+            rows[model.name] = {"task": entry.task, "schedule": shown.schedule}
+    return rows
 
 
 def as_crontab(name: str, schedule: cron, zone: tzinfo) -> TzAwareCrontab:
@@ -251,21 +274,3 @@ def as_crontab(name: str, schedule: cron, zone: tzinfo) -> TzAwareCrontab:
                               month_of_year=spelled[3], day_of_week=spelled[4], tz=zone)
 
 
-def _once(model: Any, entry: Any) -> bool:
-    return bool(model.one_off) or isinstance(getattr(entry, "schedule", None), clocked)
-
-
-def _aware(value: datetime | None) -> datetime | None:
-    """A database datetime in UTC (a naive one is in Django's TIME_ZONE, USE_TZ off)."""
-    if value is None:
-        return None
-    if dj_timezone.is_naive(value):
-        value = dj_timezone.make_aware(value, dj_timezone.get_default_timezone())
-    return value.astimezone(timezone.utc)
-
-
-def _db_time(slot: datetime) -> datetime:
-    """A slot as the database stores it: aware with USE_TZ, else naive local time."""
-    if getattr(settings, "USE_TZ", True):
-        return slot
-    return dj_timezone.make_naive(slot, dj_timezone.get_default_timezone())

@@ -1,4 +1,4 @@
-"""Gating another Scheduler class: its schedule, our lease and claims (docs/architecture.md).
+"""Gating another Scheduler class: its schedule, our lease and claims.
 
 With ``leaderbeat_base_scheduler = "django_celery_beat.schedulers:DatabaseScheduler"``
 (or Celery's ``PersistentScheduler``, or any ``celery.beat.Scheduler`` subclass),
@@ -9,14 +9,18 @@ its store, the admin). The gate keeps the rest:
 
 - the tick is leaderbeat's: the base's ``tick()`` (and with it django-celery-beat's
   ``is_due()``, which writes to the database) never runs, on any node;
-- the gate reads the base's ``.schedule`` at the base's pace (its ``max_interval``;
-  5 s for django-celery-beat, whose ``schedule`` property is where it notices
-  database changes) and bumps the schedule version when a cheap fingerprint of the
-  entries changed, so the leader and the standbys re-read them;
+- the gate reads the base's ``.schedule`` at the base's pace (its ``max_interval``)
+  and bumps the schedule version when a cheap fingerprint of the entries changed,
+  so the leader and the standbys re-read them; an adapter may do that read, and
+  the writes of its bookkeeping, on a thread of its own (django-celery-beat's does,
+  once a second), so that neither ever holds up sending;
+- before the leader tracks new or changed entries, the adapter may anchor them in
+  Redis at a slot of its choosing (else an entry with no stored slot starts from
+  "now"): a one-off row just before its one slot;
 - slots come from each entry's schedule, never from ``last_run_at``;
-- the base's ``sync()`` runs only on the leader (a standby never writes to the
-  base's store), and once more before the lease is released on a graceful stop;
-  on promotion the base re-reads everything, on demotion it drops its dirty state.
+- the base's ``sync()`` runs only on the leader (a standby never writes absolute
+  values to the base's store), and once more before the lease is released on a
+  graceful stop; on promotion the base re-reads everything.
 
 What differs between bases lives in an :class:`Adapter`; django-celery-beat's is
 in :mod:`celery_leaderbeat.django`.
@@ -27,20 +31,24 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import threading
 import time
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
+import redis
 from celery import beat
 from celery.utils.imports import symbol_by_name
 
-from .entries import split_entries
-from .errors import ConfigurationError
+from ._gatebase import Snapshot, adapter_for
+from .entries import EntryOptions, split_entries
+from .errors import ConfigurationError, LeaseLostError, NotReplicatedError
 from .leader import Leader
+from .ledger import ClaimItem, Op
 from .node import Node
-from .scheduler import Scheduler
-from .slots import clock_for
+from .scheduler import _CHANGE_LOG, Scheduler
+from .slots import clock_for, to_ms
 from .standby import Standby
 
 logger = logging.getLogger(__name__)
@@ -59,7 +67,7 @@ def resolve_base(value: Any) -> type | None:
     cls = value
     if isinstance(value, str):
         try:
-            cls = symbol_by_name(value)
+            cls = _import(value)
         except Exception as exc:  # noqa: BLE001 - any import failure is the user's to see
             raise ConfigurationError(
                 f"{SETTING}={value!r} is not importable ({type(exc).__name__}: {exc})") from None
@@ -73,54 +81,26 @@ def resolve_base(value: Any) -> type | None:
     return cls
 
 
+def _import(path: str) -> Any:
+    """``symbol_by_name``; a Django app's scheduler outside ``celery beat`` (the CLI, a
+    script) is imported once Django is set up, as the beat's Django fixup would."""
+    try:
+        return symbol_by_name(path)
+    except Exception as exc:
+        if type(exc).__name__ != "AppRegistryNotReady":
+            raise
+        import django
+
+        django.setup()
+        return symbol_by_name(path)
+
+
 @functools.cache
 def gate_class(base: type) -> type:
     """``LeaderbeatGate<Base>(GateMixin, Base)``, built once per base class."""
     name = f"LeaderbeatGate{base.__name__}"
     return type(name, (GateMixin, base), {"__module__": __name__, "__qualname__": name,
                                           "gated": base})
-
-
-class Adapter:
-    """What the gate does that depends on the base; this one suits any Scheduler."""
-
-    def __init__(self, scheduler: GateMixin) -> None:
-        self.scheduler = scheduler
-
-    def prepare(self, entries: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-        """``beat_schedule`` entries (cron strings parsed) about to be stored by the base."""
-        return entries
-
-    def view(self, entry: Any) -> Any | None:
-        """The entry as the slots see it (an object with ``.schedule``); None: no slots."""
-        return entry
-
-    def key(self, entry: Any) -> tuple[Any, ...]:
-        """What, if changed, changes the entry's slots or messages (the fingerprint)."""
-        return (entry.task, repr(entry.schedule), repr(entry.args), repr(entry.kwargs),
-                repr(entry.options))
-
-    def sent(self, entry: Any, slot: datetime, *, leading: bool) -> None:
-        """``slot`` of ``entry`` was published (by the leader, or by a standby's rescue)."""
-
-    def housekeeping(self, leader: Leader) -> None:
-        """On the leader, after each read of the schedule."""
-
-    def promoted(self) -> None:
-        """This node leads now: the base re-reads everything it holds."""
-
-    def demoted(self) -> None:
-        """This node no longer leads: the base forgets what it has not written."""
-
-
-def adapter_for(base: type) -> type[Adapter]:
-    """django-celery-beat's adapter for its DatabaseScheduler (and subclasses), else the generic."""
-    if any(c.__module__ == "django_celery_beat.schedulers" and c.__name__ == "DatabaseScheduler"
-           for c in base.__mro__):
-        from .django import DatabaseAdapter
-
-        return DatabaseAdapter
-    return Adapter
 
 
 class GateMixin(Scheduler):
@@ -136,6 +116,10 @@ class GateMixin(Scheduler):
         self._gate_bad: dict[str, tuple[Any, ...]] = {}  # entries left out, and their key
         self._gate_static: set[str] = set()  # names that came from beat_schedule
         self._gate_read_at = float("-inf")  # monotonic time of the last read
+        self._gate_pending: Snapshot | None = None  # read by the thread, not applied yet
+        self._gate_lock = threading.Lock()
+        self._gate_thread: Any = None
+        self._gate_thread_pid: int | None = None
         super().__init__(app, *args, **kwargs)
 
     # -- the schedule definition: the base's -----------------------------------------
@@ -170,6 +154,8 @@ class GateMixin(Scheduler):
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
         """Read the base's schedule when due, then leaderbeat's tick (never the base's)."""
+        if self.adapter.background:
+            return self._tick_background()
         self._refresh()
         delay = super().tick()
         # wake for the next read too: a leader otherwise sleeps until its next slot
@@ -180,29 +166,44 @@ class GateMixin(Scheduler):
         return float(self.max_interval or 5.0)
 
     def _refresh(self, *, force: bool = False, strict: bool = False) -> None:
-        """Read ``.schedule``; bump the schedule version when the fingerprint changed."""
+        """Read ``.schedule`` here and now; apply what changed."""
         started = time.monotonic()
         if not force and started - self._gate_read_at < self._gate_pace():
             return
         self._gate_read_at = started
-        try:
-            entries = dict(self.schedule)  # the base notices changes to its store here
-        except Exception:
-            logger.exception("leaderbeat: could not read the schedule of %s; keeping the "
-                             "last one read", self.gated.__name__)
-            if strict:
-                raise
-            return
+        snapshot = self._read(strict=strict)
+        if snapshot is not None:
+            self._apply(snapshot)
+        if self._leader is not None:
+            self.adapter.housekeeping(self._leader)
+
+    def _read(self, *, strict: bool = False,
+              entries: dict[str, Any] | None = None) -> Snapshot | None:
+        """Read ``.schedule`` (unless ``entries`` were read already) and see each entry as
+        the slots do; None: unreadable."""
+        if entries is None:
+            try:
+                entries = dict(self.schedule)  # the base notices changes to its store here
+            except Exception:
+                logger.exception("leaderbeat: could not read the schedule of %s; keeping the "
+                                 "last one read", self.gated.__name__)
+                if strict:
+                    raise
+                return None
         keys: dict[str, tuple[Any, ...]] = {}
         view: dict[str, Any] = {}
         problems: list[str] = []
+        known_keys, known_view = self._gate_keys, self._gate_view
         for name, entry in entries.items():
             key: tuple[Any, ...] = ()
             try:
                 key = self.adapter.key(entry)
-                shown = self.adapter.view(entry)
-                if shown is not None and self._gate_keys.get(name) != key:
-                    self._check_clock(name, shown)  # new or changed: can we follow it?
+                if known_keys.get(name) == key and name in known_view:
+                    shown = known_view[name]  # the same object: its slot clock is reused
+                else:
+                    shown = self.adapter.view(entry)
+                    if shown is not None:
+                        self._check_clock(name, shown)  # new or changed: can we follow it?
             except Exception as exc:  # noqa: BLE001 - one bad entry never stops the others
                 if strict and name in self._gate_static:
                     problems += getattr(exc, "problems", None) or [f"entry {name!r}: {exc}"]
@@ -216,12 +217,91 @@ class GateMixin(Scheduler):
                 view[name] = shown
         if problems:
             raise ConfigurationError(problems)
+        return Snapshot(entries, view, keys)
+
+    def _apply(self, snapshot: Snapshot) -> bool:
+        """Make ``snapshot`` the schedule; False when it must wait (Redis did not answer)."""
+        entries, view, keys = snapshot
         changed = keys != self._gate_keys or view.keys() != self._gate_view.keys()
+        if changed and self._leader is not None:
+            fresh = {name: shown for name, shown in view.items()
+                     if self._gate_keys.get(name) != keys[name]}
+            if not self._anchor(self._leader.node, fresh):
+                return False
+        touched = {name for name in keys.keys() | self._gate_keys.keys()
+                   if keys.get(name) != self._gate_keys.get(name)}
+        touched |= view.keys() ^ self._gate_view.keys()
         self._gate_entries, self._gate_view, self._gate_keys = entries, view, keys
         if changed:
-            self._schedule_version += 1
-        if self._leader is not None:
+            self._schedule_version += 1  # the roles take in just the entries touched
+            self._changes.append((self._schedule_version, frozenset(touched)))
+            del self._changes[:-_CHANGE_LOG]
+        return True
+
+    def _anchor(self, node: Node, view: Mapping[str, Any]) -> bool:
+        """Store the anchors the adapter asks for before the leader tracks ``view``."""
+        items = []
+        for name, at in self.adapter.anchors(view).items():
+            opts = self._entry_options.get(name) or EntryOptions.defaults(self.lb_config)
+            fp = node.fingerprint_of(name, view[name], opts.tz or self.app.timezone, opts.jitter)
+            items.append(ClaimItem(name, to_ms(at), Op.ANCHOR, fingerprint=fp))
+        if not items:
+            return True
+        try:
+            node.ledger.claim(*node.lease.credentials(), items)
+        except NotReplicatedError as exc:  # stored on the primary: idempotent, go on
+            logger.warning("leaderbeat: %s for the anchors of %d entries; going on", exc,
+                           len(items))
+        except (redis.RedisError, OSError, LeaseLostError) as exc:
+            logger.warning("leaderbeat: could not store the anchors of %d entries (%s); the "
+                           "schedule change waits for the next tick", len(items), exc)
+            return False
+        return True
+
+    # -- reading on a background thread (django-celery-beat) -------------------------------
+
+    def _tick_background(self) -> float:
+        """Pick up what the database thread read; leaderbeat's tick; wake for the next pass."""
+        thread = self._gate_thread
+        if thread is None or not thread.alive() or self._gate_thread_pid != os.getpid():
+            thread = self._start_thread()  # first tick, or a fresh process (worker -B fork)
+        with self._gate_lock:
+            snapshot, self._gate_pending = self._gate_pending, None
+        if snapshot is not None and not self._apply(snapshot):
+            with self._gate_lock:  # tried again next tick, unless a newer read replaced it
+                self._gate_pending = self._gate_pending or snapshot
+        now = time.monotonic()
+        if self._leader is not None and now - self._gate_read_at >= thread.pace:
+            self._gate_read_at = now
             self.adapter.housekeeping(self._leader)
+        delay = super().tick()
+        # wake just after the thread's next pass, to pick up what it read
+        wake = max(thread.next_pass + 0.05, time.monotonic() + 0.05) - time.monotonic()
+        return max(0.0, min(delay, wake))
+
+    def _start_thread(self) -> Any:
+        if self._gate_thread is not None and self._gate_thread_pid == os.getpid():
+            self._gate_thread.stop(timeout=1.0)
+        self._gate_thread_pid = os.getpid()
+        self._gate_thread = self.adapter.thread(self._background_pass)
+        self._gate_thread.start()
+        return self._gate_thread
+
+    def _background_pass(self) -> None:
+        """On the database thread: write the bookkeeping, read the schedule if it changed."""
+        self.adapter.flush()
+        try:
+            entries = self.adapter.read()
+        except Exception:
+            logger.exception("leaderbeat: could not read the schedule of %s; keeping the "
+                             "last one read", self.gated.__name__)
+            return
+        if entries is None:
+            return  # nothing changed
+        snapshot = self._read(entries=entries)
+        if snapshot is not None:
+            with self._gate_lock:
+                self._gate_pending = snapshot
 
     def _check_clock(self, name: str, shown: Any) -> None:
         options = self._entry_options.get(name)
@@ -234,6 +314,14 @@ class GateMixin(Scheduler):
         self._gate_read_at = float("-inf")
 
     # -- sending ---------------------------------------------------------------------------
+
+    def _observe(self, events: Any) -> None:
+        # the snapshot, not .schedule: that read is a query on a database scheduler
+        self._telemetry.slots(events, len(self._gate_view),
+                              lambda: self._node.lease.epoch if self._node else None)
+        if self._labels_version != self._schedule_version:  # a removed entry's series go
+            self._labels_version = self._schedule_version
+            self._telemetry.metrics.keep_entries(self._gate_view)
 
     def _send_slot(self, name: str, slot: datetime, epoch: int, *args: Any, **kwargs: Any) -> bool:
         # from the snapshot, not .schedule: that read is a query on a database scheduler
@@ -248,9 +336,13 @@ class GateMixin(Scheduler):
     # -- roles: the base writes only while this node leads ------------------------------------
 
     def _become_leader(self, node: Node, standby: Standby) -> Leader:
+        # before the leader's first load: it anchors unknown entries at "now"
+        if not self._anchor(node, self._gate_view):
+            logger.warning("leaderbeat: elected without the anchors of one-off entries")
         leader = super()._become_leader(node, standby)
         self.adapter.promoted()
-        self._refresh(force=True)  # a standby's view may be a max_interval old
+        if not self.adapter.background:
+            self._refresh(force=True)  # a standby's view may be a max_interval old
         return leader
 
     def _step_down(self, why: str, release: bool = False) -> None:
@@ -258,15 +350,19 @@ class GateMixin(Scheduler):
         self.adapter.demoted()
 
     def sync(self) -> None:
-        """The base's sync, only while this node leads (a standby never writes)."""
-        if self._leader is not None and not self._closed:
-            super(Scheduler, self).sync()
+        """The adapter's sync: the base's, only while this node leads (a standby never
+        writes absolute values); django-celery-beat's bookkeeping, on any node."""
+        if not self._closed:
+            self.adapter.sync(leading=self._leader is not None)
 
     def close(self) -> None:
-        """Sync the base while still leading, then release the lease (standbys read after)."""
-        if not self._closed and self._leader is not None and self._pid == os.getpid():
+        """Stop the database thread, write what is pending while still leading, then
+        release the lease (standbys read after)."""
+        if not self._closed and self._pid == os.getpid():
+            if self._gate_thread is not None and self._gate_thread_pid == os.getpid():
+                self._gate_thread.stop()
             try:
-                super(Scheduler, self).sync()
+                self.adapter.sync(leading=self._leader is not None)
             except Exception:
                 logger.exception("leaderbeat: the base scheduler's sync failed on close")
         super().close()

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import logging
 import time
-from datetime import datetime
 from collections.abc import Collection
+from datetime import datetime
 from typing import Any
 
 import redis
@@ -189,8 +189,9 @@ class Leader:
             if due:
                 started = time.monotonic()
                 say_capped_once(due, self._capped)
-                outcome = run_batch(due, self.gate, self._send, memory=node.sent,
-                                    backlog=node.backlog, progress=node.progress)
+                outcome = run_batch(due, self.gate, node.chunk_send(node.lease.epoch or 0),
+                                    memory=node.sent, backlog=node.backlog,
+                                    progress=node.progress)
                 node.observe(outcome.events)
                 self._say_paused(outcome.events)
                 if outcome.sent:
@@ -319,15 +320,15 @@ def _say_anchored(loaded: Any) -> None:
     lost its data this is the only trace. Unknown state is "start from now", never "never
     ran"; a slot this node remembers sending is never sent again."""
     total = len(loaded.tracked)
-    for op, said in ((Op.ANCHOR, "had no slot state in Redis (new entries, or Redis lost its "
-                      "data); they start from now, without catch-up"),
+    for op, said in ((Op.ANCHOR, ("had no slot state in Redis (new entries, or Redis lost its "
+                      "data); they start from now, without catch-up")),
                      (Op.REANCHOR, "have a changed definition; they start again from now"),
-                     (Op.RESTORE, "had lost the slot state of what this node sent (Redis "
+                     (Op.RESTORE, ("had lost the slot state of what this node sent (Redis "
                       "restarted empty or went back to an older snapshot while this node led); "
-                      "they carry on after what it sent"),
-                     (Op.ROLLED_BACK, "had a slot state older than a slot this node sent "
+                      "they carry on after what it sent")),
+                     (Op.ROLLED_BACK, ("had a slot state older than a slot this node sent "
                       "(Redis went back to an older snapshot or a lagging replica); they start "
-                      "from now, without catch-up, like entries with no state")):
+                      "from now, without catch-up, like entries with no state"))):
         names = [item.name for item in loaded.anchors if item.op == op]
         if names:
             log = logger.info if op == Op.ANCHOR else logger.warning

@@ -94,6 +94,8 @@ class ClaimItem:
     fire_ms: int = 0  # the slot plus its jitter; a rescue waits for fire + rescue_after
     prev_ms: int | None = None  # rescue: the slot the rescuer planned from (must be stored)
     fingerprint: str = ""  # the definition the claimant plans (see :mod:`fingerprint`)
+    #: broker commands (name, key, argument) the script runs if it grants the claim
+    enqueue: tuple[tuple[str, str, Any], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -192,9 +194,11 @@ class Ledger:
         for item in items:
             args += [item.name, item.slot_ms, item.op, item.fire_ms,
                      "" if item.prev_ms is None else item.prev_ms, item.fingerprint]
-        return self.scripts.claim(keys=[self.keys.leader, self.keys.slots, self.keys.history,
-                                        self.keys.overtaken, self.keys.paused,
-                                        self.keys.definitions, self.keys.progress], args=args)
+        keys = [self.keys.leader, self.keys.slots, self.keys.history, self.keys.overtaken,
+                self.keys.paused, self.keys.definitions, self.keys.progress]
+        if any(item.enqueue for item in items):
+            args += _enqueue_section(items, keys)
+        return self.scripts.claim(keys=keys, args=args)
 
     def _wait_for_replicas(self, results: list[SlotState | None | str]) -> None:
         """Block until ``min_replicas`` replicas have the claims, or raise NotReplicatedError.
@@ -315,6 +319,24 @@ def _calls(events: Sequence[Event], items: Sequence[ClaimItem]
         yield events[start:start + _MAX_PER_CALL], ()
     for start in range(0, len(items), _MAX_PER_CALL):
         yield (), items[start:start + _MAX_PER_CALL]
+
+
+def _enqueue_section(items: Sequence[ClaimItem], keys: list[Any]) -> list[Any]:
+    """The claim script's trailing ARGV: each item's broker commands, keys added to ``keys``.
+
+    Per item in order: its number of commands, then (command, index into KEYS,
+    argument) for each; last, the length of the section before that number.
+    """
+    at: dict[str, int] = {}
+    section: list[Any] = []
+    for item in items:
+        section.append(len(item.enqueue))
+        for name, key, arg in item.enqueue:
+            if key not in at:
+                keys.append(key)
+                at[key] = len(keys)  # Lua counts KEYS from 1
+            section += [name, at[key], arg]
+    return section + [len(section)]
 
 
 def _lead_result(reply: Any) -> SlotState | None | str:

@@ -42,7 +42,7 @@ class Node:
     observe: Callable[[Sequence[Event]], None]  # what became of slots: signals, metrics
     progress: Callable[[], None]  # the main loop is working, not wedged (a long batch)
     #: the entry names changed after a schedule version (None: read the whole schedule)
-    changed_since: Callable[[int], "frozenset[str] | None"] = lambda version: None
+    changed_since: Callable[[int], frozenset[str] | None] = lambda version: None
 
     clocks: dict[str, tuple[Any, Any, Any, SlotClock]] = field(default_factory=dict)
     #: what this process published (it never publishes a slot twice, whatever Redis says)
@@ -53,6 +53,14 @@ class Node:
     #: dynamic entry -> the slot state its slots count from (see :mod:`dynamic_schedule`)
     anchors: Callable[[], Mapping[str, SlotState]] = dict
     exact: Callable[[], Collection[str]] = tuple  # dynamic entries anchored before any state
+    #: a chunk sender (``batch.ChunkSend``) under an epoch; None: ``send``, one slot at a time
+    sender: Callable[[int], Any] | None = None
+
+    def chunk_send(self, epoch: int) -> Any:
+        """What a batch sends its chunks through, under ``epoch`` (0: a standby's rescue)."""
+        if self.sender is None:
+            return lambda name, slot: self.send(name, slot, epoch, None)
+        return self.sender(epoch)
 
     def track(self, stored: Mapping[str, SlotState], *, start: datetime,
               epoch: int | None, definitions: Mapping[str, str] | None = None,

@@ -24,7 +24,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from celery.schedules import BaseSchedule, crontab, maybe_schedule, schedstate
 from croniter import CroniterError, croniter
 
-from ._cronengine import CronEngine
+from ._cronengine import CronEngine, shared_engine
 from .errors import ConfigurationError
 
 __all__ = ["cron", "engine_for_crontab", "parse_entry_schedule"]
@@ -147,7 +147,7 @@ class cron(BaseSchedule):
         zone = self._zone or (_zone(tz, seed) if tz is not None else self.tz)
         key = (seed, zone)
         if key not in self._engines:
-            self._engines[key] = CronEngine(
+            self._engines[key] = shared_engine(
                 self._text,
                 zone,
                 day_or=True,
@@ -213,7 +213,7 @@ def engine_for_crontab(schedule: crontab, tz: tzinfo) -> CronEngine:
             _cron_field(schedule.day_of_week, range(7)),
         )
     )
-    return CronEngine(expr, tz, day_or=False)
+    return shared_engine(expr, tz, day_or=False)
 
 
 def parse_entry_schedule(name: str, value: Any, app_tz: tzinfo | None) -> BaseSchedule:

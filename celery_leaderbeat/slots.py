@@ -154,6 +154,12 @@ class _Due:
     estimated: bool = False
 
 
+#: plans of shared schedules, by (share key, last, now, since, policy); a burst of
+#: entries on one schedule plans once (a Plan is immutable: sharing it is safe)
+_plans: dict[tuple[Any, ...], Plan] = {}
+_PLANS_KEPT = 1024
+
+
 def plan(
     clock: SlotClock, *, last: datetime, now: datetime, since: datetime, policy: CatchupPolicy
 ) -> Plan:
@@ -164,7 +170,26 @@ def plan(
     ``latest`` sends only the newest (and none when an on-time slot is due too),
     ``skip`` none, ``all`` each, oldest first, at most ``max_catchup`` (the newest);
     with a window, missed slots older than ``now - window`` are never sent.
+
+    Entries whose clocks share a schedule (see ``share_key``) share the plan: it is
+    computed once per distinct schedule, not once per entry.
     """
+    share = getattr(clock, "share_key", None)
+    if share is None:
+        return _plan(clock, last=last, now=now, since=since, policy=policy)
+    key = (share, last, now, since, policy)
+    found = _plans.get(key)
+    if found is None:
+        found = _plan(clock, last=last, now=now, since=since, policy=policy)
+        if len(_plans) >= _PLANS_KEPT:
+            _plans.clear()
+        _plans[key] = found
+    return found
+
+
+def _plan(
+    clock: SlotClock, *, last: datetime, now: datetime, since: datetime, policy: CatchupPolicy
+) -> Plan:
     sent_missed_max = policy.max_catchup if policy.mode == "all" else 1
     keep = MISSED_RECORD_LIMIT + sent_missed_max
     if isinstance(clock, IntervalClock):

@@ -4,12 +4,16 @@ A standby follows the schedule too, with no I/O while nothing is due. When a
 due slot's fire time is ``leaderbeat_rescue_after`` behind, it asks Redis, in
 one call for the whole due batch, to claim the slots nobody claimed yet
 (:meth:`Ledger.rescue`): the script judges "late enough" by Redis ``TIME``,
-so a standby with a fast clock cannot pre-empt a healthy leader, and the claim
-is the same monotonic gate the leader uses, so nothing is sent twice. A
+so a standby with a fast clock cannot pre-empt a healthy leader, waits while
+the lease holder is still claiming chunks of a burst, and grants a slot only
+from the entry's stored slot and for the definition the leader plans; the
+claim is the same monotonic gate the leader uses, so nothing is sent twice. A
 healthy leader has claimed them all by then and the call only tells the
-standby where each entry stands. A rescued slot is late, not missed: a
-standby rescues only slots at or after its own start (``since``); older ones
-are the next leader's, under the catch-up policy.
+standby where each entry stands. A rescued slot is late, not missed. Slots
+that fell due before this standby followed the schedule (its start, or Redis
+answering again) follow the entry's catch-up policy, as a leader's would: a
+rescuer records the ones it passes over, once its claim of the entry was
+granted, and after an outage it first leaves a live leader time to claim.
 """
 
 from __future__ import annotations
@@ -24,13 +28,9 @@ from .batch import RescueGate, run_batch
 from .connection import server_warnings
 from .errors import LeaseLostError
 from .node import Node, utcnow
-from .policy import CatchupPolicy
 from .slots import Plan, from_ms, to_ms
 
 logger = logging.getLogger(__name__)
-
-#: a standby never catches up: it rescues on-time slots only
-_RESCUE_POLICY = CatchupPolicy("skip")
 
 #: seconds before a rescue that Redis TIME found early is asked again
 _EARLY_RETRY = 0.1
@@ -57,16 +57,26 @@ class Standby:
 
     # -- what the scheduler tells it ---------------------------------------------------
 
-    def restart(self, *, head_start: bool = False) -> None:
-        """Follow the schedule afresh from now (Redis is back, or the clock stepped)."""
+    def restart(self, *, head_start: float = 0.0, shift_since: bool = False) -> None:
+        """Follow the schedule afresh from now (Redis is back, or the clock stepped).
+
+        ``head_start``: seconds before this node tries for the lease (the node that led
+        when Redis went away goes first). ``shift_since``: nor does it rescue what falls
+        in that time (under last-leader, what the previous leader sent meanwhile is not
+        claimed yet).
+        """
         self.since = utcnow()
         self.agenda = None  # Redis may have lost its data: read it again
         self._pubsub = None
+        # A leader that lived through the outage claims within a poll of Redis answering
+        # (and its progress then holds rescues off): give it that long before rescuing
+        # what fell due meanwhile, under the entry's catch-up policy.
+        self._retry_at = time.monotonic() + self.node.config.rescue_after \
+            + self.node.config.standby_poll
         if head_start:
-            # after an outage the previous leader goes first: it reconciles what it sent,
-            # and nothing it sent meanwhile is claimed yet, so nobody may rescue it
-            self._head_start_until = time.monotonic() + self.node.config.lease_ttl
-            self.since = self.since + timedelta(seconds=self.node.config.lease_ttl)
+            self._head_start_until = time.monotonic() + head_start
+        if shift_since:
+            self.since = self.since + timedelta(seconds=head_start)
 
     def lost_connection(self) -> None:
         self._pubsub = None
@@ -118,8 +128,10 @@ class Standby:
 
     def _rescue(self, version: int) -> None:
         if self.agenda is None or version != self._version:
-            changed = self.node.changed_since(self._version) if self.agenda is not None else None
-            if changed is not None and len(changed) <= max(100, len(self.agenda.tracked) // 10):
+            agenda = self.agenda
+            changed = self.node.changed_since(self._version) if agenda is not None else None
+            if (agenda is not None and changed is not None
+                    and len(changed) <= max(100, len(agenda.tracked) // 10)):
                 self._update(changed, version)
             else:
                 self._load(version)
@@ -129,7 +141,7 @@ class Standby:
             return
         now = utcnow()
         cutoff = now - timedelta(seconds=self.node.config.rescue_after)
-        due = self.agenda.pop_due(cutoff, self.since, policy=_RESCUE_POLICY)
+        due = self.agenda.pop_due(cutoff, self.since)
         if not due:
             return
         try:
@@ -140,8 +152,7 @@ class Standby:
                 outcome = run_batch(unclaimed,
                                     RescueGate(self.node.ledger, self._publish_window()),
                                     lambda name, slot: self.node.send(name, slot, 0, None),
-                                    memory=self.node.sent, backlog=self.node.backlog,
-                                    record_missed=False)
+                                    memory=self.node.sent, backlog=self.node.backlog)
             except LeaseLostError:  # the publish window passed mid-batch (this node paused)
                 logger.warning("leaderbeat: standby %s was held up past its publish window "
                                "while rescuing; the slots it had not sent are recorded unsent",
@@ -189,11 +200,6 @@ class Standby:
             state = stored.get(tracked.name)
             if state is not None and (not p.send or state.slot_ms >= to_ms(p.send[-1])):
                 tracked.advance(max(from_ms(state.slot_ms), p.last))
-            elif p.missed_total:
-                # Slots before this standby's start (Redis was away, or it just started)
-                # lie between the stored slot and these: they are the next leader's, under
-                # the catch-up policy, and a rescue past them would hide them from it.
-                tracked.advance(p.last)
             else:
                 unclaimed.append((tracked, p))
         return unclaimed

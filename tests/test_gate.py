@@ -237,7 +237,7 @@ def test_cron_strings_become_crontab_rows_only_when_a_crontab_means_the_same():
         assert why in problem
 
 
-def test_a_crontab_row_keeps_its_own_time_zone_and_a_one_off_waits_for_the_leader_to_see_it():
+def test_a_crontab_row_keeps_its_own_time_zone_and_a_one_off_has_one_slot_after_its_save():
     pytest.importorskip("django_celery_beat")
     from zoneinfo import ZoneInfo
 
@@ -246,14 +246,36 @@ def test_a_crontab_row_keeps_its_own_time_zone_and_a_one_off_waits_for_the_leade
     from celery_leaderbeat.django import Bounded
 
     nine = TzAwareCrontab(minute="0", hour="9", tz=ZoneInfo("Asia/Tokyo"))
-    clock = Bounded(nine, tz=nine.tz, start=None, end=None, once=False, origin=None,
-                    not_before=None).leaderbeat_clock(name="r", tz=UTC, jitter=None)
+    clock = Bounded(nine, tz=nine.tz, start=None, end=None, once=False,
+                    origin=None).leaderbeat_clock(name="r", tz=UTC, jitter=None)
     assert clock.next_after(T0 - timedelta(hours=1)) == T0  # 09:00 in Tokyo, not in UTC
     every = timedelta(seconds=2)
     saved = T0 + timedelta(milliseconds=250)
     once = Bounded(__import__("celery").schedules.schedule(every), tz=None, start=None, end=None,
-                   once=True, origin=saved, not_before=saved + timedelta(seconds=8))
+                   once=True, origin=saved)
     clock = once.leaderbeat_clock(name="o", tz=UTC, jitter=None)
     first = clock.next_after(T0)
-    assert first == saved + timedelta(seconds=8)  # not saved + 2 s: no leader had it by then
+    assert first == saved + every  # the same on every node, whenever a leader first sees it
+    assert clock.next_after(first - timedelta(milliseconds=1)) == first  # its anchor
     assert clock.next_after(first) == NEVER
+
+
+def test_a_saved_row_restarts_at_its_next_slot_and_an_interval_keeps_its_phase():
+    pytest.importorskip("django_celery_beat")
+    from celery.schedules import crontab, schedule
+
+    from celery_leaderbeat.django import Bounded
+
+    last = T0  # the last slot stored for the row, before it was disabled
+    saved = T0 + timedelta(seconds=95)  # re-enabled then
+    row = Bounded(schedule(timedelta(seconds=60)), tz=None, start=None, end=None, once=False,
+                  origin=None, restart=saved)
+    clock = row.leaderbeat_clock(name="r", tz=UTC, jitter=None)
+    # T0 + 60 fell while it was disabled: not replayed; T0 + 120 is on the same grid
+    assert clock.next_after(last) == T0 + timedelta(seconds=120)
+    assert clock.next_after(T0 + timedelta(seconds=120)) == T0 + timedelta(seconds=180)
+    minutely = Bounded(crontab(), tz=None, start=None, end=None, once=False, origin=None,
+                       restart=saved).leaderbeat_clock(name="c", tz=UTC, jitter=None)
+    assert minutely.next_after(last) == T0 + timedelta(seconds=120)
+    # a save with nothing pending changes nothing
+    assert clock.next_after(T0 + timedelta(seconds=100)) == T0 + timedelta(seconds=160)

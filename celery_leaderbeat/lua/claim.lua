@@ -34,6 +34,15 @@
 --   op 'recover'  re-send an unconfirmed slot an earlier claimant left: granted only while
 --                 the stored slot is this one and still 'c' or 'u' (or it is in KEYS[4]);
 --                 the claim becomes this leader's ('c')
+-- Claim and enqueue in one step (optional: only when KEYS has more than seven keys):
+-- KEYS[8 ..]        the broker's keys (queue lists) the commands below write
+-- ARGV[#ARGV]       L, the length of the enqueue section, which ends just before it and
+--                   follows the claims; for each claim in order: c, its number of broker
+--                   commands, then c groups of three: 'lpush' or 'pexpire', an index into
+--                   KEYS (8 or more), the argument (the message payload, or ms)
+--   A granted 'claim' that has commands runs them here, in this atomic step, and is
+--   stored sent ('s'), never claimed: a slot is granted and enqueued, or neither. A
+--   retry that finds exactly that sent value answers 1 again and runs nothing twice.
 -- A 'claim' of a paused entry's slot advances past it instead (state 'k') and
 -- answers 2: the slot is skipped, and resuming does not replay it.
 -- Events are written first and unfenced: they say what already happened (the
@@ -43,7 +52,8 @@
 -- for slots whose fire time is not ahead of Redis TIME by more than ARGV[7] (a node
 -- whose wall clock stepped forward must not send the future). A leader's claim writes
 -- the fingerprint of its definition to KEYS[6].
--- In 'rescue' mode (a standby, no lease) only 'claim', only for an entry that has
+-- In 'rescue' mode (a standby, no lease) only 'claim' and 'skip' (slots its catch-up
+-- policy passes over), only for an entry that has
 -- state (its phase is known), only when the stored slot is the rescuer's previous slot
 -- (a rescuer whose view is stale plans slots of another phase), only when the rescuer's
 -- fingerprint is the leader's (answers 3 otherwise), and only once Redis TIME >= fire
@@ -61,6 +71,21 @@
 local mode, node, epoch = ARGV[1], ARGV[6], ARGV[4]
 local n = tonumber(ARGV[9])
 local claims_at = 10 + 4 * n
+local claims_end = #ARGV
+local enq = nil  -- where the current claim's enqueue commands start, if any
+if #KEYS > 7 then
+  claims_end = #ARGV - 1 - tonumber(ARGV[#ARGV])
+  enq = claims_end + 1
+  local j = enq
+  while j < #ARGV do  -- checked before anything is written: a script is not rolled back
+    for k = j + 1, j + 3 * tonumber(ARGV[j]), 3 do
+      if ARGV[k] ~= 'lpush' and ARGV[k] ~= 'pexpire' then
+        return redis.error_reply('claim.lua: broker command ' .. ARGV[k] .. ' is not supported')
+      end
+    end
+    j = j + 1 + 3 * tonumber(ARGV[j])
+  end
+end
 local marked = 0
 local any_overtaken = redis.call('EXISTS', KEYS[4]) == 1
 for i = 10, claims_at - 1, 4 do
@@ -95,7 +120,7 @@ if mode == 'lead' then
   end
   redis.call('PEXPIRE', KEYS[1], ARGV[3])
 elseif mode ~= 'rescue' then
-  if #ARGV >= claims_at then
+  if claims_end >= claims_at then
     return redis.error_reply('claim.lua: mode ' .. mode .. ' takes no claims')
   end
 end
@@ -124,9 +149,19 @@ local function parts(stored)
 end
 
 local out = {1, now_ms, marked}
-for i = claims_at, #ARGV, 6 do
+for i = claims_at, claims_end, 6 do
   local name, slot, op, fire = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2], tonumber(ARGV[i + 3])
   local prev, fp = ARGV[i + 4], ARGV[i + 5]
+  local cmds, ncmds = 0, 0
+  if enq then
+    ncmds = tonumber(ARGV[enq])
+    cmds = enq + 1
+    enq = cmds + 3 * ncmds
+  end
+  local state = states[op]
+  if op == 'claim' and ncmds > 0 then
+    state = 's'  -- enqueued in this step: sent
+  end
   local stored = redis.call('HGET', KEYS[2], name)
   local s_slot, s_epoch, s_state, s_node, s_at
   if stored then
@@ -140,11 +175,11 @@ for i = claims_at, #ARGV, 6 do
   end
   if mode == 'rescue' then
     local def = fp ~= '' and redis.call('HGET', KEYS[6], name)
-    if op ~= 'claim' or not stored then
+    if (op ~= 'claim' and op ~= 'skip') or not stored then
       result = false
     elseif def and def ~= fp then
       result = 3
-    elseif s_slot == slot and s_epoch == '0' and s_state == 'c' and s_node == node then
+    elseif s_slot == slot and s_epoch == '0' and s_state == state and s_node == node then
       result = 1  -- a retry of this rescuer's own claim
     elseif slot <= s_slot or (prev ~= '' and tonumber(prev) ~= s_slot) then
       result = stored
@@ -182,8 +217,8 @@ for i = claims_at, #ARGV, 6 do
       end
     end
   elseif stored then
-    if s_slot == slot and s_epoch == epoch and s_node == '' and s_state == states[op] then
-      result = 1  -- a retry of this leader's own claim
+    if s_slot == slot and s_epoch == epoch and s_node == '' and s_state == state then
+      result = 1  -- a retry of this leader's own claim (its commands ran the first time)
     elseif slot <= s_slot then
       result = stored
     end
@@ -200,7 +235,15 @@ for i = claims_at, #ARGV, 6 do
           and not own then
         redis.call('HSET', KEYS[4], name .. '|' .. s_slot, stored)
       end
-      redis.call('HSET', KEYS[2], name, slot_text .. '|' .. epoch .. '|' .. states[op] .. suffix)
+      redis.call('HSET', KEYS[2], name, slot_text .. '|' .. epoch .. '|' .. state .. suffix)
+      for j = cmds, cmds + 3 * ncmds - 1, 3 do
+        local cmd, key = ARGV[j], KEYS[tonumber(ARGV[j + 1])]
+        if cmd == 'lpush' then
+          redis.call('LPUSH', key, ARGV[j + 2])
+        else
+          redis.call('PEXPIRE', key, ARGV[j + 2])
+        end
+      end
       result = 1
     end
     if mode == 'lead' and fp ~= '' then

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 SECRET_KEY = "test-only"
@@ -17,6 +18,10 @@ DATABASES = {
         "USER": os.environ.get("LB_PGUSER", "postgres"),
     }
 }
+if os.environ.get("LB_SQLITE"):  # a file path: SQLite instead of PostgreSQL
+    DATABASES["default"] = {"ENGINE": "django.db.backends.sqlite3",
+                            "NAME": os.environ["LB_SQLITE"],
+                            "OPTIONS": {"timeout": 20}}
 DEFAULT_AUTO_FIELD = "django.db.models.AutoField"
 
 CELERY_BROKER_URL = os.environ.get("LB_BROKER_URL", "memory://")
@@ -31,3 +36,7 @@ CELERY_BEAT_SCHEDULE = {
     # a static entry: stored as a row at start-up by every beat, sent once per slot
     "static-cron": {"task": "tests.noop", "schedule": "* * * * *"},
 }
+
+# LB_SETTINGS: a JSON object of extra Celery settings, e.g. {"leaderbeat_catchup": "skip"}
+for _name, _value in json.loads(os.environ.get("LB_SETTINGS") or "{}").items():
+    globals()[f"CELERY_{_name.upper()}"] = _value

@@ -1,0 +1,304 @@
+"""Claim and enqueue in one step when the broker is the Redis that holds leaderbeat's state.
+
+Celery builds each message as it always does (``apply_async``: routes,
+queues, priorities, ``global_keyprefix``, ``before_task_publish``), and kombu
+routes it, but into a collector standing in for kombu's own publish batch
+(``Producer.batch()``; the Redis transport hands a batch each message's final
+commands through ``batch.add``). Those commands, ``LPUSH`` to the queue's
+priority list and ``PEXPIRE`` where a queue expires, travel with the claim,
+and the claim script runs them for exactly the slots it grants: a slot is
+granted and enqueued, or neither. ``after_task_publish`` fires for each one
+granted.
+
+Where this cannot be exact the chunk goes out through kombu's batching after
+the claim instead (said once at start-up): a broker on another server or
+database, Redis Cluster or Sentinel, a transport option this module does not
+know, a kombu other than 5.7, ``leaderbeat_min_replicas``, or
+``leaderbeat_atomic_enqueue = False``. A single message whose routing gives
+other commands (fanout: ``PUBLISH``) is published after its claim was granted,
+with the very commands kombu computed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Any
+
+import kombu
+from celery import signals
+
+from .publish import DeclaringOnce, publish, send_many
+
+logger = logging.getLogger(__name__)
+
+#: commands the claim script runs for a message (kombu's Redis transport, 5.7)
+EXACT = frozenset({"lpush", "pexpire"})
+
+#: broker transport options that change nothing in a message's final commands, or
+#: that kombu applies while it computes them (priority steps, separator, key prefix)
+KNOWN_OPTIONS = frozenset({
+    "visibility_timeout", "global_keyprefix", "priority_steps", "sep", "queue_order_strategy",
+    "fanout_prefix", "fanout_patterns", "socket_timeout", "socket_connect_timeout",
+    "socket_keepalive", "socket_keepalive_options", "max_connections", "health_check_interval",
+    "client_name", "polling_interval", "brpop_timeout", "unacked_key", "unacked_index_key",
+    "unacked_mutex_key", "unacked_mutex_expire", "unacked_restore_limit", "max_retries",
+    "interval_start", "interval_step", "interval_max", "retry_policy", "ssl",
+})
+
+#: one broker command: name ('lpush' / 'pexpire'), the final key, its argument
+Command = tuple[str, str, Any]
+
+
+class _Captured(Exception):
+    """Raised out of ``apply_async`` once kombu computed a message's commands."""
+
+    def __init__(self, commands: list[tuple[str, tuple[Any, ...]]], after: dict[str, Any]):
+        super().__init__("captured")
+        self.commands = commands
+        self.after = after  # the arguments of Celery's after_task_publish
+
+
+class _Collector:
+    """Stands in for kombu's ``PublishBatch``: keeps the commands, runs none."""
+
+    def __init__(self, channel: Any) -> None:
+        self.channel = channel
+        self.commands: list[tuple[str, tuple[Any, ...]]] = []
+
+    def publish(self, message: Any, **kwargs: Any) -> Any:
+        return self.channel.basic_publish(message, _publish_batch=self, **kwargs)
+
+    def add(self, name: str, *args: Any) -> None:
+        self.commands.append((name, args))
+
+    def flush(self) -> None:
+        """Nothing to flush: the claim script runs the commands."""
+
+    def discard(self) -> None:
+        self.commands.clear()
+
+    def close(self) -> None:
+        """Holds no connection."""
+
+
+class _CaptureProducer(DeclaringOnce):
+    """A producer whose every publish is routed into a :class:`_Collector`, then stopped.
+
+    Raising after routing keeps Celery from firing ``after_task_publish`` and
+    from sending a ``task-sent`` event for a message that is not enqueued yet.
+    """
+
+    def publish(self, body: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        if not self.supports_batch_publish:  # kombu would publish at once: never here
+            raise RuntimeError("the broker channel no longer batches: cannot capture")
+        collector = _Collector(self.channel)
+        self.channel.create_publish_batch = lambda max_size: collector
+        with self.batch():
+            super().publish(body, **kwargs)
+        raise _Captured(collector.commands, {
+            "body": body, "headers": kwargs.get("headers"),
+            "exchange": kwargs.get("exchange"), "routing_key": kwargs.get("routing_key")})
+
+
+def fast_path_problem(app: Any, client: Any, min_replicas: int) -> str | None:
+    """Why claim-and-enqueue cannot be exact with this broker; None when it can."""
+    if kombu.VERSION[:2] != (5, 7):
+        return f"kombu {kombu.__version__} (the commands are known for kombu 5.7)"
+    if min_replicas:
+        return "leaderbeat_min_replicas is set (a claim is confirmed after it ran)"
+    pool = getattr(client, "connection_pool", None)
+    if pool is None or not hasattr(pool, "connection_kwargs"):
+        return "leaderbeat's Redis is a Cluster or has no single server"
+    unknown = sorted(set(app.conf.broker_transport_options or {}) - KNOWN_OPTIONS)
+    if unknown:
+        return f"broker transport option(s) {', '.join(unknown)} not understood here"
+    from kombu.transport import redis as kombu_redis
+
+    with app.connection_for_write() as conn:
+        if type(conn.transport) is not kombu_redis.Transport:  # known without connecting
+            return f"the broker transport is {conn.transport_cls!r}, not plain Redis"
+        channel = conn.default_channel
+        if type(channel) is not kombu_redis.Channel:
+            return f"the broker transport is {conn.transport_cls!r}, not plain Redis"
+        if not channel.supports_batch_publish:
+            return "the broker connection retries commands (retry_on_timeout)"
+        broker = channel.client.connection_pool.connection_kwargs
+    ours = pool.connection_kwargs
+    where = ("host", "port", "path", "db")
+    if [broker.get(k) for k in where] != [ours.get(k) for k in where]:
+        return "the broker is another Redis server or database than leaderbeat's"
+    return None
+
+
+class Enqueuer:
+    """Sends chunks for one scheduler: claim-and-enqueue where exact, else batched."""
+
+    def __init__(self, scheduler: Any, client: Any, *, quiet: bool = False) -> None:
+        self.scheduler = scheduler
+        config = scheduler.lb_config
+        #: False while the broker could not be reached to check: checked again next batch
+        self.checked = True
+        try:
+            problem = ("turned off by leaderbeat_atomic_enqueue=False"
+                       if not config.atomic_enqueue else
+                       fast_path_problem(scheduler.app, client, config.min_replicas))
+        except Exception as exc:  # noqa: BLE001 - broker down: this batch publishes (and fails) as before
+            self.checked = False
+            problem = f"the broker could not be reached to check ({exc})"
+        self.fast = problem is None
+        self._conn: Any = None
+        self._producer: Any = None
+        self._out: Any = None  # (connection, producer) of the batched path, made when first used
+        if quiet:
+            pass
+        elif self.fast:
+            logger.info("leaderbeat: claims and enqueues each slot in one step "
+                        "(the broker is leaderbeat's Redis)")
+        else:
+            logger.info("leaderbeat: sends each chunk after its claim, batched by kombu "
+                        "where it can (claim and enqueue in one step is off: %s)", problem)
+
+    def bind(self, epoch: int) -> ChunkSender:
+        """A batch's sender under ``epoch``; a standby's rescue (epoch 0) claims first.
+
+        A rescue is mostly refused while a healthy leader works ("not late enough"):
+        building every message before such a claim cost two standbys as much CPU as
+        the leader's own burst, on the same cores. A rescue therefore publishes its
+        granted slots after the claim, batched.
+        """
+        return ChunkSender(self, epoch, fast=self.fast and epoch != 0)
+
+    def capture(self, entry: Any, slot: datetime, epoch: int, overlap: str) -> _Captured | None:
+        """Build ``slot``'s message with Celery and route it with kombu; nothing is sent."""
+        if self._producer is None:
+            self._conn = self.scheduler.app.connection_for_write()
+            self._producer = _CaptureProducer(self._conn.channel(), auto_declare=False)
+        try:
+            publish(self.scheduler, entry, slot, epoch, overlap, producer=self._producer)
+        except _Captured as captured:
+            return captured
+        raise RuntimeError("kombu published without its batch: claim and enqueue is unsafe")
+
+    def final(self, captured: _Captured) -> tuple[Command, ...] | None:
+        """The commands as Redis runs them (the broker's key prefix applied), or None."""
+        if not captured.commands or any(name not in EXACT for name, _ in captured.commands):
+            return None
+        prefix = self._producer.channel.global_keyprefix or ""
+        return tuple((name, prefix + str(args[0]), args[1]) for name, args in captured.commands)
+
+    def run(self, captured: Sequence[_Captured]) -> None:
+        """Run captured commands through kombu's own client (its key prefix applies)."""
+        channel = self._producer.channel
+        with channel.conn_or_acquire() as client:
+            pipe = client.pipeline(transaction=False)
+            for c in captured:
+                for name, args in c.commands:
+                    getattr(pipe, name)(*args)
+            pipe.execute()
+
+    def producer(self) -> Any:
+        """The batched path's producer: its own connection, each queue declared once."""
+        if self._out is None:
+            conn = self.scheduler.app.connection_for_write()
+            self._out = (conn, DeclaringOnce(conn, auto_declare=False))
+        return self._out[1]
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.release()
+            self._conn = self._producer = None
+        if self._out is not None:
+            self._out[0].release()
+            self._out = None
+
+
+class ChunkSender:
+    """One batch's sender under one fencing epoch (0: a standby's rescue)."""
+
+    def __init__(self, enqueuer: Enqueuer, epoch: int, *, fast: bool) -> None:
+        self.enqueuer = enqueuer
+        self.epoch = epoch
+        self.fast = fast
+        self._held: dict[tuple[str, datetime], _Captured] = {}
+
+    def _entry(self, name: str) -> tuple[Any, str] | None:
+        s = self.enqueuer.scheduler
+        entry = s.schedule.get(name)
+        if entry is None:
+            return None
+        opts = s._entry_options.get(name)
+        return entry, (opts.overlap if opts else s.lb_config.overlap)
+
+    def prepare(self, slots: Sequence[tuple[str, datetime]]) -> list[tuple[Command, ...] | None]:
+        """Each slot's broker commands for the claim script to run, or None (sent after)."""
+        self._held.clear()
+        if not self.fast:
+            return [None] * len(slots)
+        out: list[tuple[Command, ...] | None] = []
+        for name, slot in slots:
+            found = self._entry(name)
+            commands = None
+            if found is not None:
+                try:
+                    captured = self.enqueuer.capture(found[0], slot, self.epoch, found[1])
+                except Exception:  # noqa: BLE001 - built again, and its error logged, by send_many
+                    captured = None
+                if captured is not None:
+                    self._held[(name, slot)] = captured
+                    commands = self.enqueuer.final(captured)
+            out.append(commands)
+        return out
+
+    def enqueued(self, slots: Sequence[tuple[str, datetime]]) -> None:
+        """The claim script granted and enqueued these: Celery's after_task_publish, once each."""
+        s = self.enqueuer.scheduler
+        for name, slot in slots:
+            captured = self._held.pop((name, slot), None)
+            found = self._entry(name)
+            if found is not None:
+                s._say_sending(found[0], slot, self.epoch)
+                s._note_sent(found[0], slot)
+                if captured is not None:
+                    signals.after_task_publish.send(sender=found[0].task, **captured.after)
+
+    def send_many(self, slots: Sequence[tuple[str, datetime]],
+                  may_send: Callable[[], bool] = lambda: True) -> list[bool]:
+        """Publish granted slots that the claim did not enqueue; True for each one sent.
+
+        Shorter than ``slots`` when ``may_send`` said no before the rest reached the
+        broker (the lease ran out): the answer covers only what was settled.
+        """
+        ok = [False] * len(slots)
+        held = {i: self._held.pop(s) for i, s in enumerate(slots) if s in self._held}
+        todo = [(i, found, slots[i][1]) for i in range(len(slots)) if i not in held
+                for found in [self._entry(slots[i][0])] if found is not None]
+        results = send_many(self.enqueuer.scheduler,
+                            [(found[0], slot, found[1]) for _, found, slot in todo], self.epoch,
+                            producer=self.enqueuer.producer, may_send=may_send,
+                            say=lambda entry, slot: self.enqueuer.scheduler._say_sending(
+                                entry, slot, self.epoch)) if todo else []
+        s = self.enqueuer.scheduler
+        for (i, found, slot), sent in zip(todo, results):
+            ok[i] = sent
+            if sent:
+                s._note_sent(found[0], slot)
+        if len(results) < len(todo):  # stopped: nothing from the first unsettled one on
+            return ok[:todo[len(results)][0]]
+        if held and may_send():
+            try:
+                self.enqueuer.run(list(held.values()))
+                for i in held:
+                    ok[i] = True
+            except Exception:
+                logger.exception("leaderbeat: %d routed message(s) could not be sent", len(held))
+        elif held:
+            return ok[:min(held)]
+        for i, captured in held.items():
+            again = self._entry(slots[i][0])
+            if ok[i] and again is not None:
+                s._say_sending(again[0], slots[i][1], self.epoch)
+                s._note_sent(again[0], slots[i][1])
+                signals.after_task_publish.send(sender=again[0].task, **captured.after)
+        return ok

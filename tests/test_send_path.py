@@ -1,0 +1,235 @@
+"""The send path in-process against real Redis: claim and enqueue in one step, batches, sharing.
+
+A broker on leaderbeat's own Redis server and database takes the fast path:
+the claim script runs kombu's own commands for exactly the slots it grants.
+Anything else goes out in kombu batches after the claim.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from celery import Celery, signals
+
+from celery_leaderbeat import _cronengine
+from celery_leaderbeat.ledger import ClaimItem, Op
+from celery_leaderbeat.policy import CatchupPolicy
+from celery_leaderbeat.scheduler import Scheduler
+from celery_leaderbeat.schedules import cron
+from celery_leaderbeat.slots import clock_for, plan, slot_id, to_ms
+from tests.support.beat import NOOP
+
+UTC = timezone.utc
+PRIORITY_SEP = "\x06\x16"  # kombu's Redis transport: "<queue><sep><priority step>"
+
+
+def make_app(broker_url: str, prefix: str, schedule: dict, **settings) -> Celery:
+    app = Celery("proj")
+    app.conf.update(broker_url=broker_url, leaderbeat_key_prefix=prefix, beat_schedule=schedule,
+                    timezone="UTC", leaderbeat_standby_poll=0.2, **settings)
+    return app
+
+
+def tick_until(scheduler: Scheduler, condition, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(min(scheduler.tick(), 0.1))
+
+
+def messages(client, key: str) -> list[dict]:
+    return [json.loads(raw) for raw in client.lrange(key, 0, -1)]
+
+
+def test_on_the_brokers_own_redis_each_slot_is_granted_and_enqueued_in_one_step(
+        redis_server, key_prefix, caplog):
+    caplog.set_level(logging.INFO, logger="celery_leaderbeat")
+    app = make_app(redis_server.url_for(0), key_prefix,
+                   {f"e{i}": {"task": NOOP, "schedule": 0.5} for i in range(5)})
+    client = redis_server.client()
+    scheduler = Scheduler(app=app)
+    try:
+        tick_until(scheduler, lambda: client.llen("celery") >= 5)
+        stored = scheduler.ledger.load()
+    finally:
+        scheduler.close()
+    assert "claims and enqueues each slot in one step" in caplog.text
+    sent = messages(client, "celery")
+    for msg in sent:
+        headers = msg["headers"]
+        slot = datetime.fromisoformat(headers["leaderbeat_slot"])
+        assert headers["id"] == slot_id(key_prefix, headers["leaderbeat_entry"], slot)
+    # granted and enqueued in one step: stored sent at once, never "claimed, unconfirmed"
+    assert {s.state for name, s in stored.items() if name.startswith("e")} <= {"s", "a"}
+    assert any(s.state == "s" for s in stored.values())
+
+
+def test_a_claim_refused_runs_none_of_its_commands_and_a_retried_grant_runs_them_once(
+        redis_server, key_prefix):
+    app = make_app(redis_server.url_for(0), key_prefix, {"a": {"task": NOOP, "schedule": 60.0}})
+    client = redis_server.client()
+    scheduler = Scheduler(app=app)
+    try:
+        ledger, lease = scheduler.ledger, scheduler.lease
+        assert lease.try_acquire()
+        item = ClaimItem("a", 2000, Op.CLAIM, 2000, enqueue=(("lpush", "q", "payload"),))
+        with pytest.raises(Exception, match="lost"):  # another token: refused wholesale
+            ledger.claim("someone-else|99", 99, [item])
+        assert client.llen("q") == 0
+        token, epoch = lease.credentials()
+        assert ledger.claim(token, epoch, [item]) == [None]
+        assert ledger.claim(token, epoch, [item]) == [None]  # the reply was lost: asked again
+        assert client.lrange("q", 0, -1) == [b"payload"]
+        older = ClaimItem("a", 1000, Op.CLAIM, 1000, enqueue=(("lpush", "q", "older"),))
+        refused = ledger.claim(token, epoch, [older])
+        assert refused[0] is not None and refused[0].slot_ms == 2000
+        assert client.lrange("q", 0, -1) == [b"payload"]
+        assert ledger.load()["a"].state == "s"
+    finally:
+        scheduler.close()
+
+
+def test_routes_priorities_and_the_global_key_prefix_land_where_kombu_puts_them(
+        redis_server, key_prefix):
+    schedule = {
+        "plain": {"task": NOOP, "schedule": 0.5},
+        "urgent": {"task": NOOP, "schedule": 0.5, "options": {"priority": 7}},
+        "routed": {"task": "proj.routed", "schedule": 0.5},
+    }
+    app = make_app(redis_server.url_for(0), key_prefix, schedule,
+                   task_routes={"proj.routed": {"queue": "other"}},
+                   broker_transport_options={"global_keyprefix": "gk:"})
+    client = redis_server.client()
+    scheduler = Scheduler(app=app)
+    try:
+        tick_until(scheduler, lambda: client.llen(f"gk:celery{PRIORITY_SEP}6") > 0
+                   and client.llen("gk:celery") > 0 and client.llen("gk:other") > 0)
+        assert scheduler._enqueuer is not None and scheduler._enqueuer.fast
+    finally:
+        scheduler.close()
+    entries = {m["headers"]["leaderbeat_entry"] for m in messages(client, "gk:celery")}
+    assert entries == {"plain"}
+    urgent = messages(client, f"gk:celery{PRIORITY_SEP}6")  # priority 7 -> kombu's step 6
+    assert {m["headers"]["leaderbeat_entry"] for m in urgent} == {"urgent"}
+    assert urgent[0]["properties"]["priority"] == 7
+    assert {m["headers"]["leaderbeat_entry"] for m in messages(client, "gk:other")} == {"routed"}
+    assert client.llen("celery") == 0 and client.llen("other") == 0
+
+
+def test_before_task_publish_fires_before_the_claim_and_after_task_publish_only_when_granted(
+        redis_server, key_prefix):
+    app = make_app(redis_server.url_for(0), key_prefix,
+                   {"a": {"task": NOOP, "schedule": 60.0}, "b": {"task": NOOP, "schedule": 60.0}})
+    client = redis_server.client()
+    before, after = [], []
+
+    def on_before(headers=None, **kwargs):
+        before.append((headers["leaderbeat_entry"], client.llen("celery")))
+
+    def on_after(headers=None, **kwargs):
+        after.append((headers["leaderbeat_entry"], client.llen("celery")))
+
+    signals.before_task_publish.connect(on_before, weak=False)
+    signals.after_task_publish.connect(on_after, weak=False)
+    scheduler = Scheduler(app=app)
+    try:
+        assert scheduler.lease.try_acquire()
+        token, epoch = scheduler.lease.credentials()
+        sender = scheduler._chunk_sender(epoch)
+        slot = datetime(2020, 1, 1, tzinfo=UTC)  # in the past: a leader never claims the future
+        prepared = sender.prepare([("a", slot), ("b", slot)])
+        assert before == [("a", 0), ("b", 0)] and after == []  # built, nothing enqueued yet
+        # b's slot was claimed by someone else first: refused, its message never enqueued
+        scheduler.ledger.claim(token, epoch, [ClaimItem("b", to_ms(slot), Op.CLAIM)])
+        results = scheduler.ledger.claim(token, epoch, [
+            ClaimItem(name, to_ms(slot), Op.CLAIM, to_ms(slot), enqueue=commands)
+            for name, commands in zip("ab", prepared)])
+        assert results[0] is None and results[1] is not None
+        sender.enqueued([("a", slot)])
+    finally:
+        signals.before_task_publish.disconnect(on_before)
+        signals.after_task_publish.disconnect(on_after)
+        scheduler.close()
+    assert after == [("a", 1)]  # after the message was in the queue, for the granted one only
+    assert [m["headers"]["leaderbeat_entry"] for m in messages(client, "celery")] == ["a"]
+
+
+def test_a_broker_on_another_database_says_so_once_and_sends_batched_after_the_claim(
+        redis_server, key_prefix, caplog):
+    caplog.set_level(logging.INFO, logger="celery_leaderbeat")
+    app = make_app(redis_server.url_for(1), key_prefix,
+                   {f"e{i}": {"task": NOOP, "schedule": 0.5} for i in range(3)},
+                   leaderbeat_redis_url=redis_server.url_for(0))
+    broker = redis_server.client(db=1)
+    scheduler = Scheduler(app=app)
+    try:
+        tick_until(scheduler, lambda: broker.llen("celery") >= 6)
+    finally:
+        scheduler.close()
+    lines = [r.getMessage() for r in caplog.records if "claim and enqueue in one step is off" in
+             r.getMessage()]
+    assert len(lines) == 1
+    assert "another Redis server or database" in lines[0]
+    assert {m["headers"]["leaderbeat_entry"] for m in messages(broker, "celery")} == {
+        "e0", "e1", "e2"}
+
+
+def test_the_setting_turns_the_fast_path_off(redis_server, key_prefix, caplog):
+    caplog.set_level(logging.INFO, logger="celery_leaderbeat")
+    app = make_app(redis_server.url_for(0), key_prefix, {"a": {"task": NOOP, "schedule": 0.5}},
+                   leaderbeat_atomic_enqueue=False)
+    client = redis_server.client()
+    scheduler = Scheduler(app=app)
+    try:
+        tick_until(scheduler, lambda: client.llen("celery") >= 1)
+        assert scheduler._enqueuer is not None and not scheduler._enqueuer.fast
+    finally:
+        scheduler.close()
+    assert "turned off by leaderbeat_atomic_enqueue=False" in caplog.text
+
+
+def test_entries_on_one_cron_share_one_engine_and_a_burst_plans_once(monkeypatch):
+    clocks = [clock_for(cron("*/5 * * * *"), name=f"e{i}", tz=UTC) for i in range(1000)]
+    assert len({id(c.engine) for c in clocks}) == 1
+    searches = []
+    real = _cronengine.CronEngine._search
+    monkeypatch.setattr(_cronengine.CronEngine, "_search",
+                        lambda self, t: searches.append(t) or real(self, t))
+    last = datetime(2031, 3, 4, 10, 0, tzinfo=UTC)
+    now = last + timedelta(minutes=5, seconds=1)
+    plans = [plan(c, last=last, now=now, since=last, policy=CatchupPolicy()) for c in clocks]
+    assert {p.send for p in plans} == {(last + timedelta(minutes=5),)}
+    assert len(searches) <= 3  # one walk for the whole burst, not one per entry
+
+
+def test_a_jittered_entry_keeps_its_own_fire_time(monkeypatch):
+    a = clock_for(cron("*/5 * * * *"), name="a", tz=UTC, jitter=60)
+    b = clock_for(cron("*/5 * * * *"), name="b", tz=UTC, jitter=60)
+    last = datetime(2031, 3, 4, 10, 0, tzinfo=UTC)
+    now = last + timedelta(minutes=6, seconds=1)
+    pa = plan(a, last=last, now=now, since=last, policy=CatchupPolicy())
+    pb = plan(b, last=last, now=now, since=last, policy=CatchupPolicy())
+    assert pa.next_fire != pb.next_fire  # jitter is per entry: never shared
+
+
+
+def test_a_gated_base_scheduler_keeps_sending_slot_by_slot_through_its_own_entries(
+        redis_server, key_prefix, tmp_path):
+    # the gate reads entries from its snapshot (a database scheduler's .schedule is a
+    # query) and tells the base what was sent: chunk senders would bypass both
+    app = make_app(redis_server.url_for(0), key_prefix, {"a": {"task": NOOP, "schedule": 0.5}},
+                   leaderbeat_base_scheduler="celery.beat:PersistentScheduler")
+    gated = Scheduler(app=app, schedule_filename=str(tmp_path / "beat-schedule"))
+    plain = Scheduler(app=make_app(redis_server.url_for(0), key_prefix + "-plain",
+                                   {"a": {"task": NOOP, "schedule": 0.5}}))
+    try:
+        assert type(gated) is not Scheduler
+        assert gated._connect().sender is None
+        assert plain._connect().sender is not None
+    finally:
+        gated.close()
+        plain.close()
