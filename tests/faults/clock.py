@@ -182,3 +182,48 @@ class RedisExpiry:
             return left
         deadline = self.client.hget(self.side, key)
         return int(deadline) - self._now_ms() if deadline is not None else -1
+
+
+_AGE = """
+local val = redis.call('GET', KEYS[1])
+if not val then return 0 end
+local now, half = tonumber(ARGV[1]), tonumber(ARGV[2])
+local t = redis.call('TIME')
+local real = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local written = tonumber(redis.call('HGET', KEYS[2], 'written') or now)
+if redis.call('HGET', KEYS[2], 'value') ~= val then
+  written = now
+  redis.call('HSET', KEYS[2], 'written', now)
+end
+local aged = real - (now - written) - half
+redis.call('SET', KEYS[1], aged, 'KEEPTTL')
+redis.call('HSET', KEYS[2], 'value', tostring(aged))
+return 1
+"""
+
+
+class RedisTimeValue:
+    """Keeps a key that holds a Redis ``TIME`` (ms) aged in virtual time.
+
+    claim.lua stores the leader's latest claim as Redis TIME and a rescue asks how
+    recent it is by Redis TIME: real milliseconds, while the scenario's seconds are
+    virtual. Called just before and just after every claim call (the only writer
+    and reader), this rewrites the value as "now by Redis TIME minus the virtual
+    time since it was written, minus half a step": the rescue then sees the
+    virtual age (half a step older, so a comparison never falls on a step's edge),
+    whatever the real time a round took.
+    """
+
+    def __init__(self, client: redis.Redis, key: str, clock: FakeClock, step: Any) -> None:
+        self.client = client
+        self.keys = [key, f"vtime:{key}"]
+        self.clock = clock
+        self.step = step  # a callable: the harness's current step, in seconds
+        self._script = client.register_script(_AGE)
+
+    def __call__(self) -> None:
+        now = round(self.clock.time() * 1000)
+        try:
+            self._script(keys=self.keys, args=[now, int(self.step() * 500)])
+        except (redis.ConnectionError, redis.TimeoutError):
+            pass

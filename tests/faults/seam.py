@@ -105,9 +105,19 @@ class Seam:
     #: every call that passed, in order
     calls: list[Call] = field(default_factory=list)
     enabled: bool = True
+    #: called with each call's label just before it runs and just after (the harness keeps
+    #: values that hold a Redis TIME in step with the virtual clock around claims)
+    around: Callable[[str], None] = lambda label: None
     _count: Iterable[int] = field(default_factory=itertools.count)
 
     def intercept(self, node: str, label: str, run: Callable[[], Any]) -> Any:
+        self.around(label)
+        try:
+            return self._intercept(node, label, run)
+        finally:
+            self.around(label)
+
+    def _intercept(self, node: str, label: str, run: Callable[[], Any]) -> Any:
         if not self.enabled:
             return run()
         index = next(self._count)  # type: ignore[call-overload]

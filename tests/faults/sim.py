@@ -27,6 +27,7 @@ A ``tick()`` that raises is a beat that exited: it is recorded in
 
 from __future__ import annotations
 
+import importlib
 import logging
 import sys
 import threading
@@ -46,7 +47,7 @@ from celery_leaderbeat.scheduler import LEADER, Scheduler
 from celery_leaderbeat.slots import slot_id, to_ms
 from celery_leaderbeat.standby import Standby
 
-from .clock import SKEW_TOLERANCE, FakeClock, RedisExpiry, install_clock
+from .clock import SKEW_TOLERANCE, FakeClock, RedisExpiry, RedisTimeValue, install_clock
 from .invariants import Published, duplicates, history, unaccounted
 from .seam import FaultyRedis, Seam, faulty_client
 
@@ -174,6 +175,10 @@ class Sim:
         self.expiry = RedisExpiry(self.admin, f"{self.keys.tag}:*", self.clock)
         self.clock.listeners.append(self.expiry)
         self.seam.on_stall = self._stall
+        progress = getattr(self.keys, "progress", None)
+        if progress is not None:  # the leader's progress, a Redis TIME, read by rescues
+            aged = RedisTimeValue(self.admin, progress, self.clock, lambda: self.step_seconds)
+            self.seam.around = lambda label: aged() if label.startswith("EVALSHA[claim]") else None
         self.seam.on_drop = lambda node_id: self.clients[node_id].drop_connections()
         self.clients: dict[str, FaultyRedis] = {}  # each node id's latest client
         self._frozen: set[str] = set()
@@ -188,7 +193,12 @@ class Sim:
         monkeypatch.setattr(scheduler_module, "make_client", self._make_client)
         # a worker guard built in this process gets a seamed client too (node id "guard")
         monkeypatch.setattr(guard_module, "make_client", self._guard_client)
-        monkeypatch.setattr(scheduler_module, "publish", self._publish)
+        # the broker: every module that publishes a slot does it through ``publish``
+        for name in ("celery_leaderbeat.scheduler", "celery_leaderbeat.publish",
+                     "celery_leaderbeat.enqueue"):
+            module = sys.modules.get(name) or importlib.import_module(name)
+            if hasattr(module, "publish"):
+                monkeypatch.setattr(module, "publish", self._publish)
         monkeypatch.setattr(lease_module, "Heartbeat", SteppedHeartbeat)
         monkeypatch.setattr(Standby, "_wait", _wait_without_sleeping)
         return self
@@ -203,7 +213,7 @@ class Sim:
         return client
 
     def _publish(self, scheduler: Any, entry: Any, slot: datetime, epoch: int | None,
-                 overlap: str = "allow", task_id: str | None = None) -> Any:
+                 overlap: str = "allow", task_id: str | None = None, **_: Any) -> Any:
         tid = task_id or slot_id(scheduler.keys.prefix, entry.name, slot)
         published = Published(scheduler.lb_config.node_id, entry.name, to_ms(slot),
                               slot.isoformat(), epoch, tid, self.clock.time(), _sent_by())
