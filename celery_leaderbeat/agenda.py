@@ -100,7 +100,7 @@ def load(schedule: Mapping[str, Any], stored: Mapping[str, SlotState], *, start:
          fingerprint_of: FingerprintOf = _no_fingerprint,
          definitions: Mapping[str, str] | None = None,
          remembered: Callable[[str], int | None] = lambda name: None,
-         trust_memory: bool = False) -> Loaded:
+         trust_memory: bool = False, rolled_back: bool = False) -> Loaded:
     """Track every entry of ``schedule`` from its stored last slot, else from ``start``.
 
     ``epoch`` is the leader's own: a claimed or unsent slot of any other epoch
@@ -112,7 +112,9 @@ def load(schedule: Mapping[str, Any], stored: Mapping[str, SlotState], *, start:
     (this process led until Redis lost them: nobody can have sent later slots)
     the entry carries on after what was published; otherwise another node may
     have sent later slots than this one remembers, so the entry is treated as
-    unknown and starts from ``start``, like an entry with no state.
+    unknown and starts from ``start``, like an entry with no state. With
+    ``rolled_back`` (Redis went back to older state) no stored slot is trusted:
+    every entry with state starts from ``start`` too.
     """
     tracked: dict[str, Tracked] = {}
     anchors: list[ClaimItem] = []
@@ -132,10 +134,12 @@ def load(schedule: Mapping[str, Any], stored: Mapping[str, SlotState], *, start:
         if sent_ms is not None and (state is None or state.slot_ms < sent_ms) and trust_memory:
             anchors.append(ClaimItem(name, sent_ms, Op.RESTORE, fingerprint=fp))
             last = from_ms(sent_ms)
-        elif sent_ms is not None and state is not None and state.slot_ms < sent_ms:
+        elif state is not None and (rolled_back or (sent_ms is not None
+                                                      and state.slot_ms < sent_ms)):
             # rolled back (an older snapshot, a lagging replica): unknown, as if empty
-            anchors.append(ClaimItem(name, to_ms(start), Op.ROLLED_BACK, fingerprint=fp))
-            last = start
+            at = max(to_ms(start), state.slot_ms, sent_ms or 0)
+            anchors.append(ClaimItem(name, at, Op.ROLLED_BACK, fingerprint=fp))
+            last = from_ms(at)
         elif state is None:
             anchors.append(ClaimItem(name, to_ms(start), Op.ANCHOR, fingerprint=fp))
             last = start

@@ -41,3 +41,11 @@ class RedisAuthError(LeaderbeatError):
 
 class ScriptError(LeaderbeatError):
     """A Lua script answered a code this version does not know."""
+
+
+class RolledBackError(LeaderbeatError):
+    """Redis holds older state than this node has seen (restored from an older snapshot,
+    a lagging replica promoted): nothing was granted; the leader must re-anchor."""
+
+    #: the generation Redis holds now
+    generation: int = 0

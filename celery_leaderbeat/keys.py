@@ -48,6 +48,12 @@ class Keys:
         return self._key("definitions")
 
     @property
+    def generation(self) -> str:
+        """Counter: raised by every claim call; Redis going back to older state shows as a
+        lower value than a node has seen."""
+        return self._key("generation")
+
+    @property
     def progress(self) -> str:
         """String, PX ttl: Redis TIME (ms) of the leader's latest claim (rescues wait on it)."""
         return self._key("progress")

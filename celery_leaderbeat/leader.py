@@ -67,6 +67,7 @@ class Leader:
         #: what earlier leaders left unconfirmed is reported once, by the first reload that
         #: gets through (an election whose first load failed reports on the next one)
         self._reported = False
+        self._rolled_back = False  # Redis went back to older state: re-anchor every entry
         self._recover_later: list[Unsent] = []  # a standby's claims too young to take over
         self._recover_at = 0.0  # monotonic: when to try those again
         self._prune_at = time.monotonic() + 60.0
@@ -90,9 +91,11 @@ class Leader:
         stored, definitions = node.ledger.load_with_definitions()
         # Only a node that led until Redis lost its data knows nobody sent anything later
         trusted = node.lease.vanished_while_held
+        rolled_back = self._rolled_back
         loaded = node.track(stored, start=start, epoch=node.lease.epoch,
-                            definitions=definitions, trust_memory=trusted)
-        report = report or not self._reported
+                            definitions=definitions, trust_memory=trusted,
+                            rolled_back=rolled_back)
+        report = (report or not self._reported) and not rolled_back
         unsent: list[Unsent] = []
         if report:
             unsent += loaded.unsent
@@ -110,6 +113,7 @@ class Leader:
                 refused = [None] * len(loaded.anchors)
             adopt_refused_anchors(loaded, refused)
             _say_anchored(loaded)
+        self._rolled_back = False
         self._publish_definitions(loaded.tracked, definitions)
         self.agenda = Agenda(loaded.tracked)
         self._version = version
@@ -120,6 +124,16 @@ class Leader:
                                                 memory=node.sent)
             self._recover_at = time.monotonic() + node.config.lease_ttl
             self._reported = True
+
+    def rolled_back(self, why: str) -> None:
+        """Redis holds older state than this node has seen: what it says was sent or claimed
+        may be behind what was. Every entry starts again from now (or after what this
+        process itself sent), and the generation counter is lifted past the loss."""
+        logger.warning("leaderbeat: %s; every entry starts again from now, without catch-up "
+                       "(slots sent before the loss are never sent again)", why)
+        self._rolled_back = True
+        self._version = -1
+        self.node.ledger.reset_generation()
 
     def update(self, names: Collection[str], version: int) -> None:
         """Take in a change of a few entries: work in proportion to the change, not the

@@ -50,6 +50,8 @@ class Lease:
         self._heartbeat: Heartbeat | None = None
         #: told the seconds each heartbeat renewal took, or None when Redis did not answer
         self.on_renew: Callable[[float | None], None] = lambda seconds: None
+        #: told the state generation each acquire attempt read (see claim.lua)
+        self.on_generation: Callable[[int], None] = lambda generation: None
         #: the highest fencing epoch this node has seen; acquire lifts the counter above
         #: it, so epochs never go backwards even after Redis lost its data
         self.highest_epoch = 0
@@ -96,11 +98,12 @@ class Lease:
         """Take the lease if it is free. Returns whether this node now leads."""
         started = self.clock()
         reply = self.scripts.acquire(
-            keys=[self.keys.leader, self.keys.epoch, self.keys.history],
+            keys=[self.keys.leader, self.keys.epoch, self.keys.history, self.keys.generation],
             args=[self.config.node_id, self.ttl_ms, self.config.history_length,
                   self.highest_epoch])
         acquired = status(reply, "acquire") == 1
         self._measured(started, reply[-2], reply[-1])
+        self.on_generation(int(reply[-3]))
         if not acquired:
             self.observe_epoch(_epoch_of(reply[1]))
             return False

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from .config import Config
-from .errors import LeaseLostError, NotReplicatedError
+from .errors import LeaseLostError, NotReplicatedError, RolledBackError
 from .keys import Keys
 from .scripts import Scripts, status, text
 
@@ -123,6 +123,10 @@ class Ledger:
         self.scripts = scripts
         self.keys = keys
         self.config = config
+        #: the highest generation of the state this node has seen (see claim.lua)
+        self.generation = 0
+        #: set by a leader re-anchoring every entry after Redis went back to older state
+        self._reset_generation = False
 
     def claim(self, token: str, epoch: int, items: Sequence[ClaimItem],
               events: Sequence[Event] = ()) -> list[SlotState | None | str]:
@@ -138,13 +142,14 @@ class Ledger:
         for batch_events, batch_items in _calls(events, items):
             reply = self._call("lead", token, int(self.config.lease_ttl * 1000), epoch,
                                batch_events, batch_items)
+            self._check_generation(reply)
             if status(reply, "claim") == 0:
                 holder = text(reply[1]) if len(reply) > 1 and reply[1] else None
                 lost = LeaseLostError(f"claim refused: lease {token} lost; held by "
                                       f"{holder or 'nobody'}")
                 lost.holder = holder
                 raise lost
-            results += [_lead_result(r) for r in reply[3:]]
+            results += [_lead_result(r) for r in reply[4:]]
             if self.config.min_replicas and batch_items:
                 self._wait_for_replicas(results)
         return results
@@ -161,9 +166,10 @@ class Ledger:
         for batch_events, batch_items in _calls(events, items):
             reply = self._call("rescue", "", int(self.config.rescue_after * 1000), 0,
                                batch_events, batch_items)
+            self._check_generation(reply)
             status(reply, "claim")
             now_ms = int(reply[1])
-            results += [_rescue_result(r) for r in reply[3:]]
+            results += [_rescue_result(r) for r in reply[4:]]
             if self.config.min_replicas:
                 self._wait_for_replicas(results)
         return Claimed(results, now_ms)
@@ -175,8 +181,30 @@ class Ledger:
         if not events:
             return 0
         for batch_events, _ in _calls(events, ()):
-            marked += int(self._call("record", "", "", epoch, batch_events, ())[2])
+            reply = self._call("record", "", "", epoch, batch_events, ())
+            self._check_generation(reply)
+            marked += int(reply[2])
         return marked
+
+    def observe_generation(self, generation: int | None) -> None:
+        """Note a generation seen elsewhere (an acquire attempt's reply)."""
+        if generation is not None and generation > self.generation:
+            self.generation = generation
+
+    def reset_generation(self) -> None:
+        """The next claim call re-anchors after a loss of writes: it lifts the counter."""
+        self._reset_generation = True
+
+    def _check_generation(self, reply: Any) -> None:
+        if isinstance(reply, list) and reply and reply[0] == 2:
+            error = RolledBackError(
+                f"Redis holds older state than this node has seen (generation {int(reply[1])} "
+                f"< {self.generation}): restored from an older snapshot, or a lagging replica "
+                "was promoted")
+            error.generation = int(reply[1])
+            raise error
+        if isinstance(reply, list) and len(reply) > 3 and reply[0] == 1:
+            self.observe_generation(int(reply[3]))
 
     def _call(self, mode: str, token: str, ms: int | str, epoch: int,
               events: Sequence[Event], items: Sequence[ClaimItem]) -> Any:
@@ -187,15 +215,21 @@ class Ledger:
         elif mode == "rescue":
             ahead = _BUSY_LEADER_MS
         recover_age = int(self.config.lease_ttl * 1000) if lead else ""
+        if self._reset_generation and lead:
+            self._reset_generation = False
+            check: list[Any] = ["reset", self.generation]
+        else:
+            check = [self.generation or "", ""]
         args: list[Any] = [mode, token, ms, epoch, self.config.history_length,
-                           self.config.node_id, ahead, recover_age, len(events)]
+                           self.config.node_id, ahead, recover_age, len(events), *check]
         for ev in events:
             args += [ev.name, ev.slot_ms, ev.event, ev.detail]
         for item in items:
             args += [item.name, item.slot_ms, item.op, item.fire_ms,
                      "" if item.prev_ms is None else item.prev_ms, item.fingerprint]
         keys = [self.keys.leader, self.keys.slots, self.keys.history, self.keys.overtaken,
-                self.keys.paused, self.keys.definitions, self.keys.progress]
+                self.keys.paused, self.keys.definitions, self.keys.progress,
+                self.keys.generation]
         if any(item.enqueue for item in items):
             args += _enqueue_section(items, keys)
         return self.scripts.claim(keys=keys, args=args)

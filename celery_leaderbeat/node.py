@@ -64,7 +64,8 @@ class Node:
 
     def track(self, stored: Mapping[str, SlotState], *, start: datetime,
               epoch: int | None, definitions: Mapping[str, str] | None = None,
-              trust_memory: bool = False, only: Collection[str] | None = None) -> Loaded:
+              trust_memory: bool = False, only: Collection[str] | None = None,
+              rolled_back: bool = False) -> Loaded:
         """The schedule's entries tracked from ``stored`` states (see :func:`agenda.load`);
         with ``only``, just those entries (a change of a few in a large schedule)."""
         if stored:
@@ -79,7 +80,7 @@ class Node:
                     default=EntryOptions.defaults(self.config), epoch=epoch,
                     clock_of=self.clock_of, fingerprint_of=self.fingerprint_of,
                     definitions=definitions, remembered=self.sent.newest,
-                    trust_memory=trust_memory)
+                    trust_memory=trust_memory, rolled_back=rolled_back)
 
     def fingerprint_of(self, name: str, entry: Any, tz: tzinfo, jitter: float | None) -> str:
         """The fingerprint of an entry's definition, computed once per entry object."""

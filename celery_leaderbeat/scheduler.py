@@ -33,7 +33,13 @@ from .dynamic_schedule import DynamicSchedule
 from .enqueue import Enqueuer
 from .entries import EntryOptions, split_entries
 from .entry_store import EntryStore
-from .errors import ConfigurationError, LeaseLostError, NotReplicatedError, RedisAuthError
+from .errors import (
+    ConfigurationError,
+    LeaseLostError,
+    NotReplicatedError,
+    RedisAuthError,
+    RolledBackError,
+)
 from .keys import Keys
 from .leader import Leader, Resign
 from .lease import Lease
@@ -239,6 +245,7 @@ class Scheduler(beat.Scheduler):
         if self._dynamic is not None:
             self._node.anchors = lambda: self._dynamic.anchors if self._dynamic else {}
             self._node.exact = lambda: self._dynamic.exact if self._dynamic else ()
+        lease.on_generation = self._node.ledger.observe_generation
         self._leader = None
         self._standby = Standby(self._node)
         return self._node
@@ -359,6 +366,12 @@ class Scheduler(beat.Scheduler):
             return 0.0
         except NotReplicatedError as exc:
             logger.warning("leaderbeat: %s; nothing unreplicated was sent", exc)
+            return self.lb_config.standby_poll
+        except RolledBackError as exc:
+            if self._leader is not None:
+                self._leader.rolled_back(str(exc))  # every entry starts again from now
+                return 0.0
+            logger.warning("leaderbeat: %s; not rescuing until the leader re-anchors", exc)
             return self.lb_config.standby_poll
         except redis.AuthenticationError as exc:
             raise RedisAuthError(

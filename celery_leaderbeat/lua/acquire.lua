@@ -1,20 +1,22 @@
 -- acquire.lua: take the leader lease if nobody else holds it.
 -- KEYS[1] leader key      KEYS[2] epoch counter      KEYS[3] history stream
+-- KEYS[4] generation counter (read only: see claim.lua)
 -- ARGV[1] node id         ARGV[2] lease ttl (ms)     ARGV[3] history max length
 -- ARGV[4] the highest epoch this node has seen (0 if none)
--- Returns {1, epoch, seconds, microseconds}               acquired; the new fencing epoch
---         {0, holder_token, pttl, seconds, microseconds}  another node holds the lease
+-- Returns {1, epoch, generation, seconds, microseconds}        acquired; the new epoch
+--         {0, holder_token, pttl, generation, seconds, microseconds}  another node holds it
 -- (seconds, microseconds: Redis TIME, so every attempt also measures clock skew)
 -- A key still holding this node's own id (from a lease it gave up locally) is
 -- taken again with a new epoch: the older self is fenced by the new epoch.
 -- The epoch is INCR'd, and lifted above ARGV[4]: after Redis lost its data the
 -- counter restarts empty, and epochs must never go backwards.
 local now = redis.call('TIME')
+local generation = tonumber(redis.call('GET', KEYS[4]) or '0')
 local current = redis.call('GET', KEYS[1])
 if current then
   local holder = string.match(current, '^(.*)|%d+$')
   if holder ~= ARGV[1] then
-    return {0, current, redis.call('PTTL', KEYS[1]), now[1], now[2]}
+    return {0, current, redis.call('PTTL', KEYS[1]), generation, now[1], now[2]}
   end
 end
 local epoch = redis.call('INCR', KEYS[2])
@@ -25,4 +27,4 @@ end
 redis.call('SET', KEYS[1], ARGV[1] .. '|' .. epoch, 'PX', ARGV[2])
 redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[3], '*',
            'event', 'elected', 'node', ARGV[1], 'epoch', epoch)
-return {1, epoch, now[1], now[2]}
+return {1, epoch, generation, now[1], now[2]}

@@ -5,6 +5,9 @@
 -- KEYS[5] paused hash: entry -> note (``celery leaderbeat pause``)
 -- KEYS[6] definitions hash: entry -> fingerprint of the definition the leader plans
 -- KEYS[7] progress: Redis TIME (ms) of the leader's latest call with a 'claim' in it
+-- KEYS[8] generation: a counter every call that writes raises; a node remembers the highest
+--         it has seen, so Redis going back to older state (a restore from an older
+--         snapshot, a lagging replica promoted) is seen before anything is granted
 -- ARGV[1] mode: 'lead', 'rescue' or 'record'
 -- ARGV[2] lead: this leader's token (node_id|epoch); rescue/record: ''
 -- ARGV[3] lead: lease ttl (ms); rescue: rescue_after (ms); record: ''
@@ -17,7 +20,12 @@
 -- ARGV[8] lead: how old (ms, by Redis TIME) a standby's claim must be before 'recover'
 --         may take it over (younger, its claimant may still be publishing it); else ''
 -- ARGV[9] n, the number of events
--- ARGV[10 .. 9+4n]  events, groups of four: entry, slot (ms), event, detail
+-- ARGV[10] the highest generation the caller has seen ('' none); a lower counter here
+--          answers {2, counter} and writes nothing: Redis lost writes the caller saw.
+--          'reset' (a leader re-anchoring every entry after such a loss): the counter is
+--          lifted above ARGV[11] and the call goes on
+-- ARGV[11] with 'reset': the generation to lift the counter above; else ''
+-- ARGV[12 .. 11+4n] events, groups of four: entry, slot (ms), event, detail
 --   'sent'    the broker accepted the slot: state -> 's' while the stored slot is this one
 --             (and an overtaken record of that slot is dropped: it was sent after all)
 --   'unsent'  claimed, not sent: state 'c' -> 'u', so the next leader reports it once
@@ -34,12 +42,12 @@
 --   op 'recover'  re-send an unconfirmed slot an earlier claimant left: granted only while
 --                 the stored slot is this one and still 'c' or 'u' (or it is in KEYS[4]);
 --                 the claim becomes this leader's ('c')
--- Claim and enqueue in one step (optional: only when KEYS has more than seven keys):
--- KEYS[8 ..]        the broker's keys (queue lists) the commands below write
+-- Claim and enqueue in one step (optional: only when KEYS has more than eight keys):
+-- KEYS[9 ..]        the broker's keys (queue lists) the commands below write
 -- ARGV[#ARGV]       L, the length of the enqueue section, which ends just before it and
 --                   follows the claims; for each claim in order: c, its number of broker
 --                   commands, then c groups of three: 'lpush' or 'pexpire', an index into
---                   KEYS (8 or more), the argument (the message payload, or ms)
+--                   KEYS (9 or more), the argument (the message payload, or ms)
 --   A granted 'claim' that has commands runs them here, in this atomic step, and is
 --   stored sent ('s'), never claimed: a slot is granted and enqueued, or neither. A
 --   retry that finds exactly that sent value answers 1 again and runs nothing twice.
@@ -65,15 +73,25 @@
 -- that lost the reply and retried must not take its grant for a refusal (the caller
 -- remembers what it published and never publishes a slot twice).
 -- Returns {0, holder_token or false, marked}   lead mode, not the leader: no claim granted
---         {1, redis_now_ms, marked, r1, r2, ...}  one result per claim: 1 granted,
+--         {2, generation}   Redis went back to older state (see ARGV[10]): nothing written
+--         {1, redis_now_ms, marked, generation, r1, r2, ...}  per claim: 1 granted,
 --           2 paused (skipped), 3 definition differs (rescue), 0 not late enough (rescue)
 --           or too far ahead (lead), false no state (rescue), else the stored value
 local mode, node, epoch = ARGV[1], ARGV[6], ARGV[4]
 local n = tonumber(ARGV[9])
-local claims_at = 10 + 4 * n
+local claims_at = 12 + 4 * n
+local generation = tonumber(redis.call('GET', KEYS[8]) or '0')
+if ARGV[10] == 'reset' then
+  generation = math.max(generation, tonumber(ARGV[11])) + 1
+  redis.call('SET', KEYS[8], generation)
+elseif ARGV[10] ~= '' and generation < tonumber(ARGV[10]) then
+  return {2, generation}
+else
+  generation = redis.call('INCR', KEYS[8])
+end
 local claims_end = #ARGV
 local enq = nil  -- where the current claim's enqueue commands start, if any
-if #KEYS > 7 then
+if #KEYS > 8 then
   claims_end = #ARGV - 1 - tonumber(ARGV[#ARGV])
   enq = claims_end + 1
   local j = enq
@@ -88,7 +106,7 @@ if #KEYS > 7 then
 end
 local marked = 0
 local any_overtaken = redis.call('EXISTS', KEYS[4]) == 1
-for i = 10, claims_at - 1, 4 do
+for i = 12, claims_at - 1, 4 do
   local name, slot, event, detail = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
   if event == 'sent' or event == 'unsent' then
     local stored = redis.call('HGET', KEYS[2], name)
@@ -148,7 +166,7 @@ local function parts(stored)
   return tonumber(s_slot), s_epoch, s_state, s_node, tonumber(s_at)
 end
 
-local out = {1, now_ms, marked}
+local out = {1, now_ms, marked, generation}
 for i = claims_at, claims_end, 6 do
   local name, slot, op, fire = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2], tonumber(ARGV[i + 3])
   local prev, fp = ARGV[i + 4], ARGV[i + 5]
