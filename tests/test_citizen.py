@@ -223,7 +223,8 @@ def test_docs_architecture_names_every_redis_key_the_code_builds():
 
     keys = Keys("p")
     names = [getattr(keys, n) for n in ("leader", "epoch", "slots", "overtaken", "definitions",
-                                        "progress", "paused", "requests", "backfilled", "nodes",
+                                        "progress", "generation", "paused", "requests",
+                                        "backfilled", "nodes",
                                         "history", "events", "entries", "entries_meta",
                                         "entries_changed", "entries_removed")]
     names += [keys.run("<task id>"), keys.alive("<task id>"), keys.overlap("<entry>")]
