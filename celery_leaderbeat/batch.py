@@ -312,6 +312,7 @@ def run_batch(due: Sequence[tuple[Tracked, Plan]], gate: Gate, send: Send | Chun
                 last = position[tracked.name]
                 whole = finished and not fenced and tracked.name not in stopped
                 tracked.advance(max(last, p.last) if whole else last)
+                memory.know(tracked.name, to_ms(last))  # settled, by this node or another
     if fenced:
         raise LeaseLostError("lease expired while sending (self-fencing)")
     return outcome

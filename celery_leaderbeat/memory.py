@@ -28,6 +28,9 @@ class SentMemory:
     def __init__(self) -> None:
         self._newest: dict[str, int] = {}
         self._recent: dict[str, deque[int]] = {}
+        #: the newest slot of each entry this process saw settled by anyone (sent, claimed
+        #: or passed over: read from Redis, or learnt from a refused claim)
+        self._known: dict[str, int] = {}
 
     def note(self, name: str, slot_ms: int) -> None:
         """``slot_ms`` of ``name`` was published by this process."""
@@ -54,6 +57,20 @@ class SentMemory:
         """The newest slot of ``name`` this process published, if any."""
         return self._newest.get(name)
 
+    def know(self, name: str, slot_ms: int) -> None:
+        """``slot_ms`` of ``name`` is settled, by this process or another."""
+        if slot_ms > self._known.get(name, -1):
+            self._known[name] = slot_ms
+
+    def newest_known(self, name: str) -> int | None:
+        """The newest slot of ``name`` this process knows was settled, by anyone: where a
+        leader that led until Redis lost its data carries on from (its own sends alone
+        are not enough: another leader may have sent later slots before it led again)."""
+        sent, known = self._newest.get(name), self._known.get(name)
+        if sent is None:
+            return known
+        return sent if known is None else max(sent, known)
+
     def items(self) -> Iterable[tuple[str, int]]:
         return self._newest.items()
 
@@ -63,6 +80,8 @@ class SentMemory:
         for name in [n for n in self._newest if n not in keep]:
             del self._newest[name]
             self._recent.pop(name, None)
+        for name in [n for n in self._known if n not in keep]:
+            del self._known[name]
 
     def __len__(self) -> int:
-        return len(self._newest)
+        return max(len(self._newest), len(self._known))

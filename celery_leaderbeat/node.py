@@ -71,6 +71,9 @@ class Node:
         if stored:
             self.lease.observe_epoch(max(state.epoch for state in stored.values()))
         schedule = self.schedule()
+        if not trust_memory and not rolled_back:
+            for name, state in stored.items():  # what this node saw settled, by anyone
+                self.sent.know(name, state.slot_ms)
         if only is not None:
             schedule = {name: schedule[name] for name in only if name in schedule}
         else:
@@ -79,7 +82,7 @@ class Node:
         return load(schedule, stored, start=start, tz=self.tz, options=self.options(),
                     default=EntryOptions.defaults(self.config), epoch=epoch,
                     clock_of=self.clock_of, fingerprint_of=self.fingerprint_of,
-                    definitions=definitions, remembered=self.sent.newest,
+                    definitions=definitions, remembered=self.sent.newest_known,
                     trust_memory=trust_memory, rolled_back=rolled_back)
 
     def fingerprint_of(self, name: str, entry: Any, tz: tzinfo, jitter: float | None) -> str:

@@ -446,3 +446,19 @@ def test_a_claim_no_replica_acknowledged_still_says_what_was_granted_and_what_re
                              ClaimItem("f", now - 1000, Op.CLAIM, now - 1000)])  # granted
     refused, granted = caught.value.results
     assert isinstance(refused, SlotState) and granted is None
+
+
+def test_a_leader_that_led_until_redis_lost_its_data_carries_on_after_what_anyone_sent():
+    """Found by the chaos soak: a leader re-elected after an empty restart carried on from
+    its own newest send and sent again a slot another leader had sent after it."""
+    now = datetime(2026, 5, 4, 10, 0, tzinfo=UTC)
+    memory = SentMemory()
+    memory.note("e", to_ms(now - timedelta(seconds=120)))  # this node sent 09:58
+    memory.know("e", to_ms(now - timedelta(seconds=60)))  # and saw 09:59 sent by another
+    entries = {"e": SimpleNamespace(schedule=schedule(timedelta(seconds=60)))}
+    opts = EntryOptions.defaults(Config.from_values({"redis_url": "redis://x", "key_prefix": "t", "node_id": "n"}))
+    loaded = load(entries, {}, start=now + timedelta(seconds=5), tz=UTC, options={},
+                  default=opts, epoch=9, remembered=memory.newest_known, trust_memory=True)
+    assert [(i.op, i.slot_ms) for i in loaded.anchors] == \
+        [(Op.RESTORE, to_ms(now - timedelta(seconds=60)))]
+    assert loaded.tracked["e"].next_fire == now
