@@ -57,11 +57,14 @@ def soak_figures(*, published: Iterable[tuple[str | None, Any, str, float]],
         event, detail = h.get("event", ""), h.get("detail", "")
         if event == "started":
             events["guard started" + (" (rerun)" if detail.startswith("rerun") else "")] += 1
-        elif event == "skipped":
-            kind = "duplicate" if detail.startswith("duplicate") else "other"
-            events[f"guard skipped {kind}"] += 1
-            if kind == "other" and h.get("slot", "").isdigit():
+        elif event == "skipped" and detail.startswith("duplicate"):
+            events["guard skipped duplicate"] += 1
+        elif event == "skipped" and detail.startswith("overlap"):
+            events["guard skipped overlap"] += 1
+            if h.get("slot", "").isdigit():
                 guard_skips[(h.get("entry", ""), int(h["slot"]))] = detail
+        elif event == "skipped":  # a beat's: the slot was claimed by another node
+            events["beat skipped"] += 1
         elif event == "finished":
             events["guard finished"] += 1
         elif event == "sent" and h.get("slot", "").isdigit():

@@ -119,7 +119,9 @@ def test_soak_figures_count_double_publishes_double_runs_and_lateness():
                 {"entry": "a", "slot": a0, "at": T0 / 1000 + 4.5},
                 {"entry": "a", "slot": a1, "at": T0 / 1000 + 1.5}]
     history = [{"event": "skipped", "entry": "a", "slot": str(T0 + 2000),
-                "detail": "overlap: running"},
+                "detail": "overlap: w1 still runs"},
+               {"event": "skipped", "entry": "a", "slot": str(T0 + 1000),
+                "detail": "already claimed by standby x (rescue)"},
                {"event": "skipped", "entry": "a", "slot": str(T0), "detail": "duplicate: x"}]
     f = soak_figures(published=published, executed=executed, history=history,
                      end_ms=T0 + 10_000)
@@ -127,4 +129,5 @@ def test_soak_figures_count_double_publishes_double_runs_and_lateness():
     assert f["executed_twice"] == 1 and f["slots_executed"] == 2
     assert f["published_never_executed"] == 0 and f["published_not_executed_guard_reason"] == 1
     assert f["lateness_publish_s"]["worst"] == 0.4 and f["lateness_execution_s"]["worst"] == 0.5
-    assert f["guard_events"] == {"guard skipped other": 1, "guard skipped duplicate": 1}
+    assert f["guard_events"] == {"guard skipped overlap": 1, "guard skipped duplicate": 1,
+                                 "beat skipped": 1}
