@@ -28,6 +28,13 @@ replaced), restart the state Redis (kill + start on the same port: it comes
 back empty), drop or blackhole one beat's link (the leader's, more often than
 not) for a few seconds.
 
+The soak (``workers=3, broker="amqp", guard=True, settings={}``, :data:`SOAK_KINDS`)
+adds prefork workers with ``acks_late`` and the guard, RabbitMQ with a recording
+queue, and four kinds: SIGSTOP a standby (3-10 s), SIGKILL a worker (replaced, its
+unacknowledged messages redelivered), SIGSTOP the state Redis (1.5-5 s), and SIGKILL
+it and restart it with its data (append-only file, fsync always: nothing answered is
+lost). A restart-empty then also removes the files.
+
 Verdict (:func:`verdict`): zero duplicate (entry, slot); every expected slot
 that was not sent is explained, either by the history (``missed`` or
 ``unsent``) or by falling in a fault window widened by the failover bound
