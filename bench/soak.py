@@ -14,6 +14,9 @@ restarted with its data too), and the figures: slots published more than once,
 executed twice, missed without a reason, lateness. ``LEADERBEAT_SOAK=300 python -m
 pytest tests/chaos -k soak`` runs the full soak as a test.
 
+``--reanalyse DIR`` recomputes the figures of a finished run from the files it
+left in its work directory (publishes, executions, history, faults).
+
 Prints the seed first, every fault as it happens, the summary at the end; exits 1
 when the verdict fails. Logs, the fault list (chaos-report.json), the copied
 history, the publishes and executions stay in the work directory (kept, printed).
@@ -30,8 +33,27 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from tests.chaos.figures import soak_figures
 from tests.chaos.harness import FAULT_KINDS, SOAK_KINDS, ChaosRun, seed_from_env
 from tests.chaos.soakschedule import soak_schedule
+
+
+def reanalyse(workdir: Path) -> dict:
+    """The figures of a finished run, from chaos-{report,published,executed,history}.json."""
+    report = json.loads((workdir / "chaos-report.json").read_text())
+    executed = json.loads((workdir / "chaos-executed.json").read_text())
+    published = [tuple(p) for p in json.loads((workdir / "chaos-published.json").read_text())]
+    history = json.loads((workdir / "chaos-history.json").read_text())
+    tags = {str(r.get("hostname", "")).split("@")[0].split("-", 1)[-1] for r in executed}
+    killed = {}
+    for fault in report["faults"]:
+        if fault["kind"] == "kill_worker":  # target "worker-<i>-<generation> pid <pid>"
+            _, index, generation = fault["target"].split()[0].split("-")
+            for tag in tags:
+                killed[f"w{index}g{generation}-{tag}"] = fault["start_wall"]
+    end_wall = report.get("end_wall") or max(f["end_wall"] for f in report["faults"]) + 25.0
+    return soak_figures(published=published, executed=executed, history=history,
+                        end_ms=round((end_wall - 5.0) * 1000), killed_workers=killed)
 
 
 def main() -> int:
@@ -48,7 +70,12 @@ def main() -> int:
                         help="default: LEADERBEAT_CHAOS_SEED, else random")
     parser.add_argument("--workdir", default=None)
     parser.add_argument("--json", default=None, help="also write the report here")
+    parser.add_argument("--reanalyse", default=None, metavar="DIR",
+                        help="recompute a finished run's figures from its work directory")
     args = parser.parse_args()
+    if args.reanalyse:
+        print(json.dumps(reanalyse(Path(args.reanalyse)), indent=1))
+        return 0
     if args.workers and args.broker != "amqp":
         parser.error("--workers needs --broker amqp")
     seed = args.seed if args.seed is not None else seed_from_env(os.environ)

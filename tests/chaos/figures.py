@@ -1,7 +1,10 @@
 """The soak's figures (pure: no processes): publishes, executions, guard events, lateness.
 
 - published more than once: (entry, slot) pairs the recording consumer saw twice or more;
-- executed twice: (entry, slot) pairs the task body recorded twice or more;
+- executed twice: (entry, slot) pairs the task body recorded twice or more; split into
+  reruns of a run whose worker was SIGKILLed before it recorded finishing (with
+  ``acks_late`` the broker redelivers it and the guard runs it again, by design: a
+  killed run may not have done its work) and the others (the guard's promise broken);
 - published, never executed: unless the guard recorded a reason (a ``skipped`` that is not
   a duplicate) for it;
 - lateness: first publish, and first execution, minus the slot time (p50, p99, worst).
@@ -34,11 +37,14 @@ def percentiles(values: Sequence[float]) -> dict[str, float | int | None]:
 
 def soak_figures(*, published: Iterable[tuple[str | None, Any, str, float]],
                  executed: Iterable[Mapping[str, Any]], history: Iterable[Mapping[str, str]],
-                 end_ms: int, limit: int = 20) -> dict[str, Any]:
+                 end_ms: int, killed_workers: Mapping[str, float] | None = None,
+                 limit: int = 20) -> dict[str, Any]:
     """Figures from publishes ``(entry, slot, task id, received)``, execution rows and history.
 
     Slots newer than ``end_ms`` are left out of "published, never executed".
+    ``killed_workers``: worker node name (before the ``@``) -> wall time of its SIGKILL.
     """
+    killed = dict(killed_workers or {})
     pubs: dict[tuple[str, int], list[tuple[float, str]]] = defaultdict(list)
     for entry, slot, task_id, received in published:
         if entry is None or slot is None:
@@ -53,6 +59,7 @@ def soak_figures(*, published: Iterable[tuple[str | None, Any, str, float]],
     guard_skips: dict[tuple[str, int], str] = {}
     events: Counter[str] = Counter()
     sent_events: Counter[tuple[str, int]] = Counter()
+    finished_by: dict[tuple[str, int], set[str]] = defaultdict(set)
     for h in history:
         event, detail = h.get("event", ""), h.get("detail", "")
         if event == "started":
@@ -67,11 +74,28 @@ def soak_figures(*, published: Iterable[tuple[str | None, Any, str, float]],
             events["beat skipped"] += 1
         elif event == "finished":
             events["guard finished"] += 1
+            if h.get("slot", "").isdigit():
+                finished_by[(h.get("entry", ""), int(h["slot"]))].add(h.get("node", ""))
         elif event == "sent" and h.get("slot", "").isdigit():
             sent_events[(h.get("entry", ""), int(h["slot"]))] += 1
 
     twice_pub = sorted(k for k, v in pubs.items() if len(v) > 1)
     twice_run = sorted(k for k, v in runs.items() if len(v) > 1)
+
+    def killed_mid_run(key: tuple[str, int]) -> bool:
+        """Every run but the last: its worker was killed after it began, and no
+        'finished' from its process is in the (copied) history."""
+        rows = sorted(runs[key], key=lambda r: float(r.get("at", 0)))
+        for r in rows[:-1]:
+            name = str(r.get("hostname", "")).split("@")[0]
+            pid = str(r.get("pid", ""))
+            finished = any(node.endswith(":" + pid) for node in finished_by.get(key, ()))
+            if not (name in killed and killed[name] >= float(r.get("at", 0)) and not finished):
+                return False
+        return True
+
+    reruns = [k for k in twice_run if killed_mid_run(k)]
+    twice_other = [k for k in twice_run if k not in set(reruns)]
     never_run = sorted(k for k in pubs if k not in runs and k[1] <= end_ms)
     explained = [k for k in never_run if k in guard_skips]
     unexplained = [k for k in never_run if k not in guard_skips]
@@ -98,8 +122,10 @@ def soak_figures(*, published: Iterable[tuple[str | None, Any, str, float]],
         "history_sent_more_than_once": sum(1 for n in sent_events.values() if n > 1),
         "slots_executed": len(runs),
         "executions": sum(len(v) for v in runs.values()),
-        "executed_twice": len(twice_run),
-        "executed_twice_examples": [run_text(k) for k in twice_run[:limit]],
+        "executed_twice": len(twice_other),
+        "executed_twice_examples": [run_text(k) for k in twice_other[:limit]],
+        "executed_twice_rerun_after_worker_kill": len(reruns),
+        "executed_twice_rerun_examples": [run_text(k) for k in reruns[:limit]],
         "published_never_executed": len(unexplained),
         "published_never_executed_examples": [f"{e}@{s}" for e, s in unexplained[:limit]],
         "published_not_executed_guard_reason": len(explained),

@@ -302,6 +302,7 @@ class Report:
     #: with workers: :func:`soak_figures` (executions, guard events, lateness)
     figures: dict[str, Any] = field(default_factory=dict)
     load: dict[str, float] = field(default_factory=dict)
+    end_wall: float = 0.0
 
     @property
     def ok(self) -> bool:
@@ -345,7 +346,8 @@ class Report:
                 f"{s} published={f['publishes']} (slots {f['slots_published']}) "
                 f"published-more-than-once={f['published_more_than_once']} "
                 f"executed={f['executions']} (slots {f['slots_executed']}) "
-                f"executed-twice={f['executed_twice']} "
+                f"executed-twice={f['executed_twice']} (and reruns of runs killed with "
+                f"their worker: {f['executed_twice_rerun_after_worker_kill']}) "
                 f"published-never-executed={f['published_never_executed']} "
                 f"missed-without-reason={self.missed_without_reason}",
                 f"{s} lateness publish p50={lp['p50']}s p99={lp['p99']}s worst={lp['worst']}s; "
@@ -627,6 +629,7 @@ class ChaosRun:
         self.nodes: list[Node] = []
         self.seats: list[WorkerSeat] = []
         self.dead_workers: list[WorkerProcess] = []
+        self.killed_workers: dict[str, float] = {}  # node name -> wall time of the SIGKILL
         self.loads: list[float] = []
         self._bag: list[str] = []
         self._events = open(self.workdir / "chaos-events.log", "a")  # noqa: SIM115
@@ -721,6 +724,7 @@ class ChaosRun:
         report = self.report
         report.faults = self.faults
         report.wall_seconds = time.monotonic() - self.t0
+        report.end_wall = end_wall
         if self.loads:
             report.load = {"mean": round(sum(self.loads) / len(self.loads), 2),
                            "max": round(max(self.loads), 2)}
@@ -733,7 +737,8 @@ class ChaosRun:
                 end_margin=margin)
         if self.n_workers:
             report.figures = soak_figures(published=published, executed=rows, history=history,
-                                          end_ms=round((end_wall - margin) * 1000))
+                                          end_ms=round((end_wall - margin) * 1000),
+                                          killed_workers=self.killed_workers)
             (self.workdir / "chaos-executed.json").write_text(json.dumps(rows, indent=0))
             (self.workdir / "chaos-published.json").write_text(
                 json.dumps(published, indent=0, default=str))
@@ -842,8 +847,11 @@ class ChaosRun:
     def _spawn_worker(self, index: int, generation: int) -> WorkerProcess:
         """A prefork worker (2 processes) with a unique node name; talks to Redis directly."""
         return WorkerProcess(self.env, self.workdir / f"worker-{index}-{generation}.log",
-                             name=f"w{index}g{generation}-{self.tag}",
+                             name=self._worker_name(index, generation),
                              extra_args=["--include", "tests.chaos.soaktask"])
+
+    def _worker_name(self, index: int, generation: int) -> str:
+        return f"w{index}g{generation}-{self.tag}"
 
     def _replace(self, node: Node) -> None:
         node.generation += 1
@@ -1015,6 +1023,7 @@ class ChaosRun:
         fault = self._begin("kill_worker", f"worker-{seat.index}-{seat.generation} "
                             f"pid {seat.proc.proc.pid}", self._read_leader(), False)
         seat.proc.kill()
+        self.killed_workers[self._worker_name(seat.index, seat.generation)] = time.time()
         self.dead_workers.append(seat.proc)
         seat.generation += 1
         seat.proc = self._spawn_worker(seat.index, seat.generation)

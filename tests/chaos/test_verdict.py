@@ -131,3 +131,21 @@ def test_soak_figures_count_double_publishes_double_runs_and_lateness():
     assert f["lateness_publish_s"]["worst"] == 0.4 and f["lateness_execution_s"]["worst"] == 0.5
     assert f["guard_events"] == {"guard skipped overlap": 1, "guard skipped duplicate": 1,
                                  "beat skipped": 1}
+
+
+def test_a_run_killed_with_its_worker_and_run_again_is_a_rerun_not_a_double_run():
+    from .figures import soak_figures
+
+    a0, a1 = iso(T0), iso(T0 + 1000)
+    t = T0 / 1000
+    executed = [{"entry": "a", "slot": a0, "at": t + 0.1, "hostname": "w0g0-x@h", "pid": 7},
+                {"entry": "a", "slot": a0, "at": t + 10.1, "hostname": "w1g0-x@h", "pid": 8},
+                {"entry": "a", "slot": a1, "at": t + 1.1, "hostname": "w0g0-x@h", "pid": 7},
+                {"entry": "a", "slot": a1, "at": t + 11.1, "hostname": "w1g0-x@h", "pid": 8}]
+    history = [{"event": "finished", "entry": "a", "slot": str(T0 + 1000), "node": "h:7"}]
+    f = soak_figures(published=[("a", a0, "i0", t), ("a", a1, "i1", t + 1)], executed=executed,
+                     history=history, end_ms=T0 + 20_000, killed_workers={"w0g0-x": t + 1.5})
+    # a0: killed before it recorded finishing: a rerun; a1: it had finished: a double run
+    assert f["executed_twice_rerun_after_worker_kill"] == 1
+    assert f["executed_twice"] == 1 and f["executed_twice_examples"][0].startswith("a@")
+    assert str(T0 + 1000) in f["executed_twice_examples"][0]
