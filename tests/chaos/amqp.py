@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import kombu
+import kombu.exceptions
+from amqp.exceptions import AMQPError as amqp_errors
 
 AMQP_URL = "amqp://guest:guest@127.0.0.1:5672//"
 
@@ -52,15 +54,18 @@ class Topology:
             for queue in (self.work, self.record):
                 queue.bind(channel).declare()
 
-    def delete(self) -> None:
+    def delete(self) -> list[str]:
+        """Remove the run's queues and exchange; the errors met (teardown goes on)."""
+        errors = []
         try:
             with kombu.Connection(self.url, connect_timeout=5) as conn:
                 channel = conn.channel()
                 for queue in (self.work, self.record):
                     queue.bind(channel).delete()
                 self.exchange.bind(channel).delete()
-        except Exception:
-            pass
+        except (OSError, kombu.exceptions.KombuError, amqp_errors) as exc:
+            errors.append(repr(exc))
+        return errors
 
     def backlog(self) -> int:
         """Messages ready in the workers' queue (unacknowledged ones not counted)."""
@@ -83,15 +88,16 @@ class AmqpRecorder(threading.Thread):
     def run(self) -> None:
         while not self._halt.is_set():
             try:
-                with kombu.Connection(self.topology.url, connect_timeout=5) as conn:
-                    with conn.Consumer(self.topology.record, callbacks=[self._on_message],
-                                       no_ack=True, accept=["json"]):
-                        while not self._halt.is_set():
-                            try:
-                                conn.drain_events(timeout=0.5)
-                            except TimeoutError:
-                                pass
-            except Exception as exc:  # RabbitMQ is not faulted: say so in the report
+                with kombu.Connection(self.topology.url, connect_timeout=5) as conn, \
+                        conn.Consumer(self.topology.record, callbacks=[self._on_message],
+                                      no_ack=True, accept=["json"]):
+                    while not self._halt.is_set():
+                        try:
+                            conn.drain_events(timeout=0.5)
+                        except TimeoutError:
+                            continue
+            except (OSError, kombu.exceptions.KombuError, amqp_errors) as exc:
+                # RabbitMQ is not faulted: a lost connection goes in the report
                 self.errors.append(f"{time.time():.1f}: {exc!r}")
                 self._halt.wait(0.5)
 

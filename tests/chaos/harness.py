@@ -824,7 +824,9 @@ class ChaosRun:
         if self.broker_kind == "amqp":
             self.amqp.stop()
             assert self.topology is not None
-            self.topology.delete()
+            errors = self.topology.delete()
+            if errors:
+                self.report.info.append(f"amqp clean-up errors: {errors}")
             if self.amqp.errors:
                 self.report.info.append(f"amqp recorder errors: {self.amqp.errors[:5]}")
         else:
