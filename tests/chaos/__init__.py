@@ -4,6 +4,10 @@
   fault injector) and :func:`verdict` (duplicates, explained misses, failover).
 - :mod:`.test_chaos`: a short run in the default test command (``slow``), and
   a soak enabled by ``LEADERBEAT_SOAK=<seconds>``.
+- the soak's parts: :mod:`.amqp` (RabbitMQ topology of the run's own, a consumer
+  recording every publish), :mod:`.soaktask` (the task recording each execution),
+  :mod:`.soakschedule` (about 219 entries), :mod:`.figures` (published more than
+  once, executed twice, lateness).
 
 Replay a run with ``LEADERBEAT_CHAOS_SEED=<seed>``.
 """

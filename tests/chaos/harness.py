@@ -28,6 +28,13 @@ replaced), restart the state Redis (kill + start on the same port: it comes
 back empty), drop or blackhole one beat's link (the leader's, more often than
 not) for a few seconds.
 
+The soak (``workers=3, broker="amqp", guard=True, settings={}``, :data:`SOAK_KINDS`)
+adds prefork workers with ``acks_late`` and the guard, RabbitMQ with a recording
+queue, and four kinds: SIGSTOP a standby (3-10 s), SIGKILL a worker (replaced, its
+unacknowledged messages redelivered), SIGSTOP the state Redis (1.5-5 s), and SIGKILL
+it and restart it with its data (append-only file, fsync always: nothing answered is
+lost). A restart-empty then also removes the files.
+
 Verdict (:func:`verdict`): zero duplicate (entry, slot); every expected slot
 that was not sent is explained, either by the history (``missed`` or
 ``unsent``) or by falling in a fault window widened by the failover bound
@@ -40,7 +47,9 @@ fault was followed by a new leader within a generous bound.
 from __future__ import annotations
 
 import json
+import os
 import random
+import shutil
 import threading
 import time
 from collections import Counter, defaultdict
@@ -50,9 +59,16 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import kombu.exceptions
+
 from tests.support.beat import NOOP, BeatProcess, Recorder, beat_env
 from tests.support.proxy import TcpProxy
 from tests.support.redis_server import RedisServer
+from tests.support.worker import WorkerProcess, executed
+
+from .amqp import AmqpRecorder, Topology
+from .figures import soak_figures
+from .soakschedule import grid_of
 
 TTL, RENEW, POLL = 3.0, 1.0, 0.5
 SETTINGS: dict[str, Any] = {
@@ -78,19 +94,31 @@ FAULT_KINDS = (
     "stall_link",
 )
 
+#: the soak's kinds: the above plus a standby stopped, a worker killed (and replaced),
+#: the state Redis stopped (SIGSTOP) a few seconds, and killed and restarted with its data
+SOAK_KINDS = FAULT_KINDS + ("stop_standby", "kill_worker", "stop_redis", "restart_redis_kept")
+ALL_KINDS = SOAK_KINDS
+
+#: Redis faults after which a missing slot may lack a history record (the stream is lost)
+HISTORY_LOSING = frozenset({"restart_redis"})
+
 #: how far a fault window is widened: before its start, and after its end
 WINDOW_BEFORE = 1.0
 WINDOW_AFTER = TTL + POLL + 2.0
 
-#: generous bounds on the time until a new leader token appears (seconds)
-FAILOVER_BOUND = {
-    "kill_leader": TTL + POLL + 2.5,  # from the SIGKILL
-    "stop_leader": TTL + POLL + 2.5,  # from the SIGSTOP
-    "term_node": 2.5,  # from the SIGTERM (designed: ~100 ms)
-    "restart_redis": 2.0 + POLL + 3.5,  # from Redis being back (reconnect backoff caps at 2 s)
-    "cut_link": TTL + POLL + 2.5,  # from the cut, when another node took over
-    "stall_link": TTL + POLL + 2.5,
-}
+def failover_bounds(ttl: float, poll: float) -> dict[str, float]:
+    """Generous bounds on the time until a new leader token appears (seconds)."""
+    return {
+        "kill_leader": ttl + poll + 2.5,  # from the SIGKILL
+        "stop_leader": ttl + poll + 2.5,  # from the SIGSTOP
+        "term_node": 2.5,  # from the SIGTERM (designed: ~100 ms)
+        "restart_redis": 2.0 + poll + 3.5,  # from Redis being back (reconnect backoff caps at 2 s)
+        "cut_link": ttl + poll + 2.5,  # from the cut, when another node took over
+        "stall_link": ttl + poll + 2.5,
+    }
+
+
+FAILOVER_BOUND = failover_bounds(TTL, POLL)
 
 #: slots newer than the end of the run minus this are not expected yet
 END_MARGIN = 3.0
@@ -149,10 +177,12 @@ class Fault:
     failover: float | None = None  # seconds until a new leader token appeared
     failover_from: str = ""  # "start" or "end" (Redis restart: from Redis being back)
     note: str = ""
+    window_after: float = WINDOW_AFTER  # ttl + poll + 2 s of the run
+    load: float = 0.0  # 1-minute load average when the fault began
 
     def window_ms(self) -> tuple[int, int]:
         return (round((self.start_wall - WINDOW_BEFORE) * 1000),
-                round((self.end_wall + WINDOW_AFTER) * 1000))
+                round((self.end_wall + self.window_after) * 1000))
 
 
 @dataclass
@@ -269,10 +299,18 @@ class Report:
     issues: list[str] = field(default_factory=list)
     info: list[str] = field(default_factory=list)
     workdir: str = ""
+    #: the run's shape: broker, workers, guard, entries, ttl, kinds
+    mode: dict[str, Any] = field(default_factory=dict)
+    #: with workers: :func:`soak_figures` (executions, guard events, lateness)
+    figures: dict[str, Any] = field(default_factory=dict)
+    load: dict[str, float] = field(default_factory=dict)
+    end_wall: float = 0.0
 
     @property
     def ok(self) -> bool:
-        return not self.duplicates and not self.unexplained and not self.issues
+        return (not self.duplicates and not self.unexplained and not self.issues
+                and not self.figures.get("executed_twice")
+                and not self.figures.get("published_never_executed"))
 
     @property
     def longest_failover(self) -> Fault | None:
@@ -281,17 +319,18 @@ class Report:
 
     def summary(self) -> str:
         kinds = Counter(f.kind for f in self.faults)
-        kinds_text = " ".join(f"{k}={kinds[k]}" for k in FAULT_KINDS if kinds[k])
+        kinds_text = " ".join(f"{k}={kinds[k]}" for k in ALL_KINDS if kinds[k])
         longest = self.longest_failover
         longest_text = (f"{longest.failover:.2f}s ({longest.kind}, {longest.failover_from})"
                         if longest else "n/a")
         per_kind = []
-        for kind in FAULT_KINDS:
+        for kind in ALL_KINDS:
             values = [f.failover for f in self.faults if f.kind == kind and f.failover is not None]
             if values:
                 per_kind.append(f"{kind}<={max(values):.2f}s")
         s = f"chaos seed={self.seed}"
         lines = [
+            f"{s} nodes={self.nodes} {self.mode}",
             f"{s} nodes={self.nodes} duration={self.wall_seconds:.1f}s "
             f"(chaos {self.chaos_seconds:.1f}s) faults={len(self.faults)} [{kinds_text}]",
             f"{s} slots expected={self.expected} sent={self.messages} unique={self.unique} "
@@ -301,10 +340,34 @@ class Report:
             f"fault-window={self.explained_window}, of which unrecorded={self.unrecorded}) "
             f"missed-unexplained={len(self.unexplained)}",
             f"{s} longest failover={longest_text} [{' '.join(per_kind)}]",
+        ]
+        if self.figures:
+            f = self.figures
+            lp, le = f["lateness_publish_s"], f["lateness_execution_s"]
+            lines += [
+                f"{s} published={f['publishes']} (slots {f['slots_published']}) "
+                f"published-more-than-once={f['published_more_than_once']} "
+                f"executed={f['executions']} (slots {f['slots_executed']}) "
+                f"executed-twice={f['executed_twice']} (and reruns of runs killed with "
+                f"their worker: {f['executed_twice_rerun_after_worker_kill']}) "
+                f"published-never-executed={f['published_never_executed']} "
+                f"missed-without-reason={self.missed_without_reason}",
+                f"{s} lateness publish p50={lp['p50']}s p99={lp['p99']}s worst={lp['worst']}s; "
+                f"execution p50={le['p50']}s p99={le['p99']}s worst={le['worst']}s; "
+                f"load avg mean={self.load.get('mean')} max={self.load.get('max')}",
+                f"{s} guard {f['guard_events']}",
+            ]
+        lines += [
             f"{s} verdict={'PASS' if self.ok else 'FAIL'} issues={len(self.issues)} "
             f"(replay: LEADERBEAT_CHAOS_SEED={self.seed}) logs={self.workdir}",
         ]
         return "\n".join(lines)
+
+    @property
+    def missed_without_reason(self) -> int:
+        """Expected slots not published and not recorded, outside any fault window, plus
+        those in a fault window that no history-losing Redis restart explains."""
+        return len(self.unexplained) + self.unrecorded
 
     def fault_table(self, t0_mono: float | None = None) -> str:
         t0 = t0_mono if t0_mono is not None else (self.faults[0].start_mono if self.faults else 0)
@@ -323,6 +386,10 @@ class Report:
         if self.unexplained:
             parts.append(f"UNEXPLAINED missing slots: {self.unexplained[:30]}")
         parts += [f"ISSUE: {i}" for i in self.issues]
+        for key in ("published_more_than_once_examples", "executed_twice_examples",
+                    "published_never_executed_examples"):
+            if self.figures.get(key):
+                parts.append(f"{key}: {self.figures[key]}")
         if self.window_only:
             parts.append(f"explained by a fault window only (not in the history): "
                          f"{self.window_only[:40]}")
@@ -373,8 +440,12 @@ def expected_slots(kind: str, step_ms: int, observed: Sequence[int], restarts_ms
 
 def verdict(report: Report, *, schedule: Mapping[str, Mapping[str, Any]],
             messages: Iterable[tuple[str | None, Any]], history: Iterable[Mapping[str, str]],
-            restarts_wall: Sequence[float], end_wall: float) -> Report:
-    """Fill ``report``'s slot counts from what the broker received and the history said."""
+            restarts_wall: Sequence[float], end_wall: float,
+            end_margin: float = END_MARGIN) -> Report:
+    """Fill ``report``'s slot counts from what the broker received and the history said.
+
+    ``restarts_wall``: the Redis restarts that lost the state (interval entries re-anchor).
+    """
     msgs = [(entry, slot) for entry, slot in messages]
     report.messages = len(msgs)
     counts = Counter(msgs)
@@ -402,18 +473,13 @@ def verdict(report: Report, *, schedule: Mapping[str, Mapping[str, Any]],
     windows = [f.window_ms() for f in report.faults]
     unrecorded: list[str] = []
     restarts_ms = [round(w * 1000) for w in restarts_wall]
-    end_ms = round((end_wall - END_MARGIN) * 1000)
+    end_ms = round((end_wall - end_margin) * 1000)
     for entry, spec in schedule.items():
         seen = observed.get(entry, [])
         if not seen:
             report.issues.append(f"entry {entry}: no message at all")
             continue
-        if "every" in spec:
-            kind, step = "interval", round(float(spec["every"]) * 1000)
-        elif spec.get("cron") == "*/2 * * * * *":
-            kind, step = "cron", 2000
-        else:
-            raise ValueError(f"the verdict does not know the slots of {entry}: {spec}")
+        kind, step = grid_of(spec)
         grid, off = expected_slots(kind, step, seen, restarts_ms, end_ms)
         if off:
             report.issues.append(f"entry {entry}: {len(off)} slot(s) off its grid: "
@@ -434,10 +500,10 @@ def verdict(report: Report, *, schedule: Mapping[str, Mapping[str, Any]],
                 report.explained_unsent += 1
             elif any(lo <= s <= hi for lo, hi in windows):
                 report.explained_window += 1
-                kinds = "+".join(sorted({f.kind for f, (lo, hi) in zip(report.faults, windows)
-                                         if lo <= s <= hi}))
+                near = {f.kind for f, (lo, hi) in zip(report.faults, windows) if lo <= s <= hi}
+                kinds = "+".join(sorted(near))
                 report.window_only.append((entry, iso(s), kinds))
-                if "restart_redis" not in kinds:
+                if not near & HISTORY_LOSING:
                     unrecorded.append(f"{entry}@{iso(s)}")
             else:
                 report.unexplained.append((entry, iso(s)))
@@ -452,7 +518,7 @@ def verdict(report: Report, *, schedule: Mapping[str, Mapping[str, Any]],
 
 
 def measure_failovers(faults: Sequence[Fault], observations: Sequence[Observation],
-                      report: Report) -> None:
+                      report: Report, ttl: float = TTL, poll: float = POLL) -> None:
     """Per fault: seconds until a new leader token appeared; issues where over the bound.
 
     A link fault on the leader need not remove it (a cut shorter than the lease is
@@ -460,7 +526,10 @@ def measure_failovers(faults: Sequence[Fault], observations: Sequence[Observatio
     ttl + poll + 3 s of its end; otherwise the leader kept its lease.
     """
     faults = list(faults)
+    bounds = failover_bounds(ttl, poll)
     for i, f in enumerate(faults):
+        if f.kind not in bounds:
+            continue  # a standby, a worker, or Redis paused / restarted with its data
         next_start = faults[i + 1].start_mono if i + 1 < len(faults) else float("inf")
         if f.kind == "restart_redis":
             ref, f.failover_from = f.end_mono, "Redis back"
@@ -474,7 +543,7 @@ def measure_failovers(faults: Sequence[Fault], observations: Sequence[Observatio
         else:
             continue
         if f.kind in ("cut_link", "stall_link"):
-            limit = min(next_start, f.end_mono + TTL + POLL + 3.0)
+            limit = min(next_start, f.end_mono + ttl + poll + 3.0)
             if new is None or new.mono > limit:
                 f.note += " leader kept its lease"
                 continue
@@ -486,22 +555,51 @@ def measure_failovers(faults: Sequence[Fault], observations: Sequence[Observatio
             continue
         took = new.mono - ref
         f.failover = took
-        if took > FAILOVER_BOUND[f.kind]:
+        if took > bounds[f.kind]:
             report.issues.append(f"FAILOVER-BOUND: {f.kind} at wall "
                                  f"{iso(round(f.start_wall * 1000))}: new leader after "
-                                 f"{took:.2f}s > bound {FAILOVER_BOUND[f.kind]:.1f}s")
+                                 f"{took:.2f}s > bound {bounds[f.kind]:.1f}s")
 
 
 # -- the run ------------------------------------------------------------------------------
 
 
+@dataclass
+class WorkerSeat:
+    """One of the soak's workers: its current process (replaced when killed)."""
+
+    index: int
+    proc: WorkerProcess
+    generation: int = 0
+
+
 class ChaosRun:
-    """One chaos run in ``workdir``; :meth:`run` returns the :class:`Report`."""
+    """One chaos run in ``workdir``; :meth:`run` returns the :class:`Report`.
+
+    By default (the short CI run): the Redis broker drained by a recorder, no
+    workers, :data:`SCHEDULE`, a shortened lease (:data:`SETTINGS`) and
+    :data:`FAULT_KINDS`. The soak passes ``workers`` (prefork, ``acks_late``),
+    ``broker="amqp"`` (RabbitMQ, a topology of the run's own, every publish copied
+    to a recording queue), ``guard=True``, its own ``schedule``, ``settings={}``
+    (Celery's and leaderbeat's defaults: ttl 10 s) and :data:`SOAK_KINDS`.
+    """
 
     def __init__(self, workdir: str | Path, *, seed: int, nodes: int = 3,
                  duration: float = 40.0, max_faults: int | None = None,
                  gap: tuple[float, float] = (2.0, 5.0), steady: float = 8.0,
-                 log: Callable[[str], None] = print) -> None:
+                 log: Callable[[str], None] = print, workers: int = 0,
+                 broker: str = "redis", guard: bool = False,
+                 schedule: Mapping[str, Mapping[str, Any]] | None = None,
+                 settings: Mapping[str, Any] | None = None,
+                 kinds: Sequence[str] = FAULT_KINDS) -> None:
+        if broker not in ("redis", "amqp"):
+            raise ValueError(f"broker={broker!r}: 'redis' or 'amqp'")
+        if workers and broker != "amqp":
+            raise ValueError("workers need broker='amqp' (the Redis broker's queue is drained "
+                             "by the recorder, so workers would see nothing)")
+        unknown = sorted(set(kinds) - set(ALL_KINDS))
+        if unknown:
+            raise ValueError(f"unknown fault kinds {unknown}; known: {ALL_KINDS}")
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.seed = seed
@@ -513,12 +611,28 @@ class ChaosRun:
         self.gap = gap
         self.steady = steady
         self._print = log
+        self.n_workers = workers
+        self.broker_kind = broker
+        self.guard = guard
+        self.schedule = dict(schedule if schedule is not None else SCHEDULE)
+        self.settings = dict(SETTINGS if settings is None else settings)
+        self.kinds = tuple(kinds)
+        self.ttl = float(self.settings.get("leaderbeat_lease_ttl", 10.0))
+        self.poll = float(self.settings.get("leaderbeat_standby_poll", 1.0))
+        self.tag = f"{seed}-{random.SystemRandom().randrange(16**6):06x}"
         self.prefix = f"chaos-{seed}"
         self.report = Report(seed=seed, nodes=nodes, workdir=str(self.workdir))
+        self.report.mode = {"broker": broker, "workers": workers, "guard": guard,
+                            "entries": len(self.schedule), "ttl": self.ttl,
+                            "kinds": list(self.kinds)}
         self.faults: list[Fault] = []
-        self.restarts_wall: list[float] = []
+        self.restarts_wall: list[float] = []  # restarts that lost the state
         self.spawned: list[Spawned] = []
         self.nodes: list[Node] = []
+        self.seats: list[WorkerSeat] = []
+        self.dead_workers: list[WorkerProcess] = []
+        self.killed_workers: dict[str, float] = {}  # node name -> wall time of the SIGKILL
+        self.loads: list[float] = []
         self._bag: list[str] = []
         self._events = open(self.workdir / "chaos-events.log", "a")  # noqa: SIM115
         self.t0 = time.monotonic()
@@ -533,18 +647,48 @@ class ChaosRun:
 
     # -- lifecycle
 
+    def _start_servers(self) -> None:
+        keep = "restart_redis_kept" in self.kinds
+        # Restarted with its data: every write is in the append-only file before it is
+        # answered (fsync always), so a kill loses nothing the nodes were told.
+        state_args = ["--appendonly", "yes", "--appendfsync", "always"] if keep else []
+        self.state = RedisServer(state_args, workdir=self.workdir / "redis-state")
+        self.ctl = self.state.client(timeout=0.5)
+        self.results: RedisServer | None = None
+        self.topology: Topology | None = None
+        if self.broker_kind == "amqp":
+            self.topology = Topology(self.tag)
+            self.topology.declare()
+            self.amqp = AmqpRecorder(self.topology)
+            self.amqp.start()
+            broker_url = self.topology.url
+        else:
+            self.broker = RedisServer(workdir=self.workdir / "redis-broker")
+            self.recorder = Recorder(self.broker.client())
+            broker_url = self.broker.url_for(0)
+        if self.n_workers:
+            self.results = RedisServer(workdir=self.workdir / "redis-results")
+        settings = dict(self.settings)
+        if self.guard:
+            settings["leaderbeat_guard"] = True
+        if self.topology is not None:
+            settings.update(self.topology.settings())
+        if self.n_workers:
+            settings["task_acks_late"] = True
+        self.env = beat_env(self.workdir, broker_url=broker_url, redis_url=self.state.url,
+                            prefix=self.prefix, schedule=self.schedule, settings=settings)
+        if self.results is not None:
+            self.env["LB_RECORD_URL"] = self.results.url
+
     def run(self) -> Report:
         self.log(f"start: seed={self.seed} nodes={self.n} chaos={self.duration:.0f}s "
-                 f"workdir={self.workdir} (replay: LEADERBEAT_CHAOS_SEED={self.seed})")
-        self.state = RedisServer(workdir=self.workdir / "redis-state")
-        self.broker = RedisServer(workdir=self.workdir / "redis-broker")
-        self.ctl = self.state.client(timeout=0.5)
-        self.recorder = Recorder(self.broker.client())
+                 f"mode={self.report.mode} workdir={self.workdir} "
+                 f"(replay: LEADERBEAT_CHAOS_SEED={self.seed})")
+        self._start_servers()
         self.monitor = Monitor(self.state, self.prefix)
         try:
-            self.env = beat_env(self.workdir, broker_url=self.broker.url_for(0),
-                                redis_url=self.state.url, prefix=self.prefix,
-                                schedule=SCHEDULE, settings=SETTINGS)
+            for i in range(self.n_workers):
+                self.seats.append(WorkerSeat(i, self._spawn_worker(i, 0)))
             for i in range(self.n):
                 proxy = TcpProxy("127.0.0.1", self.state.port)
                 self.nodes.append(Node(i, proxy, self._spawn(i, proxy, 0)))
@@ -561,26 +705,45 @@ class ChaosRun:
                 if self.max_faults is not None and len(self.faults) >= self.max_faults:
                     break
                 time.sleep(gap)
+                self.loads.append(os.getloadavg()[0])
                 self._inject(kind, *params)
+                self.faults[-1].load = self.loads[-1]
+                self.faults[-1].window_after = self.ttl + self.poll + 2.0
                 self._settle()
             self.report.chaos_seconds = time.monotonic() - chaos_start
             self.log(f"chaos over after {len(self.faults)} faults; steady for {self.steady:.0f}s")
             time.sleep(self.steady)
             end_wall = time.time()
-            self.recorder.drain()
+            self._drain_published()
+            self._wait_workers_idle()
             self._check_processes()
         finally:
             if self.monitor.is_alive():
                 self.monitor.stop()
+            rows = executed(self.results.client()) if self.results is not None else []
             self._teardown()
         observations, history = self.monitor.snapshot()
         report = self.report
         report.faults = self.faults
         report.wall_seconds = time.monotonic() - self.t0
-        measure_failovers(self.faults, observations, report)
-        verdict(report, schedule=SCHEDULE,
-                messages=((m.entry, m.slot) for m in self.recorder.messages),
-                history=history, restarts_wall=self.restarts_wall, end_wall=end_wall)
+        report.end_wall = end_wall
+        if self.loads:
+            report.load = {"mean": round(sum(self.loads) / len(self.loads), 2),
+                           "max": round(max(self.loads), 2)}
+        measure_failovers(self.faults, observations, report, self.ttl, self.poll)
+        published = self._published()
+        margin = END_MARGIN if self.broker_kind == "redis" and not self.n_workers else 5.0
+        verdict(report, schedule=self.schedule,
+                messages=((entry, slot) for entry, slot, _, _ in published),
+                history=history, restarts_wall=self.restarts_wall, end_wall=end_wall,
+                end_margin=margin)
+        if self.n_workers:
+            report.figures = soak_figures(published=published, executed=rows, history=history,
+                                          end_ms=round((end_wall - margin) * 1000),
+                                          killed_workers=self.killed_workers)
+            (self.workdir / "chaos-executed.json").write_text(json.dumps(rows, indent=0))
+            (self.workdir / "chaos-published.json").write_text(
+                json.dumps(published, indent=0, default=str))
         self._info(history)
         (self.workdir / "chaos-report.json").write_text(report.to_json())
         (self.workdir / "chaos-history.json").write_text(json.dumps(history, indent=0))
@@ -592,20 +755,58 @@ class ChaosRun:
         self._events.close()
         return report
 
+    def _published(self) -> list[tuple[str | None, Any, str, float]]:
+        """Every publish seen: (entry, slot header, task id, wall time seen)."""
+        if self.broker_kind == "amqp":
+            return [(m.entry, m.slot, m.id, m.received) for m in self.amqp.snapshot()]
+        return [(m.entry, m.slot, m.id, m.received) for m in self.recorder.messages]
+
+    def _drain_published(self) -> None:
+        if self.broker_kind == "redis":
+            self.recorder.drain()
+        else:
+            time.sleep(1.0)  # the consumer's prefetch: let it catch up
+
+    def _wait_workers_idle(self, timeout: float = 60.0) -> None:
+        """With workers: until the workers' queue is empty twice in a row (or timeout).
+
+        The beats go on publishing meanwhile, so the executions never stop growing;
+        what was published before the end is done once nothing waits in the queue
+        (a message being run is not counted there: hence twice, 2 s apart).
+        """
+        if not self.n_workers or self.topology is None:
+            return
+        deadline = time.monotonic() + timeout
+        empty = 0
+        while time.monotonic() < deadline:
+            try:
+                empty = empty + 1 if self.topology.backlog() == 0 else 0
+            except (OSError, kombu.exceptions.KombuError) as exc:
+                self.report.info.append(f"queue depth unknown: {exc!r}")
+                empty = 0
+            if empty >= 2:
+                return
+            time.sleep(2.0)
+        self.report.info.append(f"workers still busy {timeout:.0f}s after the end")
+
     def _warm_up(self) -> None:
         """Wait for a leader and a first message of every entry (conditions, not sleeps)."""
-        if not wait_until(self._live_leader, 40):
+        if not wait_until(self._live_leader, 40 + self.ttl):
             raise AssertionError(f"seed {self.seed}: no leader within 40s\n{self._logs_tail()}")
-        entries = set(SCHEDULE)
+        entries = set(self.schedule)
+        longest = max(grid_of(spec)[1] for spec in self.schedule.values()) / 1000
 
         def all_seen() -> bool:
-            self.recorder.drain()
-            return entries <= {m.entry for m in self.recorder.messages}
+            if self.broker_kind == "redis":
+                self.recorder.drain()
+            return entries <= {p[0] for p in self._published()}
 
-        if not wait_until(all_seen, 20, step=0.1):
-            raise AssertionError(f"seed {self.seed}: not every entry was sent within 20s\n"
+        if not wait_until(all_seen, 20 + longest, step=0.1):
+            missing = sorted(entries - {p[0] for p in self._published()})
+            raise AssertionError(f"seed {self.seed}: not every entry was sent within "
+                                 f"{20 + longest:.0f}s (missing {missing[:10]})\n"
                                  f"{self._logs_tail()}")
-        self.log(f"warm: leader {self._read_leader()}, {len(self.recorder.messages)} messages")
+        self.log(f"warm: leader {self._read_leader()}, {len(self._published())} messages")
 
     def _teardown(self) -> None:
         for sp in self.spawned:
@@ -613,15 +814,34 @@ class ChaosRun:
                 sp.proc.close()
             except Exception:
                 pass
+        for seat in self.seats:
+            seat.proc.close()
+        for proc in self.dead_workers:
+            proc.close()
         for node in self.nodes:
             node.proxy.close()
         try:
             self.ctl.close()
-            self.recorder.client.close()
         except Exception:
             pass
+        self.state.resume()  # a stop_redis interrupted mid-way must not leave it frozen
         self.state.kill()
-        self.broker.kill()
+        if self.broker_kind == "amqp":
+            self.amqp.stop()
+            assert self.topology is not None
+            errors = self.topology.delete()
+            if errors:
+                self.report.info.append(f"amqp clean-up errors: {errors}")
+            if self.amqp.errors:
+                self.report.info.append(f"amqp recorder errors: {self.amqp.errors[:5]}")
+        else:
+            try:
+                self.recorder.client.close()
+            except Exception:
+                pass
+            self.broker.kill()
+        if self.results is not None:
+            self.results.kill()
 
     # -- processes
 
@@ -630,6 +850,15 @@ class ChaosRun:
         proc = BeatProcess(env=env, log_path=self.workdir / f"beat-{index}-{generation}.log")
         self.spawned.append(Spawned(proc, f"beat-{index}-{generation}"))
         return proc
+
+    def _spawn_worker(self, index: int, generation: int) -> WorkerProcess:
+        """A prefork worker (2 processes) with a unique node name; talks to Redis directly."""
+        return WorkerProcess(self.env, self.workdir / f"worker-{index}-{generation}.log",
+                             name=self._worker_name(index, generation),
+                             extra_args=["--include", "tests.chaos.soaktask"])
+
+    def _worker_name(self, index: int, generation: int) -> str:
+        return f"w{index}g{generation}-{self.tag}"
 
     def _replace(self, node: Node) -> None:
         node.generation += 1
@@ -655,6 +884,11 @@ class ChaosRun:
                 self.report.issues.append(
                     f"UNEXPECTED-EXIT: {sp.label} (pid {sp.proc.pid}) exited "
                     f"({sp.proc.returncode}) though nothing killed it\n{_tail(sp.proc.log_text())}")
+        for seat in self.seats:
+            if seat.proc.proc.poll() is not None:
+                self.report.issues.append(
+                    f"UNEXPECTED-EXIT: worker {seat.index}-{seat.generation} exited "
+                    f"({seat.proc.proc.returncode})\n{_tail(seat.proc.log_text())}")
 
     def _logs_tail(self) -> str:
         return "\n".join(f"--- {sp.label} pid {sp.proc.pid} ---\n{_tail(sp.proc.log_text(), 15)}"
@@ -680,8 +914,9 @@ class ChaosRun:
             return token, node
         return None
 
-    def _settle(self, timeout: float = 25.0) -> None:
+    def _settle(self, timeout: float | None = None) -> None:
         """After a fault: wait for N live beats and a live leader among them."""
+        timeout = timeout if timeout is not None else max(25.0, 2 * self.ttl + 15)
         ok = wait_until(lambda: all(n.proc.alive for n in self.nodes) and self._live_leader(),
                         timeout)
         if not ok:
@@ -694,9 +929,12 @@ class ChaosRun:
     # -- faults
 
     def _next_kind(self) -> str:
-        """Kinds come from a shuffled bag: every kind once per bag (term_node twice)."""
+        """Kinds come from a shuffled bag: every kind once per bag (the short run's kinds:
+        term_node twice, a standby and the leader)."""
         if not self._bag:
-            self._bag = list(FAULT_KINDS) + ["term_node"]
+            self._bag = list(self.kinds)
+            if self.kinds == FAULT_KINDS:
+                self._bag.append("term_node")
             self.rng.shuffle(self._bag)
         return self._bag.pop()
 
@@ -743,8 +981,8 @@ class ChaosRun:
         fault.hit_leader = token is not None and self._read_leader() == token \
             and pid_of(token) == proc.pid
         wait_until(lambda: (t := self._read_leader()) is not None and t != token,
-                   TTL + POLL + 8)
-        past = fault.start_mono + TTL + 0.5 + duration / 5  # 0.8 .. 1.5 s past the TTL
+                   self.ttl + self.poll + 8)
+        past = fault.start_mono + self.ttl + 0.5 + duration / 5  # 0.8 .. 1.5 s past the TTL
         time.sleep(max(0.0, past - time.monotonic()))
         since = len(proc.log_text())
         proc.cont()
@@ -755,6 +993,16 @@ class ChaosRun:
             except AssertionError as exc:
                 self.report.issues.append(f"stop_leader: the resumed leader did not step down "
                                           f"(or exited): {exc}")
+
+    def _fault_stop_standby(self, u_leader: float, u_index: float, duration: float) -> None:
+        """SIGSTOP a standby for 3 .. 10 s (sometimes past the ttl), then SIGCONT."""
+        node, token = self._pick(u_leader, u_index, 0.0)
+        proc = node.proc
+        fault = self._begin("stop_standby", f"beat-{node.index} pid {proc.pid}", token, False)
+        proc.stop()
+        time.sleep(duration * 2)
+        proc.cont()
+        self._end(fault)
 
     def _fault_term_node(self, u_leader: float, u_index: float, duration: float) -> None:
         # Alternately a standby and the leader: one bag of faults always has both.
@@ -774,14 +1022,54 @@ class ChaosRun:
         self._end(fault, note)
         self._replace(node)
 
+    def _fault_kill_worker(self, u_leader: float, u_index: float, duration: float) -> None:
+        """SIGKILL a worker and its pool (unacknowledged messages go back); a new one starts."""
+        if not self.seats:
+            return self._fault_stop_standby(u_leader, u_index, duration)
+        seat = self.seats[int(u_index * len(self.seats)) % len(self.seats)]
+        fault = self._begin("kill_worker", f"worker-{seat.index}-{seat.generation} "
+                            f"pid {seat.proc.proc.pid}", self._read_leader(), False)
+        seat.proc.kill()
+        self.killed_workers[self._worker_name(seat.index, seat.generation)] = time.time()
+        self.dead_workers.append(seat.proc)
+        seat.generation += 1
+        seat.proc = self._spawn_worker(seat.index, seat.generation)
+        self._end(fault)
+        return None
+
     def _fault_restart_redis(self, u_leader: float, u_index: float, duration: float) -> None:
         token = self._read_leader()
         fault = self._begin("restart_redis", f"redis :{self.state.port}", token, True)
         self.state.kill()
         self.restarts_wall.append(fault.start_wall)
+        for name in ("appendonlydir", "appendonly.aof", "dump.rdb"):  # back empty
+            path = self.state.dir / name
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            elif path.exists():
+                path.unlink()
         time.sleep(duration / 2)  # down for 0.75 .. 2.5 s
         self.state.restart()
         self._end(fault, "(back empty)")
+
+    def _fault_restart_redis_kept(self, u_leader: float, u_index: float,
+                                  duration: float) -> None:
+        """SIGKILL the state Redis, down 0.75 .. 2.5 s, back with its data (append-only file)."""
+        token = self._read_leader()
+        fault = self._begin("restart_redis_kept", f"redis :{self.state.port}", token, False)
+        self.state.kill()
+        time.sleep(duration / 2)
+        self.state.restart(timeout=30)
+        self._end(fault, "(back with its data)")
+
+    def _fault_stop_redis(self, u_leader: float, u_index: float, duration: float) -> None:
+        """SIGSTOP the state Redis 1.5 .. 5 s (below and near the ttl's half), then SIGCONT."""
+        token = self._read_leader()
+        fault = self._begin("stop_redis", f"redis :{self.state.port}", token, False)
+        self.state.pause()
+        time.sleep(duration)
+        self.state.resume()
+        self._end(fault)
 
     def _fault_link(self, kind: str, mode: str, u_leader: float, u_index: float,
                     duration: float) -> None:
@@ -805,12 +1093,17 @@ class ChaosRun:
     def _info(self, history: list[dict[str, str]]) -> None:
         events = Counter(row.get("event") for row in history)
         self.report.info.append(f"history events copied: {dict(events)}")
-        epochs = Counter(str(m.epoch) for m in self.recorder.messages)
+        epochs = Counter(str(m.epoch) for m in (self.amqp.snapshot() if self.broker_kind == "amqp"
+                                                else self.recorder.messages))
         self.report.info.append(f"messages per epoch: {dict(sorted(epochs.items()))}")
         tracebacks = {sp.label: sp.proc.log_text().count("Traceback") for sp in self.spawned}
         tracebacks = {k: v for k, v in tracebacks.items() if v}
         if tracebacks:
             self.report.info.append(f"tracebacks in beat logs: {tracebacks}")
+        if self.seats:
+            logs = [s.proc for s in self.seats] + self.dead_workers
+            worker_tb = sum(p.log_text().count("Traceback") for p in logs)
+            self.report.info.append(f"tracebacks in worker logs: {worker_tb}")
 
 
 def _tail(text: str, lines: int = 25) -> str:

@@ -2,8 +2,11 @@
 
 - ``test_chaos_short``: about 60 s, 3 beats, one "bag" of faults (every kind once,
   SIGTERM twice: a standby and the leader); part of the default test command (``slow``).
-- ``test_chaos_soak``: ``LEADERBEAT_SOAK=<seconds>`` of chaos with 5 beats (skipped
-  otherwise). ``python bench/soak.py`` runs the same outside pytest.
+- ``test_chaos_soak``: ``LEADERBEAT_SOAK=<seconds>`` of chaos (skipped otherwise) with
+  5 beats, 3 prefork workers (``acks_late``, ``leaderbeat_guard = True``), RabbitMQ,
+  about 219 entries, default settings (lease ttl 10 s), every fault kind, one every
+  5-7 s; it also fails on a slot executed twice. ``python bench/soak.py --workers 3
+  --broker amqp --guard`` runs the same outside pytest.
 
 Every run prints its seed first and its summary last (to the terminal, not captured);
 replay one with ``LEADERBEAT_CHAOS_SEED=<seed>``. Logs, the fault list, the copied
@@ -18,19 +21,23 @@ import tempfile
 
 import pytest
 
-from .harness import ChaosRun, seed_from_env
+from .amqp import AMQP_URL
+from .harness import SOAK_KINDS, ChaosRun, seed_from_env
+from .soakschedule import soak_schedule
 
 SHORT_FAULTS = 7  # one bag: every kind of FAULT_KINDS once, term_node twice
 SHORT_CHAOS_SECONDS = 70.0  # a safety cap; the bag takes about 45 s
 
 
-def run_chaos(tmp_path, capsys, *, nodes: int, duration: float, max_faults: int | None = None):
+def run_chaos(tmp_path, capsys, *, nodes: int, duration: float, max_faults: int | None = None,
+              **options):
     seed = seed_from_env(os.environ)
     with capsys.disabled():
         print(f"\nchaos seed={seed} (replay: LEADERBEAT_CHAOS_SEED={seed})", flush=True)
     lines: list[str] = []
+    options.setdefault("gap", (1.5, 4.0))
     run = ChaosRun(tmp_path / "chaos", seed=seed, nodes=nodes, duration=duration,
-                   max_faults=max_faults, gap=(1.5, 4.0), log=lines.append)
+                   max_faults=max_faults, log=lines.append, **options)
     report = run.run()
     with capsys.disabled():
         print(report.summary(), flush=True)
@@ -57,4 +64,15 @@ def test_chaos_short(tmp_path, capsys):
 @pytest.mark.skipif(not os.environ.get("LEADERBEAT_SOAK"),
                     reason="set LEADERBEAT_SOAK=<seconds> for the chaos soak")
 def test_chaos_soak(tmp_path, capsys):
-    run_chaos(tmp_path, capsys, nodes=5, duration=float(os.environ["LEADERBEAT_SOAK"]))
+    import kombu
+
+    try:
+        with kombu.Connection(AMQP_URL, connect_timeout=3) as conn:
+            conn.ensure_connection(max_retries=1)
+    except Exception as exc:
+        if os.environ.get("CI") == "true":
+            raise
+        pytest.skip(f"RabbitMQ not reachable at {AMQP_URL}: {exc}")
+    run_chaos(tmp_path, capsys, nodes=5, duration=float(os.environ["LEADERBEAT_SOAK"]),
+              workers=3, broker="amqp", guard=True, schedule=soak_schedule(), settings={},
+              kinds=SOAK_KINDS, gap=(5.0, 7.0), steady=25.0)

@@ -1,0 +1,137 @@
+"""The soak's figures (pure: no processes): publishes, executions, guard events, lateness.
+
+- published more than once: (entry, slot) pairs the recording consumer saw twice or more;
+- executed twice: (entry, slot) pairs the task body recorded twice or more; split into
+  reruns of a run whose worker was SIGKILLed before it recorded finishing (with
+  ``acks_late`` the broker redelivers it and the guard runs it again, by design: a
+  killed run may not have done its work) and the others (the guard's promise broken);
+- published, never executed: unless the guard recorded a reason (a ``skipped`` that is not
+  a duplicate) for it;
+- lateness: first publish, and first execution, minus the slot time (p50, p99, worst).
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+
+def slot_ms(value: Any) -> int:
+    return round(datetime.fromisoformat(str(value)).timestamp() * 1000)
+
+
+def percentiles(values: Sequence[float]) -> dict[str, float | int | None]:
+    """n, p50, p99 and worst of ``values`` (nearest-rank), seconds rounded to ms."""
+    if not values:
+        return {"n": 0, "p50": None, "p99": None, "worst": None}
+    ordered = sorted(values)
+
+    def rank(p: float) -> float:
+        return round(ordered[min(len(ordered) - 1, max(0, int(p * len(ordered) + 0.5) - 1))], 3)
+
+    return {"n": len(ordered), "p50": rank(0.50), "p99": rank(0.99),
+            "worst": round(ordered[-1], 3)}
+
+
+def soak_figures(*, published: Iterable[tuple[str | None, Any, str, float]],
+                 executed: Iterable[Mapping[str, Any]], history: Iterable[Mapping[str, str]],
+                 end_ms: int, killed_workers: Mapping[str, float] | None = None,
+                 limit: int = 20) -> dict[str, Any]:
+    """Figures from publishes ``(entry, slot, task id, received)``, execution rows and history.
+
+    Slots newer than ``end_ms`` are left out of "published, never executed".
+    ``killed_workers``: worker node name (before the ``@``) -> wall time of its SIGKILL.
+    """
+    killed = dict(killed_workers or {})
+    pubs: dict[tuple[str, int], list[tuple[float, str]]] = defaultdict(list)
+    for entry, slot, task_id, received in published:
+        if entry is None or slot is None:
+            continue
+        pubs[(entry, slot_ms(slot))].append((received, task_id))
+    runs: dict[tuple[str, int], list[Mapping[str, Any]]] = defaultdict(list)
+    for row in executed:
+        if row.get("entry") is None or row.get("slot") is None:
+            continue
+        runs[(str(row["entry"]), slot_ms(row["slot"]))].append(row)
+
+    guard_skips: dict[tuple[str, int], str] = {}
+    events: Counter[str] = Counter()
+    sent_events: Counter[tuple[str, int]] = Counter()
+    finished_by: dict[tuple[str, int], set[str]] = defaultdict(set)
+    for h in history:
+        event, detail = h.get("event", ""), h.get("detail", "")
+        if event == "started":
+            events["guard started" + (" (rerun)" if detail.startswith("rerun") else "")] += 1
+        elif event == "skipped" and detail.startswith("duplicate"):
+            events["guard skipped duplicate"] += 1
+        elif event == "skipped" and detail.startswith("overlap"):
+            events["guard skipped overlap"] += 1
+            if h.get("slot", "").isdigit():
+                guard_skips[(h.get("entry", ""), int(h["slot"]))] = detail
+        elif event == "skipped":  # a beat's: the slot was claimed by another node
+            events["beat skipped"] += 1
+        elif event == "finished":
+            events["guard finished"] += 1
+            if h.get("slot", "").isdigit():
+                finished_by[(h.get("entry", ""), int(h["slot"]))].add(h.get("node", ""))
+        elif event == "sent" and h.get("slot", "").isdigit():
+            sent_events[(h.get("entry", ""), int(h["slot"]))] += 1
+
+    twice_pub = sorted(k for k, v in pubs.items() if len(v) > 1)
+    twice_run = sorted(k for k, v in runs.items() if len(v) > 1)
+
+    def killed_mid_run(key: tuple[str, int]) -> bool:
+        """Every run but the last: its worker was killed after it began, and no
+        'finished' from its process is in the (copied) history."""
+        rows = sorted(runs[key], key=lambda r: float(r.get("at", 0)))
+        for r in rows[:-1]:
+            name = str(r.get("hostname", "")).split("@")[0]
+            pid = str(r.get("pid", ""))
+            finished = any(node.endswith(":" + pid) for node in finished_by.get(key, ()))
+            if not (name in killed and killed[name] >= float(r.get("at", 0)) and not finished):
+                return False
+        return True
+
+    reruns = [k for k in twice_run if killed_mid_run(k)]
+    twice_other = [k for k in twice_run if k not in set(reruns)]
+    never_run = sorted(k for k in pubs if k not in runs and k[1] <= end_ms)
+    explained = [k for k in never_run if k in guard_skips]
+    unexplained = [k for k in never_run if k not in guard_skips]
+
+    def pub_text(key: tuple[str, int]) -> str:
+        times = sorted(pubs[key])
+        ids = {t for _, t in times}
+        return (f"{key[0]}@{key[1]}: {len(times)} publishes "
+                f"(+{times[-1][0] - times[0][0]:.2f}s, {len(ids)} task id(s))")
+
+    def run_text(key: tuple[str, int]) -> str:
+        rows = sorted(runs[key], key=lambda r: float(r.get("at", 0)))
+        return (f"{key[0]}@{key[1]}: " + ", ".join(
+            f"{r.get('hostname')} at {float(r.get('at', 0)) - key[1] / 1000:+.2f}s"
+            f"{' redelivered' if r.get('redelivered') else ''} epoch {r.get('epoch')}"
+            for r in rows))
+
+    return {
+        "slots_published": len(pubs),
+        "publishes": sum(len(v) for v in pubs.values()),
+        "published_more_than_once": len(twice_pub),
+        "extra_publishes": sum(len(pubs[k]) - 1 for k in twice_pub),
+        "published_more_than_once_examples": [pub_text(k) for k in twice_pub[:limit]],
+        "history_sent_more_than_once": sum(1 for n in sent_events.values() if n > 1),
+        "slots_executed": len(runs),
+        "executions": sum(len(v) for v in runs.values()),
+        "executed_twice": len(twice_other),
+        "executed_twice_examples": [run_text(k) for k in twice_other[:limit]],
+        "executed_twice_rerun_after_worker_kill": len(reruns),
+        "executed_twice_rerun_examples": [run_text(k) for k in reruns[:limit]],
+        "published_never_executed": len(unexplained),
+        "published_never_executed_examples": [f"{e}@{s}" for e, s in unexplained[:limit]],
+        "published_not_executed_guard_reason": len(explained),
+        "guard_events": dict(events),
+        "lateness_publish_s": percentiles(
+            [min(r for r, _ in v) - k[1] / 1000 for k, v in pubs.items()]),
+        "lateness_execution_s": percentiles(
+            [min(float(r.get("at", 0)) for r in v) - k[1] / 1000 for k, v in runs.items()]),
+    }
