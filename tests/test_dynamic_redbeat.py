@@ -56,8 +56,11 @@ def test_import_keeps_redbeats_phase_and_nothing_runs_twice_across_the_switch(
     RedBeatSchedulerEntry("off", "proj.off", schedule(timedelta(seconds=5)), app=rb,
                           enabled=False).save()
     (tmp_path / "rbapp.py").write_text(REDBEAT_APP)
-    env = {**os.environ, "PYTHONPATH": str(tmp_path), "RB_BROKER": broker.url,
-           "RB_REDIS": state.url, "RB_PREFIX": rb_prefix}
+    # (an in-process Django test earlier in this worker may have set DJANGO_SETTINGS_MODULE:
+    # Celery's Django fixup would then make the RedBeat beat import a module it cannot see)
+    env = {**{k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"},
+           "PYTHONPATH": str(tmp_path), "RB_BROKER": broker.url, "RB_REDIS": state.url,
+           "RB_PREFIX": rb_prefix}
     log = open(tmp_path / "redbeat.log", "w")  # noqa: SIM115 - closed below
     beat = subprocess.Popen([sys.executable, "-m", "celery", "-A", "rbapp", "beat", "-S",
                              "redbeat.RedBeatScheduler", "--loglevel", "INFO"],
