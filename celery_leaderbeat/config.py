@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import ConfigurationError
-from .policy import catchup_problems
+from .timing.policy import catchup_problems
 
 logger = logging.getLogger(__name__)
 
@@ -333,7 +333,7 @@ class _Validator:
 
 
 def _base_scheduler(value: Any, problems: list[str]) -> type | None:
-    from .gate import resolve_base  # late: it imports celery.beat and the scheduler
+    from .integrations.gate import resolve_base  # late: it imports celery.beat and the scheduler
 
     try:
         return resolve_base(value)

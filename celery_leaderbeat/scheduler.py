@@ -28,23 +28,23 @@ import redis
 from celery import beat
 
 from .config import Config
-from .connection import describe, make_client
-from .dynamic_schedule import DynamicSchedule
-from .enqueue import Enqueuer
 from .entries import EntryOptions, split_entries
-from .entry_store import EntryStore
 from .errors import ConfigurationError, LeaseLostError, NotReplicatedError, RedisAuthError
-from .keys import Keys
-from .leader import Leader, Resign
-from .lease import Lease
-from .ledger import Event, Ledger
-from .node import Node, utcnow
-from .publish import publish
-from .registry import Registration, earliest_follower
-from .scripts import Scripts
-from .slots import clock_for, to_ms
-from .standby import Standby
-from .telemetry import Telemetry
+from .ops.telemetry import Telemetry
+from .roles.dynamic_schedule import DynamicSchedule
+from .roles.enqueue import Enqueuer
+from .roles.leader import Leader, Resign
+from .roles.node import Node, utcnow
+from .roles.publish import publish
+from .roles.standby import Standby
+from .store.connection import describe, make_client
+from .store.entry_store import EntryStore
+from .store.keys import Keys
+from .store.lease import Lease
+from .store.ledger import Event, Ledger
+from .store.registry import Registration, earliest_follower
+from .store.scripts import Scripts
+from .timing.slots import clock_for, to_ms
 
 logger = logging.getLogger(__name__)
 #: one INFO line per send, in stock beat's words; a logger of its own so a busy
@@ -85,7 +85,7 @@ class Scheduler(beat.Scheduler):
     """Highly available beat scheduler: run it on any number of nodes.
 
     With ``leaderbeat_base_scheduler`` set, constructing this class gives an
-    instance of that scheduler class behind the gate (:mod:`celery_leaderbeat.gate`).
+    instance of that scheduler class behind the gate (:mod:`celery_leaderbeat.integrations.gate`).
     """
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
@@ -94,7 +94,7 @@ class Scheduler(beat.Scheduler):
             app = kwargs.get("app", args[0] if args else None)
             base = Config.from_app(app).base_scheduler if app is not None else None
             if base is not None:
-                from .gate import gate_class  # late: gate imports this module
+                from .integrations.gate import gate_class  # late: gate imports this module
 
                 made = gate_class(base)
         return super().__new__(made)

@@ -18,7 +18,7 @@ from celery.schedules import crontab, schedule
 from click.testing import CliRunner
 
 from celery_leaderbeat import Entry
-from celery_leaderbeat.cli import leaderbeat
+from celery_leaderbeat.ops.cli import leaderbeat
 from celery_leaderbeat.scheduler import LEADER, Scheduler
 from tests.support.beat import Recorder
 from tests.test_scheduler import make_app

@@ -9,11 +9,11 @@ import pytest
 from celery import Celery
 
 from celery_leaderbeat.errors import ConfigurationError
-from celery_leaderbeat.keys import Keys
-from celery_leaderbeat.ledger import ClaimItem, Op
 from celery_leaderbeat.scheduler import LEADER, STANDBY, Scheduler
-from celery_leaderbeat.schedules import cron
-from celery_leaderbeat.slots import from_ms, slot_id, to_ms
+from celery_leaderbeat.store.keys import Keys
+from celery_leaderbeat.store.ledger import ClaimItem, Op
+from celery_leaderbeat.timing.schedules import cron
+from celery_leaderbeat.timing.slots import from_ms, slot_id, to_ms
 from tests.support.beat import NOOP, BeatProcess, Recorder, beat_env, duplicates
 
 
@@ -193,7 +193,7 @@ def test_last_leader_with_an_expired_lease_does_not_send_through_an_outage(
 
 def test_degraded_max_seconds_is_a_hard_cap_even_when_redis_answers_ping(
         make_redis_server, key_prefix):
-    from celery_leaderbeat.degraded import Outage
+    from celery_leaderbeat.roles.degraded import Outage
 
     state, broker = make_redis_server(), make_redis_server()
     app = make_app(state.url, broker.url, key_prefix, {"a": {"task": NOOP, "schedule": 0.3}},
