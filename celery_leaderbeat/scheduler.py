@@ -15,6 +15,7 @@ exceptions (so nothing happens there); ``close()`` runs twice on SIGTERM; under
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import os
@@ -30,6 +31,8 @@ from celery import beat
 from .config import Config
 from .entries import EntryOptions, split_entries
 from .errors import ConfigurationError, LeaseLostError, NotReplicatedError, RedisAuthError
+from .integrations.gate import GateMixin
+from .integrations.schedule import CHANGE_LOG
 from .ops.telemetry import Telemetry
 from .roles.dynamic_schedule import DynamicSchedule
 from .roles.enqueue import Enqueuer
@@ -52,9 +55,6 @@ logger = logging.getLogger(__name__)
 send_logger = logging.getLogger("celery_leaderbeat.sends")
 
 STANDBY, LEADER = "standby", "leader"
-
-#: schedule versions whose changed names are kept (an older one means a full reload)
-_CHANGE_LOG = 64
 
 #: seconds by which the wall clock must move against the monotonic one to count as a
 #: step (NTP slews smaller offsets; GC pauses and SIGSTOP move both clocks alike)
@@ -88,14 +88,15 @@ class Scheduler(beat.Scheduler):
     instance of that scheduler class behind the gate (:mod:`celery_leaderbeat.integrations.gate`).
     """
 
+    #: marks leaderbeat's own class, which no ``leaderbeat_base_scheduler`` may name
+    leaderbeat_scheduler = True
+
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         made = cls
         if cls is Scheduler:
             app = kwargs.get("app", args[0] if args else None)
             base = Config.from_app(app).base_scheduler if app is not None else None
             if base is not None:
-                from .integrations.gate import gate_class  # late: gate imports this module
-
                 made = gate_class(base)
         return super().__new__(made)
 
@@ -336,7 +337,7 @@ class Scheduler(beat.Scheduler):
                 if touched:  # the roles update only what changed
                     self._schedule_version += 1
                     self._changes.append((self._schedule_version, frozenset(touched)))
-                    del self._changes[:-_CHANGE_LOG]
+                    del self._changes[:-CHANGE_LOG]
             self._watch_wall_clock()
             if self._leader is None:
                 assert self._standby is not None
@@ -451,7 +452,9 @@ class Scheduler(beat.Scheduler):
         # not claim are not on time because of it (they follow the catch-up policy).
         room = self._leader if role == LEADER else self._standby
         since = max(room.since.timestamp(), self._contact_since) if room is not None else None
-        self._registration.write(node, role, node.lease.epoch if role == LEADER else None, since)
+        self._registration.write(node.ledger, self.lb_config.node_id, role,
+                                 node.lease.epoch if role == LEADER else None,
+                                 clock_skew=node.lease.clock_skew, following_since=since)
 
     # -- sending -------------------------------------------------------------------------
 
@@ -517,7 +520,7 @@ class Scheduler(beat.Scheduler):
                     logger.info("leaderbeat: %s (epoch %s) released the lease",
                                 self.lb_config.node_id, lease.epoch)
                     self._lost("released on shutdown")
-                self._registration.forget(self._node)
+                self._registration.forget(self._node.ledger)
         except (redis.RedisError, OSError) as exc:
             logger.warning("leaderbeat: could not release the lease on close (%s); "
                            "standbys take over when it expires", exc)
@@ -530,3 +533,11 @@ class Scheduler(beat.Scheduler):
             if self._enqueuer is not None:
                 self._enqueuer.close()
             super().close()
+
+
+@functools.cache
+def gate_class(base: type) -> type:
+    """``LeaderbeatGate<Base>(GateMixin, Scheduler, Base)``, built once per base class."""
+    name = f"LeaderbeatGate{base.__name__}"
+    return type(name, (GateMixin, Scheduler, base), {"__module__": __name__, "__qualname__": name,
+                                                     "gated": base})

@@ -12,8 +12,8 @@ from celery.beat import PersistentScheduler
 
 from celery_leaderbeat.config import Config
 from celery_leaderbeat.errors import ConfigurationError
-from celery_leaderbeat.integrations.gate import GateMixin, gate_class
-from celery_leaderbeat.scheduler import Scheduler
+from celery_leaderbeat.integrations.gate import GateMixin
+from celery_leaderbeat.scheduler import Scheduler, gate_class
 from celery_leaderbeat.timing.clocks import NEVER, BoundedClock, IntervalClock, OnceClock
 from celery_leaderbeat.timing.slots import clock_for
 from tests.support.beat import NOOP, BeatCluster, Recorder, beat_env, duplicates, slots_by_entry

@@ -3,7 +3,7 @@
 With ``leaderbeat_base_scheduler = "django_celery_beat.schedulers:DatabaseScheduler"``
 (or Celery's ``PersistentScheduler``, or any ``celery.beat.Scheduler`` subclass),
 ``celery_leaderbeat.Scheduler`` builds, once per base class, the class
-``LeaderbeatGate<Base>(GateMixin, Base)`` and returns an instance of it. The base
+``LeaderbeatGate<Base>(GateMixin, Scheduler, Base)`` and returns an instance of it. The base
 keeps what it owns: the schedule's definition (``setup_schedule``, ``.schedule``,
 its store, the admin). The gate keeps the rest:
 
@@ -28,83 +28,52 @@ in :mod:`celery_leaderbeat.integrations.django`.
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import threading
 import time
 from collections.abc import Mapping
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 from celery import beat
-from celery.utils.imports import symbol_by_name
 
 from ..entries import EntryOptions, split_entries
 from ..errors import ConfigurationError, LeaseLostError, NotReplicatedError
 from ..roles.leader import Leader
 from ..roles.node import Node
 from ..roles.standby import Standby
-from ..scheduler import _CHANGE_LOG, Scheduler
 from ..store.ledger import ClaimItem, Op
 from ..timing.slots import clock_for, to_ms
-from .gatebase import Snapshot, adapter_for
+from .gatebase import Adapter, Snapshot
+from .schedule import CHANGE_LOG
 
 logger = logging.getLogger(__name__)
 
-SETTING = "leaderbeat_base_scheduler"
+if TYPE_CHECKING:
+    from ..scheduler import Scheduler as _Glue
+else:
+    _Glue = object
 
 
-def resolve_base(value: Any) -> type | None:
-    """The Scheduler class named by ``leaderbeat_base_scheduler`` (None when unset).
+def adapter_for(base: type) -> type[Adapter]:
+    """django-celery-beat's adapter for its DatabaseScheduler (and subclasses), else the generic."""
+    if any(c.__module__ == "django_celery_beat.schedulers" and c.__name__ == "DatabaseScheduler"
+           for c in base.__mro__):
+        from .django import DatabaseAdapter
 
-    Accepts ``module:Class``, ``module.Class`` or the class itself; raises
-    :class:`ConfigurationError` naming the setting, the value and the rule.
+        return DatabaseAdapter
+    return Adapter
+
+
+class GateMixin(_Glue):
+    """Leaderbeat's tick around a base Scheduler's schedule (see the module docstring).
+
+    A mixin: :func:`celery_leaderbeat.scheduler.gate_class` puts it before
+    ``celery_leaderbeat.Scheduler`` and the base, so ``super()`` is leaderbeat's and
+    :attr:`gated` is the base's.
     """
-    if value is None or value == "":
-        return None
-    cls = value
-    if isinstance(value, str):
-        try:
-            cls = _import(value)
-        except Exception as exc:  # noqa: BLE001 - any import failure is the user's to see
-            raise ConfigurationError(
-                f"{SETTING}={value!r} is not importable ({type(exc).__name__}: {exc})") from None
-    if not (isinstance(cls, type) and issubclass(cls, beat.Scheduler)):
-        raise ConfigurationError(
-            f"{SETTING}={value!r} must name a celery.beat.Scheduler subclass, not {cls!r}")
-    if issubclass(cls, Scheduler):
-        raise ConfigurationError(
-            f"{SETTING}={value!r} is celery_leaderbeat.Scheduler itself: name the scheduler "
-            "it gates, e.g. 'django_celery_beat.schedulers:DatabaseScheduler'")
-    return cls
-
-
-def _import(path: str) -> Any:
-    """``symbol_by_name``; a Django app's scheduler outside ``celery beat`` (the CLI, a
-    script) is imported once Django is set up, as the beat's Django fixup would."""
-    try:
-        return symbol_by_name(path)
-    except Exception as exc:
-        if type(exc).__name__ != "AppRegistryNotReady":
-            raise
-        import django
-
-        django.setup()
-        return symbol_by_name(path)
-
-
-@functools.cache
-def gate_class(base: type) -> type:
-    """``LeaderbeatGate<Base>(GateMixin, Base)``, built once per base class."""
-    name = f"LeaderbeatGate{base.__name__}"
-    return type(name, (GateMixin, base), {"__module__": __name__, "__qualname__": name,
-                                          "gated": base})
-
-
-class GateMixin(Scheduler):
-    """Leaderbeat's tick around a base Scheduler's schedule (see the module docstring)."""
 
     gated: type = beat.Scheduler  # the base class; set by gate_class
 
@@ -126,7 +95,7 @@ class GateMixin(Scheduler):
 
     def setup_schedule(self) -> None:
         """The base's own set-up; then one read, where a bad beat_schedule entry is fatal."""
-        super(Scheduler, self).setup_schedule()
+        self.gated.setup_schedule(self)  # type: ignore[attr-defined]
         self._refresh(force=True, strict=True)
 
     def merge_inplace(self, b: Any) -> None:
@@ -235,7 +204,7 @@ class GateMixin(Scheduler):
         if changed:
             self._schedule_version += 1  # the roles take in just the entries touched
             self._changes.append((self._schedule_version, frozenset(touched)))
-            del self._changes[:-_CHANGE_LOG]
+            del self._changes[:-CHANGE_LOG]
         return True
 
     def _anchor(self, node: Node, view: Mapping[str, Any]) -> bool:

@@ -11,7 +11,6 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..roles.leader import Leader
-from ..scheduler import Scheduler
 
 if TYPE_CHECKING:
     from .gate import GateMixin
@@ -61,7 +60,7 @@ class Adapter:
     def sync(self, *, leading: bool) -> None:
         """The base's sync, only while this node leads: a standby never writes."""
         if leading:
-            super(Scheduler, self.scheduler).sync()
+            self.scheduler.gated.sync(self.scheduler)  # type: ignore[attr-defined]
 
     def flush(self) -> None:
         """On the background thread: write what is pending."""
@@ -79,15 +78,3 @@ class Adapter:
 
     def demoted(self) -> None:
         """This node no longer leads: the base forgets what it has not written."""
-
-
-def adapter_for(base: type) -> type[Adapter]:
-    """django-celery-beat's adapter for its DatabaseScheduler (and subclasses), else the generic."""
-    if any(c.__module__ == "django_celery_beat.schedulers" and c.__name__ == "DatabaseScheduler"
-           for c in base.__mro__):
-        from .django import DatabaseAdapter
-
-        return DatabaseAdapter
-    return Adapter
-
-

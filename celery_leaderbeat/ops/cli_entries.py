@@ -22,7 +22,7 @@ import click
 from ..store.connection import make_client
 from ..store.dynamic import Entry, encode_schedule
 from ..store.entry_store import EntryExists, EntryUnknown
-from .cli import REFUSED, UNKNOWN_ENTRY, _command, _emit, _fail, json_option, leaderbeat
+from .cli_group import REFUSED, UNKNOWN_ENTRY, _command, _emit, _fail, json_option, leaderbeat
 
 
 def _schedule(value: str) -> Any:

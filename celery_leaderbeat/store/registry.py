@@ -9,7 +9,7 @@ import uuid
 
 from .._version import __version__
 from ..errors import ConfigurationError
-from ..roles.node import Node
+from .ledger import Ledger
 
 
 class Registration:
@@ -30,27 +30,27 @@ class Registration:
     def due(self, every: float) -> bool:
         return time.monotonic() - self._at >= every
 
-    def write(self, node: Node, role: str, epoch: int | None,
-              following_since: float | None = None) -> None:
+    def write(self, ledger: Ledger, node_id: str, role: str, epoch: int | None, *,
+              clock_skew: float | None, following_since: float | None = None) -> None:
         """``following_since``: since when (epoch seconds) this node has followed the
         schedule without a break; a new leader treats slots due after the earliest such
         moment of any live node as on time (a standby could have rescued them)."""
         self._at = time.monotonic()
-        replaced = node.ledger.register_node(role, {
+        replaced = ledger.register_node(role, {
             "host": socket.gethostname(), "pid": os.getpid(), "version": __version__,
-            "instance": self.instance, "epoch": epoch, "clock_skew": node.lease.clock_skew,
+            "instance": self.instance, "epoch": epoch, "clock_skew": clock_skew,
             "following_since": following_since})
         other = replaced.get("instance") if replaced else None
         if replaced and self._once and other not in (None, self.instance):
             raise ConfigurationError(
-                f"leaderbeat_node_id={node.config.node_id!r} is used by another running "
+                f"leaderbeat_node_id={node_id!r} is used by another running "
                 f"beat too (host {replaced.get('host')}, pid {replaced.get('pid')}); every "
                 "beat process needs its own node id: leave leaderbeat_node_id unset for a "
                 "unique one")
         self._once = True
 
-    def forget(self, node: Node) -> None:
-        node.ledger.unregister_node()
+    def forget(self, ledger: Ledger) -> None:
+        ledger.unregister_node()
 
 
 def earliest_follower(nodes: dict[str, dict], *, now: float, fresh: float) -> float | None:
