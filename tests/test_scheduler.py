@@ -421,18 +421,18 @@ def test_signals_tell_receivers_and_a_failing_receiver_never_breaks_the_tick(
 def test_a_batch_that_takes_longer_than_the_ttl_keeps_the_lease_while_it_makes_progress(
         servers, key_prefix, monkeypatch):
     """Each claimed chunk counts as progress; only a loop that stops moving lets go."""
-    import celery_leaderbeat.scheduler as scheduler_module
+    import celery_leaderbeat.integrations.sending as sending_module
 
     state, broker = servers
     schedule = {f"e{i}": {"task": NOOP, "schedule": 8.0} for i in range(400)}
     scheduler = Scheduler(app=make_app(state.url, broker.url, key_prefix, schedule))
-    real_publish = scheduler_module.publish
+    real_publish = sending_module.publish
 
     def slow_publish(*args, **kwargs):
         time.sleep(0.012)  # 400 sends: about 5 s, over the 3 s ttl
         return real_publish(*args, **kwargs)
 
-    monkeypatch.setattr(scheduler_module, "publish", slow_publish)
+    monkeypatch.setattr(sending_module, "publish", slow_publish)
     recorder = Recorder(broker.client())
     try:
         tick_until(scheduler, lambda: scheduler.role == LEADER)
