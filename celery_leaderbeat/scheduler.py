@@ -38,6 +38,7 @@ from .roles.enqueue import Enqueuer
 from .roles.leader import Leader, Resign
 from .roles.node import Node
 from .roles.standby import Standby
+from .store.base import LeaseStore, SlotStore
 from .store.connection import describe, make_client
 from .store.keys import Keys
 from .store.lease import Lease
@@ -116,11 +117,11 @@ class Scheduler(ScheduleState, Sending, Trouble, Lifecycle, beat.Scheduler):
         return self._standby
 
     @property
-    def lease(self) -> Lease:
+    def lease(self) -> LeaseStore:
         return self._connect().lease
 
     @property
-    def ledger(self) -> Ledger:
+    def ledger(self) -> SlotStore:
         return self._connect().ledger
 
     def _connect(self) -> Node:

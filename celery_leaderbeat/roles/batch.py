@@ -29,8 +29,8 @@ from datetime import datetime
 from typing import Protocol
 
 from ..errors import LeaseLostError, NotReplicatedError
-from ..store.lease import Lease
-from ..store.ledger import DIFFERS, EARLY, PAUSED, SKIPPED, ClaimItem, Event, Ledger, Op, SlotState
+from ..store.base import LeaseStore, SlotStore
+from ..store.ledger import DIFFERS, EARLY, PAUSED, SKIPPED, ClaimItem, Event, Op, SlotState
 from ..timing.slots import Plan, from_ms, to_ms
 from .agenda import Tracked, Unsent
 from .memory import SentMemory
@@ -105,7 +105,7 @@ class LeaderGate:
     detail = ""
     records_refusals = True
 
-    def __init__(self, lease: Lease, ledger: Ledger) -> None:
+    def __init__(self, lease: LeaseStore, ledger: SlotStore) -> None:
         self.lease = lease
         self.ledger = ledger
 
@@ -132,7 +132,7 @@ class RescueGate:
     detail = "rescued"
     records_refusals = False  # the normal case: the leader claimed it first
 
-    def __init__(self, ledger: Ledger, window: float = float("inf"), *,
+    def __init__(self, ledger: SlotStore, window: float = float("inf"), *,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.ledger = ledger
         self.redis_now_ms = 0

@@ -13,12 +13,12 @@ import logging
 import time
 from collections.abc import Collection
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 import redis
 
 from ..errors import NotReplicatedError
-from ..store.ledger import CLAIMED, REMOVED, Event, Op
+from ..store.ledger import CLAIMED, REMOVED, Event, Ledger, Op
 from ..timing.slots import from_ms, to_ms
 from .agenda import Agenda, Tracked, Unsent, adopt_refused_anchors
 from .batch import LeaderGate, report_unsent, run_batch, say_capped_once
@@ -178,7 +178,9 @@ class Leader:
         if time.monotonic() >= self._prune_at:
             self._prune()
         if self._requests_pending:
-            carry_out(node.ledger, node.keys, lease.epoch or 0, node.keys.prefix, self._publish,
+            # the requests are a Redis list beside the store's seam (store/base.py)
+            carry_out(cast(Ledger, node.ledger), node.keys, lease.epoch or 0, node.keys.prefix,
+                      self._publish,
                       utcnow(), known=lambda name: name in self.tracked,
                       stored=lambda name: self._stored_slot(name), memory=node.sent)
             self._requests_pending = False  # only now: a failed pop leaves them pending

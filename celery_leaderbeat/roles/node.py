@@ -10,9 +10,9 @@ from typing import Any
 
 from ..config import Config
 from ..entries import EntryOptions
+from ..store.base import LeaseStore, SlotStore
 from ..store.keys import Keys
-from ..store.lease import Lease
-from ..store.ledger import Event, Ledger, SlotState
+from ..store.ledger import Event, SlotState
 from ..timing.slots import SlotClock, clock_for
 from .agenda import Loaded, load
 from .dynamic_schedule import reanchor
@@ -31,8 +31,8 @@ class Node:
     config: Config
     keys: Keys
     client: Any
-    lease: Lease
-    ledger: Ledger
+    lease: LeaseStore  # the store's seam (store/base.py): Redis today
+    ledger: SlotStore
     send: SendSlot
     schedule: Callable[[], Mapping[str, Any]]  # entry name -> Celery ScheduleEntry
     options: Callable[[], Mapping[str, EntryOptions]]

@@ -9,7 +9,7 @@ import uuid
 
 from .._version import __version__
 from ..errors import ConfigurationError
-from .ledger import Ledger
+from .base import SlotStore
 
 
 class Registration:
@@ -30,7 +30,7 @@ class Registration:
     def due(self, every: float) -> bool:
         return time.monotonic() - self._at >= every
 
-    def write(self, ledger: Ledger, node_id: str, role: str, epoch: int | None, *,
+    def write(self, ledger: SlotStore, node_id: str, role: str, epoch: int | None, *,
               clock_skew: float | None, following_since: float | None = None) -> None:
         """``following_since``: since when (epoch seconds) this node has followed the
         schedule without a break; a new leader treats slots due after the earliest such
@@ -49,7 +49,7 @@ class Registration:
                 "unique one")
         self._once = True
 
-    def forget(self, ledger: Ledger) -> None:
+    def forget(self, ledger: SlotStore) -> None:
         ledger.unregister_node()
 
 
