@@ -16,17 +16,14 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING
 
 import redis
 
-from ..config import Config
-from ..ops.telemetry import Telemetry
-from ..roles.enqueue import Enqueuer
 from ..roles.leader import Leader
 from ..roles.node import Node, utcnow
 from ..roles.standby import Standby
-from ..store.registry import Registration, earliest_follower
+from ..store.registry import earliest_follower
+from .parts import Parts
 
 logger = logging.getLogger(__name__)
 
@@ -53,34 +50,12 @@ def _collector_paused() -> Iterator[None]:
         gc.enable()
 
 
-if TYPE_CHECKING:
-    from celery.beat import Scheduler as _Beat
-else:
-    _Beat = object  # a mixin of celery_leaderbeat.Scheduler, before celery.beat.Scheduler
-
-
-class Lifecycle(_Beat):
+class Lifecycle(Parts):
     """Elected, stepping down, registered, closed: the role changes Celery never sees."""
-
-    lb_config: Config
-    _pid: int | None
-    _node: Node | None
-    _leader: Leader | None
-    _standby: Standby | None
-    _enqueuer: Enqueuer | None
-    _wake_by: float
-    _contact_since: float
-    _schedule_version: int
-    _closed: bool
-    _registration: Registration
-    _telemetry: Telemetry
 
     @property
     def role(self) -> str:
         return LEADER if self._leader is not None else STANDBY
-
-    if TYPE_CHECKING:
-        def _connect(self) -> Node: ...
 
     def _become_leader(self, node: Node, standby: Standby) -> Leader:
         leader = Leader(node, since=self._on_time_since(node, standby.since))

@@ -7,34 +7,20 @@ only those (an older version means a full reload).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ..config import Config
 from ..entries import EntryOptions, split_entries
 from ..errors import ConfigurationError
 from ..roles.dynamic_schedule import DynamicSchedule
 from ..store.entry_store import EntryStore
-from ..store.keys import Keys
 from ..timing.slots import clock_for
+from .parts import Parts
 
 #: schedule versions whose changed names are kept (an older one means a full reload)
 CHANGE_LOG = 64
 
-if TYPE_CHECKING:
-    from celery.beat import Scheduler as _Beat
-else:
-    _Beat = object  # a mixin of celery_leaderbeat.Scheduler, before celery.beat.Scheduler
-
-
-class ScheduleState(_Beat):
+class ScheduleState(Parts):
     """``beat_schedule`` read and checked, run-time entries followed, changes versioned."""
-
-    lb_config: Config
-    keys: Keys
-    _entry_options: dict[str, EntryOptions]
-    _schedule_version: int
-    _changes: list[tuple[int, frozenset[str]]]
-    _dynamic: DynamicSchedule | None
 
     def setup_schedule(self) -> None:
         """Read ``beat_schedule``; harmless on standbys (no I/O, nothing sent).

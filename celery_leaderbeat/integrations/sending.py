@@ -4,37 +4,20 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ..config import Config
-from ..entries import EntryOptions
-from ..roles.dynamic_schedule import DynamicSchedule
 from ..roles.enqueue import Enqueuer
-from ..roles.node import Node
 from ..roles.publish import publish
 from ..timing.slots import to_ms
+from .parts import Parts
 
 logger = logging.getLogger(__name__)
 #: one INFO line per send, in stock beat's words; a logger of its own so a busy
 #: schedule can quiet it alone (``logging.getLogger("celery_leaderbeat.sends")``)
 send_logger = logging.getLogger("celery_leaderbeat.sends")
 
-if TYPE_CHECKING:
-    from celery.beat import Scheduler as _Beat
-else:
-    _Beat = object  # a mixin of celery_leaderbeat.Scheduler, before celery.beat.Scheduler
-
-
-class Sending(_Beat):
+class Sending(Parts):
     """Publishing slots of the schedule's entries, and what a sent slot changes."""
-
-    lb_config: Config
-    _entry_options: dict[str, EntryOptions]
-    _enqueuer: Enqueuer | None
-    _dynamic: DynamicSchedule | None
-
-    if TYPE_CHECKING:
-        def _connect(self) -> Node: ...
 
     def _chunk_sender(self, epoch: int) -> Any:
         """A batch's sender: claim and enqueue in one step where exact, else kombu batches."""

@@ -10,17 +10,13 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
 
 import redis
 
-from ..config import Config
 from ..errors import LeaseLostError, RedisAuthError
-from ..roles.leader import Leader
-from ..roles.node import Node, utcnow
-from ..roles.standby import Standby
+from ..roles.node import utcnow
 from ..store.connection import describe
-from ..store.keys import Keys
+from .parts import Parts
 
 logger = logging.getLogger(__name__)
 
@@ -28,27 +24,8 @@ logger = logging.getLogger(__name__)
 #: step (NTP slews smaller offsets; GC pauses and SIGSTOP move both clocks alike)
 CLOCK_STEP = 2.0
 
-if TYPE_CHECKING:
-    from celery.beat import Scheduler as _Beat
-else:
-    _Beat = object  # a mixin of celery_leaderbeat.Scheduler, before celery.beat.Scheduler
-
-
-class Trouble(_Beat):
+class Trouble(Parts):
     """What the Scheduler does when Redis stops answering, and when the wall clock steps."""
-
-    lb_config: Config
-    keys: Keys
-    _node: Node | None
-    _leader: Leader | None
-    _standby: Standby | None
-    _redis_failures: int
-    _led_at_outage: bool
-    _contact_since: float
-    _last_wall: tuple[float, float]
-
-    if TYPE_CHECKING:
-        def _step_down(self, why: str, release: bool = False) -> None: ...
 
     def _refused(self, exc: redis.RedisError) -> RedisAuthError:
         """Credentials (``AuthenticationError``) or a permission (``NoPermissionError``)

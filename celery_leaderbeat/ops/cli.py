@@ -32,13 +32,14 @@ from .cli_group import (
     NO_LEADER,
     REFUSED,
     _cluster,
-    _command,
     _emit,
     _event_line,
     _fail,
-    json_option,
+    command,
     leaderbeat,
 )
+
+__all__ = ["leaderbeat"]  # the `celery.commands` entry point
 
 # Loaded by every `celery` command as its plugin: the apps it finalizes get the worker
 # guard's bootstep, which switches itself on only in a worker with leaderbeat_guard = True.
@@ -48,10 +49,7 @@ offer_step()
 BACKFILL_MAX = 100
 
 
-@leaderbeat.command()
-@json_option
-@click.pass_context
-@_command
+@command()
 def status(ctx: click.Context, as_json: bool) -> None:
     """The leader and every entry's last slot, its run, and its next slot."""
     cluster = _cluster(ctx)
@@ -74,10 +72,7 @@ def status(ctx: click.Context, as_json: bool) -> None:
     _emit(as_json, {"leader": leader, "entries": entries}, lines)
 
 
-@leaderbeat.command()
-@json_option
-@click.pass_context
-@_command
+@command()
 def nodes(ctx: click.Context, as_json: bool) -> None:
     """Every beat that registered; gone ones marked, long-gone ones removed."""
     rows = _cluster(ctx).nodes()
@@ -90,13 +85,11 @@ def nodes(ctx: click.Context, as_json: bool) -> None:
     _emit(as_json, rows, lines)
 
 
-@leaderbeat.command()
-@click.option("-n", "--count", default=50, show_default=True, help="How many events.")
-@click.option("--entry", default=None, help="Only the events of this entry.")
-@click.option("--follow", is_flag=True, help="Keep printing new events (Ctrl-C stops).")
-@json_option
-@click.pass_context
-@_command
+@command(
+    click.option("-n", "--count", default=50, show_default=True, help="How many events."),
+    click.option("--entry", default=None, help="Only the events of this entry."),
+    click.option("--follow", is_flag=True, help="Keep printing new events (Ctrl-C stops)."),
+)
 def history(ctx: click.Context, count: int, entry: str | None, follow: bool,
             as_json: bool) -> None:
     """The newest history events, oldest first."""
@@ -118,12 +111,10 @@ def history(ctx: click.Context, count: int, entry: str | None, follow: bool,
         pass
 
 
-@leaderbeat.command()
-@click.option("--node", "this_node", is_flag=True,
-              help="Judge this host's beat: leading, or a healthy standby (for probes).")
-@json_option
-@click.pass_context
-@_command
+@command(
+    click.option("--node", "this_node", is_flag=True,
+                 help="Judge this host's beat: leading, or a healthy standby (for probes)."),
+)
 def health(ctx: click.Context, this_node: bool, as_json: bool) -> None:
     """Exit 0 when healthy, 1 when not, 2 when Redis is unreachable; one line of reason.
 
@@ -147,14 +138,13 @@ def health(ctx: click.Context, this_node: bool, as_json: bool) -> None:
         sys.exit(NO_LEADER)
 
 
-@leaderbeat.command(name="step-down")
-@click.option("--wait", "wait_s", default=5.0, show_default=True,
-              help="Seconds to wait for the next leader.")
-@click.option("--this-node", is_flag=True,
-              help="Only if the leader runs on this host (a pod's preStop hook); else do nothing.")
-@json_option
-@click.pass_context
-@_command
+@command(
+    click.option("--wait", "wait_s", default=5.0, show_default=True,
+                 help="Seconds to wait for the next leader."),
+    click.option("--this-node", is_flag=True,
+                 help="Only if the leader runs on this host (a pod's preStop hook); else do nothing."),
+    name="step-down",
+)
 def step_down(ctx: click.Context, wait_s: float, this_node: bool, as_json: bool) -> None:
     """The leader releases its lease (fenced: it can send nothing more); a standby leads."""
     cluster = _cluster(ctx)
@@ -176,12 +166,10 @@ def step_down(ctx: click.Context, wait_s: float, this_node: bool, as_json: bool)
         sys.exit(NO_LEADER)
 
 
-@leaderbeat.command()
-@click.argument("name")
-@click.option("--note", default="", help="Why: shown in status and the history.")
-@json_option
-@click.pass_context
-@_command
+@command(
+    click.argument("name"),
+    click.option("--note", default="", help="Why: shown in status and the history."),
+)
 def pause(ctx: click.Context, name: str, note: str, as_json: bool) -> None:
     """Skip NAME's slots (recorded 'skipped'/'paused') until resume; cluster-wide."""
     _cluster(ctx).pause(name, note)
@@ -189,11 +177,7 @@ def pause(ctx: click.Context, name: str, note: str, as_json: bool) -> None:
           [f"{name} paused{f' ({note})' if note else ''}: its slots are skipped until resume"])
 
 
-@leaderbeat.command()
-@click.argument("name")
-@json_option
-@click.pass_context
-@_command
+@command(click.argument("name"))
 def resume(ctx: click.Context, name: str, as_json: bool) -> None:
     """Send NAME's slots again from its next one; paused slots are not replayed."""
     was = _cluster(ctx).resume(name)
@@ -201,12 +185,10 @@ def resume(ctx: click.Context, name: str, as_json: bool) -> None:
           [f"{name} resumed" if was else f"{name} was not paused"])
 
 
-@leaderbeat.command()
-@click.argument("name")
-@click.option("--note", default="", help="Why: recorded in the history.")
-@json_option
-@click.pass_context
-@_command
+@command(
+    click.argument("name"),
+    click.option("--note", default="", help="Why: recorded in the history."),
+)
 def trigger(ctx: click.Context, name: str, note: str, as_json: bool) -> None:
     """The leader sends NAME once now, under a task id of its own; the schedule is unchanged."""
     request = _cluster(ctx).trigger(name, note)
@@ -223,17 +205,15 @@ def _when(value: str) -> datetime:
     return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
 
 
-@leaderbeat.command()
-@click.argument("name")
-@click.option("--from", "start", required=True, help="ISO date-time, UTC unless it says.")
-@click.option("--to", "end", required=True, help="ISO date-time, UTC unless it says.")
-@click.option("--max", "limit", default=BACKFILL_MAX, show_default=True,
-              help="Refuse to send more slots than this.")
-@click.option("--yes", is_flag=True, help="Send without asking.")
-@click.option("--note", default="", help="Recorded in the history.")
-@json_option
-@click.pass_context
-@_command
+@command(
+    click.argument("name"),
+    click.option("--from", "start", required=True, help="ISO date-time, UTC unless it says."),
+    click.option("--to", "end", required=True, help="ISO date-time, UTC unless it says."),
+    click.option("--max", "limit", default=BACKFILL_MAX, show_default=True,
+                 help="Refuse to send more slots than this."),
+    click.option("--yes", is_flag=True, help="Send without asking."),
+    click.option("--note", default="", help="Recorded in the history."),
+)
 def backfill(ctx: click.Context, name: str, start: str, end: str, limit: int, yes: bool,
              note: str, as_json: bool) -> None:
     """Send NAME's slots in [--from, --to] that were never sent, oldest first, each once."""
@@ -262,11 +242,7 @@ def backfill(ctx: click.Context, name: str, start: str, end: str, limit: int, ye
           lines + [f"backfill {request.id} queued for the leader"])
 
 
-@leaderbeat.command()
-@click.option("--yes", is_flag=True, help="Really delete.")
-@json_option
-@click.pass_context
-@_command
+@command(click.option("--yes", is_flag=True, help="Really delete."))
 def reset(ctx: click.Context, yes: bool, as_json: bool) -> None:
     """Delete this app's leaderbeat state: lease, claims, history, nodes, pauses.
 

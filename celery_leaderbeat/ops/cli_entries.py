@@ -22,7 +22,13 @@ import click
 from ..store.connection import make_client
 from ..store.dynamic import Entry, encode_schedule
 from ..store.entry_store import EntryExists, EntryUnknown
-from .cli_group import REFUSED, UNKNOWN_ENTRY, _command, _emit, _fail, json_option, leaderbeat
+from .cli_group import (
+    REFUSED,
+    UNKNOWN_ENTRY,
+    _emit,
+    _fail,
+    command,
+)
 
 
 def _schedule(value: str) -> Any:
@@ -121,10 +127,7 @@ def _get(app: Any, name: str) -> Entry:
     return entry
 
 
-@leaderbeat.command()
-@json_option
-@click.pass_context
-@_command
+@command()
 def entries(ctx: click.Context, as_json: bool) -> None:
     """The entries defined at run time (API or CLI), by name."""
     found = Entry.all(ctx.obj.app)
@@ -132,14 +135,12 @@ def entries(ctx: click.Context, as_json: bool) -> None:
     _emit(as_json, [_row(e) for e in found], lines + [_line(e) for e in found])
 
 
-@leaderbeat.command()
-@click.argument("name")
-@click.argument("task")
-@click.argument("schedule", required=False)
-@_edit_options
-@json_option
-@click.pass_context
-@_command
+@command(
+    click.argument("name"),
+    click.argument("task"),
+    click.argument("schedule", required=False),
+    _edit_options,
+)
 def add(ctx: click.Context, name: str, task: str, schedule: str | None, as_json: bool,
         **options: Any) -> None:
     """Create entry NAME: TASK every SCHEDULE seconds, on a cron string, or once --at."""
@@ -154,14 +155,12 @@ def add(ctx: click.Context, name: str, task: str, schedule: str | None, as_json:
     _emit(as_json, _row(entry), [f"added {_line(entry)}"])
 
 
-@leaderbeat.command()
-@click.argument("name")
-@click.option("--schedule", help="Seconds or a cron string.")
-@click.option("--task", help="The task name.")
-@_edit_options
-@json_option
-@click.pass_context
-@_command
+@command(
+    click.argument("name"),
+    click.option("--schedule", help="Seconds or a cron string."),
+    click.option("--task", help="The task name."),
+    _edit_options,
+)
 def edit(ctx: click.Context, name: str, schedule: str | None, task: str | None, as_json: bool,
          **options: Any) -> None:
     """Change entry NAME: only the options given; a changed timing counts from now."""
@@ -184,11 +183,7 @@ def _save(app: Any, entry: Entry, as_json: bool, verb: str) -> None:
           [f"{verb} {_line(entry)}" if changed else f"unchanged {_line(entry)}"])
 
 
-@leaderbeat.command()
-@click.argument("name")
-@json_option
-@click.pass_context
-@_command
+@command(click.argument("name"))
 def remove(ctx: click.Context, name: str, as_json: bool) -> None:
     """Delete entry NAME; no beat sends it once the leader has seen the removal."""
     if not Entry(name, "").delete(ctx.obj.app):
@@ -196,38 +191,31 @@ def remove(ctx: click.Context, name: str, as_json: bool) -> None:
     _emit(as_json, {"removed": name}, [f"removed {name}"])
 
 
-@leaderbeat.command()
-@click.argument("name")
-@json_option
-@click.pass_context
-@_command
+@command(click.argument("name"))
 def enable(ctx: click.Context, name: str, as_json: bool) -> None:
     """Enable entry NAME: it runs from its next slot (no catch-up for the time it was off)."""
-    entry = _get(ctx.obj.app, name)
-    entry.enabled = True
-    _save(ctx.obj.app, entry, as_json, "enabled")
+    _switch(ctx, name, as_json, enabled=True)
 
 
-@leaderbeat.command()
-@click.argument("name")
-@json_option
-@click.pass_context
-@_command
+@command(click.argument("name"))
 def disable(ctx: click.Context, name: str, as_json: bool) -> None:
     """Disable entry NAME: kept, sends nothing until enabled."""
+    _switch(ctx, name, as_json, enabled=False)
+
+
+def _switch(ctx: click.Context, name: str, as_json: bool, *, enabled: bool) -> None:
     entry = _get(ctx.obj.app, name)
-    entry.enabled = False
-    _save(ctx.obj.app, entry, as_json, "disabled")
+    entry.enabled = enabled
+    _save(ctx.obj.app, entry, as_json, "enabled" if enabled else "disabled")
 
 
-@leaderbeat.command(name="import-redbeat")
-@click.option("--prefix", default=None, help="RedBeat's key prefix [redbeat_key_prefix, "
-                                              "else 'redbeat:'].")
-@click.option("--url", default=None, help="RedBeat's Redis [redbeat_redis_url, else the broker].")
-@click.option("--yes", is_flag=True, help="Create the entries (without it: only say what).")
-@json_option
-@click.pass_context
-@_command
+@command(
+    click.option("--prefix", default=None, help="RedBeat's key prefix [redbeat_key_prefix, "
+                                                 "else 'redbeat:']."),
+    click.option("--url", default=None, help="RedBeat's Redis [redbeat_redis_url, else the broker]."),
+    click.option("--yes", is_flag=True, help="Create the entries (without it: only say what)."),
+    name="import-redbeat",
+)
 def import_redbeat(ctx: click.Context, prefix: str | None, url: str | None, yes: bool,
                    as_json: bool) -> None:
     """Create a dynamic entry for every RedBeat entry, each keeping RedBeat's phase."""

@@ -57,3 +57,15 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Machine-read
 @click.group(name="leaderbeat")
 def leaderbeat() -> None:
     """See and steer celery_leaderbeat: leader, entries, nodes, history, health, actions."""
+
+
+def command(*params: Any, name: str | None = None) -> Any:
+    """A ``celery leaderbeat`` command: ``params`` (click arguments and options, in the
+    order shown), then ``--json``; it gets the click context, and every expected failure
+    becomes one line and an exit code (:func:`_command`)."""
+    def register(func: Any) -> Any:
+        func = json_option(click.pass_context(_command(func)))
+        for param in reversed(params):
+            func = param(func)
+        return leaderbeat.command(name=name)(func)
+    return register

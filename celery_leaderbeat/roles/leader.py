@@ -20,7 +20,7 @@ import redis
 from ..errors import NotReplicatedError
 from ..store.ledger import CLAIMED, REMOVED, Event, Ledger, Op
 from ..timing.slots import from_ms, to_ms
-from .agenda import Agenda, Tracked, Unsent, adopt_refused_anchors
+from .agenda import Agenda, Loaded, Tracked, Unsent, adopt_refused_anchors
 from .batch import LeaderGate, report_unsent, run_batch, say_capped_once
 from .degraded import Outage
 from .node import Node, utcnow
@@ -103,13 +103,7 @@ class Leader:
                     unsent.append(Unsent(name, from_ms(slot_ms), state.state == CLAIMED,
                                          state.claimed_ms, overtaken=True))
         if loaded.anchors:
-            try:
-                refused = node.ledger.claim(*node.lease.credentials(), loaded.anchors)
-            except NotReplicatedError as exc:  # anchors send nothing: safe to go on
-                logger.warning("leaderbeat: %s for the anchors of new entries; going on", exc)
-                refused = [None] * len(loaded.anchors)
-            adopt_refused_anchors(loaded, refused)
-            _say_anchored(loaded)
+            _anchor(node, loaded, "new")
         self._publish_definitions(loaded.tracked, definitions)
         self.agenda = Agenda(loaded.tracked)
         self._version = version
@@ -132,13 +126,7 @@ class Leader:
         loaded = node.track(stored, start=start, epoch=node.lease.epoch,
                             definitions=definitions, only=names)
         if loaded.anchors:
-            try:
-                refused = node.ledger.claim(*node.lease.credentials(), loaded.anchors)
-            except NotReplicatedError as exc:  # anchors send nothing: safe to go on
-                logger.warning("leaderbeat: %s for the anchors of changed entries; going on", exc)
-                refused = [None] * len(loaded.anchors)
-            adopt_refused_anchors(loaded, refused)
-            _say_anchored(loaded)
+            _anchor(node, loaded, "changed")
         for name in names:
             if name in loaded.tracked:
                 self.agenda.add(loaded.tracked[name])
@@ -336,3 +324,14 @@ def _say_anchored(loaded: Any) -> None:
             log = logger.info if op == Op.ANCHOR else logger.warning
             log("leaderbeat: %d of %d entries %s: %s", len(names), total, said,
                 ", ".join(names[:10]))
+
+
+def _anchor(node: Node, loaded: Loaded, what: str) -> None:
+    """Claim the anchors of ``what`` (new, changed) entries; a refused one is adopted."""
+    try:
+        refused = node.ledger.claim(*node.lease.credentials(), loaded.anchors)
+    except NotReplicatedError as exc:  # anchors send nothing: safe to go on
+        logger.warning("leaderbeat: %s for the anchors of %s entries; going on", exc, what)
+        refused = [None] * len(loaded.anchors)
+    adopt_refused_anchors(loaded, refused)
+    _say_anchored(loaded)
