@@ -268,6 +268,7 @@ class Standby:
             data = message.get("data") if message else None
             if data in (b"released", "released"):
                 self._next_attempt = 0.0
+                self._head_start_until = 0.0  # whoever went first has let go: try now
                 return
             if data in (b"entries", "entries"):
                 return  # an entry changed: the next tick takes it in

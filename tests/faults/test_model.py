@@ -1,0 +1,195 @@
+"""Model-based test: three in-process nodes on a real Redis, driven by hypothesis.
+
+Each example starts three nodes (see :mod:`tests.faults.sim`: a virtual clock,
+every Redis call through the fault seam, publishes recorded) on an empty Redis
+and applies a random sequence of rules: time passes, a node crashes (forgets
+everything) or starts again, pauses (SIGSTOP: neither ticked nor renewed) or
+resumes, one Redis call fails (before, after, delayed past the ttl, connection
+dropped, retried), Redis restarts empty, Redis is restored from an older
+snapshot, one node sees a schedule change before the others, the CLI steps the
+leader down, triggers an entry, or backfills a range (past or future).
+
+After every step: I1 (no slot published twice, by anyone), I4 (a standby's
+rescue is of the definition its leader plans: here, every rescuer has the
+same definition of the entry as the node leading when it rescues), and no beat
+exited. At the end of an example every node is resumed or restarted, faults
+stop, time runs on for longer than the lease ttl, and I2 (every due slot
+published or recorded with a reason) is checked over everything published and
+every history event ever seen (the history is read after every step, so a Redis
+restart does not hide what was recorded before it).
+
+CI runs :data:`EXAMPLES` examples (``LEADERBEAT_MODEL_EXAMPLES`` for more); a
+failure prints its shortest rule sequence, which becomes a plain test in
+``test_regressions.py``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from celery_leaderbeat.cluster import Cluster
+from celery_leaderbeat.node import utcnow
+from tests.support.redis_server import RedisServer
+
+from .invariants import duplicates
+from .model_world import NODES, World
+from .seam import KINDS
+
+EXAMPLES = int(os.environ.get("LEADERBEAT_MODEL_EXAMPLES", "40"))
+STEPS = int(os.environ.get("LEADERBEAT_MODEL_STEPS", "25"))
+#: shrinking a failure takes minutes here: only when asked (the unshrunk steps are printed)
+SHRINK = os.environ.get("LEADERBEAT_MODEL_SHRINK") == "1"
+
+
+class LeaderbeatModel(RuleBasedStateMachine):
+    """Rules act on a :class:`World`; invariants are checked after each one."""
+
+    server: RedisServer  # set by the test before the machine runs
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.world = World(self.server)
+
+    def cli(self) -> Cluster:
+        """What ``celery leaderbeat ...`` uses: a Cluster on a client of its own."""
+        cluster = Cluster(self.world.sim.app("cli"))
+        self.world.clis.append(cluster)
+        return cluster
+
+    @initialize()
+    def start_three_nodes(self) -> None:
+        for node_id in NODES:
+            self.world.sim.start(node_id)
+        self.world.run(1.0)
+
+    # -- time and processes -------------------------------------------------------------
+
+    @rule(seconds=st.sampled_from([0.5, 1.0, 2.0, 3.0, 6.0, 12.0]))
+    def time_passes(self, seconds: float) -> None:
+        self.world.run(seconds)
+
+    @rule(node=st.sampled_from(NODES))
+    def crash(self, node: str) -> None:
+        if node in self.world.sim.nodes:
+            self.world.sim.crash(node)
+
+    @rule(node=st.sampled_from(NODES))
+    def start(self, node: str) -> None:
+        if node not in self.world.sim.nodes:
+            self.world.sim.start(node)
+
+    @rule(node=st.sampled_from(NODES))
+    def pause(self, node: str) -> None:
+        if node in self.world.sim.nodes:
+            self.world.sim.nodes[node].paused = True
+
+    @rule(node=st.sampled_from(NODES))
+    def resume(self, node: str) -> None:
+        if node in self.world.sim.nodes:
+            self.world.sim.nodes[node].paused = False
+
+    # -- Redis ---------------------------------------------------------------------------
+
+    @rule(kind=st.sampled_from(KINDS), ahead=st.integers(0, 40))
+    def a_redis_call_fails(self, kind: str, ahead: int) -> None:
+        """The ``ahead``-th Redis call from now fails this way."""
+        seam = self.world.sim.seam
+        seam.plan[seam.count + ahead] = kind
+
+    @rule()
+    def redis_restarts_empty(self) -> None:
+        self.world.redis_restarts_empty()
+
+    @rule()
+    def redis_snapshot(self) -> None:
+        self.world.take_snapshot()
+
+    @precondition(lambda self: self.world.snapshot is not None)
+    @rule()
+    def redis_restarts_from_the_snapshot(self) -> None:
+        self.world.restore_snapshot()
+
+    # -- operations ----------------------------------------------------------------------
+
+    @rule(node=st.sampled_from(NODES))
+    def schedule_change_seen_by_one_node(self, node: str) -> None:
+        self.world.change_schedule(node)
+
+    @rule()
+    def schedule_change_seen_by_all(self) -> None:
+        for node in NODES:
+            self.world.change_schedule(node)
+
+    @rule()
+    def step_down(self) -> None:
+        self.cli().step_down()
+
+    @rule(entry=st.sampled_from(["s1", "s2", "s3"]))
+    def trigger(self, entry: str) -> None:
+        self.cli().trigger(entry, "model")
+
+    @rule(entry=st.sampled_from(["s1", "s2", "s3"]), back=st.sampled_from([2.0, 6.0, 20.0]),
+          ahead=st.sampled_from([-1.0, 0.0, 4.0, 8.0]))
+    def backfill(self, entry: str, back: float, ahead: float) -> None:
+        cluster = self.cli()
+        now = utcnow()
+        try:
+            never, _, _ = cluster.backfill_slots(entry, now - timedelta(seconds=back),
+                                                 now + timedelta(seconds=ahead))
+        except LookupError:  # no slot in Redis yet: the CLI refuses, nothing queued
+            return
+        if never:
+            cluster.backfill(entry, never, "model")
+
+    # -- invariants ----------------------------------------------------------------------
+
+    @invariant()
+    def nothing_published_twice_and_no_beat_exited(self) -> None:
+        world = self.world
+        world.collect_history()
+        problems = duplicates(world.sim.published, world.sim.prefix)
+        problems += [f"exit: {line}" for line in world.sim.exits]
+        problems += world.rescues_of_another_definition()
+        assert problems == [], "\n".join(problems[:20])
+
+    def teardown(self) -> None:
+        try:
+            problems = self.world.settle_and_check()
+            assert problems == [], "\n".join(problems[:20])
+        finally:
+            self.world.close()
+
+
+@pytest.fixture(scope="module")
+def model_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    with RedisServer(workdir=tmp_path_factory.mktemp("model-redis")) as server:
+        yield server
+
+
+@pytest.mark.xdist_group("heavy")  # CPU-heavy: never beside another heavy test
+@pytest.mark.xfail(strict=True, reason="finds the failures still pinned in test_regressions.py "
+                   "(Redis restored from an older snapshot or restarted empty: slots sent "
+                   "again or left unrecorded)")
+def test_the_protocol_keeps_its_invariants_under_any_sequence_of_faults(
+        model_redis, caplog):
+    caplog.set_level(logging.CRITICAL)
+    LeaderbeatModel.server = model_redis
+    run_state_machine_as_test(LeaderbeatModel, settings=settings(
+        max_examples=EXAMPLES, stateful_step_count=STEPS, deadline=None, derandomize=True,
+        database=None, suppress_health_check=list(HealthCheck),
+        phases=[Phase.explicit, Phase.generate] + ([Phase.shrink] if SHRINK else [])))

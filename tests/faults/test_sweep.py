@@ -1,0 +1,110 @@
+"""The fault sweep: the scenario replayed with one fault at one Redis call, call by call.
+
+A clean run counts the scenario's calls and labels each by call site (see
+:mod:`tests.faults.seam`). Each replay then injects one fault kind at one call
+index, and the invariants (I1: no slot published twice; I2: every due slot
+published or recorded with a reason; and no beat exits) are checked after it.
+
+In CI the replays are a seeded sample: every distinct call site once, the fault
+kinds in turn, and every Lua script call site (claims, records, rescues, the
+lease) also with ``before`` and ``after``, each at a randomly chosen occurrence
+of that site (about 50 replays, about a minute on a busy 2-core machine). ``LEADERBEAT_SWEEP=full`` replays every index with every kind
+(about 3,600 replays, most of an hour); ``LEADERBEAT_SWEEP_SEED`` picks another sample.
+
+Failures found are asserted together at the end, one line each; each one is
+also written as a plain test in ``test_regressions.py``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+from collections import defaultdict
+from collections.abc import Iterator
+
+import pytest
+
+from tests.support.redis_server import RedisServer
+
+from . import scenario
+from .seam import AFTER, BEFORE, KINDS, Seam
+from .sim import Sim
+
+FULL = os.environ.get("LEADERBEAT_SWEEP") == "full"
+SEED = int(os.environ.get("LEADERBEAT_SWEEP_SEED", "14"))
+
+
+@pytest.fixture(scope="module")
+def sweep_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """One Redis for every replay of the module, flushed before each."""
+    with RedisServer(workdir=tmp_path_factory.mktemp("sweep-redis")) as server:
+        yield server
+
+
+def replay(server: RedisServer, monkeypatch: pytest.MonkeyPatch,
+           plan: dict[int, str]) -> tuple[Sim, list[str]]:
+    """One run of the scenario on an empty Redis with ``plan`` (index -> kind)."""
+    admin = server.client()
+    admin.flushall()
+    admin.script_flush()  # a replay loads the scripts again, as the first run did
+    admin.close()
+    with monkeypatch.context() as patch:
+        sim = Sim(server.url, "sweep", scenario.schedule(), seam=Seam(plan=dict(plan)))
+        sim.install(patch)
+        try:
+            scenario.play(sim)
+            return sim, scenario.check(sim)
+        finally:
+            sim.close()
+
+
+def sample(calls: list[str], rng: random.Random) -> list[tuple[int, str]]:
+    """CI: every call site once, the kinds in turn; every Lua script call site (the
+    protocol's state changes) also with ``before`` and ``after``; each at a randomly
+    chosen occurrence of the site. Full: every index with every kind."""
+    if FULL:
+        return [(index, kind) for index in range(len(calls)) for kind in KINDS]
+    where: dict[str, list[int]] = defaultdict(list)
+    for index, label in enumerate(calls):
+        where[label].append(index)
+    chosen = set()
+    for turn, (label, indices) in enumerate(sorted(where.items())):
+        chosen.add((rng.choice(indices), KINDS[turn % len(KINDS)]))
+        if label.startswith("EVALSHA"):
+            chosen |= {(rng.choice(indices), BEFORE), (rng.choice(indices), AFTER)}
+    return sorted(chosen)
+
+
+def test_the_scenario_without_faults_keeps_every_invariant_and_replays_the_same_calls(
+        sweep_redis, monkeypatch):
+    first, problems = replay(sweep_redis, monkeypatch, {})
+    assert problems == []
+    labels = [call.label for call in first.seam.calls]
+    second, _ = replay(sweep_redis, monkeypatch, {})
+    assert [call.label for call in second.seam.calls] == labels, "the replay is not deterministic"
+    # the scenario holds what the sweep is meant to cover
+    assert len(first.published) >= 8 * scenario.ENTRIES
+    assert any(p.epoch == 0 for p in first.published), "no standby rescued anything"
+    assert len({p.epoch for p in first.published if p.epoch}) >= 3, "fewer than 3 leaders sent"
+
+
+@pytest.mark.xdist_group("heavy")  # CPU-heavy: never beside another heavy test
+@pytest.mark.xfail(strict=True, reason="finds the failure pinned in test_regressions.py: a "
+                   "rescue claim whose reply is lost leaves its slots unsent and unrecorded")
+def test_one_fault_at_any_redis_call_keeps_every_invariant(sweep_redis, monkeypatch, caplog):
+    caplog.set_level(logging.CRITICAL)  # thousands of expected warnings: not worth keeping
+    clean, problems = replay(sweep_redis, monkeypatch, {})
+    assert problems == []
+    calls = [call.label for call in clean.seam.calls]
+    runs = sample(calls, random.Random(SEED))
+    failures: list[str] = []
+    for index, kind in runs:
+        sim, problems = replay(sweep_redis, monkeypatch, {index: kind})
+        hit = sim.seam.injected()
+        where = hit[0].label if hit else f"(index {index} not reached)"
+        failures += [f"{kind} at #{index} {where}: {line}" for line in problems[:3]]
+    sites = len(set(calls))
+    print(f"sweep: {len(calls)} calls, {sites} call sites, {len(runs)} injections, "
+          f"kinds {', '.join(KINDS)}, {len(failures)} failure lines")
+    assert failures == [], "\n".join(failures[:60])
