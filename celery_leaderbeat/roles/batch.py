@@ -139,11 +139,15 @@ class RescueGate:
         self.window = window
         self.clock = clock
         self._claimed_at: float | None = None
+        #: the items of a claim call whose reply has not come (yet, or ever)
+        self.inflight: tuple[list[ClaimItem], float] | None = None
 
     def claim(self, items: Sequence[ClaimItem],
               events: Sequence[Event]) -> Sequence[SlotState | None | str]:
         started = self.clock()
+        self.inflight = (list(items), started)  # until the reply is in hand
         claimed = self.ledger.rescue(items, events)
+        self.inflight = None
         self._claimed_at = started
         self.redis_now_ms = claimed.redis_now_ms
         return claimed.results

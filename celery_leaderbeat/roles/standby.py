@@ -23,8 +23,11 @@ import time
 from datetime import timedelta
 from typing import Any
 
+import redis
+
 from ..errors import LeaseLostError
 from ..store.connection import server_warnings
+from ..store.ledger import ClaimItem, Event, Op
 from ..timing.slots import Plan, from_ms, to_ms
 from .agenda import Agenda, Tracked
 from .batch import RescueGate, run_batch
@@ -54,6 +57,8 @@ class Standby:
         self._skew_refused = False
         self._server_checked = False
         self._differs: set[str] = set()  # entries whose definition is not the leader's (said)
+        #: rescue claims whose reply was lost, and when they were asked (monotonic)
+        self._inflight: tuple[list[ClaimItem], float] | None = None
 
     # -- what the scheduler tells it ---------------------------------------------------
 
@@ -137,6 +142,8 @@ class Standby:
                 self._load(version)
         elif self._unknown and time.monotonic() - self._unknown_checked >= self.node.config.rescue_after:
             self._recheck_unknown()
+        if self._inflight is not None:
+            self._settle_inflight()
         if time.monotonic() < self._retry_at or self.agenda is None:
             return
         now = utcnow()
@@ -148,11 +155,17 @@ class Standby:
             unclaimed = self._still_unclaimed(due)
             if not unclaimed:
                 return
+            gate = RescueGate(self.node.ledger, self._publish_window())
             try:
-                outcome = run_batch(unclaimed,
-                                    RescueGate(self.node.ledger, self._publish_window()),
+                outcome = run_batch(unclaimed, gate,
                                     lambda name, slot: self.node.send(name, slot, 0, None),
                                     memory=self.node.sent, backlog=self.node.backlog)
+            except (redis.RedisError, OSError):
+                # a claim whose reply was lost may have been granted: asked again first
+                # thing once Redis answers (granted again to this node, then sent)
+                if gate.inflight is not None:
+                    self._inflight = gate.inflight
+                raise
             except LeaseLostError:  # the publish window passed mid-batch (this node paused)
                 logger.warning("leaderbeat: standby %s was held up past its publish window "
                                "while rescuing; the slots it had not sent are recorded unsent",
@@ -178,6 +191,31 @@ class Standby:
                                "entry is not the one the leader plans (a changed row this node "
                                "has not read yet, or a rolling deploy); said once",
                                self.node.config.node_id, name)
+
+    def _settle_inflight(self) -> None:
+        """A rescue claim whose reply was lost: ask for the same claims again. What this
+        node was granted is granted again and sent, within the publish window; past it,
+        recorded unsent (a leader may recover it by then)."""
+        assert self._inflight is not None
+        items, started = self._inflight
+        claims = [item for item in items if item.op == Op.CLAIM]
+        results = self.node.ledger.rescue(claims).results if claims else []
+        self._inflight = None
+        late = time.monotonic() - started >= self._publish_window()
+        events = []
+        for item, result in zip(claims, results):
+            if result is not None or self.node.sent.covers(item.name, item.slot_ms):
+                continue  # not ours, or sent before the reply went missing
+            slot = from_ms(item.slot_ms)
+            if not late and self.node.send(item.name, slot, 0, None):
+                self.node.sent.note(item.name, item.slot_ms)
+                events.append(Event(item.name, item.slot_ms, "sent", "rescued"))
+            else:
+                events.append(Event(item.name, item.slot_ms, "unsent",
+                                    "rescue: the claim's reply was lost"))
+        if events:
+            RescueGate(self.node.ledger).record(events)
+            self.node.observe(events)
 
     def _publish_window(self) -> float:
         """Seconds after its claim call began within which a rescuer may still publish.

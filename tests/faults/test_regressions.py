@@ -106,8 +106,6 @@ def test_a_backfill_reaching_into_the_future_does_not_send_a_slot_twice(empty_re
 RESCUE_CLAIM = "EVALSHA[claim] ledger.Ledger._call<ledger.Ledger.rescue<batch.RescueGate.claim"
 
 
-@pytest.mark.xfail(strict=True, reason="a rescue claim granted in Redis whose reply is lost: "
-                   "the standby never sends those slots and nothing records them")
 def test_a_rescue_claim_whose_reply_is_lost_leaves_no_slot_unrecorded(
         empty_redis, monkeypatch, caplog):
     """Found by the sweep: a rescue claim granted in Redis whose reply was lost: the standby

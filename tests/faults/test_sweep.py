@@ -90,8 +90,6 @@ def test_the_scenario_without_faults_keeps_every_invariant_and_replays_the_same_
 
 
 @pytest.mark.xdist_group("heavy")  # CPU-heavy: never beside another heavy test
-@pytest.mark.xfail(strict=True, reason="finds the failure pinned in test_regressions.py: a "
-                   "rescue claim whose reply is lost leaves its slots unsent and unrecorded")
 def test_one_fault_at_any_redis_call_keeps_every_invariant(sweep_redis, monkeypatch, caplog):
     caplog.set_level(logging.CRITICAL)  # thousands of expected warnings: not worth keeping
     clean, problems = replay(sweep_redis, monkeypatch, {})
