@@ -56,7 +56,10 @@ def test_import_keeps_redbeats_phase_and_nothing_runs_twice_across_the_switch(
     RedBeatSchedulerEntry("off", "proj.off", schedule(timedelta(seconds=5)), app=rb,
                           enabled=False).save()
     (tmp_path / "rbapp.py").write_text(REDBEAT_APP)
-    env = {**os.environ, "PYTHONPATH": str(tmp_path), "RB_BROKER": broker.url,
+    # a Django test module imported earlier in this process may have set
+    # DJANGO_SETTINGS_MODULE (tests.support.djangosite): RedBeat's app is not Django's
+    inherited = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    env = {**inherited, "PYTHONPATH": str(tmp_path), "RB_BROKER": broker.url,
            "RB_REDIS": state.url, "RB_PREFIX": rb_prefix}
     log = open(tmp_path / "redbeat.log", "w")  # noqa: SIM115 - closed below
     beat = subprocess.Popen([sys.executable, "-m", "celery", "-A", "rbapp", "beat", "-S",
