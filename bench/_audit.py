@@ -25,7 +25,7 @@ from typing import Any
 
 import redis
 
-from celery_leaderbeat.keys import Keys
+from celery_leaderbeat.store.keys import Keys
 from tests.support.recorder import Message, Recorder
 
 SLOT_EVENTS = ("sent", "unsent", "missed", "skipped")

@@ -235,9 +235,10 @@ def log_events(beat: BeatProcess, pattern: str) -> list[float]:
 
 
 def versions() -> dict[str, str]:
+    from importlib.metadata import version
+
     import celery
     import redis
-    from importlib.metadata import version
 
     server = subprocess.run([RedisServer(start=False).binary, "--version"],
                             capture_output=True, text=True).stdout.split()

@@ -9,7 +9,7 @@ from collections import Counter, defaultdict
 from datetime import datetime, timezone
 from typing import Any
 
-from _harness import (LEASE_TTL, Msg, Rig, cpu_seconds, entries, load, log_events, rss_mib)
+from _harness import LEASE_TTL, Msg, Rig, cpu_seconds, entries, load, log_events, rss_mib
 
 FAR = 86400.0  # "far in the future": a daily interval
 ELECTED = {"leaderbeat": r"elected leader", "redbeat": r"Acquired lock"}

@@ -29,7 +29,7 @@ from _harness import NOOP, Rig, load, log_events
 from celery import Celery
 
 from celery_leaderbeat import Entry
-from celery_leaderbeat.keys import Keys
+from celery_leaderbeat.store.keys import Keys
 
 RESULTS = Path(__file__).resolve().parent / "results" / "dynamic.jsonl"
 FAR = 86400  # a daily interval: nothing comes due while the bench runs
@@ -51,7 +51,7 @@ def seed(app: Celery, n: int) -> float:
 
 
 def version(app: Celery) -> int:
-    from celery_leaderbeat.dynamic import _store
+    from celery_leaderbeat.store.dynamic import _store
 
     return int(_store(app).client.hget(Keys("bench").entries_meta, "version") or 0)
 
@@ -132,7 +132,7 @@ def import_redbeat(n: int, redbeat_seconds: float) -> dict[str, Any]:
     from celery.schedules import crontab, schedule
     from redbeat import RedBeatSchedulerEntry
 
-    from celery_leaderbeat import redbeat_import
+    from celery_leaderbeat.ops import redbeat_import
 
     row: dict[str, Any] = {"scenario": "import", "entries": n, "load0": load()}
     with Rig("redbeat", {}) as rig:

@@ -19,10 +19,10 @@ import argparse
 import os
 import re
 import statistics
-from collections import Counter
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

@@ -18,11 +18,11 @@ def __getattr__(name: str):  # lazy: importing the package must not import celer
 
         return Scheduler
     if name == "Entry":
-        from .dynamic import Entry
+        from .store.dynamic import Entry
 
         return Entry
     if name == "cron":
-        from .schedules import cron
+        from .timing.schedules import cron
 
         return cron
     raise AttributeError(name)

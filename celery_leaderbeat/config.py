@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import ConfigurationError
-from .policy import catchup_problems
+from .timing.policy import catchup_problems
 
 logger = logging.getLogger(__name__)
 
@@ -333,13 +333,55 @@ class _Validator:
 
 
 def _base_scheduler(value: Any, problems: list[str]) -> type | None:
-    from .gate import resolve_base  # late: it imports celery.beat and the scheduler
-
     try:
         return resolve_base(value)
     except ConfigurationError as exc:
         problems.extend(exc.problems)
         return None
+
+
+def resolve_base(value: Any) -> type | None:
+    """The Scheduler class named by ``leaderbeat_base_scheduler`` (None when unset).
+
+    Accepts ``module:Class``, ``module.Class`` or the class itself; raises
+    :class:`ConfigurationError` naming the setting, the value and the rule.
+    """
+    if value is None or value == "":
+        return None
+    from celery import beat  # late: importing the settings must not import celery.beat
+
+    setting = "leaderbeat_base_scheduler"
+    cls = value
+    if isinstance(value, str):
+        try:
+            cls = _import(value)
+        except Exception as exc:  # noqa: BLE001 - any import failure is the user's to see
+            raise ConfigurationError(
+                f"{setting}={value!r} is not importable ({type(exc).__name__}: {exc})") from None
+    if not (isinstance(cls, type) and issubclass(cls, beat.Scheduler)):
+        raise ConfigurationError(
+            f"{setting}={value!r} must name a celery.beat.Scheduler subclass, not {cls!r}")
+    if getattr(cls, "leaderbeat_scheduler", False):  # set on celery_leaderbeat.Scheduler
+        raise ConfigurationError(
+            f"{setting}={value!r} is celery_leaderbeat.Scheduler itself: name the scheduler "
+            "it gates, e.g. 'django_celery_beat.schedulers:DatabaseScheduler'")
+    return cls
+
+
+def _import(path: str) -> Any:
+    """``symbol_by_name``; a Django app's scheduler outside ``celery beat`` (the CLI, a
+    script) is imported once Django is set up, as the beat's Django fixup would."""
+    from celery.utils.imports import symbol_by_name
+
+    try:
+        return symbol_by_name(path)
+    except Exception as exc:
+        if type(exc).__name__ != "AppRegistryNotReady":
+            raise
+        import django
+
+        django.setup()
+        return symbol_by_name(path)
 
 
 def _seconds(value: Any) -> Any:

@@ -25,7 +25,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from .config import OVERLAP_POLICIES, Config
 from .errors import ConfigurationError
-from .policy import CatchupPolicy, catchup_problems
+from .timing.policy import CatchupPolicy, catchup_problems
 
 ENTRY_OPTIONS = ("catchup", "catchup_window", "max_catchup", "jitter", "tz", "overlap")
 
@@ -52,7 +52,7 @@ def split_entries(
 
     Every problem in every entry is collected and raised together.
     """
-    from .schedules import parse_entry_schedule  # late: schedules imports celery
+    from .timing.schedules import parse_entry_schedule  # late: schedules imports celery
 
     problems: list[str] = []
     celery_entries: dict[str, dict[str, Any]] = {}
@@ -95,7 +95,7 @@ def _cron_deadline(parsed: EntryOptions, schedule: Any, ours: Mapping[str, Any],
     """
     from celery.schedules import crontab
 
-    from .schedules import cron
+    from .timing.schedules import cron
 
     deadline = config.cron_starting_deadline
     if (deadline is None or "catchup_window" in ours or config.catchup_window is not None

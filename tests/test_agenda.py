@@ -7,10 +7,10 @@ from types import SimpleNamespace
 
 from celery.schedules import schedule
 
-from celery_leaderbeat.agenda import Agenda, Unsent, adopt_refused_anchors, load
-from celery_leaderbeat.batch import chunks, missed_events
 from celery_leaderbeat.entries import EntryOptions
-from celery_leaderbeat.ledger import (
+from celery_leaderbeat.roles.agenda import Agenda, Unsent, adopt_refused_anchors, load
+from celery_leaderbeat.roles.batch import chunks, missed_events
+from celery_leaderbeat.store.ledger import (
     CLAIMED,
     SENT,
     SKIPPED,
@@ -19,8 +19,8 @@ from celery_leaderbeat.ledger import (
     Op,
     SlotState,
 )
-from celery_leaderbeat.policy import CatchupPolicy
-from celery_leaderbeat.slots import to_ms
+from celery_leaderbeat.timing.policy import CatchupPolicy
+from celery_leaderbeat.timing.slots import to_ms
 
 UTC = timezone.utc
 T0 = datetime(2026, 5, 4, 10, 0, tzinfo=UTC)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from celery_leaderbeat.metrics import Metrics
+from celery_leaderbeat.ops.metrics import Metrics
 
 RULES_DIR = Path(__file__).resolve().parents[1] / "deploy" / "prometheus"
 RULES = RULES_DIR / "leaderbeat-alerts.yml"

@@ -8,16 +8,16 @@ from types import SimpleNamespace
 import pytest
 from celery.schedules import schedule
 
-from celery_leaderbeat.agenda import Agenda, load
-from celery_leaderbeat.batch import LeaderGate, RescueGate, run_batch
 from celery_leaderbeat.config import Config
 from celery_leaderbeat.entries import EntryOptions
-from celery_leaderbeat.keys import Keys
-from celery_leaderbeat.lease import Lease
-from celery_leaderbeat.ledger import ClaimItem, Ledger, Op, SlotState
-from celery_leaderbeat.policy import CatchupPolicy
-from celery_leaderbeat.scripts import Scripts
-from celery_leaderbeat.slots import to_ms
+from celery_leaderbeat.roles.agenda import Agenda, load
+from celery_leaderbeat.roles.batch import LeaderGate, RescueGate, run_batch
+from celery_leaderbeat.store.keys import Keys
+from celery_leaderbeat.store.lease import Lease
+from celery_leaderbeat.store.ledger import ClaimItem, Ledger, Op, SlotState
+from celery_leaderbeat.store.scripts import Scripts
+from celery_leaderbeat.timing.policy import CatchupPolicy
+from celery_leaderbeat.timing.slots import to_ms
 
 UTC = timezone.utc
 T0 = datetime(2026, 5, 4, 10, 0, tzinfo=UTC)

@@ -15,7 +15,7 @@ import pytest
 from celery.beat import Service
 
 from celery_leaderbeat.scheduler import Scheduler
-from celery_leaderbeat.slots import slot_id
+from celery_leaderbeat.timing.slots import slot_id
 from tests.support.redis_server import RedisServer
 
 

@@ -17,7 +17,7 @@ from celery_leaderbeat.config import Config, celery_version_notes
 from celery_leaderbeat.entries import split_entries
 from celery_leaderbeat.errors import ConfigurationError
 from celery_leaderbeat.scheduler import Scheduler
-from celery_leaderbeat.slots import clock_for, plan
+from celery_leaderbeat.timing.slots import clock_for, plan
 from tests.support.beat import NOOP
 
 UTC = timezone.utc
@@ -177,8 +177,8 @@ def test_a_celery_newer_than_the_tested_one_is_said_at_start_up_and_a_tested_one
 
 def test_a_trigger_through_the_python_api_is_sent_by_the_leader_under_the_documented_id(
         make_redis_server, key_prefix):
-    from celery_leaderbeat.cluster import Cluster
-    from celery_leaderbeat.requests import trigger_task_id
+    from celery_leaderbeat.ops.cluster import Cluster
+    from celery_leaderbeat.roles.requests import trigger_task_id
     from tests.support.beat import Recorder
 
     state, broker = make_redis_server(), make_redis_server()
@@ -219,7 +219,7 @@ def test_shipped_text_refers_only_to_files_in_the_repository_and_no_issue_number
 
 
 def test_docs_architecture_names_every_redis_key_the_code_builds():
-    from celery_leaderbeat.keys import Keys
+    from celery_leaderbeat.store.keys import Keys
 
     keys = Keys("p")
     names = [getattr(keys, n) for n in ("leader", "epoch", "slots", "overtaken", "definitions",

@@ -10,7 +10,7 @@ from datetime import datetime
 
 import pytest
 
-from celery_leaderbeat.slots import slot_id
+from celery_leaderbeat.timing.slots import slot_id
 from tests.support.beat import NOOP, REPO_ROOT, BeatProcess, Recorder, beat_env
 
 pytestmark = pytest.mark.slow

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from celery_leaderbeat.connection import describe, make_client, server_warnings
 from celery_leaderbeat.errors import ConfigurationError
+from celery_leaderbeat.store.connection import describe, make_client, server_warnings
 
 
 @pytest.mark.parametrize("policy", ["allkeys-lru", "volatile-ttl"])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from celery_leaderbeat._demo_summary import Rhythm, Signalled, summarize
+from celery_leaderbeat.demo.summary import Rhythm, Signalled, summarize
 
 T0 = 1_800_000_000_000  # ms, a whole multiple of 5 s
 

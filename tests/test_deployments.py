@@ -15,11 +15,11 @@ import pytest
 import redis
 
 from celery_leaderbeat.config import Config
-from celery_leaderbeat.connection import make_client
-from celery_leaderbeat.keys import Keys
-from celery_leaderbeat.lease import Lease
-from celery_leaderbeat.ledger import ClaimItem, Event, Ledger, Op
-from celery_leaderbeat.scripts import Scripts
+from celery_leaderbeat.store.connection import make_client
+from celery_leaderbeat.store.keys import Keys
+from celery_leaderbeat.store.lease import Lease
+from celery_leaderbeat.store.ledger import ClaimItem, Event, Ledger, Op
+from celery_leaderbeat.store.scripts import Scripts
 from tests.deployments.cluster import RedisClusterSet
 from tests.deployments.sentinel import MASTER, SentinelSet
 from tests.deployments.tls import make_certificates, tls_server
@@ -85,7 +85,7 @@ def exercise_every_call(url: str, prefix: str, **options) -> None:
     assert [row["event"] for row in ledger.history()][-1] == "sent"             # XREVRANGE
     ledger.register_node("leader", {"pid": 1})                  # HSET
     assert "n1" in ledger.nodes()
-    from celery_leaderbeat.connection import server_warnings
+    from celery_leaderbeat.store.connection import server_warnings
     assert server_warnings(client) == []                        # CONFIG GET
     assert lease.release("released")                            # release.lua + PUBLISH
     deadline = time.monotonic() + 5

@@ -32,7 +32,7 @@ def test_run_bookkeeping_is_written_as_increments_one_statement_per_1000_rows(db
     from django.test.utils import CaptureQueriesContext
     from django_celery_beat.models import PeriodicTask, PeriodicTasks
 
-    from celery_leaderbeat._djangoio import Bookkeeping
+    from celery_leaderbeat.integrations.djangoio import Bookkeeping
 
     interval = every(60)
     PeriodicTask.objects.bulk_create(
@@ -63,7 +63,7 @@ def test_run_bookkeeping_is_written_as_increments_one_statement_per_1000_rows(db
 def test_a_disabled_one_off_is_off_with_its_count_reset_and_every_beat_told(db):
     from django_celery_beat.models import PeriodicTasks
 
-    from celery_leaderbeat._djangoio import Bookkeeping
+    from celery_leaderbeat.integrations.djangoio import Bookkeeping
 
     once = add("once", interval=every(5), one_off=True)
     before = PeriodicTasks.last_change()
@@ -79,7 +79,7 @@ def test_the_cli_lists_the_enabled_rows_with_their_own_slots(db):
     from celery import Celery
     from django_celery_beat.schedulers import DatabaseScheduler
 
-    from celery_leaderbeat.django import database_rows
+    from celery_leaderbeat.integrations.django import database_rows
 
     add("hourly", interval=every(3600))
     add("off", interval=every(5), enabled=False)

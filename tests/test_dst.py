@@ -14,8 +14,8 @@ from zoneinfo import ZoneInfo
 import pytest
 from celery.schedules import crontab
 
-from celery_leaderbeat.schedules import cron
-from celery_leaderbeat.slots import clock_for
+from celery_leaderbeat.timing.schedules import cron
+from celery_leaderbeat.timing.slots import clock_for
 
 UTC = timezone.utc
 NEW_YORK, BERLIN, LORD_HOWE = "America/New_York", "Europe/Berlin", "Australia/Lord_Howe"

@@ -13,13 +13,13 @@ from celery.schedules import BaseSchedule, crontab, solar
 
 from celery_leaderbeat import Entry
 from celery_leaderbeat.config import Config
-from celery_leaderbeat.dynamic_schedule import reanchor
 from celery_leaderbeat.entries import split_entries
-from celery_leaderbeat.entry_store import EntryStore
 from celery_leaderbeat.errors import ConfigurationError
-from celery_leaderbeat.keys import Keys
-from celery_leaderbeat.ledger import SlotState
-from celery_leaderbeat.schedules import cron
+from celery_leaderbeat.roles.dynamic_schedule import reanchor
+from celery_leaderbeat.store.entry_store import EntryStore
+from celery_leaderbeat.store.keys import Keys
+from celery_leaderbeat.store.ledger import SlotState
+from celery_leaderbeat.timing.schedules import cron
 
 TASK = "proj.tasks.report"
 
@@ -146,7 +146,7 @@ def test_a_delete_repeated_after_a_lost_reply_answers_false_and_removes_nothing_
 
 
 def test_a_node_far_behind_the_removed_cap_reads_everything_again(app, store, monkeypatch):
-    monkeypatch.setattr("celery_leaderbeat.entry_store.REMOVED_CAP", 3)
+    monkeypatch.setattr("celery_leaderbeat.store.entry_store.REMOVED_CAP", 3)
     for name in "abcdef":
         Entry(name, TASK, 60).save(app)
     start = store.changes(-1).version
@@ -169,7 +169,7 @@ def test_reanchor_starts_an_entry_at_its_anchor_only_when_its_slot_is_older_or_e
 
 
 def follower(app, store):
-    from celery_leaderbeat.dynamic_schedule import DynamicSchedule
+    from celery_leaderbeat.roles.dynamic_schedule import DynamicSchedule
 
     entries: dict = {}
     options: dict = {}

@@ -11,7 +11,7 @@ from celery import Celery
 from click.testing import CliRunner
 
 from celery_leaderbeat import Entry
-from celery_leaderbeat.cli import leaderbeat
+from celery_leaderbeat.ops.cli import leaderbeat
 
 TASK = "proj.tasks.report"
 

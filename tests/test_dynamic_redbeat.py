@@ -18,7 +18,7 @@ from celery.schedules import crontab, schedule
 from click.testing import CliRunner
 
 from celery_leaderbeat import Entry
-from celery_leaderbeat.cli import leaderbeat
+from celery_leaderbeat.ops.cli import leaderbeat
 from celery_leaderbeat.scheduler import LEADER, Scheduler
 from tests.support.beat import Recorder
 from tests.test_scheduler import make_app
@@ -56,11 +56,11 @@ def test_import_keeps_redbeats_phase_and_nothing_runs_twice_across_the_switch(
     RedBeatSchedulerEntry("off", "proj.off", schedule(timedelta(seconds=5)), app=rb,
                           enabled=False).save()
     (tmp_path / "rbapp.py").write_text(REDBEAT_APP)
-    # (an in-process Django test earlier in this worker may have set DJANGO_SETTINGS_MODULE:
-    # Celery's Django fixup would then make the RedBeat beat import a module it cannot see)
-    env = {**{k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"},
-           "PYTHONPATH": str(tmp_path), "RB_BROKER": broker.url, "RB_REDIS": state.url,
-           "RB_PREFIX": rb_prefix}
+    # a Django test module imported earlier in this process may have set
+    # DJANGO_SETTINGS_MODULE (tests.support.djangosite): RedBeat's app is not Django's
+    inherited = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    env = {**inherited, "PYTHONPATH": str(tmp_path), "RB_BROKER": broker.url,
+           "RB_REDIS": state.url, "RB_PREFIX": rb_prefix}
     log = open(tmp_path / "redbeat.log", "w")  # noqa: SIM115 - closed below
     beat = subprocess.Popen([sys.executable, "-m", "celery", "-A", "rbapp", "beat", "-S",
                              "redbeat.RedBeatScheduler", "--loglevel", "INFO"],

@@ -9,8 +9,8 @@ from itertools import pairwise
 import pytest
 
 from celery_leaderbeat import Entry
-from celery_leaderbeat.keys import Keys
 from celery_leaderbeat.scheduler import LEADER, STANDBY, Scheduler
+from celery_leaderbeat.store.keys import Keys
 from tests.support.beat import NOOP, Recorder, duplicates
 from tests.test_scheduler import make_app
 

@@ -10,12 +10,12 @@ import pytest
 from celery import Celery
 from celery.beat import PersistentScheduler
 
-from celery_leaderbeat._clocks import NEVER, BoundedClock, IntervalClock, OnceClock
 from celery_leaderbeat.config import Config
 from celery_leaderbeat.errors import ConfigurationError
-from celery_leaderbeat.gate import GateMixin, gate_class
-from celery_leaderbeat.scheduler import Scheduler
-from celery_leaderbeat.slots import clock_for
+from celery_leaderbeat.integrations.gate import GateMixin
+from celery_leaderbeat.scheduler import Scheduler, gate_class
+from celery_leaderbeat.timing.clocks import NEVER, BoundedClock, IntervalClock, OnceClock
+from celery_leaderbeat.timing.slots import clock_for
 from tests.support.beat import NOOP, BeatCluster, Recorder, beat_env, duplicates, slots_by_entry
 
 UTC = timezone.utc
@@ -218,8 +218,8 @@ def test_cron_strings_become_crontab_rows_only_when_a_crontab_means_the_same():
     pytest.importorskip("django_celery_beat")
     from zoneinfo import ZoneInfo
 
-    from celery_leaderbeat.django import as_crontab
-    from celery_leaderbeat.schedules import cron
+    from celery_leaderbeat.integrations.django import as_crontab
+    from celery_leaderbeat.timing.schedules import cron
 
     berlin = ZoneInfo("Europe/Berlin")
     row = as_crontab("r", cron("*/15 9-17 * * mon-fri"), berlin)
@@ -243,7 +243,7 @@ def test_a_crontab_row_keeps_its_own_time_zone_and_a_one_off_has_one_slot_after_
 
     from django_celery_beat.tzcrontab import TzAwareCrontab
 
-    from celery_leaderbeat.django import Bounded
+    from celery_leaderbeat.integrations.django import Bounded
 
     nine = TzAwareCrontab(minute="0", hour="9", tz=ZoneInfo("Asia/Tokyo"))
     clock = Bounded(nine, tz=nine.tz, start=None, end=None, once=False,
@@ -264,7 +264,7 @@ def test_a_saved_row_restarts_at_its_next_slot_and_an_interval_keeps_its_phase()
     pytest.importorskip("django_celery_beat")
     from celery.schedules import crontab, schedule
 
-    from celery_leaderbeat.django import Bounded
+    from celery_leaderbeat.integrations.django import Bounded
 
     last = T0  # the last slot stored for the row, before it was disabled
     saved = T0 + timedelta(seconds=95)  # re-enabled then

@@ -11,12 +11,12 @@ from __future__ import annotations
 import time
 import uuid
 from collections import Counter
-from itertools import pairwise
 from datetime import datetime, timezone
+from itertools import pairwise
 
 import pytest
 
-from celery_leaderbeat.slots import slot_id
+from celery_leaderbeat.timing.slots import slot_id
 from tests.support.beat import BeatCluster, beat_env
 from tests.support.beatapp import make_app
 from tests.support.worker import WorkerProcess, executed, wait_until

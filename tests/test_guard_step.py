@@ -20,8 +20,8 @@ import pytest
 from celery import Celery
 from celery.contrib.testing.worker import start_worker
 
-from celery_leaderbeat.guard import STEP_PATH, add_step, offer_step
-from celery_leaderbeat.slots import slot_id
+from celery_leaderbeat.integrations.guard import STEP_PATH, add_step, offer_step
+from celery_leaderbeat.timing.slots import slot_id
 from tests.conftest import REPO_ROOT
 
 
@@ -38,7 +38,7 @@ def guarded(task) -> bool:
 
 def test_importing_the_package_and_the_celery_plugin_connects_no_signal_receiver():
     code = textwrap.dedent("""
-        import celery_leaderbeat, celery_leaderbeat.guard, celery_leaderbeat.cli
+        import celery_leaderbeat, celery_leaderbeat.integrations.guard, celery_leaderbeat.ops.cli
         from celery import signals
         ours = [name for name in dir(signals) if isinstance(getattr(signals, name), signals.Signal)
                 for receiver in getattr(signals, name).receivers

@@ -8,9 +8,9 @@ import pytest
 
 from celery_leaderbeat.config import Config
 from celery_leaderbeat.errors import LeaseLostError
-from celery_leaderbeat.keys import Keys
-from celery_leaderbeat.lease import Lease
-from celery_leaderbeat.scripts import Scripts
+from celery_leaderbeat.store.keys import Keys
+from celery_leaderbeat.store.lease import Lease
+from celery_leaderbeat.store.scripts import Scripts
 
 
 def make_lease(client, prefix: str, node: str, ttl: float = 3.0, clock=time.monotonic) -> Lease:
@@ -165,9 +165,9 @@ def test_a_reconcile_cut_short_by_redis_keeps_the_slots_sent_during_the_outage(m
     """last-leader: if Redis drops again mid-reconcile, nothing sent meanwhile is forgotten."""
     import redis as redis_py
 
-    from celery_leaderbeat.degraded import Outage
-    from celery_leaderbeat.ledger import Ledger
-    from celery_leaderbeat.slots import from_ms
+    from celery_leaderbeat.roles.degraded import Outage
+    from celery_leaderbeat.store.ledger import Ledger
+    from celery_leaderbeat.timing.slots import from_ms
 
     server = make_redis_server()
     client = server.client()

@@ -6,10 +6,10 @@ import pytest
 
 from celery_leaderbeat.config import Config
 from celery_leaderbeat.errors import LeaseLostError
-from celery_leaderbeat.keys import Keys
-from celery_leaderbeat.lease import Lease
-from celery_leaderbeat.ledger import ClaimItem, Event, Ledger, Op
-from celery_leaderbeat.scripts import Scripts
+from celery_leaderbeat.store.keys import Keys
+from celery_leaderbeat.store.lease import Lease
+from celery_leaderbeat.store.ledger import ClaimItem, Event, Ledger, Op
+from celery_leaderbeat.store.scripts import Scripts
 
 
 @pytest.fixture
@@ -134,8 +134,8 @@ def test_with_min_replicas_and_no_replica_a_claim_is_refused_quickly(make_redis_
 def test_with_default_settings_and_no_replica_wait_answers_before_the_socket_times_out(
         make_redis_server, key_prefix):
     """WAIT's timeout once equalled the socket timeout: beat said "Redis unreachable"."""
-    from celery_leaderbeat.connection import make_client
     from celery_leaderbeat.errors import NotReplicatedError
+    from celery_leaderbeat.store.connection import make_client
 
     server = make_redis_server()
     config = Config.from_values({"redis_url": server.url, "key_prefix": key_prefix,

@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from celery_leaderbeat.slots import slot_id
+from celery_leaderbeat.timing.slots import slot_id
 from tests.support.beat import NOOP, BeatCluster, Recorder, beat_env, duplicates
 from tests.test_cli import cli
 

@@ -15,17 +15,17 @@ import pytest
 import redis
 from celery.schedules import schedule
 
-from celery_leaderbeat.agenda import Agenda, Tracked, Unsent, load
-from celery_leaderbeat.batch import LeaderGate, RescueGate, report_unsent, run_batch
 from celery_leaderbeat.config import Config
 from celery_leaderbeat.entries import EntryOptions
-from celery_leaderbeat.keys import Keys
-from celery_leaderbeat.lease import Lease
-from celery_leaderbeat.ledger import DIFFERS, EARLY, ClaimItem, Event, Ledger, Op, SlotState
-from celery_leaderbeat.memory import SentMemory
-from celery_leaderbeat.requests import Request, carry_out
-from celery_leaderbeat.scripts import Scripts
-from celery_leaderbeat.slots import clock_for, from_ms, plan, to_ms
+from celery_leaderbeat.roles.agenda import Agenda, Tracked, Unsent, load
+from celery_leaderbeat.roles.batch import LeaderGate, RescueGate, report_unsent, run_batch
+from celery_leaderbeat.roles.memory import SentMemory
+from celery_leaderbeat.roles.requests import Request, carry_out
+from celery_leaderbeat.store.keys import Keys
+from celery_leaderbeat.store.lease import Lease
+from celery_leaderbeat.store.ledger import DIFFERS, EARLY, ClaimItem, Event, Ledger, Op, SlotState
+from celery_leaderbeat.store.scripts import Scripts
+from celery_leaderbeat.timing.slots import clock_for, from_ms, plan, to_ms
 
 UTC = timezone.utc
 
@@ -399,7 +399,7 @@ def test_an_entry_the_leader_no_longer_schedules_is_not_rescued_and_restarts_whe
         node, redis_client):
     """A disabled row: a standby that has not re-read the rows must not rescue it, and
     re-enabling it starts at its next slot, not a replay of one due while disabled."""
-    from celery_leaderbeat.ledger import REMOVED
+    from celery_leaderbeat.store.ledger import REMOVED
     leader, standby = node("leader"), node("standby")
     assert leader.lease.try_acquire()
     base = redis_ms(redis_client) - 20_000
@@ -422,7 +422,7 @@ def test_an_entry_the_leader_no_longer_schedules_is_not_rescued_and_restarts_whe
 
 def test_metric_series_of_entries_no_longer_scheduled_are_dropped():
     pytest.importorskip("prometheus_client")
-    from celery_leaderbeat.metrics import Metrics
+    from celery_leaderbeat.ops.metrics import Metrics
     metrics = Metrics()
     metrics.slots([Event("kept", 1, "sent"), Event("gone", 1, "sent"),
                    Event("gone", 2, "missed")], entries=2)

@@ -9,11 +9,11 @@ import pytest
 from celery import Celery
 
 from celery_leaderbeat.errors import ConfigurationError
-from celery_leaderbeat.keys import Keys
-from celery_leaderbeat.ledger import ClaimItem, Op
 from celery_leaderbeat.scheduler import LEADER, STANDBY, Scheduler
-from celery_leaderbeat.schedules import cron
-from celery_leaderbeat.slots import from_ms, slot_id, to_ms
+from celery_leaderbeat.store.keys import Keys
+from celery_leaderbeat.store.ledger import ClaimItem, Op
+from celery_leaderbeat.timing.schedules import cron
+from celery_leaderbeat.timing.slots import from_ms, slot_id, to_ms
 from tests.support.beat import NOOP, BeatProcess, Recorder, beat_env, duplicates
 
 
@@ -193,7 +193,7 @@ def test_last_leader_with_an_expired_lease_does_not_send_through_an_outage(
 
 def test_degraded_max_seconds_is_a_hard_cap_even_when_redis_answers_ping(
         make_redis_server, key_prefix):
-    from celery_leaderbeat.degraded import Outage
+    from celery_leaderbeat.roles.degraded import Outage
 
     state, broker = make_redis_server(), make_redis_server()
     app = make_app(state.url, broker.url, key_prefix, {"a": {"task": NOOP, "schedule": 0.3}},
@@ -421,18 +421,18 @@ def test_signals_tell_receivers_and_a_failing_receiver_never_breaks_the_tick(
 def test_a_batch_that_takes_longer_than_the_ttl_keeps_the_lease_while_it_makes_progress(
         servers, key_prefix, monkeypatch):
     """Each claimed chunk counts as progress; only a loop that stops moving lets go."""
-    import celery_leaderbeat.scheduler as scheduler_module
+    import celery_leaderbeat.integrations.sending as sending_module
 
     state, broker = servers
     schedule = {f"e{i}": {"task": NOOP, "schedule": 8.0} for i in range(400)}
     scheduler = Scheduler(app=make_app(state.url, broker.url, key_prefix, schedule))
-    real_publish = scheduler_module.publish
+    real_publish = sending_module.publish
 
     def slow_publish(*args, **kwargs):
         time.sleep(0.012)  # 400 sends: about 5 s, over the 3 s ttl
         return real_publish(*args, **kwargs)
 
-    monkeypatch.setattr(scheduler_module, "publish", slow_publish)
+    monkeypatch.setattr(sending_module, "publish", slow_publish)
     recorder = Recorder(broker.client())
     try:
         tick_until(scheduler, lambda: scheduler.role == LEADER)

@@ -12,8 +12,8 @@ from celery.beat import ScheduleEntry
 from celery.schedules import crontab, schedule
 
 from celery_leaderbeat.errors import ConfigurationError
-from celery_leaderbeat.schedules import cron, parse_entry_schedule
-from celery_leaderbeat.slots import clock_for
+from celery_leaderbeat.timing.schedules import cron, parse_entry_schedule
+from celery_leaderbeat.timing.slots import clock_for
 
 UTC = timezone.utc
 T0 = datetime(2026, 5, 4, 10, 0, tzinfo=UTC)  # a Monday

@@ -15,12 +15,12 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from celery import Celery, signals
 
-from celery_leaderbeat import _cronengine
-from celery_leaderbeat.ledger import ClaimItem, Op
-from celery_leaderbeat.policy import CatchupPolicy
 from celery_leaderbeat.scheduler import Scheduler
-from celery_leaderbeat.schedules import cron
-from celery_leaderbeat.slots import clock_for, plan, slot_id, to_ms
+from celery_leaderbeat.store.ledger import ClaimItem, Op
+from celery_leaderbeat.timing import cronengine as _cronengine
+from celery_leaderbeat.timing.policy import CatchupPolicy
+from celery_leaderbeat.timing.schedules import cron
+from celery_leaderbeat.timing.slots import clock_for, plan, slot_id, to_ms
 from tests.support.beat import NOOP
 
 UTC = timezone.utc

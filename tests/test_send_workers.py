@@ -67,7 +67,7 @@ def test_prefork_workers_run_each_fast_path_slot_once_across_queues_priorities_a
 
 
 def _iso(slot_ms: str) -> str:
-    from celery_leaderbeat.slots import from_ms
+    from celery_leaderbeat.timing.slots import from_ms
 
     return from_ms(int(slot_ms)).isoformat()
 

@@ -11,10 +11,10 @@ from croniter import HOUR_FIELD, croniter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from celery_leaderbeat._clocks import IntervalClock
 from celery_leaderbeat.errors import ConfigurationError
-from celery_leaderbeat.schedules import cron
-from celery_leaderbeat.slots import (
+from celery_leaderbeat.timing.clocks import IntervalClock
+from celery_leaderbeat.timing.schedules import cron
+from celery_leaderbeat.timing.slots import (
     MISSED_RECORD_LIMIT,
     CatchupPolicy,
     Missed,

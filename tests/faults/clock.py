@@ -89,18 +89,16 @@ class FakeTime:
 def install_clock(monkeypatch: Any, clock: FakeClock) -> list[str]:
     """Point the ``time`` name of every loaded ``celery_leaderbeat`` module at ``clock``."""
     import celery_leaderbeat  # noqa: F401  (its modules must be loaded first)
-    from celery_leaderbeat import (  # noqa: F401
+    from celery_leaderbeat import scheduler  # noqa: F401
+    from celery_leaderbeat.roles import (  # noqa: F401
         agenda,
         batch,
         degraded,
         leader,
-        lease,
-        ledger,
         node,
-        registry,
-        scheduler,
         standby,
     )
+    from celery_leaderbeat.store import lease, ledger, registry  # noqa: F401
 
     fake = FakeTime(clock)
     patched = []

@@ -20,8 +20,8 @@ from typing import Any
 
 import redis
 
-from celery_leaderbeat.keys import Keys
-from celery_leaderbeat.slots import slot_id
+from celery_leaderbeat.store.keys import Keys
+from celery_leaderbeat.timing.slots import slot_id
 
 #: history events that say why a slot was not published
 REASONS = {"missed", "unsent", "window", "disabled", "error"}

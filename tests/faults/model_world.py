@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from celery_leaderbeat.keys import Keys
+from celery_leaderbeat.store.keys import Keys
 from tests.support.redis_server import RedisServer
 
 from .invariants import Published, duplicates, unaccounted

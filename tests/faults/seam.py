@@ -50,17 +50,17 @@ from typing import Any
 import redis
 from redis.client import Pipeline, PubSub
 
-from celery_leaderbeat.connection import client_defaults
+from celery_leaderbeat.store.connection import client_defaults
 
 BEFORE, AFTER, DELAY, LATE, DROP, REPEAT = "before", "after", "delay", "late", "drop", "repeat"
 KINDS = (BEFORE, AFTER, DELAY, LATE, DROP, REPEAT)
 
 def _script_names() -> dict[str, str]:
-    """EVALSHA digest -> script name: every ``lua/*.lua`` of the package."""
+    """EVALSHA digest -> script name: every ``store/lua/*.lua`` of the package."""
     from importlib import resources
 
     names = {}
-    for item in resources.files("celery_leaderbeat").joinpath("lua").iterdir():
+    for item in resources.files("celery_leaderbeat.store").joinpath("lua").iterdir():
         if item.name.endswith(".lua"):
             digest = hashlib.sha1(item.read_text().encode()).hexdigest()
             names[digest] = item.name[:-len(".lua")]
@@ -175,8 +175,8 @@ def call_site(command: str, args: tuple[Any, ...] = ()) -> str:
     frame = sys._getframe(1)
     while frame is not None and len(frames) < 3:
         module = frame.f_globals.get("__name__", "")
-        if module.startswith(_PACKAGE) and module != f"{_PACKAGE}.scripts":
-            short = module[len(_PACKAGE) + 1:]
+        if module.startswith(_PACKAGE) and module != f"{_PACKAGE}.store.scripts":
+            short = module.rsplit(".", 1)[-1]  # module names are unique across the package
             frames.append(f"{short}.{frame.f_code.co_qualname}")
         frame = frame.f_back
     return f"{name} {'<'.join(frames) or '?'}"

@@ -39,13 +39,13 @@ from typing import Any
 import redis
 from celery import Celery
 
-import celery_leaderbeat.guard as guard_module
-import celery_leaderbeat.lease as lease_module
+import celery_leaderbeat.integrations.guard as guard_module
 import celery_leaderbeat.scheduler as scheduler_module
-from celery_leaderbeat.keys import Keys
+import celery_leaderbeat.store.lease as lease_module
+from celery_leaderbeat.roles.standby import Standby
 from celery_leaderbeat.scheduler import LEADER, Scheduler
-from celery_leaderbeat.slots import slot_id, to_ms
-from celery_leaderbeat.standby import Standby
+from celery_leaderbeat.store.keys import Keys
+from celery_leaderbeat.timing.slots import slot_id, to_ms
 
 from .clock import SKEW_TOLERANCE, FakeClock, RedisExpiry, RedisTimeValue, install_clock
 from .invariants import Published, duplicates, history, unaccounted
@@ -115,7 +115,7 @@ def _sent_by() -> str:
     """``backfill``, ``request`` (trigger) or ``schedule``: who in the package is publishing."""
     frame = sys._getframe(2)
     while frame is not None:
-        if frame.f_globals.get("__name__") == "celery_leaderbeat.requests":
+        if frame.f_globals.get("__name__") == "celery_leaderbeat.roles.requests":
             return "backfill" if frame.f_code.co_name == "_backfill" else "request"
         frame = frame.f_back
     return "schedule"
@@ -194,8 +194,8 @@ class Sim:
         # a worker guard built in this process gets a seamed client too (node id "guard")
         monkeypatch.setattr(guard_module, "make_client", self._guard_client)
         # the broker: every module that publishes a slot does it through ``publish``
-        for name in ("celery_leaderbeat.scheduler", "celery_leaderbeat.publish",
-                     "celery_leaderbeat.enqueue"):
+        for name in ("celery_leaderbeat.integrations.sending", "celery_leaderbeat.roles.publish",
+                     "celery_leaderbeat.roles.enqueue"):
             module = sys.modules.get(name) or importlib.import_module(name)
             if hasattr(module, "publish"):
                 monkeypatch.setattr(module, "publish", self._publish)

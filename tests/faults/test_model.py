@@ -42,8 +42,8 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from celery_leaderbeat.cluster import Cluster
-from celery_leaderbeat.node import utcnow
+from celery_leaderbeat.ops.cluster import Cluster
+from celery_leaderbeat.roles.node import utcnow
 from tests.support.redis_server import RedisServer
 
 from .invariants import duplicates

@@ -1,0 +1,1 @@
+"""The one-command failover demo: ``python -m celery_leaderbeat.demo``."""

@@ -1,0 +1,72 @@
+"""The Celery app the failover demo runs: ``celery -A celery_leaderbeat.demo.app ...``.
+
+Configured entirely from environment variables, set by :mod:`celery_leaderbeat.demo`
+for each process it starts:
+
+- ``LBDEMO_BROKER_URL``: the broker (a database of the demo's own Redis).
+- ``LBDEMO_REDIS_URL``: ``leaderbeat_redis_url``.
+- ``LBDEMO_PREFIX``: ``leaderbeat_key_prefix``.
+- ``LBDEMO_RECORD_URL``: where :func:`record` appends each run it executes.
+
+Only these are set: ``beat_max_loop_interval`` and every lease setting keep their
+defaults, so the demo shows what a user gets out of the box.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+from celery import Celery
+
+#: the Redis list (at ``LBDEMO_RECORD_URL``) that :func:`record` appends to
+RUNS_KEY = "leaderbeat-demo:runs"
+TASK_NAME = "celery_leaderbeat.demo.app.record"
+
+#: entry name -> (schedule as given to beat, seconds between slots)
+SCHEDULE: dict[str, tuple[Any, float]] = {
+    "every-2s": (2.0, 2.0),
+    "every-3s": (3.0, 3.0),
+    "cron-5s": ("*/5 * * * * *", 5.0),  # six fields: seconds first
+}
+
+app = Celery("leaderbeat_demo")
+app.conf.update(
+    broker_url=os.environ.get("LBDEMO_BROKER_URL", "memory://"),
+    broker_connection_retry_on_startup=True,
+    result_backend=None,
+    task_ignore_result=True,
+    timezone="UTC",
+    enable_utc=True,
+    worker_hijack_root_logger=True,
+    beat_schedule={name: {"task": TASK_NAME, "schedule": spec, "args": (name,)}
+                   for name, (spec, _) in SCHEDULE.items()},
+)
+if os.environ.get("LBDEMO_REDIS_URL"):
+    app.conf.leaderbeat_redis_url = os.environ["LBDEMO_REDIS_URL"]
+if os.environ.get("LBDEMO_PREFIX"):
+    app.conf.leaderbeat_key_prefix = os.environ["LBDEMO_PREFIX"]
+
+
+@app.task(name=TASK_NAME, bind=True)
+def record(self: Any, entry: str) -> None:
+    """Append this run (entry, slot, epoch, task id, worker, start time) to the runs list."""
+    started = time.time()  # first: lateness is measured to the start of the run
+    import redis
+
+    headers = self.request.headers or {}
+    row = {
+        "entry": headers.get("leaderbeat_entry", getattr(self.request, "leaderbeat_entry", entry)),
+        "slot": headers.get("leaderbeat_slot", getattr(self.request, "leaderbeat_slot", None)),
+        "epoch": headers.get("leaderbeat_epoch", getattr(self.request, "leaderbeat_epoch", None)),
+        "id": self.request.id,
+        "hostname": self.request.hostname,
+        "started": started,
+    }
+    client = redis.Redis.from_url(os.environ["LBDEMO_RECORD_URL"])
+    try:
+        client.rpush(RUNS_KEY, json.dumps(row))
+    finally:
+        client.close()

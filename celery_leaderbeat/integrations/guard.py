@@ -1,0 +1,300 @@
+"""The worker guard: each slot's message runs at most once, across every worker.
+
+Beat can promise a slot is *enqueued* once; brokers still redeliver (``acks_late``
+with a worker lost mid-task, a Redis visibility timeout) and a new leader may
+re-send what a dead one claimed but never confirmed. Every leaderbeat message
+carries its slot's deterministic task id and headers, so the workers can close
+that gap: with ``leaderbeat_guard = True`` on the workers' app, a worker records
+the slot as started in Redis, atomically (``guard.lua``), before the task body
+runs; any later delivery of the same slot is acknowledged without running and
+recorded ``skipped``/``duplicate``. Messages without leaderbeat headers run as
+always. The rule for a redelivery after a crash: a slot whose run *finished*, or
+whose run is *still alive* (its liveness key, renewed every ttl/3 while it runs,
+has not lapsed) is a duplicate; a slot recorded started whose liveness lapsed
+died with its worker before it could finish, and runs again (``started``/
+``rerun``). A body that ended in the instant between its last line and the
+finish record is the one case that can run twice.
+
+The hook: Celery signals cannot cancel a task (receivers' exceptions are logged
+and swallowed), and ``before_start`` must be defined on the task's class before
+the worker builds its tracers. The guard instead wraps each task's ``run`` on
+the task instance while the worker is built, in the parent, before the pool
+forks and the tracers are built, so it works for every task class, bound or
+not, and raises :class:`celery.exceptions.Ignore` for a duplicate: the message
+is acknowledged and no result is stored.
+
+It is a worker bootstep, :class:`GuardStep`, Celery's own way to extend a
+worker: it is part of every worker whose app lists it in ``app.steps["worker"]``
+and switches itself on only when that app has ``leaderbeat_guard = True``. The
+``celery`` command adds it to each app it finalizes (the ``celery leaderbeat``
+plugin calls :func:`offer_step`), so ``celery worker`` and ``app.worker_main()``
+need nothing more; a worker built in Python (``app.Worker(...).start()``,
+``app.WorkController``) needs the one line
+``app.steps["worker"].add("celery_leaderbeat.guard:GuardStep")`` in the app
+module, which is harmless next to the automatic one. Importing the package
+connects nothing: no signal receiver, no step.
+
+Overlap ``skip`` (per entry, or ``leaderbeat_overlap``): a slot does not start
+while another run of the same entry is alive on any worker (``skipped``/
+``overlap``); the running task holds the entry's lock, renewed with its
+liveness, so a worker that dies frees it after the lease ttl.
+
+Records expire after ``leaderbeat_guard_expires`` (2 h by default): longer than
+any redelivery window a broker uses by default (Redis transport visibility
+timeout 1 h, RabbitMQ consumer timeout 30 min), short enough that a schedule of
+thousands of entries does not fill Redis. Redis unreachable at start: the task
+runs (the guard fails open and says so); beat sends nothing meanwhile anyway.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+import redis
+from celery import bootsteps
+from celery._state import _get_active_apps, connect_on_app_finalize
+from celery.exceptions import Ignore, Retry
+
+from ..config import Config
+from ..errors import ConfigurationError
+from ..store.connection import make_client
+from ..store.keys import Keys
+from ..store.scripts import Scripts, text
+from ..timing.slots import to_ms
+
+logger = logging.getLogger(__name__)
+
+_INSTALLED = "_leaderbeat_guard"
+
+
+def header(request: Any, name: str) -> Any:
+    """A message header as Celery hands it to the task (an attribute, or in ``headers``)."""
+    value = getattr(request, name, None)
+    if value is None:
+        value = (getattr(request, "headers", None) or {}).get(name)
+    return value
+
+
+class Guard:
+    """Runs each guarded slot at most once; one per worker app."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.config = Config.from_app(app)
+        self.keys = Keys(self.config.key_prefix)
+        self._pid: int | None = None
+        self._client: Any = None
+        self._scripts: Scripts | None = None
+
+    def _script(self) -> Any:
+        if self._pid != os.getpid() or self._scripts is None:  # per process, after fork
+            self._pid = os.getpid()
+            self._client = make_client(self.config.redis_url, self.config.redis_options,
+                                       self.config.socket_timeout)
+            self._scripts = Scripts(self._client)
+        return self._scripts.guard
+
+    def wrap(self, task: Any) -> None:
+        """Put the guard around ``task.run`` (once)."""
+        original = task.run
+        if getattr(original, "__leaderbeat_guard__", False):
+            return
+
+        def run(*args: Any, **kwargs: Any) -> Any:
+            return self.call(task, original, args, kwargs)
+
+        run.__leaderbeat_guard__ = True  # type: ignore[attr-defined]
+        run.__wrapped__ = original  # type: ignore[attr-defined]
+        task.run = run
+
+    def call(self, task: Any, body: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+        """Run ``body`` unless this delivery repeats a slot that ran, or overlaps one."""
+        request = task.request
+        entry, slot = header(request, "leaderbeat_entry"), header(request, "leaderbeat_slot")
+        if entry is None or slot is None or request.retries:
+            return body(*args, **kwargs)  # not ours, or Celery's own retry of a started run
+        run = _Run(self, str(request.id), str(entry), str(slot),
+                   header(request, "leaderbeat_epoch"),
+                   header(request, "leaderbeat_overlap") or "allow")
+        try:
+            decision, why = run.decide()
+        except (redis.RedisError, OSError) as exc:
+            logger.warning("leaderbeat guard: Redis unreachable (%s); running %s slot %s "
+                           "unguarded", exc, entry, slot)
+            return body(*args, **kwargs)
+        if decision != "run":
+            logger.info("leaderbeat guard: not running %s slot %s (%s: %s)",
+                        entry, slot, decision, why)
+            raise Ignore(f"leaderbeat: {decision} ({why})")
+        keeper = _Keeper(run, self.config.lease_ttl / 3)
+        keeper.start()
+        detail = "ok"
+        try:
+            return body(*args, **kwargs)
+        except Retry:
+            detail = "retrying"
+            raise
+        except BaseException as exc:
+            detail = f"failed: {type(exc).__name__}"
+            raise
+        finally:
+            keeper.stop()
+            run.finish(detail)
+
+
+class _Run:
+    """One guarded run of one slot."""
+
+    def __init__(self, guard: Guard, task_id: str, entry: str, slot: str, epoch: Any,
+                 overlap: str) -> None:
+        self.guard = guard
+        self.task_id = task_id
+        self.entry = entry
+        self.slot_ms = _slot_ms(slot)
+        self.epoch = epoch if epoch is not None else ""
+        self.overlap = overlap
+        self.worker = f"{socket.gethostname()}:{os.getpid()}"
+
+    def _call(self, mode: str, detail: str = "") -> list[str]:
+        keys, config = self.guard.keys, self.guard.config
+        reply = self.guard._script()(
+            keys=[keys.run(self.task_id), keys.alive(self.task_id), keys.overlap(self.entry),
+                  keys.history],
+            args=[mode, self.task_id, self.worker, int(config.guard_expires * 1000),
+                  int(config.lease_ttl * 1000), self.overlap, config.history_length,
+                  self.entry, self.slot_ms, self.epoch, detail])
+        return [text(part) for part in reply]
+
+    def start(self, *, will_ask_again: bool = False) -> tuple[str, str]:
+        decision, why = self._call("start", "wait" if will_ask_again else "")
+        return decision, why
+
+    def decide(self) -> tuple[str, str]:
+        """Start, or say why not. A delivery that finds the slot "running" waits.
+
+        A broker redelivers a lost worker's message at once (RabbitMQ) while the dead
+        run's liveness has not lapsed yet: waiting up to one lease ttl tells a run that
+        is really alive (it finishes, or keeps renewing: a duplicate) from one that died
+        (its liveness lapses: this delivery runs it again).
+        """
+        waited = 0.0
+        ttl = self.guard.config.lease_ttl
+        while True:
+            decision, why = self.start(will_ask_again=waited <= ttl)
+            if decision != "duplicate" or not why.startswith("running"):
+                return decision, why
+            if waited > ttl:
+                return decision, why
+            time.sleep(1.0)
+            waited += 1.0
+
+    def renew(self) -> None:
+        self._call("renew")
+
+    def finish(self, detail: str) -> None:
+        try:
+            self._call("finish", detail)
+        except (redis.RedisError, OSError) as exc:  # never mask the task's own outcome
+            logger.warning("leaderbeat guard: could not record %s slot %s finished (%s); its "
+                           "liveness lapses after the lease ttl", self.entry, self.slot_ms, exc)
+
+
+class _Keeper(threading.Thread):
+    """Renews a run's liveness (and overlap lock) while its task body runs."""
+
+    def __init__(self, run: _Run, interval: float) -> None:
+        super().__init__(name=f"leaderbeat-guard-{run.task_id[:8]}", daemon=True)
+        self.run_ = run
+        self.interval = interval
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        while not self._stop_event.wait(self.interval):
+            try:
+                self.run_.renew()
+            except (redis.RedisError, OSError) as exc:
+                logger.warning("leaderbeat guard: could not renew the liveness of %s (%s)",
+                               self.run_.task_id, exc)
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join(2.0)
+
+
+def install(app: Any) -> Guard:
+    """Guard every task of ``app`` (idempotent). Called for you when the worker starts."""
+    guard = getattr(app, _INSTALLED, None)
+    if guard is None:
+        guard = Guard(app)
+        setattr(app, _INSTALLED, guard)
+    for name, task in app.tasks.items():
+        if not name.startswith("celery."):
+            guard.wrap(task)
+    return guard
+
+
+class GuardStep(bootsteps.StartStopStep):
+    """The worker guard as a worker bootstep: on when the app has ``leaderbeat_guard = True``.
+
+    Created while the worker is built (before the pool forks and the tracers are
+    built), it wraps every task of the worker's app; bad settings stop the worker
+    with the reason, since a guard silently missing would break its promise.
+    """
+
+    label = "leaderbeat guard"
+
+    def __init__(self, parent: Any, **kwargs: Any) -> None:
+        super().__init__(parent, **kwargs)
+        self.guard: Guard | None = None
+
+    def include_if(self, parent: Any) -> bool:
+        return bool(parent.app.conf.get("leaderbeat_guard"))
+
+    def create(self, parent: Any) -> None:
+        try:
+            self.guard = install(parent.app)
+        except ConfigurationError as exc:
+            logger.critical("leaderbeat guard: %s", exc)
+            raise SystemExit(f"leaderbeat_guard is on but the settings are invalid: {exc}") \
+                from exc
+
+    def start(self, parent: Any) -> None:
+        if self.guard is not None:  # said here: while the worker is built, logging is not set up
+            logger.info("leaderbeat guard: on; each slot runs at most once (records in "
+                        "%s:run:*, kept %.0f s)", self.guard.keys.tag,
+                        self.guard.config.guard_expires)
+
+
+STEP_PATH = "celery_leaderbeat.guard:GuardStep"
+
+
+def add_step(app: Any) -> None:
+    """Make :class:`GuardStep` part of ``app``'s workers (it checks ``leaderbeat_guard`` itself)."""
+    app.steps["worker"].add(STEP_PATH)
+
+
+def offer_step() -> None:
+    """Add :class:`GuardStep` to every app this process has or will finalize.
+
+    Called by the ``celery`` command's plugin (``celery_leaderbeat.ops.cli``): the apps
+    of ``celery worker`` and ``app.worker_main()`` get the step without a line of
+    code. The step is inert in every other command (only a worker builds steps)
+    and in a worker whose app does not set ``leaderbeat_guard = True``.
+    """
+    for app in list(_get_active_apps()):
+        add_step(app)
+    connect_on_app_finalize(add_step)
+
+
+def _slot_ms(slot: str) -> int:
+    try:
+        return to_ms(datetime.fromisoformat(slot))
+    except ValueError:
+        return 0

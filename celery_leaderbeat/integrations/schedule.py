@@ -1,0 +1,94 @@
+"""The schedule the Scheduler keeps: ``beat_schedule``, run-time entries, its version.
+
+The version goes up with every change; which entries a change touched is kept
+for the last :data:`CHANGE_LOG` versions, so the leader and the standbys update
+only those (an older version means a full reload).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..entries import EntryOptions, split_entries
+from ..errors import ConfigurationError
+from ..roles.dynamic_schedule import DynamicSchedule
+from ..store.entry_store import EntryStore
+from ..timing.slots import clock_for
+from .parts import Parts
+
+#: schedule versions whose changed names are kept (an older one means a full reload)
+CHANGE_LOG = 64
+
+class ScheduleState(Parts):
+    """``beat_schedule`` read and checked, run-time entries followed, changes versioned."""
+
+    def setup_schedule(self) -> None:
+        """Read ``beat_schedule``; harmless on standbys (no I/O, nothing sent).
+
+        As in Celery's own schedulers, ``beat_schedule`` is merged first and the
+        default entries (``celery.backend_cleanup``) are installed after: the merge
+        drops every entry it does not name. Every entry's slot clock is built once
+        here, so a schedule the leader could not follow stops start-up with the
+        other problems, not a later election.
+        """
+        entries, options = split_entries(self.app.conf.beat_schedule or {}, self.lb_config)
+        self._entry_options = options
+        self.merge_inplace(entries)
+        self.install_default_entries(self.data)
+        problems = []
+        for name, entry in self.schedule.items():
+            opts = options.get(name) or EntryOptions.defaults(self.lb_config)
+            try:
+                clock_for(entry.schedule, name=name, tz=opts.tz or self.app.timezone,
+                          jitter=opts.jitter)
+            except ConfigurationError as exc:
+                problems += exc.problems
+        if problems:
+            raise ConfigurationError(problems)
+
+    def merge_inplace(self, b: Any) -> None:
+        super().merge_inplace(b)
+        self._schedule_version += 1
+
+    def update_from_dict(self, dict_: Any) -> None:
+        super().update_from_dict(dict_)
+        self._schedule_version += 1
+
+    def add(self, **kwargs: Any) -> Any:
+        entry = super().add(**kwargs)
+        self._schedule_version += 1
+        return entry
+
+    def _changed_since(self, version: int) -> frozenset[str] | None:
+        """The entry names changed after schedule ``version``, or None when some change
+        since then is not known name by name (the whole schedule must be read again)."""
+        if version >= self._schedule_version:
+            return frozenset()
+        known = [names for v, names in self._changes if v > version]
+        if len(known) != self._schedule_version - version:
+            return None
+        return frozenset().union(*known)
+
+    def _slot_entries(self) -> Any:
+        """The entries slots are computed from: name -> an object with ``.schedule``."""
+        return self.schedule
+
+    def _follow_dynamic(self, client: Any) -> DynamicSchedule | None:
+        """Entries defined at run time (not behind a base scheduler: it has its own store)."""
+        if self.lb_config.base_scheduler is not None:
+            return None
+        for name in list(self._dynamic.names if self._dynamic else ()):
+            self.schedule.pop(name, None)  # a forked child reads them again
+        return DynamicSchedule(EntryStore(client, self.keys), self.lb_config,
+                               entries=self.schedule, options=self._entry_options,
+                               make_entry=self._maybe_entry,
+                               static=lambda: self.app.conf.beat_schedule or {})
+
+    def _follow_changes(self) -> None:
+        """Run-time entries that changed go into the schedule, under a new version."""
+        if self._dynamic is not None:
+            touched = self._dynamic.refresh()
+            if touched:  # the roles update only what changed
+                self._schedule_version += 1
+                self._changes.append((self._schedule_version, frozenset(touched)))
+                del self._changes[:-CHANGE_LOG]

@@ -1,0 +1,64 @@
+"""Sending a slot from inside Celery's beat: one at a time, or a batch's sender."""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+from typing import Any
+
+from ..roles.enqueue import Enqueuer
+from ..roles.publish import publish
+from ..timing.slots import to_ms
+from .parts import Parts
+
+logger = logging.getLogger(__name__)
+#: one INFO line per send, in stock beat's words; a logger of its own so a busy
+#: schedule can quiet it alone (``logging.getLogger("celery_leaderbeat.sends")``)
+send_logger = logging.getLogger("celery_leaderbeat.sends")
+
+class Sending(Parts):
+    """Publishing slots of the schedule's entries, and what a sent slot changes."""
+
+    def _chunk_sender(self, epoch: int) -> Any:
+        """A batch's sender: claim and enqueue in one step where exact, else kombu batches."""
+        if self._enqueuer is None or not self._enqueuer.checked:
+            said = self._enqueuer is not None  # an unreachable broker is said once
+            self._enqueuer = Enqueuer(self, self._connect().client, quiet=said)
+        return self._enqueuer.bind(epoch)
+
+    def _send_slot(self, name: str, slot: datetime, epoch: int,
+                   task_id: str | None = None) -> bool:
+        """Publish ``slot`` of the entry named ``name``, if it is still scheduled."""
+        entry = self.schedule.get(name)
+        return entry is not None and self._send(entry, slot, epoch, task_id)
+
+    def _send(self, entry: Any, slot: datetime, epoch: int, task_id: str | None = None) -> bool:
+        """Publish one slot; a failure is logged and reported, never swallowed."""
+        opts = self._entry_options.get(entry.name)
+        overlap = opts.overlap if opts else self.lb_config.overlap
+        self._say_sending(entry, slot, epoch, task_id)
+        try:
+            publish(self, entry, slot, epoch, overlap, task_id)
+        except Exception:  # any publish failure: logged with its traceback, recorded unsent
+            logger.exception("leaderbeat: could not send %s for slot %s",
+                             entry.name, slot.isoformat())
+            return False
+        self._note_sent(entry, slot)
+        return True
+
+    def _say_sending(self, entry: Any, slot: datetime, epoch: int,
+                     task_id: str | None = None) -> None:
+        """Stock beat's INFO line for a send (a chunk sender says it for each slot too)."""
+        if send_logger.isEnabledFor(logging.INFO):
+            # epoch 0 is a standby's rescue; a task id of its own, a trigger or backfill
+            how = (" (rescue: a standby sends a slot the leader had not claimed)" if epoch == 0
+                   else f" (requested, task id {task_id})" if task_id else "")
+            send_logger.info("Scheduler: Sending due task %s (%s) for slot %s%s",
+                             entry.name, entry.task, slot.isoformat(), how)
+
+    def _note_sent(self, entry: Any, slot: datetime) -> None:
+        """What a sent slot changes in the entry (a chunk sender calls it for each slot too)."""
+        entry.last_run_at = slot
+        entry.total_run_count += 1
+        if getattr(entry, "leaderbeat_once", False) and self._dynamic is not None:
+            self._dynamic.ran(entry, to_ms(slot))

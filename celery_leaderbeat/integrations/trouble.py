@@ -1,0 +1,102 @@
+"""Trouble from outside: Redis not answering, refusing credentials, the wall clock stepping.
+
+``tick()`` never raises for Redis or leadership trouble (beat would exit): an
+unreachable Redis is retried with a backoff capped at one standby poll, and
+when it answers again the node that led goes first. Refused credentials or a
+missing permission are a configuration error, said once, clearly.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import redis
+
+from ..errors import LeaseLostError, RedisAuthError
+from ..roles.node import utcnow
+from ..store.connection import describe
+from .parts import Parts
+
+logger = logging.getLogger(__name__)
+
+#: seconds by which the wall clock must move against the monotonic one to count as a
+#: step (NTP slews smaller offsets; GC pauses and SIGSTOP move both clocks alike)
+CLOCK_STEP = 2.0
+
+class Trouble(Parts):
+    """What the Scheduler does when Redis stops answering, and when the wall clock steps."""
+
+    def _refused(self, exc: redis.RedisError) -> RedisAuthError:
+        """Credentials (``AuthenticationError``) or a permission (``NoPermissionError``)
+        Redis refused, as an error that says what to check."""
+        if isinstance(exc, redis.AuthenticationError):
+            return RedisAuthError(
+                f"Redis at {describe(self.lb_config.redis_url)} refused the credentials "
+                f"({exc}); check the password/username in leaderbeat_redis_url or "
+                "leaderbeat_redis_options")
+        return RedisAuthError(
+            f"the Redis user of {describe(self.lb_config.redis_url)} lacks a permission "
+            f"leaderbeat needs ({exc}); it needs the keys and channels '{{{self.keys.prefix}}}:*' "
+            "and the script, string, hash, stream, pub/sub, TIME and PING commands")
+
+    def _redis_trouble(self, exc: Exception) -> float:
+        if not self._redis_failures:
+            self._led_at_outage = self._leader is not None
+            logger.warning("leaderbeat: Redis at %s unreachable (%s); %s, retrying with backoff",
+                           describe(self.lb_config.redis_url), exc,
+                           "leader stops sending until its lease is confirmed"
+                           if self._leader is not None else "standing by")
+        self._redis_failures += 1
+        if self._standby is not None:
+            self._standby.lost_connection()
+        if self._leader is not None:
+            self._leader.close()  # its subscription is made again once Redis answers
+        if (self._leader is not None and not self._leader.redis_unreachable(exc)
+                and (self._node is None or not self._node.lease.is_held())):
+            self._step_down("lease could not be confirmed while Redis was unreachable")
+        # capped at one standby poll (1 s): a leader that survived Redis restarting empty
+        # is back within about a second of Redis answering, not a backoff step later
+        return min(0.25 * 2 ** min(self._redis_failures - 1, 6),
+                   max(0.25, self.lb_config.standby_poll))
+
+    def _redis_back(self) -> None:
+        logger.info("leaderbeat: Redis at %s answers again", describe(self.lb_config.redis_url))
+        self._redis_failures = 0
+        self._contact_since = time.time()
+        config = self.lb_config
+        if self._leader is not None and self._node is not None:
+            # Is the lease still there? If Redis lost it while it was valid, this node (the
+            # only one that can know nobody sent later slots) steps down now and takes the
+            # lease again first, carrying on from what it sent.
+            try:
+                self._node.lease.renew()
+            except LeaseLostError as exc:
+                self._step_down(str(exc))
+            except (redis.RedisError, OSError):
+                pass  # the heartbeat and the next tick find out
+        if self._standby is not None and self._leader is None:
+            if config.redis_down_policy == "last-leader" and not self._led_at_outage:
+                # the previous leader reconciles what it sent meanwhile first
+                self._standby.restart(head_start=config.lease_ttl, shift_since=True)
+            elif not self._led_at_outage:
+                # the node that led goes first: it knows what it sent (Redis may not)
+                self._standby.restart(head_start=min(config.lease_ttl,
+                                                     2 * config.standby_poll))
+            else:
+                self._standby.restart()
+
+    def _watch_wall_clock(self) -> None:
+        """A forward wall-clock step makes the slots it jumped over 'missed' (catch-up policy)."""
+        wall, mono = time.time(), time.monotonic()
+        last_wall, last_mono = self._last_wall
+        self._last_wall = (wall, mono)
+        jump = (wall - last_wall) - (mono - last_mono)
+        if abs(jump) > CLOCK_STEP:
+            logger.warning("leaderbeat: the wall clock stepped %+.1f s; slots it skipped follow "
+                           "the catch-up policy, claimed slots are never re-sent", jump)
+            if jump > 0:
+                if self._leader is not None:
+                    self._leader.since = utcnow()
+                if self._standby is not None:
+                    self._standby.restart()

@@ -1,0 +1,1 @@
+"""Operations: the ``celery leaderbeat`` command, the cluster view, metrics and signals."""

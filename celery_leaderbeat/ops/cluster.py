@@ -1,0 +1,330 @@
+"""One app's leaderbeat state in Redis, as the CLI reads it and acts on it.
+
+Reads: the leader, every entry's last slot (and, with the worker guard, whether
+that run started and finished), the nodes, the history. Acts: step a leader
+down, pause and resume an entry, queue a trigger or a backfill for the leader,
+reset everything. Nothing here runs inside a beat; every write is one that a
+running cluster handles safely (a released lease is fenced, a paused entry is
+skipped at its next claim, requests are popped by exactly one leader).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from datetime import datetime, timezone
+from typing import Any
+
+from ..config import Config
+from ..entries import EntryOptions, split_entries
+from ..roles.requests import Request, submit
+from ..store.connection import make_client
+from ..store.keys import Keys
+from ..store.ledger import STATE_NAMES, Ledger
+from ..store.scripts import Scripts, text
+from ..timing.clocks import IntervalClock
+from ..timing.slots import clock_for, from_ms, slot_id, to_ms
+
+#: a node not seen for this many renew intervals is shown as gone
+GONE_AFTER_RENEWS = 3
+#: a node gone for this long is removed from the registry
+FORGET_AFTER = 3600.0
+
+
+class UnknownEntry(LookupError):
+    """The entry is neither in ``beat_schedule`` nor in Redis."""
+
+
+class Cluster:
+    """Read and act on one app's leaderbeat state."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.config = Config.from_app(app)
+        self.keys = Keys(self.config.key_prefix)
+        self.client = make_client(self.config.redis_url, self.config.redis_options,
+                                  self.config.socket_timeout)
+        self.scripts = Scripts(self.client)
+        self.ledger = Ledger(self.client, self.scripts, self.keys, self.config)
+        self._dynamic_names: set[str] = set()
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def leader(self) -> dict[str, Any] | None:
+        pipe = self.client.pipeline(transaction=False)
+        pipe.get(self.keys.leader)
+        pipe.pttl(self.keys.leader)
+        token, pttl = pipe.execute()
+        if not token:
+            return None
+        node, epoch = text(token).rsplit("|", 1)
+        return {"node": node, "epoch": int(epoch), "lease_ms_left": int(pttl),
+                "token": text(token)}
+
+    def schedule(self) -> tuple[dict[str, Any], dict[str, EntryOptions]]:
+        """``beat_schedule``, plus the rows of a django-celery-beat base scheduler."""
+        entries, options = split_entries(self.app.conf.beat_schedule or {}, self.config)
+        base = self.config.base_scheduler
+        if base is not None and hasattr(base, "Model") and hasattr(base, "Entry"):
+            from ..integrations.django import database_rows
+
+            entries = {**database_rows(self.app, base), **entries}
+        return entries, options
+
+    def check_entry(self, name: str) -> None:
+        schedule, _ = self.schedule()
+        if (name not in schedule and not self.client.hexists(self.keys.slots, name)
+                and not self.client.hexists(self.keys.entries, name)):
+            known = ", ".join(sorted(schedule)) or "none"
+            raise UnknownEntry(f"no entry {name!r} in beat_schedule or in Redis (known: {known})")
+
+    def paused(self) -> dict[str, dict[str, Any]]:
+        return {text(k): json.loads(text(v))
+                for k, v in self.client.hgetall(self.keys.paused).items()}
+
+    def entries(self) -> list[dict[str, Any]]:
+        """Every entry (configured or left in Redis): last slot, state, run, next due, paused."""
+        schedule, options = self.schedule()
+        static = set(schedule)
+        dynamic = self.dynamic_entries()
+        schedule, options = {**dynamic[0], **schedule}, {**dynamic[1], **options}
+        stored, paused = self.ledger.load(), self.paused()
+        rows = []
+        for name in sorted(set(schedule) | set(stored)):
+            state = stored.get(name)
+            row: dict[str, Any] = {"entry": name, "source": self._source(name, static, dynamic),
+                                   "configured": name in schedule or name.startswith("celery."),
+                                   "last_slot": None, "state": None, "epoch": None,
+                                   "task_id": None, "run": None, "next_due": None,
+                                   "paused": paused.get(name)}
+            if state is not None:
+                last = from_ms(state.slot_ms)
+                sent = state.state not in ("a", "k")
+                row.update(last_slot=last.isoformat(), state=STATE_NAMES.get(state.state),
+                           epoch=state.epoch, rescued_by=state.node,
+                           task_id=slot_id(self.config.key_prefix, name, last) if sent else None)
+            if name in schedule:
+                opts = options.get(name) or EntryOptions.defaults(self.config)
+                clock = clock_for(schedule[name]["schedule"], name=name,
+                                  tz=opts.tz or self.app.timezone, jitter=opts.jitter)
+                after = from_ms(state.slot_ms) if state else datetime.now(timezone.utc)
+                row["next_due"] = clock.fire_time(clock.next_after(after)).isoformat()
+            rows.append(row)
+        runs = self._runs([row["task_id"] for row in rows if row["task_id"]])
+        for row in rows:
+            row["run"] = runs.get(row["task_id"])
+        return rows
+
+    def dynamic_entries(self) -> tuple[dict[str, Any], dict[str, EntryOptions]]:
+        """The enabled dynamic entries, as :meth:`schedule` gives the static ones."""
+        from ..store.dynamic import Entry  # late: it imports celery.schedules
+        from ..store.entry_store import EntryStore
+
+        raw = {}
+        every = EntryStore(self.client, self.keys).all()
+        self._dynamic_names = set(every)
+        for name, stored in every.items():
+            if stored.enabled:
+                try:
+                    raw[name] = Entry.from_stored(stored).raw()
+                except (ValueError, KeyError):
+                    continue  # shown without a next slot
+        try:
+            return split_entries(raw, self.config)
+        except Exception:  # noqa: BLE001 - one entry this host cannot read: show the others bare
+            return {}, {}
+
+    def _source(self, name: str, static: set[str], dynamic: tuple[dict[str, Any], Any]) -> str:
+        if name in static or name.startswith("celery."):
+            return "static"
+        if name in dynamic[0] or name in self._dynamic_names:
+            return "dynamic" if name in dynamic[0] else "dynamic (disabled)"
+        return "database" if self.config.base_scheduler is not None else "-"
+
+    def _runs(self, task_ids: list[str]) -> dict[str, str]:
+        """The worker guard's record of each run: started (on whom) or finished."""
+        if not task_ids:
+            return {}
+        pipe = self.client.pipeline(transaction=False)
+        for task_id in task_ids:
+            pipe.get(self.keys.run(task_id))
+            pipe.exists(self.keys.alive(task_id))
+        replies = pipe.execute()
+        out = {}
+        for task_id, record, alive in zip(task_ids, replies[0::2], replies[1::2]):
+            if record:
+                state, _, worker = text(record).partition("|")
+                out[task_id] = (f"finished on {worker}" if state == "f" else
+                                f"running on {worker}" if alive else f"started on {worker}, lost")
+        return out
+
+    def nodes(self, *, forget: bool = True) -> list[dict[str, Any]]:
+        """Every registered beat; long-gone ones are removed from the registry."""
+        now = time.time()
+        gone_after = GONE_AFTER_RENEWS * self.config.renew_interval
+        rows, forgotten = [], []
+        for node_id, info in sorted(self.ledger.nodes().items()):
+            seen = info.get("last_seen")
+            ago = None if seen is None else round(now - seen, 1)
+            if forget and ago is not None and ago > FORGET_AFTER:
+                forgotten.append(node_id)
+                continue
+            gone = ago is None or ago > gone_after
+            rows.append(dict(info, node=node_id, seen_ago=ago, gone=gone,
+                             role=f"gone (was {info.get('role')})" if gone else info.get("role")))
+        if forgotten:
+            self.client.hdel(self.keys.nodes, *forgotten)
+        return rows
+
+    def history(self, count: int, entry: str | None = None) -> list[dict[str, Any]]:
+        rows = self.ledger.history(count if entry is None else max(count * 20, 1000))
+        if entry is not None:
+            rows = [row for row in rows if row.get("entry") == entry][-count:]
+        return [_readable(row) for row in rows]
+
+    def follow(self, last_id: str = "$", block_ms: int = 1000) -> tuple[str, list[dict[str, Any]]]:
+        """History events after ``last_id`` (blocks up to ``block_ms``)."""
+        reply = self.client.xread({self.keys.history: last_id}, block=block_ms, count=500)
+        rows = []
+        for _, events in reply or []:
+            for event_id, fields in events:
+                last_id = text(event_id)
+                rows.append(_readable({**{text(k): text(v) for k, v in fields.items()},
+                                       "id": last_id}))
+        return last_id, rows
+
+    def node_health(self, host: str | None = None) -> tuple[bool, str]:
+        """Is this host's beat a live leader or a healthy standby? (ok, one line of reason)."""
+        host = host or socket.gethostname()
+        mine = [row for row in self.nodes(forget=False) if row.get("host") == host]
+        if not mine:
+            return False, f"no beat on host {host} is registered in {self.keys.tag}:nodes"
+        row = min(mine, key=lambda r: r["seen_ago"] if r["seen_ago"] is not None else 1e9)
+        if row["gone"]:
+            return False, (f"{row['node']} last seen {row['seen_ago']} s ago (more than "
+                           f"{GONE_AFTER_RENEWS} renew intervals): not running or cannot reach Redis")
+        skew = row.get("clock_skew")
+        if skew is not None and abs(skew) > self.config.max_clock_skew:
+            return False, (f"{row['node']} clock is {skew:+.3f} s off Redis TIME, beyond "
+                           f"leaderbeat_max_clock_skew={self.config.max_clock_skew}")
+        leader = self.leader()
+        if leader and leader["node"] == row["node"]:
+            return True, f"{row['node']} leads (epoch {leader['epoch']})"
+        return True, (f"{row['node']} is a healthy standby (seen {row['seen_ago']} s ago); "
+                      f"leader: {leader['node'] if leader else 'none'}")
+
+    def leads_here(self, host: str | None = None) -> bool:
+        """Does the node holding the lease run on this host?"""
+        leader = self.leader()
+        if leader is None:
+            return False
+        info = self.ledger.nodes().get(leader["node"]) or {}
+        return info.get("host") == (host or socket.gethostname())
+
+    # -- acting ----------------------------------------------------------------------------
+
+    def step_down(self) -> dict[str, Any] | None:
+        """Release the current leader's lease: a standby takes over at once (fenced)."""
+        leader = self.leader()
+        if leader is None:
+            return None
+        released = self.scripts.release(
+            keys=[self.keys.leader, self.keys.history],
+            args=[leader["token"], self.config.history_length, self.keys.events,
+                  "step-down (celery leaderbeat step-down)"])
+        return leader if released else None
+
+    def wait_for_leader(self, other_than: str, timeout: float) -> tuple[dict[str, Any] | None, float]:
+        started = time.monotonic()
+        while time.monotonic() - started < timeout:
+            leader = self.leader()
+            if leader and leader["token"] != other_than:
+                return leader, time.monotonic() - started
+            time.sleep(0.005)
+        return None, time.monotonic() - started
+
+    def pause(self, name: str, note: str) -> None:
+        self.check_entry(name)
+        record = {"note": note, "at": datetime.now(timezone.utc).isoformat(),
+                  "by": f"{socket.gethostname()}"}
+        self.client.hset(self.keys.paused, name, json.dumps(record))
+        self._note(name, "paused", note)
+
+    def resume(self, name: str) -> bool:
+        self.check_entry(name)
+        removed = bool(self.client.hdel(self.keys.paused, name))
+        if removed:
+            self._note(name, "resumed", "")
+        return removed
+
+    def trigger(self, name: str, note: str) -> Request:
+        self.check_entry(name)
+        request = Request("trigger", name, note=note)
+        submit(self.client, self.keys, request)
+        return request
+
+    def backfill_slots(self, name: str, start: datetime, end: datetime
+                       ) -> tuple[list[datetime], list[datetime], datetime | None]:
+        """The entry's slots in [start, end]: (never sent, already sent, history horizon)."""
+        self.check_entry(name)
+        schedule, options = self.schedule()
+        if name not in schedule:
+            raise UnknownEntry(f"entry {name!r} is not in beat_schedule: its slots are unknown")
+        opts = options.get(name) or EntryOptions.defaults(self.config)
+        clock = clock_for(schedule[name]["schedule"], name=name, tz=opts.tz or self.app.timezone,
+                          jitter=opts.jitter)
+        slots: list[datetime] = []
+        s = clock.next_after(start - _MS)
+        if isinstance(clock, IntervalClock) and not clock.relative:
+            # an interval's slots are anchor + k x every: the phase is the stored last slot
+            stored = self.ledger.load([name]).get(name)
+            if stored is None:
+                raise UnknownEntry(f"entry {name!r} has no slot in Redis: its phase is unknown")
+            anchor = from_ms(stored.slot_ms)
+            s = anchor + -((anchor - start) // clock.every) * clock.every
+        while s <= end and len(slots) <= 100_000:
+            slots.append(s)
+            s = clock.next_after(s)
+        done, horizon = set(), None
+        for event_id, fields in self.client.xrange(self.keys.history):
+            if horizon is None:
+                horizon = from_ms(int(text(event_id).split("-")[0]))
+            row = {text(k): text(v) for k, v in fields.items()}
+            if row.get("entry") == name and row.get("event") in ("sent", "triggered"):
+                done.add(int(row.get("slot") or 0))
+        done |= {int(text(f).rpartition("|")[2]) for f in
+                 self.client.hkeys(self.keys.backfilled) if text(f).startswith(f"{name}|")}
+        never = [s for s in slots if to_ms(s) not in done]
+        return never, [s for s in slots if to_ms(s) in done], horizon
+
+    def backfill(self, name: str, slots: list[datetime], note: str) -> Request:
+        request = Request("backfill", name, note=note, slots_ms=tuple(to_ms(s) for s in slots))
+        submit(self.client, self.keys, request)
+        return request
+
+    def reset(self) -> int:
+        """Delete every key of this prefix (lease, claims, history, nodes, pauses)."""
+        deleted = 0
+        definitions = {self.keys.entries, self.keys.entries_meta, self.keys.entries_changed,
+                       self.keys.entries_removed}
+        for key in self.client.scan_iter(match=f"{self.keys.tag}:*", count=1000):
+            if text(key) not in definitions:  # entries defined at run time stay
+                deleted += int(self.client.delete(key))
+        return deleted
+
+    def _note(self, name: str, event: str, detail: str) -> None:
+        self.client.xadd(self.keys.history, {"event": event, "entry": name, "detail": detail,
+                                             "node": f"cli@{socket.gethostname()}"},
+                         maxlen=self.config.history_length, approximate=True)
+
+
+_MS = from_ms(1) - from_ms(0)
+
+
+def _readable(row: dict[str, str]) -> dict[str, Any]:
+    when = datetime.fromtimestamp(int(row["id"].split("-")[0]) / 1000, timezone.utc)
+    out: dict[str, Any] = dict(row, time=when.isoformat(timespec="milliseconds"))
+    if row.get("slot"):
+        out["slot"] = from_ms(int(row["slot"])).isoformat()
+    return out

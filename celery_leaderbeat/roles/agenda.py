@@ -1,0 +1,242 @@
+"""The leader's agenda: the entries it tracks, when each fires next, what is due.
+
+Pure: no Redis, no Celery app, no clock of its own (``now`` is a parameter).
+On election, and whenever the schedule changes, the scheduler builds the
+agenda with :func:`load` from the schedule and the slot states stored in
+Redis; each tick it takes the due entries off with :meth:`Agenda.pop_due`,
+claims and sends their slots, and puts each one back with :meth:`Agenda.push`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime, timedelta, timezone, tzinfo
+from typing import Any, NamedTuple
+
+from ..entries import EntryOptions
+from ..store.ledger import CLAIMED, UNSENT, ClaimItem, Op, SlotState
+from ..timing.policy import CatchupPolicy
+from ..timing.slots import Plan, SlotClock, clock_for, from_ms, plan, to_ms
+
+logger = logging.getLogger(__name__)
+
+#: seconds before an entry whose schedule raised is asked again
+RETRY_BROKEN = 60.0
+
+
+class Tracked:
+    """What the leader knows of one entry: its clock, options and last slot."""
+
+    __slots__ = ("clock", "fingerprint", "last", "name", "next_fire", "options")
+
+    def __init__(self, name: str, clock: SlotClock, options: EntryOptions,
+                 last: datetime, fingerprint: str = "") -> None:
+        self.name = name
+        self.clock = clock
+        self.options = options
+        self.fingerprint = fingerprint  # of the definition this node plans (see fingerprint)
+        self.next_fire = last
+        self.advance(last)
+
+    def advance(self, last: datetime) -> None:
+        """Make ``last`` the entry's last slot; its next fire time follows from it.
+
+        A schedule that raises here (a user's own) is asked again later, not fatal.
+        """
+        self.last = last
+        try:
+            self.next_fire = self.clock.fire_time(self.clock.next_after(last))
+        except Exception as exc:  # noqa: BLE001 - a user's schedule: one bad entry never stops the rest
+            logger.error("leaderbeat: the schedule of entry %r raised %r after slot %s; asked "
+                         "again in %.0f s", self.name, exc, last.isoformat(), RETRY_BROKEN)
+            self.next_fire = max(last, _utcnow()) + timedelta(seconds=RETRY_BROKEN)
+
+
+class Unsent(NamedTuple):
+    """A slot an earlier leader claimed and never confirmed sent."""
+
+    name: str
+    slot: datetime
+    unreported: bool  # still 'claimed': no leader has reported it yet (then it is 'unsent')
+    claimed_ms: int | None = None  # a standby's claim: when (Redis TIME) it was made
+    overtaken: bool = False  # a newer claim of the entry replaced it (kept apart in Redis)
+
+
+class Loaded(NamedTuple):
+    """What :func:`load` found: the entries, and what the leader must do about them."""
+
+    tracked: dict[str, Tracked]
+    #: entries with no stored slot yet (anchored at ``start``), entries whose definition
+    #: changed (re-anchored at ``start``), and entries whose stored slot is older than one
+    #: this process published (restored: Redis lost writes)
+    anchors: list[ClaimItem]
+    unsent: list[Unsent]  # slots claimed under another epoch, never confirmed sent
+
+    def count(self, op: str) -> int:
+        return sum(1 for item in self.anchors if item.op == op)
+
+
+#: builds the slot clock of one entry: (name, schedule, zone, jitter) -> clock
+ClockOf = Callable[[str, Any, tzinfo, "float | None"], SlotClock]
+
+#: the fingerprint of one entry's definition: (name, entry, zone, jitter) -> text
+FingerprintOf = Callable[[str, Any, tzinfo, "float | None"], str]
+
+
+def _build(name: str, schedule_: Any, tz: tzinfo, jitter: float | None) -> SlotClock:
+    return clock_for(schedule_, name=name, tz=tz, jitter=jitter)
+
+
+def _no_fingerprint(name: str, entry: Any, tz: tzinfo, jitter: float | None) -> str:
+    return ""
+
+
+def load(schedule: Mapping[str, Any], stored: Mapping[str, SlotState], *, start: datetime,
+         tz: tzinfo, options: Mapping[str, EntryOptions], default: EntryOptions,
+         epoch: int | None, clock_of: ClockOf = _build,
+         fingerprint_of: FingerprintOf = _no_fingerprint,
+         definitions: Mapping[str, str] | None = None,
+         remembered: Callable[[str], int | None] = lambda name: None,
+         trust_memory: bool = False, rolled_back: bool = False) -> Loaded:
+    """Track every entry of ``schedule`` from its stored last slot, else from ``start``.
+
+    ``epoch`` is the leader's own: a claimed or unsent slot of any other epoch
+    was left behind by an earlier leader. ``definitions`` are the fingerprints
+    stored beside the slot states (a leader loads them; an entry whose stored
+    fingerprint differs from its own starts again from ``start``).
+    ``remembered`` gives the newest slot this process published of an entry: a
+    stored slot older than that means Redis lost writes. With ``trust_memory``
+    (this process led until Redis lost them: nobody can have sent later slots)
+    the entry carries on after what was published; otherwise another node may
+    have sent later slots than this one remembers, so the entry is treated as
+    unknown and starts from ``start``, like an entry with no state. With
+    ``rolled_back`` (Redis went back to older state) no stored slot is trusted:
+    every entry with state starts from ``start`` too.
+    """
+    tracked: dict[str, Tracked] = {}
+    anchors: list[ClaimItem] = []
+    unsent: list[Unsent] = []
+    for name, entry in schedule.items():
+        opts = options.get(name) or default
+        try:
+            clock = clock_of(name, entry.schedule, opts.tz or tz, opts.jitter)
+            fp = fingerprint_of(name, entry, opts.tz or tz, opts.jitter)
+        except Exception as exc:  # noqa: BLE001 - an entry added at runtime: the others go on
+            logger.error("leaderbeat: entry %r is left out: its schedule cannot be followed (%s)",
+                         name, exc)
+            continue
+        state = stored.get(name)
+        sent_ms = remembered(name)
+        stored_fp = (definitions or {}).get(name)
+        if sent_ms is not None and (state is None or state.slot_ms < sent_ms) and trust_memory:
+            anchors.append(ClaimItem(name, sent_ms, Op.RESTORE, fingerprint=fp))
+            last = from_ms(sent_ms)
+        elif state is not None and (rolled_back or (sent_ms is not None
+                                                      and state.slot_ms < sent_ms)):
+            # rolled back (an older snapshot, a lagging replica): unknown, as if empty
+            at = max(to_ms(start), state.slot_ms, sent_ms or 0)
+            anchors.append(ClaimItem(name, at, Op.ROLLED_BACK, fingerprint=fp))
+            last = from_ms(at)
+        elif state is None:
+            anchors.append(ClaimItem(name, to_ms(start), Op.ANCHOR, fingerprint=fp))
+            last = start
+        elif definitions is not None and stored_fp and fp and stored_fp != fp:
+            anchors.append(ClaimItem(name, to_ms(start), Op.REANCHOR, fingerprint=fp))
+            last = max(start, from_ms(state.slot_ms))
+        else:
+            last = from_ms(state.slot_ms)
+            if state.state in (CLAIMED, UNSENT) and state.epoch != epoch:
+                unsent.append(Unsent(name, last, state.state == CLAIMED, state.claimed_ms))
+        tracked[name] = Tracked(name, clock, opts, last, fp)
+    return Loaded(tracked, anchors, unsent)
+
+
+def adopt_refused_anchors(loaded: Loaded, refused: Sequence[SlotState | None | str]) -> None:
+    """An anchor refused: another leader stored a slot since ``load``; start from that one."""
+    for item, state in zip(loaded.anchors, refused):
+        if isinstance(state, SlotState):
+            loaded.tracked[item.name].advance(from_ms(state.slot_ms))
+
+
+class Agenda:
+    """The tracked entries and a heap of their next fire times."""
+
+    def __init__(self, tracked: dict[str, Tracked] | None = None) -> None:
+        self.tracked: dict[str, Tracked] = tracked if tracked is not None else {}
+        self._heap = [(t.next_fire.timestamp(), name) for name, t in self.tracked.items()]
+        heapq.heapify(self._heap)
+        self.broken: list[tuple[str, str]] = []
+
+    def earliest(self) -> float | None:
+        """The earliest next fire time (a timestamp), None when nothing is tracked."""
+        return self._heap[0][0] if self._heap else None
+
+    def pop_due(self, now: datetime, since: datetime, policy: CatchupPolicy | None = None
+                ) -> list[tuple[Tracked, Plan]]:
+        """Take every entry due by ``now`` off the heap, with its plan.
+
+        ``since`` is when this node could first have sent (see :func:`slots.plan`):
+        due slots before it were missed. ``policy`` overrides every entry's own (a
+        standby plans with ``skip``: it never catches up). Each entry stays off the
+        heap until :meth:`push` puts it back. An entry whose schedule raises is put
+        back :data:`RETRY_BROKEN` seconds later and reported in :attr:`broken`; the
+        others go on.
+        """
+        due = []
+        taken: set[str] = set()
+        now_ts = now.timestamp()
+        while self._heap and self._heap[0][0] <= now_ts:
+            at, name = heapq.heappop(self._heap)
+            tracked = self.tracked.get(name)
+            if tracked is None or name in taken or at != tracked.next_fire.timestamp():
+                continue  # dropped from the schedule, or a stale copy of a re-pushed entry
+            taken.add(name)
+            try:
+                due.append((tracked, plan(tracked.clock, last=tracked.last, now=now,
+                                          since=since, policy=policy or tracked.options.policy)))
+            except Exception as exc:  # noqa: BLE001 - a user's schedule: one bad entry never stops the rest
+                self._broken(tracked, now_ts, exc)
+        return due
+
+    def _broken(self, tracked: Tracked, now_ts: float, exc: Exception) -> None:
+        logger.error("leaderbeat: the schedule of entry %r raised %r; it is skipped and asked "
+                     "again in %.0f s", tracked.name, exc, RETRY_BROKEN, exc_info=exc)
+        self.broken.append((tracked.name, f"{type(exc).__name__}: {exc}"[:200]))
+        tracked.next_fire = datetime.fromtimestamp(now_ts + RETRY_BROKEN, timezone.utc)
+        self.push(tracked)
+
+    def take_broken(self) -> list[tuple[str, str]]:
+        """Entries whose schedule raised since the last call, with what it raised."""
+        broken, self.broken = self.broken, []
+        return broken
+
+    def push(self, tracked: Tracked) -> None:
+        """Put an entry back on the heap at its (updated) next fire time."""
+        heapq.heappush(self._heap, (tracked.next_fire.timestamp(), tracked.name))
+
+    def add(self, tracked: Tracked) -> None:
+        """Track one more entry (or track it afresh: the older copy is dropped)."""
+        self.tracked[tracked.name] = tracked
+        self.push(tracked)
+
+    def drop(self, name: str) -> None:
+        """Stop tracking ``name`` (its heap item is skipped when it comes up)."""
+        self.tracked.pop(name, None)
+
+    def push_all(self, due: Sequence[tuple[Tracked, Plan]]) -> None:
+        """Put back every entry :meth:`pop_due` took."""
+        for tracked, _ in due:
+            self.push(tracked)
+
+    def delay(self, now_ts: float, limit: float) -> float:
+        """Seconds from ``now_ts`` until the next fire time, at most ``limit``."""
+        if not self._heap:
+            return limit
+        return max(0.0, min(self._heap[0][0] - now_ts, limit))
+
+
+def _utcnow() -> datetime:
+    return datetime.fromtimestamp(time.time(), timezone.utc)

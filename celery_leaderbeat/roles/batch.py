@@ -1,0 +1,458 @@
+"""One batch of due slots: claim a chunk, send what was granted, record; repeat.
+
+The order is the guarantee: nothing is published before Redis granted its
+claim, and a leader publishes nothing once its lease can no longer be
+confirmed (self-fencing), so a slot is sent at most once. Claims go in chunks
+of at most :data:`CHUNK` items, and the record of one chunk (sent, unsent and
+why, refused and by whom) rides on the claim of the next, so a batch costs
+about one Redis round trip per chunk and none per entry. A node paused in the
+middle of a batch holds at most one chunk claimed and unsent; the rest stays
+unclaimed, for a standby to rescue or the next leader to send.
+
+A chunk never holds two slots of one entry: a claim overwrites the entry's
+last slot, so after a crash every claimed, unconfirmed slot must still be the
+one the slots hash shows. An entry catching up on several slots therefore
+spreads over several chunks, one slot each.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Protocol
+
+from ..errors import LeaseLostError, NotReplicatedError
+from ..store.base import LeaseStore, SlotStore
+from ..store.ledger import DIFFERS, EARLY, PAUSED, SKIPPED, ClaimItem, Event, Op, SlotState
+from ..timing.slots import Plan, from_ms, to_ms
+from .agenda import Tracked, Unsent
+from .memory import SentMemory
+
+logger = logging.getLogger(__name__)
+
+#: claim items per script call: what a leader can publish in well under a renew interval
+CHUNK = 100
+
+#: publishes one slot of one entry; False when the broker refused it
+Send = Callable[[str, datetime], bool]
+
+
+class ChunkSend(Protocol):
+    """Sends a chunk's granted slots at once; may hand their broker commands to the claim."""
+
+    def prepare(self, slots: Sequence[tuple[str, datetime]]) -> Sequence[tuple | None]:
+        """Per slot, broker commands the claim runs if it grants the slot, or None."""
+
+    def enqueued(self, slots: Sequence[tuple[str, datetime]]) -> None:
+        """These slots were granted and enqueued by the claim itself."""
+
+    def send_many(self, slots: Sequence[tuple[str, datetime]],
+                  may_send: Callable[[], bool]) -> list[bool]:
+        """Publish these granted slots; True for each one the broker accepted.
+
+        ``may_send`` is asked again just before anything reaches the broker. A
+        shorter answer means it stopped because it said no (the lease can no
+        longer be confirmed): the rest are recorded unsent ("lease expired").
+        """
+
+
+class _OneByOne:
+    """A per-slot :data:`Send` as a :class:`ChunkSend`."""
+
+    def __init__(self, send: Send) -> None:
+        self.send = send
+
+    def prepare(self, slots: Sequence[tuple[str, datetime]]) -> Sequence[tuple | None]:
+        return [None] * len(slots)
+
+    def enqueued(self, slots: Sequence[tuple[str, datetime]]) -> None:
+        pass
+
+    def send_many(self, slots: Sequence[tuple[str, datetime]],
+                  may_send: Callable[[], bool]) -> list[bool]:
+        out: list[bool] = []
+        for name, slot in slots:
+            if not may_send():  # the lease ran out mid-chunk: stop here
+                break
+            out.append(self.send(name, slot))
+        return out
+
+
+class Gate(Protocol):
+    """Who claims: the leader (fenced by its lease) or a standby (rescue, no lease)."""
+
+    detail: str  # the history detail of a slot this gate sent
+    records_refusals: bool  # a refused claim goes to the history (the leader's, not a rescue's)
+
+    def claim(self, items: Sequence[ClaimItem],
+              events: Sequence[Event]) -> Sequence[SlotState | None | str]: ...
+
+    def may_send(self) -> bool: ...
+
+    def record(self, events: Sequence[Event]) -> None: ...
+
+
+class LeaderGate:
+    """Claims under the lease: refused wholesale once another node leads."""
+
+    detail = ""
+    records_refusals = True
+
+    def __init__(self, lease: LeaseStore, ledger: SlotStore) -> None:
+        self.lease = lease
+        self.ledger = ledger
+
+    def claim(self, items: Sequence[ClaimItem],
+              events: Sequence[Event]) -> Sequence[SlotState | None | str]:
+        try:
+            return self.ledger.claim(*self.lease.credentials(), items, events)
+        except LeaseLostError as exc:
+            if exc.holder is None and self.lease.is_held():
+                # the key vanished while the lease was valid: Redis lost its data
+                self.lease.vanished_while_held = True
+            raise
+
+    def may_send(self) -> bool:
+        return self.lease.is_held()
+
+    def record(self, events: Sequence[Event]) -> None:
+        self.ledger.record(self.lease.epoch or 0, events)
+
+
+class RescueGate:
+    """A standby's claims: granted only for slots ``rescue_after`` late by Redis TIME."""
+
+    detail = "rescued"
+    records_refusals = False  # the normal case: the leader claimed it first
+
+    def __init__(self, ledger: SlotStore, window: float = float("inf"), *,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.ledger = ledger
+        self.redis_now_ms = 0
+        self.window = window
+        self.clock = clock
+        self._claimed_at: float | None = None
+        #: the items of a claim call whose reply has not come (yet, or ever)
+        self.inflight: tuple[list[ClaimItem], float] | None = None
+
+    def claim(self, items: Sequence[ClaimItem],
+              events: Sequence[Event]) -> Sequence[SlotState | None | str]:
+        started = self.clock()
+        self.inflight = (list(items), started)  # until the reply is in hand
+        claimed = self.ledger.rescue(items, events)
+        self.inflight = None
+        self._claimed_at = started
+        self.redis_now_ms = claimed.redis_now_ms
+        return claimed.results
+
+    def may_send(self) -> bool:
+        """The claim is the only gate, for as long as the publish window lasts: a rescuer
+        paused between its grant and its publish must not send after a leader may have
+        recovered the slot."""
+        return self._claimed_at is None or self.clock() - self._claimed_at < self.window
+
+    def record(self, events: Sequence[Event]) -> None:
+        self.ledger.record(0, events)
+
+
+@dataclass
+class Outcome:
+    """What one batch did."""
+
+    sent: int = 0
+    refused: int = 0
+    events: list[Event] = field(default_factory=list)  # what was recorded, for signals/metrics
+    waiting: list[str] = field(default_factory=list)  # not late enough (rescue) or ahead
+    unknown: list[str] = field(default_factory=list)  # rescue: the entry has no state yet
+    differs: list[str] = field(default_factory=list)  # rescue: the leader plans another definition
+
+
+def run_batch(due: Sequence[tuple[Tracked, Plan]], gate: Gate, send: Send | ChunkSend, *,
+              memory: SentMemory | None = None, backlog: list[Event] | None = None,
+              record_missed: bool = True,
+              progress: Callable[[], None] = lambda: None) -> Outcome:
+    """Claim, send and record the due slots; advance each entry past what was settled.
+
+    ``progress`` is called after every chunk claimed: a batch of tens of thousands of
+    slots takes longer than the lease ttl, and the heartbeat must tell that working
+    loop from a wedged one. ``memory`` holds what this process published: a granted
+    slot it covers is recorded, never published again (a claim whose reply was lost
+    is granted again on the retry; the chunk before it may have gone out already).
+
+    Raises LeaseLostError when the leader's claim was refused (another node leads)
+    or its lease expired while sending; what was sent is recorded first, and the
+    slots not yet claimed stay unclaimed. Any other error (a Redis call failed)
+    leaves every entry advanced past what was settled, and no further; events whose
+    record call failed go to ``backlog`` and ride on the next batch's first call.
+    """
+    sender: ChunkSend = (send if hasattr(send, "send_many")  # type: ignore[assignment]
+                         else _OneByOne(send))  # type: ignore[arg-type]
+    memory = memory if memory is not None else SentMemory()
+    backlog = backlog if backlog is not None else []
+    outcome = Outcome()
+    pending: list[Event] = list(backlog)
+    backlog.clear()
+    # A leader records what its plan passes over at once; a rescuer only once its claim
+    # of the entry was granted (several standbys plan the same batch: one records it).
+    deferred: dict[str, list[Event]] = {}
+    if record_missed:
+        for tracked, p in due:
+            if gate.records_refusals:
+                pending += missed_events(tracked, p)
+            elif p.missed:
+                deferred[tracked.name] = missed_events(tracked, p)
+    position = {tracked.name: tracked.last for tracked, _ in due}
+    stopped: set[str] = set()  # entries with a slot left unsettled: not advanced past it
+    fenced = False
+    finished = False
+    try:
+        for chunk in chunks(due):
+            progress()
+            chunk = [c for c in chunk if c[0].name not in stopped]
+            if not chunk:
+                continue
+            if not gate.may_send():
+                fenced = True
+                break
+            wanted = [(t.name, slot) for t, slot, op, _ in chunk
+                      if op == Op.CLAIM and not memory.covers(t.name, to_ms(slot))]
+            commands = dict(zip(wanted, sender.prepare(wanted)))
+            items = [ClaimItem(t.name, to_ms(slot), op, to_ms(t.clock.fire_time(slot)),
+                               to_ms(prev), t.fingerprint, commands.get((t.name, slot)) or ())
+                     for t, slot, op, prev in chunk]
+            writing, pending = pending, []  # written by the claim call, even when refused
+            outcome.events += writing
+            with _shield() as stopping:  # a stop signal waits until this chunk is out
+                try:
+                    results = gate.claim(items, writing)
+                    replicated = True
+                except NotReplicatedError as exc:
+                    # Granted on the master, but a failover could lose the claims: sending
+                    # could then duplicate. Not sending keeps G1; what was granted is
+                    # recorded unsent, what was refused is handled as any refusal.
+                    logger.warning("leaderbeat: %s; not sending this chunk", exc)
+                    results, replicated = exc.results or [None] * len(items), False
+                except LeaseLostError:
+                    raise  # the events were written: the script writes them before its check
+                except Exception:
+                    backlog.extend(writing)  # may not have been written: written again later
+                    raise
+                granted = [(t.name, slot) for (t, slot, op, _), result in zip(chunk, results)
+                           if result is None and op == Op.CLAIM
+                           and not memory.covers(t.name, to_ms(slot))]
+                enqueued = {(c[0].name, c[1]) for c, item, result in zip(chunk, items, results)
+                            if result is None and item.enqueue and replicated}
+                sender.enqueued([g for g in granted if g in enqueued])
+                to_send = [g for g in granted if g not in enqueued]
+                sent: dict[tuple[str, datetime], bool] = {}
+                if to_send and replicated and not fenced:
+                    sent = dict(zip(to_send, sender.send_many(to_send, gate.may_send)))
+                fenced = fenced or (replicated and len(sent) < len(to_send))
+                for (tracked, slot, op, _), result in zip(chunk, results):
+                    name, slot_ms = tracked.name, to_ms(slot)
+                    if result is None:
+                        position[name] = max(position[name], slot)
+                        pending += deferred.pop(name, ())
+                        if op != Op.CLAIM:
+                            continue
+                        if memory.covers(name, slot_ms):  # granted again after a lost reply
+                            pending.append(_already_sent(memory, name, slot_ms, gate.detail))
+                        elif (name, slot) in enqueued:  # granted and enqueued in one step
+                            memory.note(name, slot_ms)
+                            outcome.sent += 1
+                            pending.append(Event(name, slot_ms, "sent", gate.detail))
+                        elif not replicated:
+                            pending.append(Event(name, slot_ms, "unsent", "not replicated"))
+                        elif (name, slot) not in sent:
+                            pending.append(Event(name, slot_ms, "unsent", "lease expired"))
+                        elif sent[(name, slot)]:
+                            memory.note(name, slot_ms)
+                            outcome.sent += 1
+                            pending.append(Event(name, slot_ms, "sent", gate.detail))
+                        else:
+                            pending.append(Event(name, slot_ms, "unsent", "publish failed"))
+                    elif result == PAUSED:  # skipped past: resuming does not replay it
+                        position[name] = max(position[name], slot)
+                        pending.append(Event(name, slot_ms, "skipped", "paused"))
+                    elif isinstance(result, SlotState):
+                        position[name] = max(position[name], from_ms(result.slot_ms))
+                        if op == Op.CLAIM and gate.records_refusals and result.state != SKIPPED:
+                            outcome.refused += 1
+                            pending.append(Event(name, slot_ms, "skipped",
+                                                 _refusal(slot_ms, result)))
+                    else:
+                        stopped.add(name)
+                        (outcome.waiting if result == EARLY else outcome.differs
+                         if result == DIFFERS else outcome.unknown).append(name)
+                if stopping and pending:  # record what went out before the signal acts:
+                    gate.record(pending)  # its handler releases the lease first
+                    outcome.events += pending
+                    pending = []
+        finished = True
+    finally:
+        try:
+            if pending:
+                gate.record(pending)
+                outcome.events += pending
+        except Exception:
+            backlog.extend(pending)
+            raise
+        finally:
+            # Advanced past what was settled even when a call failed: an entry left behind
+            # would plan the same slots again (the memory keeps them from going out twice,
+            # but they would be claimed and recorded again).
+            for tracked, p in due:
+                last = position[tracked.name]
+                whole = finished and not fenced and tracked.name not in stopped
+                tracked.advance(max(last, p.last) if whole else last)
+                memory.know(tracked.name, to_ms(last))  # settled, by this node or another
+    if fenced:
+        raise LeaseLostError("lease expired while sending (self-fencing)")
+    return outcome
+
+
+_HELD = {getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
+         if hasattr(signal, name)}
+
+
+@contextmanager
+def _shield() -> Iterator[list[int]]:
+    """Hold SIGTERM, SIGINT, SIGHUP and SIGQUIT back while one chunk is claimed and sent.
+
+    Celery's handler raises ``SystemExit`` wherever the main thread is: landing
+    between a claim and its publish, it left the chunk claimed and never sent
+    (lost, at most once). While a chunk is in hand a stand-in handler only notes
+    the signal; once the chunk is out the real handlers are back and the noted
+    signals are sent again, a few milliseconds late. (Masking the main thread is
+    not enough: the kernel hands the signal to the heartbeat thread instead.)
+    SIGKILL cannot be held: that window stays. Only the main thread can do this.
+    """
+    noted: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield noted
+        return
+    previous = {}
+    for sig in _HELD:
+        handler = signal.getsignal(sig)
+        if handler is not None:  # None: not set from Python, cannot be put back
+            previous[sig] = signal.signal(sig, lambda signum, frame: noted.append(signum))
+    try:
+        yield noted
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        for signum in noted:
+            os.kill(os.getpid(), signum)
+
+
+def chunks(due: Sequence[tuple[Tracked, Plan]], size: int = CHUNK
+           ) -> list[list[tuple[Tracked, datetime, str, datetime]]]:
+    """The claims of a batch in chunks of at most ``size``, never two of one entry in one.
+
+    Round ``r`` holds each entry's ``r``-th slot to send (oldest first); an entry
+    that passes over newer missed slots without sending them ends with a skip.
+    Each claim carries the slot before it (the entry's last, then the previous
+    claim's): a rescue is granted only when that is the stored slot.
+    """
+    rounds: list[list[tuple[Tracked, datetime, str, datetime]]] = []
+    for tracked, p in due:
+        ops = [(s, Op.CLAIM) for s in p.send]
+        if (not p.send or p.last > p.send[-1]) and p.last > tracked.last:
+            ops.append((p.last, Op.SKIP))  # missed slots newer than anything sent
+        prev = tracked.last
+        for r, (slot, op) in enumerate(ops):
+            if r == len(rounds):
+                rounds.append([])
+            rounds[r].append((tracked, slot, op, prev))
+            prev = slot
+    return [rnd[i:i + size] for rnd in rounds for i in range(0, len(rnd), size)]
+
+
+def _already_sent(memory: SentMemory, name: str, slot_ms: int, detail: str) -> Event:
+    """A granted slot this process covers: recorded, not published again."""
+    if memory.published(name, slot_ms):
+        return Event(name, slot_ms, "sent", (detail + "; " if detail else "")
+                     + "recorded again (the first record's reply was lost)")
+    return Event(name, slot_ms, "skipped", "older than a slot this node sent")
+
+
+def missed_events(tracked: Tracked, p: Plan) -> list[Event]:
+    """History events for the slots ``p`` passes over; the oldest only as a count."""
+    events = [Event(tracked.name, to_ms(m.slot), "missed", m.reason) for m in p.missed]
+    if p.missed_total > len(p.missed):
+        events.append(Event(tracked.name, to_ms(p.last), "missed",
+                            f"{p.missed_total - len(p.missed)} older slots not listed"))
+    return events
+
+
+def _refusal(slot_ms: int, state: SlotState) -> str:
+    if state.slot_ms == slot_ms:
+        return f"already claimed by {state.claimant()}"
+    return f"a newer slot was claimed by {state.claimant()}"
+
+
+def say_capped_once(due: Sequence[tuple[Tracked, Plan]], capped: set[str]) -> None:
+    """A catch-up larger than ``max_catchup`` is logged once per entry, not per tick."""
+    for tracked, p in due:
+        policy = tracked.options.policy
+        if (policy.mode == "all" and tracked.name not in capped
+                and any(m.reason == "max_catchup" for m in p.missed)):
+            capped.add(tracked.name)
+            logger.warning("leaderbeat: entry %r has more missed slots than max_catchup=%d: "
+                           "the newest %d are sent, %d older ones are only recorded as missed "
+                           "(said once per entry)", tracked.name, policy.max_catchup,
+                           policy.max_catchup, p.missed_total)
+
+
+def report_unsent(unsent: Sequence[Unsent], *, gate: LeaderGate, send: Send,
+                  recover: bool, memory: SentMemory) -> list[Unsent]:
+    """Slots claimed by an earlier leader (or a standby) and never confirmed sent.
+
+    Each is reported once (its state becomes 'u'). A slot this process itself
+    published (its record was lost with a reply) is recorded sent, never re-sent.
+    With ``recover`` (``leaderbeat_recover_unsent``) every other such slot, reported
+    before or not, is re-sent under its own task id, through a 'recover' claim: it
+    is granted only while the slot is still unconfirmed in Redis (a late 'sent'
+    record of its claimant wins), and a standby's claim only once it is older than
+    the lease ttl (its claimant publishes within that time or not at all).
+    Returns the slots to try again later (a standby's claim too young to take over).
+    """
+    mine = [u for u in unsent if memory.published(u.name, to_ms(u.slot))]
+    others = [u for u in unsent if not memory.published(u.name, to_ms(u.slot))]
+    new = [(u.name, u.slot) for u in others if u.unreported]
+    if new:
+        logger.warning("leaderbeat: %d slot(s) were claimed but not confirmed sent by an "
+                       "earlier leader: %s%s", len(new),
+                       ", ".join(f"{n}@{s.isoformat()}" for n, s in new[:10]),
+                       "" if recover else " (leaderbeat_recover_unsent is off: not re-sent)")
+    events = [Event(n, to_ms(s), "unsent", "claimed by an earlier leader") for n, s in new]
+    events += [_already_sent(memory, u.name, to_ms(u.slot), "") for u in mine]
+    later: list[Unsent] = []
+    if recover and others and gate.may_send():
+        items = [ClaimItem(u.name, to_ms(u.slot), Op.RECOVER) for u in others]
+        results = gate.claim(items, events)
+        events = []
+        for u, result in zip(others, results):
+            slot_ms = to_ms(u.slot)
+            if result == EARLY:
+                later.append(u._replace(unreported=False))
+            elif result is not None:
+                continue  # confirmed sent meanwhile, or moved on: nothing to recover
+            elif memory.covers(u.name, slot_ms) and memory.published(u.name, slot_ms):
+                events.append(_already_sent(memory, u.name, slot_ms, "recovered"))
+            elif gate.may_send() and send(u.name, u.slot):
+                memory.note(u.name, slot_ms)
+                events.append(Event(u.name, slot_ms, "sent", "recovered"))
+            else:
+                events.append(Event(u.name, slot_ms, "unsent", "recovery: not sent"))
+    gate.record(events)
+    if not recover:
+        gate.ledger.forget_overtaken([(u.name, to_ms(u.slot)) for u in others if u.overtaken])
+    return later

@@ -1,0 +1,184 @@
+"""How a running beat follows the entries defined at run time.
+
+The scheduler calls :meth:`DynamicSchedule.refresh` on every tick (the leader
+and the standbys wake at least every ``leaderbeat_standby_poll``, 1 s by
+default); at most every :data:`POLL` seconds it asks the store what changed
+since the version it has seen: one script call that answers with the version
+alone when nothing changed, else with only the changed entries. Each one is
+checked with start-up's rules and put into (or taken out of) the scheduler's
+entries; the scheduler then bumps its schedule version, which makes the
+leader and the standby rebuild what they track.
+
+Each entry has an *anchor* in the store: when it was created, when its
+timing last changed, when it was last enabled again, or, for an imported
+entry, its last run elsewhere. :func:`reanchor` makes the slot state the roles
+plan from start at the anchor when the stored slot is older, so an entry
+enabled again starts at its next slot instead of catching up on the time it
+was off, and plans an entry with no state yet from its anchor (a new entry's
+first slot is one interval after the save; an imported one keeps its phase).
+A changed definition is re-anchored by the leader's fingerprint check.
+
+What each dynamic ``ScheduleEntry`` carries (for the roles and for tooling):
+``leaderbeat_source`` ("dynamic"), ``leaderbeat_version`` (the store version
+of its last change), ``leaderbeat_fingerprint`` (a hash of its whole
+definition), ``leaderbeat_timing`` (a hash of what decides its slots),
+``leaderbeat_anchor_ms`` and ``leaderbeat_once`` (a one-off entry).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Collection, Mapping, MutableMapping
+from typing import Any
+
+from ..config import Config
+from ..entries import EntryOptions, split_entries
+from ..errors import ConfigurationError
+from ..store.dynamic import Entry
+from ..store.entry_store import EntryStore, Stored
+from ..store.ledger import ANCHOR, SlotState
+from ..timing.slots import to_ms
+
+logger = logging.getLogger(__name__)
+
+#: seconds between two looks at the store's version (each look is one script call)
+POLL = 0.1
+
+
+class DynamicSchedule:
+    """Keeps a scheduler's dynamic entries in step with the store."""
+
+    def __init__(self, store: EntryStore, config: Config, *,
+                 entries: MutableMapping[str, Any], options: MutableMapping[str, EntryOptions],
+                 make_entry: Callable[[str, dict[str, Any]], Any],
+                 static: Callable[[], Collection[str]]) -> None:
+        self.store = store
+        self.config = config
+        self._entries = entries
+        self._options = options
+        self._make_entry = make_entry
+        self._static = static
+        self.seen = -1  # the store version this node follows
+        #: active dynamic entry -> its anchor, as the slot state it is planned from
+        self.anchors: dict[str, SlotState] = {}
+        #: entries whose anchor holds even before they have state (see :func:`reanchor`)
+        self.exact: set[str] = set()
+        self._refused: dict[str, int] = {}  # name -> version refused (said once)
+        self._next_look = 0.0
+
+    @property
+    def names(self) -> Collection[str]:
+        """The dynamic entries in the schedule now (enabled, valid)."""
+        return self.anchors.keys()
+
+    def refresh(self, *, force: bool = False) -> set[str]:
+        """Take in what changed in the store; the names whose entry changed (empty: none).
+
+        The work is in proportion to the changes: nothing here walks every entry
+        (except after a full read, when the node was too far behind).
+        """
+        now = time.monotonic()
+        if not force and now < self._next_look:
+            return set()
+        self._next_look = now + POLL
+        changes = self.store.changes(self.seen)  # may raise: nothing changed here then
+        if changes.version == self.seen and not changes.full:
+            return set()
+        gone = set(changes.removed)
+        if changes.full:
+            gone |= set(self.anchors) - set(changes.saved)
+        before = len(self.anchors)
+        touched = {name for name in gone if name in self.anchors}
+        for name in gone:
+            self._drop(name)
+        for name, stored in changes.saved.items():
+            was = name in self.anchors
+            self._apply(name, stored)
+            if was or name in self.anchors:
+                touched.add(name)
+        self.seen = changes.version
+        logger.info("leaderbeat: dynamic entries at version %d: %d in the schedule (%+d), "
+                    "%d changed", changes.version, len(self.anchors), len(self.anchors) - before,
+                    len(touched))
+        return touched
+
+    def _apply(self, name: str, stored: Stored) -> None:
+        if name in self._static():
+            if self._refused.get(name) != stored.version:
+                logger.error("leaderbeat: dynamic entry %r is ignored: beat_schedule has an entry "
+                             "of that name", name)
+                self._refused[name] = stored.version
+            return
+        if not stored.enabled:
+            self._drop(name)
+            return
+        try:
+            entry = Entry.from_stored(stored)
+            built, options = split_entries({name: entry.raw()}, self.config)
+        except (ConfigurationError, ValueError, KeyError, TypeError) as exc:
+            # saved by another version, or a zone this host lacks: the others go on
+            logger.error("leaderbeat: dynamic entry %r (version %d) is left out: %s",
+                         name, stored.version, exc)
+            self._drop(name)
+            return
+        made = self._make_entry(name, built[name])
+        anchor = stored.anchor_ms
+        if entry.at is not None:
+            # its one slot must stay ahead of its anchor, even when read late; a time
+            # already past when saved follows the catch-up policy
+            anchor = min(anchor, to_ms(entry.at) - 1)
+        made.leaderbeat_source = "dynamic"
+        made.leaderbeat_version = stored.version
+        made.leaderbeat_fingerprint = stored.fingerprint
+        made.leaderbeat_timing = stored.timing
+        made.leaderbeat_anchor_ms = anchor
+        made.leaderbeat_once = entry.at is not None
+        self._entries[name] = made
+        self._options[name] = options[name]
+        self.anchors[name] = SlotState(anchor, 0, ANCHOR)
+        # planned from its anchor (the save, by Redis TIME) before it has state: the
+        # leader's own anchoring would add its margin for unknown state (up to 5 s)
+        self.exact.add(name)
+
+    def _drop(self, name: str) -> None:
+        self.exact.discard(name)
+        if self.anchors.pop(name, None) is not None:
+            self._entries.pop(name, None)
+            self._options.pop(name, None)
+
+    def ran(self, entry: Any, slot_ms: int) -> None:
+        """A one-off entry's slot was sent: record it and disable the entry."""
+        try:
+            if self.store.finish(entry.name, entry.leaderbeat_fingerprint, slot_ms):
+                logger.info("leaderbeat: one-off entry %s ran; it is now disabled", entry.name)
+        except Exception as exc:  # noqa: BLE001 - it cannot run twice anyway (its slot is claimed)
+            logger.warning("leaderbeat: could not mark one-off entry %s as run (%s); it will "
+                           "not run again, but shows as enabled", entry.name, exc)
+
+
+def reanchor(stored: Mapping[str, SlotState], anchors: Mapping[str, SlotState],
+             exact: Collection[str] = (), names: Collection[str] | None = None
+             ) -> Mapping[str, SlotState]:
+    """Slot states to plan from: a dynamic entry's starts at its anchor when older.
+
+    ``anchors`` holds each dynamic entry's anchor as a slot state (built once per
+    change). An entry with no stored state is left to the leader's own anchoring
+    (from now, written to Redis, so standbys can rescue it) unless it is in
+    ``exact``: an imported entry (its phase from elsewhere) or a one-off whose time
+    is already past. In memory only: the next claim is what Redis keeps. With
+    ``names`` (a change of a few entries) only those are looked at: the cost
+    follows the change, not the schedule.
+    """
+    if not anchors:
+        return stored
+    out = dict(stored)
+    for name, state in stored.items():
+        anchor = anchors.get(name)
+        if anchor is not None and state.slot_ms < anchor.slot_ms:
+            out[name] = anchor
+    candidates = exact if names is None else [n for n in names if n in exact]
+    for name in candidates:
+        if name not in stored and name in anchors:
+            out[name] = anchors[name]
+    return out

@@ -1,0 +1,351 @@
+"""Leading: track the schedule, claim and send every due slot, live through outages.
+
+A leader sleeps until its next slot (the heartbeat renews the lease all the
+while), then sends every due slot in chunks (:mod:`batch`). It re-reads the
+slot states from Redis when it is elected and whenever the schedule changes,
+so it continues exactly where the previous leader (or a rescuing standby)
+stopped. It stops leading by raising :class:`Resign`; the scheduler steps down.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Collection
+from datetime import datetime
+from typing import Any, cast
+
+import redis
+
+from ..errors import NotReplicatedError
+from ..store.ledger import CLAIMED, REMOVED, Event, Ledger, Op
+from ..timing.slots import from_ms, to_ms
+from .agenda import Agenda, Loaded, Tracked, Unsent, adopt_refused_anchors
+from .batch import LeaderGate, report_unsent, run_batch, say_capped_once
+from .degraded import Outage
+from .node import Node, utcnow
+from .requests import WAKE, carry_out
+
+logger = logging.getLogger(__name__)
+
+#: cap, in seconds, of how far past "now" an entry with no stored state starts
+UNKNOWN_STATE_MARGIN = 5.0
+
+#: state of an entry nobody schedules any more, and backfill records, older than this go
+PRUNE_AFTER = 30 * 86400.0
+#: node records not seen for this long go
+FORGET_NODES_AFTER = 3600.0
+#: seconds between two prunes (the first comes a minute after the election)
+PRUNE_EVERY = 3600.0
+
+
+class Resign(Exception):
+    """This node must stop leading now; with ``release`` it gives the lease up at once."""
+
+    def __init__(self, why: str, *, release: bool = False) -> None:
+        super().__init__(why)
+        self.release = release
+
+
+class Leader:
+    """The leading half of one beat process, from its election to its step-down."""
+
+    def __init__(self, node: Node, since: datetime) -> None:
+        self.node = node
+        #: due slots before this moment were missed (no node could send them): the
+        #: catch-up policy decides; later ones are on time. A standby's own start.
+        self.since = since
+        self.agenda = Agenda()
+        self.gate = LeaderGate(node.lease, node.ledger)
+        self.outage: Outage | None = None  # set while leading through a Redis outage
+        self._version = -1
+        self._unsent: list[Unsent] = []
+        self._capped: set[str] = set()  # entries whose catch-up hit max_catchup (logged)
+        self._paused: set[str] = set()  # entries seen skipped as paused (logged once)
+        self._requests_pending = True  # requests may have queued while nobody led
+        self._pubsub: Any = None
+        #: what earlier leaders left unconfirmed is reported once, by the first reload that
+        #: gets through (an election whose first load failed reports on the next one)
+        self._reported = False
+        self._rolled_back = False  # Redis went back to older state: re-anchor every entry
+        self._recover_later: list[Unsent] = []  # a standby's claims too young to take over
+        self._recover_at = 0.0  # monotonic: when to try those again
+        self._prune_at = time.monotonic() + 60.0
+
+    @property
+    def tracked(self) -> dict[str, Tracked]:
+        return self.agenda.tracked
+
+    def elected(self, version: int) -> None:
+        """Load the state in Redis; report what an earlier leader claimed and never sent."""
+        self.reload(version, report=True)
+
+    def reload(self, version: int, *, report: bool = False) -> None:
+        """Rebuild what the leader tracks from the schedule and the state in Redis."""
+        node = self.node
+        # An entry without stored state (new, or Redis lost its data) starts after
+        # now + max_clock_skew (5 s at most): a slot an earlier leader sent just before
+        # the data was lost cannot come round again on a node whose clock is behind.
+        margin = min(node.config.max_clock_skew, UNKNOWN_STATE_MARGIN)
+        start = from_ms(to_ms(utcnow()) + int(margin * 1000))
+        stored, definitions = node.ledger.load_with_definitions()
+        # Only a node that led until Redis lost its data knows nobody sent anything later
+        trusted = node.lease.vanished_while_held
+        rolled_back = self._rolled_back
+        loaded = node.track(stored, start=start, epoch=node.lease.epoch,
+                            definitions=definitions, trust_memory=trusted,
+                            rolled_back=rolled_back)
+        report = (report or not self._reported) and not rolled_back
+        unsent: list[Unsent] = []
+        if report:
+            unsent += loaded.unsent
+            # older unconfirmed claims a newer claim replaced (a standby rescued the
+            # entry's next slot before this leader was elected): reported all the same
+            for (name, slot_ms), state in node.ledger.overtaken().items():
+                if name in loaded.tracked:
+                    unsent.append(Unsent(name, from_ms(slot_ms), state.state == CLAIMED,
+                                         state.claimed_ms, overtaken=True))
+        if loaded.anchors:
+            _anchor(node, loaded, "new")
+        self._rolled_back = False
+        self._publish_definitions(loaded.tracked, definitions)
+        self.agenda = Agenda(loaded.tracked)
+        self._version = version
+        node.lease.vanished_while_held = False
+        if report:
+            self._recover_later = report_unsent(unsent, gate=self.gate, send=self._send,
+                                                recover=node.config.recover_unsent,
+                                                memory=node.sent)
+            self._recover_at = time.monotonic() + node.config.lease_ttl
+            self._reported = True
+
+    def rolled_back(self, why: str) -> None:
+        """Redis holds older state than this node has seen: what it says was sent or claimed
+        may be behind what was. Every entry starts again from now (or after what this
+        process itself sent), and the generation counter is lifted past the loss."""
+        logger.warning("leaderbeat: %s; every entry starts again from now, without catch-up "
+                       "(slots sent before the loss are never sent again)", why)
+        self._rolled_back = True
+        self._version = -1
+        self.node.ledger.reset_generation()
+
+    def update(self, names: Collection[str], version: int) -> None:
+        """Take in a change of a few entries: work in proportion to the change, not the
+        schedule (one read of their states; those with no state anchored)."""
+        node = self.node
+        names = sorted(names)
+        margin = min(node.config.max_clock_skew, UNKNOWN_STATE_MARGIN)
+        start = from_ms(to_ms(utcnow()) + int(margin * 1000))
+        stored, definitions = node.ledger.load_with_definitions(names)
+        loaded = node.track(stored, start=start, epoch=node.lease.epoch,
+                            definitions=definitions, only=names)
+        if loaded.anchors:
+            _anchor(node, loaded, "changed")
+        for name in names:
+            if name in loaded.tracked:
+                self.agenda.add(loaded.tracked[name])
+            else:
+                self.agenda.drop(name)
+        self._publish_definitions(loaded.tracked, definitions, names)
+        self._version = version
+
+    def tick(self, version: int) -> float:
+        """Send every due slot; the seconds until the next one (at most ``max_interval``)."""
+        if self.outage is not None:
+            return self._tick_degraded(self.outage)
+        node, lease = self.node, self.node.lease
+        if not lease.is_held():
+            if node.config.redis_down_policy == "last-leader" and not lease.lost:
+                node.client.ping()  # unreachable: the last leader goes on (degraded mode)
+            raise Resign("lease not confirmed in time (self-fencing)")
+        stopped = lease.heartbeat_stopped()
+        if stopped is not None:  # nothing renews the lease any more: let it go now
+            raise Resign(f"the heartbeat thread stopped ({stopped})", release=True)
+        skew = lease.clock_skew
+        if skew is not None and abs(skew) > node.config.max_clock_skew:
+            raise Resign(f"clock is {skew:+.3f} s off Redis TIME, beyond "
+                         f"leaderbeat_max_clock_skew={node.config.max_clock_skew}", release=True)
+        if self._version != version:
+            changed = node.changed_since(self._version) if self._version >= 0 else None
+            if changed is not None and len(changed) <= max(100, len(self.tracked) // 10):
+                self.update(changed, version)
+            else:
+                self.reload(version)
+        if self._recover_later and time.monotonic() >= self._recover_at:
+            later, self._recover_later = self._recover_later, []
+            self._recover_later = report_unsent(later, gate=self.gate, send=self._send,
+                                                recover=True, memory=node.sent)
+            self._recover_at = time.monotonic() + node.config.lease_ttl
+        self.notice_requests()
+        if time.monotonic() >= self._prune_at:
+            self._prune()
+        if self._requests_pending:
+            # the requests are a Redis list beside the store's seam (store/base.py)
+            carry_out(cast(Ledger, node.ledger), node.keys, lease.epoch or 0, node.keys.prefix,
+                      self._publish,
+                      utcnow(), known=lambda name: name in self.tracked,
+                      stored=lambda name: self._stored_slot(name), memory=node.sent)
+            self._requests_pending = False  # only now: a failed pop leaves them pending
+        now = utcnow()
+        earliest = self.agenda.earliest() or now.timestamp()
+        due = self.agenda.pop_due(now, self.since)
+        try:
+            if due:
+                started = time.monotonic()
+                say_capped_once(due, self._capped)
+                outcome = run_batch(due, self.gate, node.chunk_send(node.lease.epoch or 0),
+                                    memory=node.sent, backlog=node.backlog,
+                                    progress=node.progress)
+                node.observe(outcome.events)
+                self._say_paused(outcome.events)
+                if outcome.sent:
+                    logger.info("leaderbeat: sent %d slot(s) of %d due entries in %.0f ms, "
+                                "%.0f ms after the earliest was due", outcome.sent, len(due),
+                                (time.monotonic() - started) * 1000,
+                                (now.timestamp() - earliest) * 1000)
+        finally:
+            self.agenda.push_all(due)
+            self._record_broken()
+        return min(self.delay(), self.node.config.standby_poll)
+
+    def _publish_definitions(self, tracked: dict[str, Tracked], stored: dict[str, str],
+                             names: Collection[str] | None = None) -> None:
+        """Tell rescuers what this leader plans: each entry's fingerprint, and REMOVED for an
+        entry it no longer schedules (removed, or a disabled row): a standby that has not
+        seen the change yet must not rescue it. An entry that comes back later finds
+        REMOVED, not its own fingerprint, and starts again from its next slot."""
+        changes = {name: t.fingerprint for name, t in tracked.items()
+                   if t.fingerprint and stored.get(name) is None}
+        changes.update({name: REMOVED for name in (stored if names is None else names)
+                        if name not in tracked and stored.get(name) not in (None, REMOVED)})
+        self.node.ledger.write_definitions(changes)
+
+    def _prune(self) -> None:
+        """Nothing grows without bound: state of removed entries, old backfills, dead nodes."""
+        self._prune_at = time.monotonic() + PRUNE_EVERY
+        slots, backfills, nodes = self.node.ledger.prune(
+            self.node.schedule(), keep_ms=int(PRUNE_AFTER * 1000), node_keep_s=FORGET_NODES_AFTER)
+        if slots or backfills or nodes:
+            logger.info("leaderbeat: pruned the state of %d entries no longer scheduled, %d old "
+                        "backfill records and %d node records not seen for %.0f s",
+                        slots, backfills, nodes, FORGET_NODES_AFTER)
+
+    def _stored_slot(self, name: str) -> int | None:
+        """The entry's last slot as this leader tracks it (claimed, sent or passed)."""
+        tracked = self.tracked.get(name)
+        return to_ms(tracked.last) if tracked is not None else None
+
+    def delay(self, limit: float | None = None) -> float:
+        return self.agenda.delay(time.time(), float(limit or self.node.max_interval()))
+
+    def _say_paused(self, events: list[Event]) -> None:
+        """One INFO line when an entry's slots start being skipped as paused, one on resume."""
+        for ev in events:
+            if ev.event == "skipped" and ev.detail == "paused" and ev.name not in self._paused:
+                self._paused.add(ev.name)
+                logger.info("leaderbeat: %s (epoch %s) skips %s: paused from the CLI",
+                            self.node.config.node_id, self.node.lease.epoch, ev.name)
+            elif ev.event == "sent" and ev.name in self._paused:
+                self._paused.discard(ev.name)
+                logger.info("leaderbeat: %s (epoch %s) sends %s again: resumed",
+                            self.node.config.node_id, self.node.lease.epoch, ev.name)
+
+    def _send(self, name: str, slot: datetime) -> bool:
+        return self.node.send(name, slot, self.node.lease.epoch or 0, None)
+
+    def _publish(self, name: str, slot: datetime, task_id: str | None) -> bool:
+        return self.node.send(name, slot, self.node.lease.epoch or 0, task_id)
+
+    def notice_requests(self) -> None:
+        """Has the CLI queued a request? A look at the subscription's buffer, no round trip.
+
+        The leader wakes at least every ``standby_poll`` for this (an idle wake-up costs
+        no Redis command); messages that arrive while it sleeps or sends wait in the
+        subscription, so none is missed.
+        """
+        if self._pubsub is None:
+            self._pubsub = self.node.client.pubsub(ignore_subscribe_messages=True)
+            self._pubsub.subscribe(self.node.keys.events)
+            # a request queued while there was no subscription woke nobody: look anyway
+            self._requests_pending = True
+        while (message := self._pubsub.get_message(timeout=0.0)) is not None:
+            if message.get("data") in (WAKE.encode(), WAKE):
+                self._requests_pending = True
+
+    def close(self) -> None:
+        self._pubsub = None  # dropped, not closed: see Standby.close
+
+    def _record_broken(self) -> None:
+        broken = self.agenda.take_broken()
+        if broken:
+            self.node.ledger.record(self.node.lease.epoch or 0, [
+                Event(name, to_ms(utcnow()), "error", why) for name, why in broken])
+
+    # -- redis_down_policy = "last-leader" ------------------------------------------------
+
+    def redis_unreachable(self, exc: BaseException) -> bool:
+        """Redis stopped answering: True while this leader goes on (degraded), else False.
+
+        Only a leader whose lease is still valid by its own deadline may go on: one
+        resumed from a long pause whose link is down must not send while another leads.
+        Only an unreachable Redis starts an outage: one that answers with an error
+        (READONLY during a failover, OOM, a script error) still lets standbys claim
+        and rescue, so sending without claims could send twice.
+        """
+        if (self.outage is None and self.node.config.redis_down_policy == "last-leader"
+                and isinstance(exc, (redis.ConnectionError, redis.TimeoutError, OSError))
+                and self.node.lease.is_held()):
+            self.outage = Outage.begin(self.node.config)
+        return self.outage is not None
+
+    def _tick_degraded(self, outage: Outage) -> float:
+        """Redis is unreachable: send from the agenda alone; reconcile once Redis answers."""
+        if outage.expired():  # a hard cap, checked first: also when PING answers, writes fail
+            self.outage = None
+            raise Resign("Redis unreachable for longer than leaderbeat_degraded_max_seconds="
+                         f"{self.node.config.degraded_max_seconds}")
+        outage.send_due(self.agenda, utcnow(), self.since, self._send, self.node.sent)
+        try:
+            self.node.client.ping()
+        except (redis.RedisError, OSError):
+            return min(self.delay(), 1.0)
+        try:
+            reconciled = outage.reconcile(self.node.lease, self.node.ledger, self.node.wake_by)
+        except (redis.RedisError, OSError):
+            return min(self.delay(), 1.0)  # still flapping: the outage stays as it was
+        self.outage = None  # only now: a Redis error above leaves the outage in place
+        if not reconciled:
+            raise Resign("another node leads after the Redis outage")
+        return 0.0
+
+
+def _say_anchored(loaded: Any) -> None:
+    """One line per kind of anchor and reload, not per entry: after a Redis restart that
+    lost its data this is the only trace. Unknown state is "start from now", never "never
+    ran"; a slot this node remembers sending is never sent again."""
+    total = len(loaded.tracked)
+    for op, said in ((Op.ANCHOR, ("had no slot state in Redis (new entries, or Redis lost its "
+                      "data); they start from now, without catch-up")),
+                     (Op.REANCHOR, "have a changed definition; they start again from now"),
+                     (Op.RESTORE, ("had lost the slot state of what this node sent (Redis "
+                      "restarted empty or went back to an older snapshot while this node led); "
+                      "they carry on after what it sent")),
+                     (Op.ROLLED_BACK, ("had a slot state older than a slot this node sent "
+                      "(Redis went back to an older snapshot or a lagging replica); they start "
+                      "from now, without catch-up, like entries with no state"))):
+        names = [item.name for item in loaded.anchors if item.op == op]
+        if names:
+            log = logger.info if op == Op.ANCHOR else logger.warning
+            log("leaderbeat: %d of %d entries %s: %s", len(names), total, said,
+                ", ".join(names[:10]))
+
+
+def _anchor(node: Node, loaded: Loaded, what: str) -> None:
+    """Claim the anchors of ``what`` (new, changed) entries; a refused one is adopted."""
+    try:
+        refused = node.ledger.claim(*node.lease.credentials(), loaded.anchors)
+    except NotReplicatedError as exc:  # anchors send nothing: safe to go on
+        logger.warning("leaderbeat: %s for the anchors of %s entries; going on", exc, what)
+        refused = [None] * len(loaded.anchors)
+    adopt_refused_anchors(loaded, refused)
+    _say_anchored(loaded)

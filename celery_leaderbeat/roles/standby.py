@@ -1,0 +1,318 @@
+"""Standing by: try to lead once per poll, and rescue the slots a leader missed.
+
+A standby follows the schedule too, with no I/O while nothing is due. When a
+due slot's fire time is ``leaderbeat_rescue_after`` behind, it asks Redis, in
+one call for the whole due batch, to claim the slots nobody claimed yet
+(:meth:`Ledger.rescue`): the script judges "late enough" by Redis ``TIME``,
+so a standby with a fast clock cannot pre-empt a healthy leader, waits while
+the lease holder is still claiming chunks of a burst, and grants a slot only
+from the entry's stored slot and for the definition the leader plans; the
+claim is the same monotonic gate the leader uses, so nothing is sent twice. A
+healthy leader has claimed them all by then and the call only tells the
+standby where each entry stands. A rescued slot is late, not missed. Slots
+that fell due before this standby followed the schedule (its start, or Redis
+answering again) follow the entry's catch-up policy, as a leader's would: a
+rescuer records the ones it passes over, once its claim of the entry was
+granted, and after an outage it first leaves a live leader time to claim.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import timedelta
+from typing import Any
+
+import redis
+
+from ..errors import LeaseLostError
+from ..store.connection import server_warnings
+from ..store.ledger import ClaimItem, Event, Op
+from ..timing.slots import Plan, from_ms, to_ms
+from .agenda import Agenda, Tracked
+from .batch import RescueGate, run_batch
+from .node import Node, utcnow
+
+logger = logging.getLogger(__name__)
+
+#: seconds before a rescue that Redis TIME found early is asked again
+_EARLY_RETRY = 0.1
+
+
+class Standby:
+    """The standing-by half of one beat process."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        #: the moment this node could first have rescued a slot (its start, Redis back)
+        self.since = utcnow()
+        self.agenda: Agenda | None = None  # read from Redis when first needed
+        self._version = -1
+        self._unknown: set[str] = set()  # entries with no slot state yet: phase unknown
+        self._unknown_checked = 0.0
+        self._next_attempt = 0.0  # monotonic: when to try for the lease again
+        self._head_start_until = 0.0  # monotonic: last-leader goes first after an outage
+        self._retry_at = 0.0
+        self._pubsub: Any = None
+        self._skew_refused = False
+        self._server_checked = False
+        self._differs: set[str] = set()  # entries whose definition is not the leader's (said)
+        #: rescue claims whose reply was lost, and when they were asked (monotonic)
+        self._inflight: tuple[list[ClaimItem], float] | None = None
+
+    # -- what the scheduler tells it ---------------------------------------------------
+
+    def restart(self, *, head_start: float = 0.0, shift_since: bool = False) -> None:
+        """Follow the schedule afresh from now (Redis is back, or the clock stepped).
+
+        ``head_start``: seconds before this node tries for the lease (the node that led
+        when Redis went away goes first). ``shift_since``: nor does it rescue what falls
+        in that time (under last-leader, what the previous leader sent meanwhile is not
+        claimed yet).
+        """
+        self.since = utcnow()
+        self.agenda = None  # Redis may have lost its data: read it again
+        self._pubsub = None
+        # A leader that lived through the outage claims within a poll of Redis answering
+        # (and its progress then holds rescues off): give it that long before rescuing
+        # what fell due meanwhile, under the entry's catch-up policy.
+        self._retry_at = time.monotonic() + self.node.config.rescue_after \
+            + self.node.config.standby_poll
+        if head_start:
+            self._head_start_until = time.monotonic() + head_start
+        if shift_since:
+            self.since = self.since + timedelta(seconds=head_start)
+
+    def lost_connection(self) -> None:
+        self._pubsub = None
+
+    # -- one pass ------------------------------------------------------------------------
+
+    def tick(self, version: int) -> bool:
+        """Try to lead, rescue what is overdue, wait; True once this node leads."""
+        node, config = self.node, self.node.config
+        if not self._server_checked:
+            for warning in server_warnings(node.client):
+                logger.warning("leaderbeat: %s", warning)
+            self._server_checked = True
+        if not self._clock_ok():
+            self._wait(config.standby_poll)
+            return False
+        now = time.monotonic()
+        if now >= self._next_attempt and now >= self._head_start_until:
+            if node.lease.try_acquire():
+                return True
+            self._next_attempt = now + config.standby_poll
+        if node.backlog:  # history events a failed call did not write: write them now
+            events = list(node.backlog)
+            RescueGate(node.ledger).record(events)
+            del node.backlog[:len(events)]
+        self._rescue(version)
+        self._wait(self._timeout())
+        return False
+
+    def _clock_ok(self) -> bool:
+        """False while this node's clock is beyond ``max_clock_skew`` (it refuses to lead)."""
+        lease, limit = self.node.lease, self.node.config.max_clock_skew
+        skew = lease.clock_skew
+        if skew is None or self._skew_refused:
+            skew = lease.measure_skew()
+        if abs(skew) > limit:
+            if not self._skew_refused:
+                logger.warning("leaderbeat: this node's clock is %+.3f s off Redis TIME, beyond "
+                               "leaderbeat_max_clock_skew=%s; refusing to lead", skew, limit)
+            self._skew_refused = True
+            return False
+        if self._skew_refused:
+            logger.info("leaderbeat: clock skew %+.3f s is within limits again", skew)
+            self._skew_refused = False
+            self.since = utcnow()
+        return True
+
+    # -- rescue ----------------------------------------------------------------------------
+
+    def _rescue(self, version: int) -> None:
+        if self.agenda is None or version != self._version:
+            agenda = self.agenda
+            changed = self.node.changed_since(self._version) if agenda is not None else None
+            if (agenda is not None and changed is not None
+                    and len(changed) <= max(100, len(agenda.tracked) // 10)):
+                self._update(changed, version)
+            else:
+                self._load(version)
+        elif self._unknown and time.monotonic() - self._unknown_checked >= self.node.config.rescue_after:
+            self._recheck_unknown()
+        if self._inflight is not None:
+            self._settle_inflight()
+        if time.monotonic() < self._retry_at or self.agenda is None:
+            return
+        now = utcnow()
+        cutoff = now - timedelta(seconds=self.node.config.rescue_after)
+        due = self.agenda.pop_due(cutoff, self.since)
+        if not due:
+            return
+        try:
+            unclaimed = self._still_unclaimed(due)
+            if not unclaimed:
+                return
+            gate = RescueGate(self.node.ledger, self._publish_window())
+            try:
+                outcome = run_batch(unclaimed, gate,
+                                    lambda name, slot: self.node.send(name, slot, 0, None),
+                                    memory=self.node.sent, backlog=self.node.backlog)
+            except (redis.RedisError, OSError):
+                # a claim whose reply was lost may have been granted: asked again first
+                # thing once Redis answers (granted again to this node, then sent)
+                if gate.inflight is not None:
+                    self._inflight = gate.inflight
+                raise
+            except LeaseLostError:  # the publish window passed mid-batch (this node paused)
+                logger.warning("leaderbeat: standby %s was held up past its publish window "
+                               "while rescuing; the slots it had not sent are recorded unsent",
+                               self.node.config.node_id)
+                return
+        finally:
+            self.agenda.push_all(due)
+        self.node.observe(outcome.events)
+        if outcome.sent:
+            logger.warning("leaderbeat: standby %s rescued %d slot(s) nobody had claimed %.1f s "
+                           "after their time", self.node.config.node_id, outcome.sent,
+                           self.node.config.rescue_after)
+        if outcome.waiting:
+            self._retry_at = time.monotonic() + _EARLY_RETRY
+        for name in outcome.unknown:
+            self.agenda.drop(name)
+            self._unknown.add(name)
+        for name in outcome.differs:
+            self.agenda.drop(name)  # tracked again when this node's schedule changes
+            if name not in self._differs:
+                self._differs.add(name)
+                logger.warning("leaderbeat: standby %s does not rescue %s: its definition of the "
+                               "entry is not the one the leader plans (a changed row this node "
+                               "has not read yet, or a rolling deploy); said once",
+                               self.node.config.node_id, name)
+
+    def _settle_inflight(self) -> None:
+        """A rescue claim whose reply was lost: ask for the same claims again. What this
+        node was granted is granted again and sent, within the publish window; past it,
+        recorded unsent (a leader may recover it by then)."""
+        assert self._inflight is not None
+        items, started = self._inflight
+        claims = [item for item in items if item.op == Op.CLAIM]
+        results = self.node.ledger.rescue(claims).results if claims else []
+        self._inflight = None
+        late = time.monotonic() - started >= self._publish_window()
+        events = []
+        for item, result in zip(claims, results):
+            if result is not None or self.node.sent.covers(item.name, item.slot_ms):
+                continue  # not ours, or sent before the reply went missing
+            slot = from_ms(item.slot_ms)
+            if not late and self.node.send(item.name, slot, 0, None):
+                self.node.sent.note(item.name, item.slot_ms)
+                events.append(Event(item.name, item.slot_ms, "sent", "rescued"))
+            else:
+                events.append(Event(item.name, item.slot_ms, "unsent",
+                                    "rescue: the claim's reply was lost"))
+        if events:
+            RescueGate(self.node.ledger).record(events)
+            self.node.observe(events)
+
+    def _publish_window(self) -> float:
+        """Seconds after its claim call began within which a rescuer may still publish.
+
+        A leader recovers a standby's unconfirmed claim only once it is a lease ttl
+        old by Redis TIME; a rescuer paused between its grant and its publish must
+        not send after that, or the slot could go twice.
+        """
+        return max(0.0, self.node.config.lease_ttl - self.node.config.safety_margin)
+
+    def _still_unclaimed(self, due: list[tuple[Tracked, Plan]]) -> list[tuple[Tracked, Plan]]:
+        """One read (HMGET) for the whole due batch; keep the entries nobody has claimed.
+
+        With a healthy leader this is all a standby costs Redis per batch; the others
+        only move on to where the leader stands.
+        """
+        stored = self.node.ledger.load([tracked.name for tracked, _ in due])
+        unclaimed = []
+        for tracked, p in due:
+            state = stored.get(tracked.name)
+            if state is not None and (not p.send or state.slot_ms >= to_ms(p.send[-1])):
+                tracked.advance(max(from_ms(state.slot_ms), p.last))
+            else:
+                unclaimed.append((tracked, p))
+        return unclaimed
+
+    def _load(self, version: int) -> None:
+        """Read every entry's slot state once (one HGETALL); track those that have one."""
+        stored = self.node.ledger.load()
+        loaded = self.node.track(stored, start=utcnow(), epoch=None)
+        self.agenda = Agenda({n: t for n, t in loaded.tracked.items() if n in stored})
+        self._unknown = set(loaded.tracked) - set(stored)
+        self._unknown_checked = time.monotonic()
+        self._version = version
+        self._differs.clear()
+
+    def _update(self, names: frozenset[str], version: int) -> None:
+        """A change of a few entries: read just their states (one HMGET)."""
+        assert self.agenda is not None
+        ordered = sorted(names)
+        stored = self.node.ledger.load(ordered)
+        loaded = self.node.track(stored, start=utcnow(), epoch=None, only=ordered)
+        for name in ordered:
+            if name in loaded.tracked and name in stored:
+                self.agenda.add(loaded.tracked[name])
+                self._unknown.discard(name)
+            else:
+                self.agenda.drop(name)
+                if name in loaded.tracked:
+                    self._unknown.add(name)
+                else:
+                    self._unknown.discard(name)
+        self._differs -= names
+        self._version = version
+
+    def _recheck_unknown(self) -> None:
+        """Entries that had no state: one HMGET per rescue_after until the leader anchors them."""
+        assert self.agenda is not None
+        self._unknown_checked = time.monotonic()
+        found = self.node.ledger.load(sorted(self._unknown))
+        if not found:
+            return
+        loaded = self.node.track(found, start=utcnow(), epoch=None)
+        for name, tracked in loaded.tracked.items():
+            if name in found and name in self._unknown:
+                self.agenda.add(tracked)
+                self._unknown.discard(name)
+
+    # -- waiting ---------------------------------------------------------------------------
+
+    def _timeout(self) -> float:
+        now = time.monotonic()
+        poll = self.node.config.standby_poll
+        left = min(max(self._next_attempt, self._head_start_until) - now, poll)
+        if self.agenda is not None:
+            rescue = self.agenda.delay(time.time() - self.node.config.rescue_after, poll)
+            left = min(left, max(rescue, self._retry_at - now))
+        return max(0.01, left)
+
+    def _wait(self, timeout: float) -> None:
+        """Sleep up to ``timeout``, waking at once when the leader publishes 'released'."""
+        if self._pubsub is None:
+            self._pubsub = self.node.client.pubsub(ignore_subscribe_messages=True)
+            self._pubsub.subscribe(self.node.keys.events)
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            message = self._pubsub.get_message(timeout=left)
+            data = message.get("data") if message else None
+            if data in (b"released", "released"):
+                self._next_attempt = 0.0
+                self._head_start_until = 0.0  # whoever went first has let go: try now
+                return
+            if data in (b"entries", "entries"):
+                return  # an entry changed: the next tick takes it in
+
+    def close(self) -> None:
+        # Dropped, not closed: on SIGTERM close() runs inside the signal handler, on
+        # top of a standby blocked reading this very socket; closing it there makes
+        # redis-py's unwinding fail. Its last reference goes with that frame.
+        self._pubsub = None

@@ -1,0 +1,159 @@
+"""The Redis store of entries defined at run time: atomic, versioned, read by change.
+
+Every entry is one hash field (a header line, then its JSON definition; never
+pickle). One script (``lua/entries.lua``) does every write, so a save is atomic:
+it bumps one version counter, stamps the entry with it and notes the name in a
+sorted set of changes. A node that has seen version ``v`` asks for what changed
+since ``v`` and gets only those names (and the removed ones): a change costs in
+proportion to what changed, not to the number of entries. When nothing changed
+the same call answers with the version alone.
+
+Every call can fail, before or after Redis ran it. A save repeated after a lost
+reply finds its own definition stored and changes nothing; a repeated delete
+answers "unknown", which :meth:`EntryStore.delete` reports as False.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from redis.exceptions import RedisError
+
+from ..errors import ScriptError
+from .keys import Keys
+from .scripts import source, text
+
+#: the message on the events channel after every change
+NOTICE = "entries"
+
+#: removed names remembered for nodes that are behind; older ones force a full read
+REMOVED_CAP = 10_000
+
+
+@dataclass(frozen=True)
+class Stored:
+    """One stored entry: the store's header fields and the definition JSON."""
+
+    name: str
+    version: int
+    anchor_ms: int  # slots are counted from here: creation, last timing change, re-enable
+    fingerprint: str  # of the whole definition
+    timing: str  # of what decides the slots (schedule, zone, jitter, at)
+    enabled: bool
+    ran_ms: int | None  # a one-off entry: the slot it ran, once it has
+    definition: str
+    kept: bool = False  # the anchor was given (an import), not the time of a change
+
+    @classmethod
+    def parse(cls, name: str, raw: Any) -> Stored:
+        header, _, body = text(raw).partition("\n")
+        version, anchor, fp, timing, enabled, ran, kept = header.split("|")
+        return cls(name, int(version), int(anchor), fp, timing, enabled == "1",
+                   int(ran) if ran else None, body, kept == "1")
+
+
+@dataclass(frozen=True)
+class Saved:
+    """What a save did: ``changed`` False when the same definition was already stored."""
+
+    changed: bool
+    version: int
+    anchor_ms: int
+
+
+@dataclass(frozen=True)
+class Changes:
+    """What changed since a version: saved entries, removed names, and the new version."""
+
+    version: int
+    full: bool  # every entry is listed (the caller was too far behind): drop the others
+    saved: dict[str, Stored]
+    removed: list[str]
+
+
+class EntryExists(LookupError):
+    """A create refused: an entry of that name is stored."""
+
+
+class EntryUnknown(LookupError):
+    """An update refused: no entry of that name is stored."""
+
+
+class EntryStore:
+    """The dynamic entries of one key prefix."""
+
+    def __init__(self, client: Any, keys: Keys) -> None:
+        self.client = client
+        self.keys = keys
+        self._script = client.register_script(source("entries"))
+
+    def _call(self, *args: Any) -> Any:
+        k = self.keys
+        return self._script(keys=[k.entries, k.entries_meta, k.entries_changed,
+                                  k.entries_removed], args=list(args))
+
+    def save(self, name: str, *, fingerprint: str, timing: str, enabled: bool,
+             definition: str, how: str = "upsert", anchor_ms: int | None = None) -> Saved:
+        """Store one definition atomically (see ``lua/entries.lua`` for ``how``)."""
+        reply = self._call("save", name, how, fingerprint, timing, "1" if enabled else "0",
+                           "" if anchor_ms is None else str(anchor_ms), definition, REMOVED_CAP)
+        code = int(reply[0])
+        if code == 2:
+            raise EntryExists(name)
+        if code == 3:
+            raise EntryUnknown(name)
+        if code not in (0, 1):
+            raise ScriptError(f"entries.lua answered {reply!r} to a save")
+        if code == 1:
+            self._notify()
+        return Saved(code == 1, int(reply[1]), int(reply[2]))
+
+    def delete(self, name: str) -> bool:
+        """Remove one entry; False when none was stored (or a retried delete already ran)."""
+        removed = int(self._call("delete", name, REMOVED_CAP)[0]) == 1
+        if removed:
+            self._notify()
+        return removed
+
+    def finish(self, name: str, fingerprint: str, slot_ms: int) -> bool:
+        """A one-off entry ran its slot: disable it, recording the slot (this definition only)."""
+        finished = int(self._call("finish", name, fingerprint, slot_ms)[0]) == 1
+        if finished:
+            self._notify()
+        return finished
+
+    def _notify(self) -> None:
+        """Say ``entries`` on the events channel: a node waiting on it may look at once.
+
+        Only a hint: every node also looks at the version at least once per poll, so a
+        notification lost (or a failed publish) delays a change by one poll at most.
+        """
+        try:
+            self.client.publish(self.keys.events, NOTICE)
+        except (RedisError, OSError):
+            pass
+
+    def get(self, name: str) -> Stored | None:
+        raw = self.client.hget(self.keys.entries, name)
+        return None if raw is None else Stored.parse(name, raw)
+
+    def all(self) -> dict[str, Stored]:
+        return {text(k): Stored.parse(text(k), v)
+                for k, v in self.client.hgetall(self.keys.entries).items()}
+
+    def names(self) -> list[str]:
+        return [text(k) for k in self.client.hkeys(self.keys.entries)]
+
+    def changes(self, seen: int) -> Changes:
+        """What changed since version ``seen`` (-1: everything). One round trip."""
+        reply = self._call("changes", seen)
+        version, full, n = int(reply[0]), bool(int(reply[1])), int(reply[2])
+        saved: dict[str, Stored] = {}
+        for i in range(3, 3 + 2 * n, 2):
+            name = text(reply[i])
+            if reply[i + 1] is not None and reply[i + 1] is not False:
+                saved[name] = Stored.parse(name, reply[i + 1])
+        removed = [text(name) for name in reply[3 + 2 * n:]]
+        return Changes(version, full or seen < 0, saved, removed)
+

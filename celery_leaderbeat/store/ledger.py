@@ -1,0 +1,391 @@
+"""The schedule's shared state in Redis: slot claims, last slots, history, nodes.
+
+It knows nothing of leadership beyond the token it is handed: every claim
+goes through ``claim.lua``, which grants a slot only while the leader key
+holds that token (fencing) and only when the slot is newer than the entry's
+last one (monotonic claims), so no slot is ever granted twice.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from ..config import Config
+from ..errors import LeaseLostError, NotReplicatedError, RolledBackError
+from .keys import Keys
+from .scripts import Scripts, status, text
+
+#: states of an entry's last slot, as stored in the slots hash
+CLAIMED, SENT, SKIPPED, ANCHOR, UNSENT = "c", "s", "k", "a", "u"
+STATE_NAMES = {CLAIMED: "claimed", SENT: "sent", SKIPPED: "skipped", ANCHOR: "anchor",
+               UNSENT: "unsent (reported)"}
+
+
+class Op:
+    """What a claim asks for, per item (``claim.lua`` turns each into a state)."""
+
+    CLAIM = "claim"  # claim the slot to send it: state 'c'
+    SKIP = "skip"  # advance past a slot not sent: state 'k'
+    ANCHOR = "anchor"  # the entry's first slot, only if it has no state yet: state 'a'
+    REANCHOR = "reanchor"  # the definition changed: start again from this slot, state 'a'
+    RESTORE = "restore"  # this node sent the slot and Redis lost that: state 's'
+    ROLLED_BACK = "skip"  # Redis went back to older state: start again past it, state 'k'
+    RECOVER = "recover"  # re-send an earlier claimant's unconfirmed slot: state 'c'
+
+
+#: what a claim of a paused entry's slot answers: skipped past, not granted
+PAUSED = "paused"
+#: what a rescue answers when the rescuer's definition of the entry is not the leader's
+DIFFERS = "differs"
+#: what a claim answers while it is too early: a rescue before fire + rescue_after, a
+#: leader's slot ahead of Redis TIME, a recovery of a standby's claim it may still publish
+EARLY = "early"
+#: what a rescue answers for an entry with no state yet (its phase is not known)
+UNKNOWN = "unknown"
+#: the fingerprint stored for an entry the leader no longer schedules (removed, disabled)
+REMOVED = "-"
+
+#: claim items and history events per script call at most (bounds one call's run time)
+_MAX_PER_CALL = 2000
+
+#: ms a leader's claimed slot may lie ahead of Redis TIME beyond ``max_clock_skew``
+_AHEAD_GRACE_MS = 1000
+#: a rescue waits while the lease holder claimed something this recently (ms): a live
+#: leader in the middle of a burst gets to its slots; a dead one stops claiming
+_BUSY_LEADER_MS = 1000
+
+
+@dataclass(frozen=True)
+class SlotState:
+    """An entry's last slot as recorded in Redis; ``node`` (and ``claimed_ms``, by Redis
+    TIME) are set for a standby's rescue."""
+
+    slot_ms: int
+    epoch: int
+    state: str
+    node: str | None = None
+    claimed_ms: int | None = None
+
+    @classmethod
+    def parse(cls, raw: Any) -> SlotState:
+        slot, epoch, state, *rest = text(raw).split("|", 3)
+        node, claimed = None, None
+        if rest:
+            node, _, at = rest[0].rpartition("|")
+            if not node or not at.isdigit():  # written by an older version: no claim time
+                node, at = rest[0], ""
+            claimed = int(at) if at else None
+        return cls(int(slot), int(epoch), state, node, claimed)
+
+    def claimant(self) -> str:
+        """Who claimed it, for a log line or the history."""
+        return f"standby {self.node} (rescue)" if self.node else f"the leader of epoch {self.epoch}"
+
+
+@dataclass(frozen=True)
+class ClaimItem:
+    name: str
+    slot_ms: int
+    op: str  # an Op
+    fire_ms: int = 0  # the slot plus its jitter; a rescue waits for fire + rescue_after
+    prev_ms: int | None = None  # rescue: the slot the rescuer planned from (must be stored)
+    fingerprint: str = ""  # the definition the claimant plans (see :mod:`fingerprint`)
+    #: broker commands (name, key, argument) the script runs if it grants the claim
+    enqueue: tuple[tuple[str, str, Any], ...] = ()
+
+
+@dataclass(frozen=True)
+class Event:
+    """A history event about one slot (``sent``, ``unsent``, ``missed``, ``skipped`` ...)."""
+
+    name: str
+    slot_ms: int
+    event: str
+    detail: str = ""
+
+
+class Claimed(NamedTuple):
+    """What one claim call answered: per item ``None`` (granted) or why not."""
+
+    results: list[SlotState | None | str]  # str: PAUSED, "early" (not late enough), "unknown"
+    redis_now_ms: int
+
+
+class Ledger:
+    """Reads and writes the shared schedule state under one key prefix."""
+
+    def __init__(self, client: Any, scripts: Scripts, keys: Keys, config: Config) -> None:
+        self.client = client
+        self.scripts = scripts
+        self.keys = keys
+        self.config = config
+        #: the highest generation of the state this node has seen (see claim.lua)
+        self.generation = 0
+        #: set by a leader re-anchoring every entry after Redis went back to older state
+        self._reset_generation = False
+
+    def claim(self, token: str, epoch: int, items: Sequence[ClaimItem],
+              events: Sequence[Event] = ()) -> list[SlotState | None | str]:
+        """Leader: write ``events``, then claim ``items`` in order, in one call.
+
+        Returns ``None`` per granted item, :data:`PAUSED` for a paused entry's slot
+        (skipped past, not granted), else the state that refused it. Raises
+        LeaseLostError (and grants nothing; the events are written all the same:
+        they say what already happened) when ``token`` no longer leads, and
+        NotReplicatedError when ``min_replicas`` replicas did not acknowledge.
+        """
+        results: list[SlotState | None | str] = []
+        for batch_events, batch_items in _calls(events, items):
+            reply = self._call("lead", token, int(self.config.lease_ttl * 1000), epoch,
+                               batch_events, batch_items)
+            self._check_generation(reply)
+            if status(reply, "claim") == 0:
+                holder = text(reply[1]) if len(reply) > 1 and reply[1] else None
+                lost = LeaseLostError(f"claim refused: lease {token} lost; held by "
+                                      f"{holder or 'nobody'}")
+                lost.holder = holder
+                raise lost
+            results += [_lead_result(r) for r in reply[4:]]
+            if self.config.min_replicas and batch_items:
+                self._wait_for_replicas(results)
+        return results
+
+    def rescue(self, items: Sequence[ClaimItem], events: Sequence[Event] = ()) -> Claimed:
+        """Standby: claim slots nobody claimed ``rescue_after`` past their fire time.
+
+        No lease is needed: the claim is the only gate. An item is refused as
+        ``"early"`` while Redis TIME is before its fire time + ``rescue_after``, and
+        as ``"unknown"`` when its entry has no state (its phase is not known yet).
+        """
+        results: list[SlotState | None | str] = []
+        now_ms = 0
+        for batch_events, batch_items in _calls(events, items):
+            reply = self._call("rescue", "", int(self.config.rescue_after * 1000), 0,
+                               batch_events, batch_items)
+            self._check_generation(reply)
+            status(reply, "claim")
+            now_ms = int(reply[1])
+            results += [_rescue_result(r) for r in reply[4:]]
+            if self.config.min_replicas:
+                self._wait_for_replicas(results)
+        return Claimed(results, now_ms)
+
+    def record(self, epoch: int, events: Iterable[Event]) -> int:
+        """Write events to the history; ``sent`` events also mark their slot sent."""
+        marked = 0
+        events = list(events)
+        if not events:
+            return 0
+        for batch_events, _ in _calls(events, ()):
+            reply = self._call("record", "", "", epoch, batch_events, ())
+            self._check_generation(reply)
+            marked += int(reply[2])
+        return marked
+
+    def observe_generation(self, generation: int | None) -> None:
+        """Note a generation seen elsewhere (an acquire attempt's reply)."""
+        if generation is not None and generation > self.generation:
+            self.generation = generation
+
+    def reset_generation(self) -> None:
+        """The next claim call re-anchors after a loss of writes: it lifts the counter."""
+        self._reset_generation = True
+
+    def _check_generation(self, reply: Any) -> None:
+        if isinstance(reply, list) and reply and reply[0] == 2:
+            error = RolledBackError(
+                f"Redis holds older state than this node has seen (generation {int(reply[1])} "
+                f"< {self.generation}): restored from an older snapshot, or a lagging replica "
+                "was promoted")
+            error.generation = int(reply[1])
+            raise error
+        if isinstance(reply, list) and len(reply) > 3 and reply[0] == 1:
+            self.observe_generation(int(reply[3]))
+
+    def _call(self, mode: str, token: str, ms: int | str, epoch: int,
+              events: Sequence[Event], items: Sequence[ClaimItem]) -> Any:
+        lead = mode == "lead"
+        ahead: int | str = ""
+        if lead:
+            ahead = int(self.config.max_clock_skew * 1000) + _AHEAD_GRACE_MS
+        elif mode == "rescue":
+            ahead = _BUSY_LEADER_MS
+        recover_age = int(self.config.lease_ttl * 1000) if lead else ""
+        if self._reset_generation and lead:
+            self._reset_generation = False
+            check: list[Any] = ["reset", self.generation]
+        else:
+            check = [self.generation or "", ""]
+        args: list[Any] = [mode, token, ms, epoch, self.config.history_length,
+                           self.config.node_id, ahead, recover_age, len(events), *check]
+        for ev in events:
+            args += [ev.name, ev.slot_ms, ev.event, ev.detail]
+        for item in items:
+            args += [item.name, item.slot_ms, item.op, item.fire_ms,
+                     "" if item.prev_ms is None else item.prev_ms, item.fingerprint]
+        keys = [self.keys.leader, self.keys.slots, self.keys.history, self.keys.overtaken,
+                self.keys.paused, self.keys.definitions, self.keys.progress,
+                self.keys.generation]
+        if any(item.enqueue for item in items):
+            args += _enqueue_section(items, keys)
+        return self.scripts.claim(keys=keys, args=args)
+
+    def _wait_for_replicas(self, results: list[SlotState | None | str]) -> None:
+        """Block until ``min_replicas`` replicas have the claims, or raise NotReplicatedError.
+
+        WAIT's own timeout stays well inside the socket timeout: a WAIT that outlived
+        it would read as "Redis unreachable" instead of "no replica acknowledged".
+        """
+        timeout_ms = max(1, int(min(self.config.renew_interval / 2,
+                                    self.config.socket_timeout / 2) * 1000))
+        acked = int(self.client.execute_command("WAIT", self.config.min_replicas, timeout_ms))
+        if acked < self.config.min_replicas:
+            error = NotReplicatedError(
+                f"no replica acknowledged the claims in time ({acked} of "
+                f"leaderbeat_min_replicas={self.config.min_replicas} within {timeout_ms} ms)")
+            error.results = results  # what was granted, and what was refused anyway
+            raise error
+
+    def load(self, names: Sequence[str] | None = None) -> dict[str, SlotState]:
+        """Every entry's last slot (one HGETALL), or only those of ``names`` (one HMGET)."""
+        if names is None:
+            raw = self.client.hgetall(self.keys.slots).items()
+        else:
+            raw = zip(names, self.client.hmget(self.keys.slots, list(names))) if names else []
+        return {text(k): SlotState.parse(v) for k, v in raw if v is not None}
+
+    def load_with_definitions(self, names: Sequence[str] | None = None
+                              ) -> tuple[dict[str, SlotState], dict[str, str]]:
+        """Every entry's last slot and the fingerprints stored beside them, or only those
+        of ``names`` (one round trip either way)."""
+        if names is not None and not names:
+            return {}, {}
+        pipe = self.client.pipeline(transaction=False)
+        if names is None:
+            pipe.hgetall(self.keys.slots)
+            pipe.hgetall(self.keys.definitions)
+            slots, definitions = (dict(r) for r in pipe.execute())
+        else:
+            pipe.hmget(self.keys.slots, list(names))
+            pipe.hmget(self.keys.definitions, list(names))
+            raw_slots, raw_defs = pipe.execute()
+            slots = {n: v for n, v in zip(names, raw_slots) if v is not None}
+            definitions = {n: v for n, v in zip(names, raw_defs) if v is not None}
+        return ({text(k): SlotState.parse(v) for k, v in slots.items()},
+                {text(k): text(v) for k, v in definitions.items()})
+
+    def prune(self, scheduled: Iterable[str], *, keep_ms: int, node_keep_s: float) -> list[int]:
+        """Drop the state of entries nobody schedules any more, old backfill records and
+        node records not seen for ``node_keep_s``; returns how many of each went.
+
+        Only entries ``scheduled`` does not name are candidates, and only when their last
+        slot is older than ``keep_ms`` (so another node's newer schedule keeps its state
+        during a rolling deploy), and never an unconfirmed claim (it is reported first).
+        """
+        names = set(scheduled)
+        unscheduled = [text(k) for k in self.client.hkeys(self.keys.slots) if text(k) not in names]
+        backfilled = [text(k) for k in self.client.hkeys(self.keys.backfilled)]
+        seconds, micros = self.client.time()
+        cutoff = int(seconds) * 1000 + int(micros) // 1000 - keep_ms
+        reply = self.scripts.prune(
+            keys=[self.keys.slots, self.keys.definitions, self.keys.backfilled, self.keys.nodes,
+                  self.keys.overtaken],
+            args=[cutoff, time.time() - node_keep_s, len(unscheduled), *unscheduled,
+                  *backfilled])
+        return [int(x) for x in reply]
+
+    def write_definitions(self, fingerprints: dict[str, str]) -> None:
+        """Store the fingerprints of the definitions the leader plans (:data:`REMOVED` for
+        an entry it no longer schedules: no standby may rescue it)."""
+        if fingerprints:
+            self.client.hset(self.keys.definitions, mapping=fingerprints)
+
+    def overtaken(self) -> dict[tuple[str, int], SlotState]:
+        """Claimed, unconfirmed slots that a newer claim of the same entry replaced."""
+        out = {}
+        for field, value in self.client.hgetall(self.keys.overtaken).items():
+            name, _, slot = text(field).rpartition("|")
+            out[(name, int(slot))] = SlotState.parse(value)
+        return out
+
+    def forget_overtaken(self, fields: Sequence[tuple[str, int]]) -> None:
+        """Drop overtaken slots once a leader has reported (and maybe re-sent) them."""
+        if fields:
+            self.client.hdel(self.keys.overtaken, *[f"{name}|{slot}" for name, slot in fields])
+
+    def history(self, count: int = 50) -> list[dict[str, str]]:
+        """The newest ``count`` history events, oldest first."""
+        rows = self.client.xrevrange(self.keys.history, count=count)
+        out = []
+        for event_id, fields in reversed(rows):
+            row = {text(k): text(v) for k, v in fields.items()}
+            row["id"] = text(event_id)
+            out.append(row)
+        return out
+
+    def register_node(self, role: str, info: dict[str, Any]) -> dict[str, Any] | None:
+        """Publish this node's role and details in the node registry; the record it replaced."""
+        record = dict(info, role=role, last_seen=time.time())
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hget(self.keys.nodes, self.config.node_id)
+        pipe.hset(self.keys.nodes, self.config.node_id, json.dumps(record))
+        replaced, _ = pipe.execute()
+        return json.loads(text(replaced)) if replaced else None
+
+    def unregister_node(self) -> None:
+        self.client.hdel(self.keys.nodes, self.config.node_id)
+
+    def nodes(self) -> dict[str, dict[str, Any]]:
+        return {text(k): json.loads(text(v)) for k, v in self.client.hgetall(self.keys.nodes).items()}
+
+
+def _calls(events: Sequence[Event], items: Sequence[ClaimItem]
+           ) -> Iterator[tuple[Sequence[Event], Sequence[ClaimItem]]]:
+    """One script call, or several of at most ``_MAX_PER_CALL`` events or items each."""
+    if len(events) + len(items) <= _MAX_PER_CALL:
+        yield events, items
+        return
+    for start in range(0, len(events), _MAX_PER_CALL):
+        yield events[start:start + _MAX_PER_CALL], ()
+    for start in range(0, len(items), _MAX_PER_CALL):
+        yield (), items[start:start + _MAX_PER_CALL]
+
+
+def _enqueue_section(items: Sequence[ClaimItem], keys: list[Any]) -> list[Any]:
+    """The claim script's trailing ARGV: each item's broker commands, keys added to ``keys``.
+
+    Per item in order: its number of commands, then (command, index into KEYS,
+    argument) for each; last, the length of the section before that number.
+    """
+    at: dict[str, int] = {}
+    section: list[Any] = []
+    for item in items:
+        section.append(len(item.enqueue))
+        for name, key, arg in item.enqueue:
+            if key not in at:
+                keys.append(key)
+                at[key] = len(keys)  # Lua counts KEYS from 1
+            section += [name, at[key], arg]
+    return section + [len(section)]
+
+
+def _lead_result(reply: Any) -> SlotState | None | str:
+    if reply == 1:
+        return None
+    if reply == 2:
+        return PAUSED
+    if reply == 0:
+        return EARLY
+    if reply is None or reply is False:
+        return UNKNOWN
+    return SlotState.parse(reply)
+
+
+def _rescue_result(reply: Any) -> SlotState | None | str:
+    if reply == 3:
+        return DIFFERS
+    return _lead_result(reply)

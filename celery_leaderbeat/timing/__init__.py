@@ -1,0 +1,1 @@
+"""Time: the cron engine, clocks, slots, schedules and the catch-up policy."""
