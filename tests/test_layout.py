@@ -21,7 +21,10 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[1] / "celery_leaderbeat"
+import celery_leaderbeat
+
+# the package as imported: the source tree, or an installed wheel (CI tests both)
+PACKAGE = Path(celery_leaderbeat.__file__).resolve().parent
 NAME = "celery_leaderbeat"
 
 LAYERS: list[set[str]] = [
