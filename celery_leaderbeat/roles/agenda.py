@@ -71,12 +71,9 @@ class Loaded(NamedTuple):
     tracked: dict[str, Tracked]
     #: entries with no stored slot yet (anchored at ``start``), entries whose definition
     #: changed (re-anchored at ``start``), and entries whose stored slot is older than one
-    #: this process published (restored: Redis lost writes)
+    #: this process knows was settled (restored, or started again: Redis lost writes)
     anchors: list[ClaimItem]
     unsent: list[Unsent]  # slots claimed under another epoch, never confirmed sent
-
-    def count(self, op: str) -> int:
-        return sum(1 for item in self.anchors if item.op == op)
 
 
 #: builds the slot clock of one entry: (name, schedule, zone, jitter) -> clock

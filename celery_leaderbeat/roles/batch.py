@@ -445,7 +445,7 @@ def report_unsent(unsent: Sequence[Unsent], *, gate: LeaderGate, send: Send,
                 later.append(u._replace(unreported=False))
             elif result is not None:
                 continue  # confirmed sent meanwhile, or moved on: nothing to recover
-            elif memory.covers(u.name, slot_ms) and memory.published(u.name, slot_ms):
+            elif memory.published(u.name, slot_ms):  # listed twice: the first went out
                 events.append(_already_sent(memory, u.name, slot_ms, "recovered"))
             elif gate.may_send() and send(u.name, u.slot):
                 memory.note(u.name, slot_ms)
