@@ -27,7 +27,7 @@ CLOCK_STEP = 2.0
 class Trouble(Parts):
     """What the Scheduler does when Redis stops answering, and when the wall clock steps."""
 
-    def _refused(self, exc: redis.RedisError) -> RedisAuthError:
+    def _refused(self, exc: Exception) -> RedisAuthError:
         """Credentials (``AuthenticationError``) or a permission (``NoPermissionError``)
         Redis refused, as an error that says what to check."""
         if isinstance(exc, redis.AuthenticationError):
