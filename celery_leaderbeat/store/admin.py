@@ -12,22 +12,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..config import Config
-from .keys import Keys
-from .scripts import Scripts, text
+from .scripts import RedisPart, text
 
 
-class RedisAdmin:
+class RedisAdmin(RedisPart):
     """The CLI's side of one key prefix."""
 
-    def __init__(self, client: Any, scripts: Scripts, keys: Keys, config: Config) -> None:
-        self.client = client
-        self._release = scripts.release
-        self.keys = keys
-        self.config = config
-
     def step_down(self, token: str, reason: str) -> bool:
-        return bool(self._release(keys=[self.keys.leader, self.keys.history],
+        return bool(self.scripts.release(keys=[self.keys.leader, self.keys.history],
                                   args=[token, self.config.history_length, self.keys.events,
                                         reason]))
 

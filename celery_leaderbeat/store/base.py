@@ -68,7 +68,8 @@ class LeaseStore(Protocol):
     highest_epoch: int  #: the highest epoch seen: a new lease's epoch is above it
     clock_skew: float | None  #: seconds this node's clock is ahead of the store's
     vanished_while_held: bool  #: the store lost the lease while this node held it
-    on_renew: Callable[[float | None], None]
+    on_renew: Callable[[float | None], None]  #: told how long each heartbeat renewal took
+    on_generation: Callable[[int], None]  #: told the state generation each acquire read
 
     @property
     def ttl_ms(self) -> int: ...
@@ -176,20 +177,13 @@ class EntryDefinitions(Protocol):
 class Store(Protocol):
     """Everything of one app (one key prefix) in one store, on one connection."""
 
-    @property
-    def lease(self) -> LeaseStore: ...
-    @property
-    def ledger(self) -> SlotStore: ...
-    @property
-    def events(self) -> Events: ...
-    @property
-    def requests(self) -> RequestQueue: ...
-    @property
-    def entries(self) -> EntryDefinitions: ...
-    @property
-    def guard(self) -> GuardStore: ...
-    @property
-    def admin(self) -> ClusterAdmin: ...
+    lease: LeaseStore
+    ledger: SlotStore
+    events: Events
+    requests: RequestQueue
+    entries: EntryDefinitions
+    guard: GuardStore  #: the worker guard's records (``base_tools``)
+    admin: ClusterAdmin  #: what the CLI reads and does (``base_tools``)
     #: the Redis client, for claim-and-enqueue in one step; None where the store has none
     client: Any
 

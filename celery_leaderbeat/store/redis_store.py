@@ -12,6 +12,8 @@ from typing import Any
 
 from ..config import Config
 from .admin import RedisAdmin
+from .base import EntryDefinitions, Events, LeaseStore, RequestQueue, SlotStore
+from .base_tools import ClusterAdmin, GuardStore
 from .connection import make_client, server_warnings
 from .entry_store import EntryStore
 from .events import RedisEvents
@@ -25,16 +27,19 @@ from .scripts import Scripts
 
 @dataclass
 class RedisStore:
-    """The Redis store of one key prefix: the lease, the ledger and the rest, one client."""
+    """The Redis store of one key prefix: the lease, the ledger and the rest, one client.
+
+    Its parts are typed by their protocols, so the type checker holds each Redis class
+    to the interface a second store would implement."""
 
     client: Any
-    lease: Lease
-    ledger: Ledger
-    events: RedisEvents
-    requests: RedisRequests
-    entries: EntryStore
-    guard: RedisRuns
-    admin: RedisAdmin
+    lease: LeaseStore
+    ledger: SlotStore
+    events: Events
+    requests: RequestQueue
+    entries: EntryDefinitions
+    guard: GuardStore
+    admin: ClusterAdmin
 
     def ping(self) -> None:
         self.client.ping()

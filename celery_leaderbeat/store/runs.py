@@ -10,26 +10,16 @@ task id of the entry's run still going on.
 
 from __future__ import annotations
 
-from typing import Any
-
-from ..config import Config
 from .base_tools import GuardRun, RunRecord
-from .keys import Keys
-from .scripts import Scripts, text
+from .scripts import RedisPart, text
 
 
-class RedisRuns:
+class RedisRuns(RedisPart):
     """The guard's records of one key prefix."""
-
-    def __init__(self, client: Any, scripts: Scripts, keys: Keys, config: Config) -> None:
-        self.client = client
-        self._script = scripts.guard
-        self.keys = keys
-        self.config = config
 
     def _call(self, run: GuardRun, mode: str, detail: str = "") -> list[str]:
         keys, config = self.keys, self.config
-        reply = self._script(
+        reply = self.scripts.guard(
             keys=[keys.run(run.task_id), keys.alive(run.task_id), keys.overlap(run.entry),
                   keys.history],
             args=[mode, run.task_id, run.worker, int(config.guard_expires * 1000),
