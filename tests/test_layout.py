@@ -17,7 +17,7 @@ The layers, lowest first (a module may import its own layer and the ones below):
 Imports under ``if TYPE_CHECKING:`` are for the type checker only and not counted.
 
 Above the store, ``roles/`` and ``ops/`` reach Redis only through the store's
-interfaces (``store/base.py``, ``store/base_tools.py``): they import no ``redis``
+interfaces (``store/base.py``): they import no ``redis``
 module, but for claim-and-enqueue in one step (``roles/enqueue.py``).
 """
 

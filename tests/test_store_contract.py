@@ -1,5 +1,4 @@
-"""What any store must do (``celery_leaderbeat.store.base`` and ``base_tools``), run
-against each store.
+"""What any store must do (``celery_leaderbeat.store.base``), run against each store.
 
 Only the Redis store exists; a second one (PostgreSQL, say) adds itself to
 ``STORES`` and must pass every test here unchanged. The tests use only the
@@ -15,8 +14,7 @@ import pytest
 
 from celery_leaderbeat.config import Config
 from celery_leaderbeat.errors import LeaseLostError
-from celery_leaderbeat.store.base import Store
-from celery_leaderbeat.store.base_tools import GuardRun
+from celery_leaderbeat.store.base import GuardRun, Store
 from celery_leaderbeat.store.entry_store import EntryExists, EntryUnknown
 from celery_leaderbeat.store.events import ENTRIES, RELEASED, REQUEST
 from celery_leaderbeat.store.keys import Keys

@@ -63,8 +63,7 @@ from celery.exceptions import Ignore, Retry
 
 from ..config import Config
 from ..errors import ConfigurationError
-from ..store.base import STORE_ERRORS, Store
-from ..store.base_tools import GuardRun, GuardStore
+from ..store.base import STORE_ERRORS, GuardRun, GuardStore, Store
 from ..store.redis_store import connect
 from ..timing.slots import to_ms
 

@@ -6,8 +6,7 @@ down, pause and resume an entry, queue a trigger or a backfill for the leader,
 reset everything. Nothing here runs inside a beat; every write is one that a
 running cluster handles safely (a released lease is fenced, a paused entry is
 skipped at its next claim, requests are popped by exactly one leader). It
-reaches the store only through its interfaces (``store/base.py``,
-``store/base_tools.py``).
+reaches the store only through its interfaces (``store/base.py``).
 """
 
 from __future__ import annotations

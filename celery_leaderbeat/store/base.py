@@ -14,11 +14,17 @@ The store holds what the beats share, and every answer it gives is atomic:
 - **the requests** (:class:`RequestQueue`): the CLI's triggers and backfills, each
   taken by one leader; and which backfilled slots were sent, so none is sent twice;
 - **the run-time entries** (:class:`EntryDefinitions`): versioned definitions, read
-  by change.
+  by change;
+- **the worker guard's records** (:class:`GuardStore`): each slot's run recorded
+  started, alive and finished, the start decided atomically, so two workers handed
+  the same slot cannot both run it;
+- **what the CLI reads and does** (:class:`ClusterAdmin`) beyond the lease and the
+  slots: step a leader down (fenced: the release of its own token), pause and resume
+  entries, note its actions in the history, read or follow the history, forget
+  long-gone nodes, reset.
 
-What the tools around the beats ask (the CLI, the worker guard) is in
-:mod:`~celery_leaderbeat.store.base_tools`. :class:`Store` is all of it on one
-connection; it is the only way the roles, the CLI and the guard reach the store.
+:class:`Store` is all of it on one connection; it is the only way the roles, the CLI
+and the guard reach the store.
 
 The implementation today is Redis (:func:`~celery_leaderbeat.store.redis_store.connect`):
 :class:`~celery_leaderbeat.store.lease.Lease` (``acquire.lua``, ``renew.lua``,
@@ -44,9 +50,9 @@ then published in one kombu batch, as every other store would do.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Protocol
 
-from .base_tools import ClusterAdmin, GuardStore
 from .connection import ERRORS, REFUSED, UNREACHABLE
 from .entry_store import Changes, Saved, Stored
 from .lease import Heartbeat
@@ -174,6 +180,72 @@ class EntryDefinitions(Protocol):
         """What changed since version ``seen`` (-1: everything), in one call."""
 
 
+@dataclass(frozen=True)
+class GuardRun:
+    """One guarded run of one slot, as the worker guard records it."""
+
+    task_id: str  #: the slot's deterministic task id: what makes two deliveries one run
+    entry: str
+    slot_ms: int
+    epoch: Any  #: the fencing epoch the slot was sent under ("" when the message has none)
+    overlap: str  #: ``allow``, or ``skip``: no start while another run of the entry is alive
+    worker: str  #: ``host:pid`` of the worker running it
+
+
+class RunRecord(NamedTuple):
+    """What the guard knows of one slot's run."""
+
+    state: str  #: ``started`` or ``finished``
+    worker: str
+    alive: bool  #: its liveness has not lapsed (a started run that is not alive was lost)
+
+
+class GuardStore(Protocol):
+    """The worker guard's records: each slot's run starts at most once."""
+
+    def start(self, run: GuardRun, *, will_ask_again: bool = False) -> tuple[str, str]:
+        """Start ``run`` or say why not, atomically: ``("run", "" or "rerun")``,
+        ``("duplicate", why)`` (finished, or still alive), ``("overlap", holder)``. A run
+        recorded started whose liveness lapsed died with its worker: it may run again.
+        ``will_ask_again``: a "running" answer is not written to the history yet."""
+    def renew(self, run: GuardRun) -> None:
+        """Keep ``run`` alive for another lease ttl (and its entry's overlap lock)."""
+    def finish(self, run: GuardRun, detail: str) -> None:
+        """Record ``run`` finished (``detail``: its outcome); it never runs again."""
+    def runs(self, task_ids: list[str]) -> dict[str, RunRecord]:
+        """The record of each run the guard knows of, by task id."""
+
+
+class ClusterAdmin(Protocol):
+    """What the CLI reads and does beyond the lease and the slots."""
+
+    @property
+    def where(self) -> str:
+        """Where this app's state lives, for messages (Redis: the keys' hash tag)."""
+    def step_down(self, token: str, reason: str) -> bool:
+        """Release the lease held under ``token`` (fenced); False: it was not held."""
+    def paused(self) -> dict[str, dict[str, Any]]:
+        """Entry name -> the record of its pause (note, when, by whom)."""
+    def pause(self, name: str, record: dict[str, Any]) -> None:
+        """The leader skips the entry's slots (recorded ``paused``) until resumed."""
+    def resume(self, name: str) -> bool:
+        """False: it was not paused."""
+    def note(self, fields: dict[str, str]) -> None:
+        """Add one event to the history."""
+    def all_history(self) -> list[dict[str, str]]:
+        """Every history event kept, oldest first, each with its ``id``
+        (``<ms>-<seq>``: the ms is when it was written)."""
+    def follow(self, last_id: str = "$", block_ms: int = 1000
+               ) -> tuple[str, list[dict[str, str]]]:
+        """Events after ``last_id`` (``$``: from now), waiting up to ``block_ms``; the last
+        id read, to pass next time."""
+    def forget_nodes(self, node_ids: list[str]) -> None:
+        """Remove these nodes from the registry."""
+    def reset(self) -> int:
+        """Delete this app's state (lease, slots, history, nodes, pauses, requests, guard
+        records), not the run-time entries; how many records went."""
+
+
 class Store(Protocol):
     """Everything of one app (one key prefix) in one store, on one connection."""
 
@@ -182,8 +254,8 @@ class Store(Protocol):
     events: Events
     requests: RequestQueue
     entries: EntryDefinitions
-    guard: GuardStore  #: the worker guard's records (``base_tools``)
-    admin: ClusterAdmin  #: what the CLI reads and does (``base_tools``)
+    guard: GuardStore
+    admin: ClusterAdmin
     #: the Redis client, for claim-and-enqueue in one step; None where the store has none
     client: Any
 

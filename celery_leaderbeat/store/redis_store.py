@@ -7,13 +7,19 @@ it sends nothing to Redis: each script is loaded on its first call.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from ..config import Config
 from .admin import RedisAdmin
-from .base import EntryDefinitions, Events, LeaseStore, RequestQueue, SlotStore
-from .base_tools import ClusterAdmin, GuardStore
+from .base import (
+    ClusterAdmin,
+    EntryDefinitions,
+    Events,
+    GuardStore,
+    LeaseStore,
+    RequestQueue,
+    SlotStore,
+)
 from .connection import make_client, server_warnings
 from .entry_store import EntryStore
 from .events import RedisEvents
@@ -25,21 +31,22 @@ from .runs import RedisRuns
 from .scripts import Scripts
 
 
-@dataclass
 class RedisStore:
     """The Redis store of one key prefix: the lease, the ledger and the rest, one client.
 
     Its parts are typed by their protocols, so the type checker holds each Redis class
     to the interface a second store would implement."""
 
-    client: Any
-    lease: LeaseStore
-    ledger: SlotStore
-    events: Events
-    requests: RequestQueue
-    entries: EntryDefinitions
-    guard: GuardStore
-    admin: ClusterAdmin
+    def __init__(self, client: Any, keys: Keys, config: Config) -> None:
+        scripts = Scripts(client)
+        self.client = client
+        self.lease: LeaseStore = Lease(client, scripts, keys, config)
+        self.ledger: SlotStore = Ledger(client, scripts, keys, config)
+        self.events: Events = RedisEvents(client, keys)
+        self.requests: RequestQueue = RedisRequests(client, keys)
+        self.entries: EntryDefinitions = EntryStore(client, keys)
+        self.guard: GuardStore = RedisRuns(client, scripts, keys, config)
+        self.admin: ClusterAdmin = RedisAdmin(client, scripts, keys, config)
 
     def ping(self) -> None:
         self.client.ping()
@@ -53,13 +60,7 @@ class RedisStore:
 
 def redis_store(client: Any, keys: Keys, config: Config) -> RedisStore:
     """The Redis implementation of :class:`~celery_leaderbeat.store.base.Store` on ``client``."""
-    scripts = Scripts(client)
-    return RedisStore(client=client, lease=Lease(client, scripts, keys, config),
-                      ledger=Ledger(client, scripts, keys, config),
-                      events=RedisEvents(client, keys), requests=RedisRequests(client, keys),
-                      entries=EntryStore(client, keys),
-                      guard=RedisRuns(client, scripts, keys, config),
-                      admin=RedisAdmin(client, scripts, keys, config))
+    return RedisStore(client, keys, config)
 
 
 def connect(config: Config) -> RedisStore:

@@ -10,7 +10,7 @@ task id of the entry's run still going on.
 
 from __future__ import annotations
 
-from .base_tools import GuardRun, RunRecord
+from .base import GuardRun, RunRecord
 from .scripts import RedisPart, text
 
 
