@@ -142,10 +142,26 @@ def _events(subscription: Any, want: int) -> list[str]:
     return got
 
 
+def _listening(store: Store, subscription: Any) -> list[str]:
+    """Publish a probe until ``subscription`` hears it (a subscription may take a moment
+    to reach the store); what it heard before the probe."""
+    before: list[str] = []
+    for _ in range(50):
+        store.events.publish("probe")
+        while (message := subscription.next(0.1)) is not None:
+            if message == "probe":
+                while subscription.next(0.1) == "probe":  # the probes still on their way
+                    pass
+                return before
+            before.append(message)
+    raise AssertionError("the subscription never heard a probe")
+
+
 def test_a_subscriber_hears_what_is_published_after_it_subscribed(backend):
     a, b = backend.make("a"), backend.make("b")
     a.events.publish(ENTRIES)  # nobody listens yet: lost, as a hint may be
     subscription = b.events.subscribe()
+    assert _listening(a, subscription) == []
     a.events.publish(REQUEST)
     assert _events(subscription, 1) == [REQUEST]
 
@@ -153,6 +169,7 @@ def test_a_subscriber_hears_what_is_published_after_it_subscribed(backend):
 def test_a_released_lease_wakes_the_subscribers(backend):
     a, b = backend.make("a"), backend.make("b")
     subscription = b.events.subscribe()
+    _listening(a, subscription)
     assert a.lease.try_acquire()
     assert a.lease.release()
     assert _events(subscription, 1) == [RELEASED]
@@ -161,6 +178,7 @@ def test_a_released_lease_wakes_the_subscribers(backend):
 def test_each_request_is_taken_once_in_order_and_wakes_the_leader(backend):
     cli, leader, other = backend.make("cli"), backend.make("leader"), backend.make("other")
     subscription = leader.events.subscribe()
+    _listening(cli, subscription)
     cli.requests.push('{"n": 1}')
     cli.requests.push('{"n": 2}')
     assert _events(subscription, 2) == [REQUEST, REQUEST]
