@@ -1,4 +1,5 @@
-"""What the beats ask of the store: the seam a second store would implement.
+"""What the beats, the CLI and the worker guard ask of the store: the seam a second
+store would implement.
 
 The store holds what the beats share, and every answer it gives is atomic:
 
@@ -23,8 +24,10 @@ The store holds what the beats share, and every answer it gives is atomic:
   entries, note its actions in the history, read or follow the history, forget
   long-gone nodes, reset.
 
-:class:`Store` is all of it on one connection; it is the only way the roles, the CLI
-and the guard reach the store.
+:class:`Store` is all of it on one connection, and the only way the roles, the CLI and
+the worker guard reach the store: none of them names a key or sends a Redis command
+(``tests/test_layout.py`` checks that ``roles/`` and ``ops/`` import no ``redis``
+module but for the capability below).
 
 The implementation today is Redis (:func:`~celery_leaderbeat.store.redis_store.connect`):
 :class:`~celery_leaderbeat.store.lease.Lease` (``acquire.lua``, ``renew.lua``,
@@ -41,10 +44,11 @@ store must pass.
 
 One capability is the Redis store's alone, and optional: **claim and enqueue in one
 step** (``roles/enqueue.py``). When the broker is the store's own Redis server and
-database, the claim script runs the broker's commands for exactly the slots it grants;
-a store offers it through its ``client`` attribute (the Redis client), and where it is
-missing (``None``, another server, Cluster, Sentinel) a chunk is claimed first and
-then published in one kombu batch, as every other store would do.
+database, the claim script runs the broker's commands (``ClaimItem.enqueue``) for
+exactly the slots it grants. A store offers it through its ``client`` attribute (the
+Redis client the enqueuer compares with the broker's); where that is ``None`` (or
+another server, Cluster, Sentinel) no claim carries broker commands: a chunk is
+claimed first and then published in one kombu batch, as every other store would do.
 """
 
 from __future__ import annotations
