@@ -187,6 +187,16 @@ def test_each_request_is_taken_once_in_order_and_wakes_the_leader(backend):
     assert other.requests.pop() == []
 
 
+def test_requests_put_back_are_taken_next_in_their_order(backend):
+    cli, leader = backend.make("cli"), backend.make("leader")
+    for n in (1, 2, 3):
+        cli.requests.push(f'{{"n": {n}}}')
+    taken = leader.requests.pop()
+    cli.requests.push('{"n": 4}')
+    leader.requests.requeue(taken[1:])
+    assert leader.requests.pop() == ['{"n": 2}', '{"n": 3}', '{"n": 4}']
+
+
 def test_a_backfilled_slot_is_marked_once_ever(backend):
     a, b = backend.make("a"), backend.make("b")
     assert a.requests.mark_backfilled("e", 1000, "r1")

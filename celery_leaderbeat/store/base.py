@@ -160,6 +160,9 @@ class RequestQueue(Protocol):
         """Queue ``request`` and publish ``request`` on the events."""
     def pop(self, limit: int = 1000) -> list[str]:
         """Take up to ``limit`` pending requests, oldest first; each is taken by one caller."""
+    def requeue(self, requests: Sequence[str]) -> None:
+        """Put back requests taken by :meth:`pop` that were not carried out: first in
+        line, in their order."""
     def mark_backfilled(self, entry: str, slot_ms: int, request_id: str) -> bool:
         """Note that ``request_id`` sends this slot; False: a backfill already did (once ever)."""
     def backfilled(self, entry: str) -> set[int]:
