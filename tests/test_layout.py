@@ -24,6 +24,7 @@ module, but for claim-and-enqueue in one step (``roles/enqueue.py``).
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import celery_leaderbeat
@@ -103,6 +104,7 @@ def imports_of(module: str, path: Path, known: set[str]) -> set[str]:
     return found
 
 
+@functools.cache  # parsed once: three tests read it, none changes it
 def graph() -> dict[str, set[str]]:
     found = modules()
     known = set(found)
