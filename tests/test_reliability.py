@@ -24,6 +24,7 @@ from celery_leaderbeat.roles.requests import Request, carry_out
 from celery_leaderbeat.store.keys import Keys
 from celery_leaderbeat.store.lease import Lease
 from celery_leaderbeat.store.ledger import DIFFERS, EARLY, ClaimItem, Event, Ledger, Op, SlotState
+from celery_leaderbeat.store.queue import RedisRequests
 from celery_leaderbeat.store.scripts import Scripts
 from celery_leaderbeat.timing.slots import clock_for, from_ms, plan, to_ms
 
@@ -261,7 +262,7 @@ def test_a_backfill_never_sends_a_slot_the_schedule_has_not_settled(node, redis_
     redis_client.rpush(leader.keys.requests, Request("backfill", "e", id="r1",
                                                      slots_ms=(90_000, 100_000, 110_000)).dumps())
     sent: list[int] = []
-    carry_out(leader.ledger, leader.keys, 1, leader.keys.prefix,
+    carry_out(leader.ledger, RedisRequests(redis_client, leader.keys), 1, leader.keys.prefix,
               lambda name, slot, task_id: sent.append(to_ms(slot)) or True,
               from_ms(200_000), known=lambda name: True, stored=lambda name: last)
     assert sent == [90_000]

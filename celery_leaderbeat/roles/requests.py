@@ -1,10 +1,10 @@
 """Requests from the CLI to whichever node leads: trigger an entry, backfill slots.
 
-The CLI pushes a JSON request onto the list ``{prefix}:requests`` and publishes
-``request`` on the events channel; the leader, which waits on that channel
-between batches, pops every pending request at once (LPOP is atomic: one
-leader takes each) and carries it out. A leader that dies between popping and
-sending loses that request (at most once); the history says what was done.
+The CLI pushes a JSON request onto the store's request queue, which publishes
+``request`` on the events; the leader, which listens to them between batches,
+pops every pending request at once (each is taken by one leader) and carries it
+out. A leader that dies between popping and sending loses that request (at most
+once); the history says what was done.
 """
 
 from __future__ import annotations
@@ -17,14 +17,16 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from ..store.ledger import Event, Ledger
+from ..store.base import RequestQueue, SlotStore
+from ..store.events import REQUEST
+from ..store.ledger import Event
 from ..timing.slots import from_ms, to_ms
 from .memory import SentMemory
 
 logger = logging.getLogger(__name__)
 
-#: the message on the events channel that wakes the leader for a request
-WAKE = "request"
+#: the message on the events that wakes the leader for a request
+WAKE = REQUEST
 
 #: namespace of a triggered run's task id (fixed forever, like slot ids)
 _TRIGGER_NAMESPACE = uuid.UUID("8f3a1c62-7d4e-5b90-a1c3-747269676572")
@@ -51,10 +53,9 @@ class Request:
                    note=data.get("note", ""), slots_ms=tuple(data.get("slots_ms") or ()))
 
 
-def submit(client: Any, keys: Any, request: Request) -> None:
+def submit(queue: RequestQueue, request: Request) -> None:
     """CLI side: queue ``request`` and wake the leader."""
-    client.rpush(keys.requests, request.dumps())
-    client.publish(keys.events, WAKE)
+    queue.push(request.dumps())
 
 
 def trigger_task_id(prefix: str, entry: str, request_id: str) -> str:
@@ -66,7 +67,7 @@ def trigger_task_id(prefix: str, entry: str, request_id: str) -> str:
 Publish = Callable[[str, datetime, str | None], bool]
 
 
-def carry_out(ledger: Ledger, keys: Any, epoch: int, prefix: str, publish: Publish,
+def carry_out(ledger: SlotStore, queue: RequestQueue, epoch: int, prefix: str, publish: Publish,
               now: datetime, known: Callable[[str], bool],
               stored: Callable[[str], int | None] = lambda name: None,
               memory: SentMemory | None = None) -> int:
@@ -76,7 +77,7 @@ def carry_out(ledger: Ledger, keys: Any, epoch: int, prefix: str, publish: Publi
     never sends a slot at or after it (those are the schedule's to send, when
     due), nor one ``memory`` says this process published.
     """
-    raw = ledger.client.lpop(keys.requests, 1000) or []
+    raw = queue.pop(1000)
     events: list[Event] = []
     for item in raw:
         try:
@@ -99,16 +100,16 @@ def carry_out(ledger: Ledger, keys: Any, epoch: int, prefix: str, publish: Publi
             else:
                 events.append(Event(request.entry, to_ms(now), "unsent", "trigger: publish failed"))
         elif request.op == "backfill":
-            events += _backfill(ledger, keys, request, publish, stored(request.entry),
+            events += _backfill(queue, request, publish, stored(request.entry),
                                 memory or SentMemory())
     if events:
         ledger.record(epoch, events)
     return len(raw)
 
 
-def _backfill(ledger: Ledger, keys: Any, request: Request, publish: Publish,
+def _backfill(queue: RequestQueue, request: Request, publish: Publish,
               last_ms: int | None, memory: SentMemory) -> list[Event]:
-    """Send each requested slot once ever: ``{prefix}:backfilled`` holds what was sent.
+    """Send each requested slot once ever: the queue marks what a backfill sent.
 
     Only slots the schedule has settled (before the entry's last slot) qualify: a
     later one is the schedule's own, sent when due, and backfilling it would send
@@ -122,7 +123,7 @@ def _backfill(ledger: Ledger, keys: Any, request: Request, publish: Publish,
                                 "backfill: not settled by the schedule yet (sent when due)"))
         elif memory.published(request.entry, slot_ms):
             events.append(Event(request.entry, slot_ms, "skipped", "backfill: sent on time"))
-        elif not ledger.client.hsetnx(keys.backfilled, f"{request.entry}|{slot_ms}", request.id):
+        elif not queue.mark_backfilled(request.entry, slot_ms, request.id):
             events.append(Event(request.entry, slot_ms, "skipped", "backfill: sent before"))
         elif publish(request.entry, from_ms(slot_ms), None):
             sent += 1
