@@ -184,7 +184,8 @@ class Leader:
             carry_out(cast(Ledger, node.ledger), node.keys, lease.epoch or 0, node.keys.prefix,
                       self._publish,
                       utcnow(), known=lambda name: name in self.tracked,
-                      stored=lambda name: self._stored_slot(name), memory=node.sent)
+                      stored=lambda name: self._stored_slot(name), memory=node.sent,
+                      token=lease.credentials()[0])
             self._requests_pending = False  # only now: a failed pop leaves them pending
         now = utcnow()
         earliest = self.agenda.earliest() or now.timestamp()

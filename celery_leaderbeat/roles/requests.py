@@ -4,11 +4,13 @@ The CLI pushes a JSON request onto the list ``{prefix}:requests`` and publishes
 ``request`` on the events channel; the leader, which waits on that channel
 between batches, pops every pending request at once (LPOP is atomic: one
 leader takes each) and carries it out. A leader that dies between popping and
-sending loses that request (at most once); the history says what was done.
+sending loses that request (at most once); the history says what was done. A
+backfill whose grant call fails goes back to the list, with the requests after it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import uuid
@@ -69,16 +71,17 @@ Publish = Callable[[str, datetime, str | None], bool]
 def carry_out(ledger: Ledger, keys: Any, epoch: int, prefix: str, publish: Publish,
               now: datetime, known: Callable[[str], bool],
               stored: Callable[[str], int | None] = lambda name: None,
-              memory: SentMemory | None = None) -> int:
+              memory: SentMemory | None = None, token: str = "") -> int:
     """Leader side: pop and carry out every pending request. Returns how many.
 
     ``stored`` gives an entry's last slot as the leader tracks it: a backfill
     never sends a slot at or after it (those are the schedule's to send, when
-    due), nor one ``memory`` says this process published.
+    due), nor one ``memory`` says this process published, nor one the claim script
+    refuses (granted under ``token``, this leader's lease).
     """
     raw = ledger.client.lpop(keys.requests, 1000) or []
     events: list[Event] = []
-    for item in raw:
+    for at, item in enumerate(raw):
         try:
             request = Request.loads(item)
         except (ValueError, KeyError, TypeError):
@@ -99,33 +102,73 @@ def carry_out(ledger: Ledger, keys: Any, epoch: int, prefix: str, publish: Publi
             else:
                 events.append(Event(request.entry, to_ms(now), "unsent", "trigger: publish failed"))
         elif request.op == "backfill":
-            events += _backfill(ledger, keys, request, publish, stored(request.entry),
-                                memory or SentMemory())
+            try:
+                asked = _ask_backfill(ledger, token, epoch, request, stored(request.entry),
+                                      memory or SentMemory())
+            except Exception:
+                # nothing of it was published: it and the requests after it go back, first
+                # in line (a grant whose reply was lost is granted again to the same request)
+                _queue_again(ledger.client, keys, raw[at:])
+                if events:
+                    with contextlib.suppress(Exception):
+                        ledger.record(epoch, events)
+                raise
+            events += _backfill(request, asked, publish, memory or SentMemory())
     if events:
         ledger.record(epoch, events)
     return len(raw)
 
 
-def _backfill(ledger: Ledger, keys: Any, request: Request, publish: Publish,
-              last_ms: int | None, memory: SentMemory) -> list[Event]:
-    """Send each requested slot once ever: ``{prefix}:backfilled`` holds what was sent.
+def _queue_again(client: Any, keys: Any, raw: list[Any]) -> None:
+    try:
+        client.lpush(keys.requests, *reversed(raw))
+    except Exception:  # noqa: BLE001 - Redis failing: they are lost (at most once)
+        logger.warning("leaderbeat: %d request(s) lost: Redis failed while carrying them out",
+                       len(raw))
 
+
+def _ask_backfill(ledger: Ledger, token: str, epoch: int, request: Request,
+                  last_ms: int | None, memory: SentMemory
+                  ) -> list[tuple[int, str | None, str]]:
+    """Which of the requested slots to send, each once ever, and only one nobody sent.
+
+    Per slot: (slot, None to send it or the history event's name, its detail).
     Only slots the schedule has settled (before the entry's last slot) qualify: a
     later one is the schedule's own, sent when due, and backfilling it would send
-    it twice.
+    it twice. What the command saw when it queued the request may be stale by now
+    (a standby rescued a slot meanwhile, or Redis went back to older state and
+    brought the request back): the claim script decides each slot atomically from
+    what Redis holds now, and ``memory`` refuses what this process sent itself.
     """
+    out: list[tuple[int, str | None, str]] = []
+    ask = []
+    for slot_ms in sorted(set(request.slots_ms)):
+        if last_ms is None or slot_ms >= last_ms:
+            out.append((slot_ms, "skipped",
+                        "backfill: not settled by the schedule yet (sent when due)"))
+        elif memory.published(request.entry, slot_ms):
+            out.append((slot_ms, "skipped", "backfill: sent on time"))
+        elif memory.backfilled(request.entry, slot_ms):
+            out.append((slot_ms, "skipped", "backfill: sent before (by this node)"))
+        else:
+            ask.append(slot_ms)
+    refusals = ledger.backfill(token, epoch, request.entry, ask, request.id) if ask else []
+    out += [(slot_ms, None if refusal is None else "skipped", refusal or "")
+            for slot_ms, refusal in zip(ask, refusals)]
+    return sorted(out)
+
+
+def _backfill(request: Request, asked: list[tuple[int, str | None, str]],
+                   publish: Publish, memory: SentMemory) -> list[Event]:
+    """Publish the slots :func:`_ask_backfill` granted; the history events of every slot."""
     events = []
     sent = 0
-    for slot_ms in sorted(request.slots_ms):
-        if last_ms is None or slot_ms >= last_ms:
-            events.append(Event(request.entry, slot_ms, "skipped",
-                                "backfill: not settled by the schedule yet (sent when due)"))
-        elif memory.published(request.entry, slot_ms):
-            events.append(Event(request.entry, slot_ms, "skipped", "backfill: sent on time"))
-        elif not ledger.client.hsetnx(keys.backfilled, f"{request.entry}|{slot_ms}", request.id):
-            events.append(Event(request.entry, slot_ms, "skipped", "backfill: sent before"))
+    for slot_ms, refused, detail in asked:
+        if refused is not None:
+            events.append(Event(request.entry, slot_ms, refused, detail))
         elif publish(request.entry, from_ms(slot_ms), None):
             sent += 1
+            memory.note_backfill(request.entry, slot_ms)
             events.append(Event(request.entry, slot_ms, "sent", f"backfill {request.id}"))
         else:
             events.append(Event(request.entry, slot_ms, "unsent", "backfill: publish failed"))
