@@ -18,7 +18,7 @@ from typing import Any, cast
 import redis
 
 from ..errors import NotReplicatedError
-from ..store.ledger import CLAIMED, REMOVED, Event, Ledger, Op
+from ..store.ledger import CLAIMED, REMOVED, ClaimItem, Event, Ledger, Op
 from ..timing.slots import from_ms, to_ms
 from .agenda import Agenda, Loaded, Tracked, Unsent, adopt_refused_anchors
 from .batch import LeaderGate, report_unsent, run_batch, say_capped_once
@@ -109,6 +109,7 @@ class Leader:
             _anchor(node, loaded, "new")
         self._rolled_back = False
         self._publish_definitions(loaded.tracked, definitions)
+        self._mark_definitions()
         self.agenda = Agenda(loaded.tracked)
         self._version = version
         node.lease.vanished_while_held = False
@@ -220,6 +221,19 @@ class Leader:
         changes.update({name: REMOVED for name in (stored if names is None else names)
                         if name not in tracked and stored.get(name) not in (None, REMOVED)})
         self.node.ledger.write_definitions(changes)
+
+    def _mark_definitions(self) -> None:
+        """Mark the stored definitions as this leader's (its epoch, fenced by its lease).
+
+        Until the newest leader has marked them, no standby rescues: the fingerprints
+        stored may still be an earlier leader's (a rolling deploy, a row changed on one
+        node), which this one does not plan. Written at every full reload, so right
+        after the election: the rescue gap is one round trip.
+        """
+        try:
+            self.node.ledger.claim(*self.node.lease.credentials(), [ClaimItem("", 0, Op.DEFINE)])
+        except NotReplicatedError as exc:  # a mark sends nothing: safe to go on
+            logger.warning("leaderbeat: %s for the mark of the definitions; going on", exc)
 
     def _prune(self) -> None:
         """Nothing grows without bound: state of removed entries, old backfills, dead nodes."""

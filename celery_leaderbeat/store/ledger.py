@@ -36,6 +36,7 @@ class Op:
     ROLLED_BACK = "skip"  # Redis went back to older state: start again past it, state 'k'
     RECOVER = "recover"  # re-send an earlier claimant's unconfirmed slot: state 'c'
     BACKFILL = "backfill"  # send a slot the schedule passed unsent: the stored slot stays
+    DEFINE = "define"  # the leader's fingerprint of an entry, and the mark of its epoch
 
 
 #: why ``claim.lua`` refused a backfill of a slot (its answer -> the history's detail)
@@ -60,6 +61,8 @@ EARLY = "early"
 UNKNOWN = "unknown"
 #: the fingerprint stored for an entry the leader no longer schedules (removed, disabled)
 REMOVED = "-"
+#: the field of the definitions hash that holds the epoch of the leader that wrote them
+DEFINED_BY = "|epoch"
 
 #: claim items and history events per script call at most (bounds one call's run time)
 _MAX_PER_CALL = 2000
@@ -268,7 +271,7 @@ class Ledger:
                      "" if item.prev_ms is None else item.prev_ms, item.fingerprint]
         keys = [self.keys.leader, self.keys.slots, self.keys.history, self.keys.overtaken,
                 self.keys.paused, self.keys.definitions, self.keys.progress,
-                self.keys.generation, self.keys.backfilled]
+                self.keys.generation, self.keys.backfilled, self.keys.epoch]
         if any(item.enqueue for item in items):
             args += _enqueue_section(items, keys)
         return self.scripts.claim(keys=keys, args=args)
@@ -315,7 +318,7 @@ class Ledger:
             slots = {n: v for n, v in zip(names, raw_slots) if v is not None}
             definitions = {n: v for n, v in zip(names, raw_defs) if v is not None}
         return ({text(k): SlotState.parse(v) for k, v in slots.items()},
-                {text(k): text(v) for k, v in definitions.items()})
+                {text(k): text(v) for k, v in definitions.items() if text(k) != DEFINED_BY})
 
     def prune(self, scheduled: Iterable[str], *, keep_ms: int, node_keep_s: float) -> list[int]:
         """Drop the state of entries nobody schedules any more, old backfill records and

@@ -3,7 +3,9 @@
 -- KEYS[4] overtaken hash: "<entry>|<slot_ms>" -> the value a newer claim replaced while it
 --         was still claimed and unconfirmed ('c' or 'u') by another claimant
 -- KEYS[5] paused hash: entry -> note (``celery leaderbeat pause``)
--- KEYS[6] definitions hash: entry -> fingerprint of the definition the leader plans
+-- KEYS[6] definitions hash: entry -> fingerprint of the definition the leader plans; and
+--         the field "|epoch": the epoch of the leader that last wrote its whole definition
+--         (at its election, 'define')
 -- KEYS[7] progress: Redis TIME (ms) of the leader's latest call with a 'claim' in it
 -- KEYS[8] generation: a counter every call that writes raises; a node remembers the highest
 --         it has seen, so Redis going back to older state (a restore from an older
@@ -11,6 +13,7 @@
 -- KEYS[9] backfilled hash: "<entry>|<slot_ms>" -> the backfill request that sent it; and
 --         the field "|floor": Redis TIME (ms) plus the ahead allowance when a leader last
 --         re-anchored after a loss of writes ('reset'): what was sent before it cannot be told
+-- KEYS[10] epoch counter (read only: the newest leader's epoch, see acquire.lua)
 -- ARGV[1] mode: 'lead', 'rescue' or 'record'
 -- ARGV[2] lead: this leader's token (node_id|epoch); rescue/record: ''
 -- ARGV[3] lead: lease ttl (ms); rescue: rescue_after (ms); record: ''
@@ -56,12 +59,14 @@
 --                 writes KEYS[9]; the stored slot is left as it is. The same request asking
 --                 again (its reply was lost, it was queued again) is granted again. A refusal answers its
 --                 reason: 'later', 'sent', 'backfilled', 'unconfirmed', 'lost' or 'horizon'
--- Claim and enqueue in one step (optional: only when KEYS has more than nine keys):
--- KEYS[10 ..]       the broker's keys (queue lists) the commands below write
+--   op 'define'   (lead only) KEYS[6] entry -> fingerprint (nothing for an empty entry
+--                 name), and "|epoch" -> this leader's epoch: the leader wrote what it plans
+-- Claim and enqueue in one step (optional: only when KEYS has more than ten keys):
+-- KEYS[11 ..]       the broker's keys (queue lists) the commands below write
 -- ARGV[#ARGV]       L, the length of the enqueue section, which ends just before it and
 --                   follows the claims; for each claim in order: c, its number of broker
 --                   commands, then c groups of three: 'lpush' or 'pexpire', an index into
---                   KEYS (10 or more), the argument (the message payload, or ms)
+--                   KEYS (11 or more), the argument (the message payload, or ms)
 --   A granted 'claim' that has commands runs them here, in this atomic step, and is
 --   stored sent ('s'), never claimed: a slot is granted and enqueued, or neither. A
 --   retry that finds exactly that sent value answers 1 again and runs nothing twice.
@@ -76,7 +81,8 @@
 -- the fingerprint of its definition to KEYS[6].
 -- In 'rescue' mode (a standby, no lease) only 'claim' and 'skip' (slots its catch-up
 -- policy passes over), only for an entry that has
--- state (its phase is known), only when the stored slot is the rescuer's previous slot
+-- state (its phase is known), only once the newest leader wrote what it plans (KEYS[6]
+-- "|epoch" is the epoch counter; answers 0 until then; no mark at all: not checked), only when the stored slot is the rescuer's previous slot
 -- (a rescuer whose view is stale plans slots of another phase), only when the rescuer's
 -- fingerprint is the leader's (answers 3 otherwise), and only once Redis TIME >= fire
 -- time + rescue_after, so a standby with a fast clock cannot pre-empt a healthy leader,
@@ -111,7 +117,7 @@ else
 end
 local claims_end = #ARGV
 local enq = nil  -- where the current claim's enqueue commands start, if any
-if #KEYS > 9 then
+if #KEYS > 10 then
   claims_end = #ARGV - 1 - tonumber(ARGV[#ARGV])
   enq = claims_end + 1
   local j = enq
@@ -174,7 +180,10 @@ local states = {claim = 'c', skip = 'k', anchor = 'a', reanchor = 'a', restore =
                 recover = 'c'}
 local suffix = ''
 local leader_busy = false
+local definitions_behind = false  -- the newest leader has not written what it plans yet
 if mode == 'rescue' then
+  local mark = redis.call('HGET', KEYS[6], '|epoch')
+  definitions_behind = mark and mark ~= (redis.call('GET', KEYS[10]) or mark)
   suffix = '|' .. node .. '|' .. now_ms
   local progress = tonumber(redis.call('GET', KEYS[7]) or '')
   leader_busy = progress ~= nil and ARGV[7] ~= '' and now_ms - progress < tonumber(ARGV[7])
@@ -290,6 +299,8 @@ for i = claims_at, claims_end, 6 do
     local def = fp ~= '' and redis.call('HGET', KEYS[6], name)
     if (op ~= 'claim' and op ~= 'skip') or not stored then
       result = false
+    elseif definitions_behind then
+      result = 0
     elseif def and def ~= fp then
       result = 3
     elseif s_slot == slot and s_epoch == '0' and s_state == state and s_node == node then
@@ -299,6 +310,12 @@ for i = claims_at, claims_end, 6 do
     elseif now_ms < fire + tonumber(ARGV[3]) or leader_busy then
       result = 0
     end
+  elseif op == 'define' then
+    if name ~= '' then
+      redis.call('HSET', KEYS[6], name, fp)
+    end
+    redis.call('HSET', KEYS[6], '|epoch', epoch)
+    result = 1
   elseif op == 'backfill' then
     result = backfill_refusal(name, slot_text, slot, s_slot, fp)
     if result == nil then
@@ -342,7 +359,7 @@ for i = claims_at, claims_end, 6 do
       result = stored
     end
   end
-  if result == nil and op ~= 'backfill' then
+  if result == nil and op ~= 'backfill' and op ~= 'define' then
     -- granted
     if op == 'claim' and redis.call('HEXISTS', KEYS[5], name) == 1 then
       redis.call('HSET', KEYS[2], name, slot_text .. '|' .. epoch .. '|k' .. suffix)
