@@ -20,7 +20,7 @@ import redis
 from ..errors import NotReplicatedError
 from ..store.ledger import CLAIMED, REMOVED, ClaimItem, Event, Ledger, Op
 from ..timing.slots import from_ms, to_ms
-from .agenda import Agenda, Loaded, Tracked, Unsent, adopt_refused_anchors
+from .agenda import Agenda, Loaded, Tracked, Unsent, adopt_refused_anchors, margin_slots
 from .batch import LeaderGate, report_unsent, run_batch, say_capped_once
 from .degraded import Outage
 from .node import Node, utcnow
@@ -30,6 +30,8 @@ logger = logging.getLogger(__name__)
 
 #: cap, in seconds, of how far past "now" an entry with no stored state starts
 UNKNOWN_STATE_MARGIN = 5.0
+#: the history's reason for a slot skipped by that margin
+MARGIN_REASON = "no slot state in Redis (new entry, or Redis lost its data): started after a margin"
 
 #: state of an entry nobody schedules any more, and backfill records, older than this go
 PRUNE_AFTER = 30 * 86400.0
@@ -96,6 +98,7 @@ class Leader:
                             definitions=definitions, trust_memory=trusted,
                             rolled_back=rolled_back)
         report = (report or not self._reported) and not rolled_back
+        margin_recorded = report or rolled_back  # an election, or Redis lost writes
         unsent: list[Unsent] = []
         if report:
             unsent += loaded.unsent
@@ -106,7 +109,9 @@ class Leader:
                     unsent.append(Unsent(name, from_ms(slot_ms), state.state == CLAIMED,
                                          state.claimed_ms, overtaken=True))
         if loaded.anchors:
-            _anchor(node, loaded, "new")
+            refused = _anchor(node, loaded, "new")
+            if margin_recorded:
+                node.backlog.extend(self._margin_missed(loaded, refused))
         self._rolled_back = False
         self._publish_definitions(loaded.tracked, definitions)
         self._mark_definitions()
@@ -221,6 +226,25 @@ class Leader:
         changes.update({name: REMOVED for name in (stored if names is None else names)
                         if name not in tracked and stored.get(name) not in (None, REMOVED)})
         self.node.ledger.write_definitions(changes)
+
+    def _margin_missed(self, loaded: Loaded, refused: list[Any]) -> list[Event]:
+        """The slots an entry with no state skips: from this node's ``since`` (or after
+        the newest slot it knows was settled) up to its anchor, after the margin (nothing
+        sent before Redis lost its data may come round again). Not sent, so recorded
+        ``missed``, with the reason; they ride on the next claim call."""
+        events: list[Event] = []
+        for item, result in zip(loaded.anchors, refused):
+            tracked = loaded.tracked.get(item.name)
+            if item.op != Op.ANCHOR or result is not None or tracked is None:
+                continue
+            settled = self.node.sent.newest_known(item.name)  # by this node or another
+            since = self.since if settled is None else max(self.since, from_ms(settled + 1))
+            listed, older = margin_slots(tracked.clock, since, from_ms(item.slot_ms))
+            events += [Event(item.name, to_ms(slot), "missed", MARGIN_REASON) for slot in listed]
+            if older:
+                events.append(Event(item.name, to_ms(listed[0]), "missed",
+                                    f"{older} older slots not listed ({MARGIN_REASON})"))
+        return events
 
     def _mark_definitions(self) -> None:
         """Mark the stored definitions as this leader's (its epoch, fenced by its lease).
@@ -355,8 +379,9 @@ def _say_anchored(loaded: Any) -> None:
                 ", ".join(names[:10]))
 
 
-def _anchor(node: Node, loaded: Loaded, what: str) -> None:
-    """Claim the anchors of ``what`` (new, changed) entries; a refused one is adopted."""
+def _anchor(node: Node, loaded: Loaded, what: str) -> list[Any]:
+    """Claim the anchors of ``what`` (new, changed) entries; a refused one is adopted.
+    Returns, per anchor, None when it was granted, else why not."""
     try:
         refused = node.ledger.claim(*node.lease.credentials(), loaded.anchors)
     except NotReplicatedError as exc:  # anchors send nothing: safe to go on
@@ -364,3 +389,4 @@ def _anchor(node: Node, loaded: Loaded, what: str) -> None:
         refused = [None] * len(loaded.anchors)
     adopt_refused_anchors(loaded, refused)
     _say_anchored(loaded)
+    return list(refused)
