@@ -31,7 +31,7 @@ logger = logging.getLogger(__name__)
 #: cap, in seconds, of how far past "now" an entry with no stored state starts
 UNKNOWN_STATE_MARGIN = 5.0
 #: the history's reason for a slot skipped by that margin
-MARGIN_REASON = "no slot state in Redis (new entry, or Redis lost its data): started after a margin"
+MARGIN_REASON = "slot state lost (Redis lost its data): started again after a margin"
 
 #: state of an entry nobody schedules any more, and backfill records, older than this go
 PRUNE_AFTER = 30 * 86400.0
@@ -98,7 +98,6 @@ class Leader:
                             definitions=definitions, trust_memory=trusted,
                             rolled_back=rolled_back)
         report = (report or not self._reported) and not rolled_back
-        margin_recorded = report or rolled_back  # an election, or Redis lost writes
         unsent: list[Unsent] = []
         if report:
             unsent += loaded.unsent
@@ -110,8 +109,7 @@ class Leader:
                                          state.claimed_ms, overtaken=True))
         if loaded.anchors:
             refused = _anchor(node, loaded, "new")
-            if margin_recorded:
-                node.backlog.extend(self._margin_missed(loaded, refused))
+            node.backlog.extend(self._margin_missed(loaded, refused, lost=rolled_back or trusted))
         self._rolled_back = False
         self._publish_definitions(loaded.tracked, definitions)
         self._mark_definitions()
@@ -227,17 +225,25 @@ class Leader:
                         if name not in tracked and stored.get(name) not in (None, REMOVED)})
         self.node.ledger.write_definitions(changes)
 
-    def _margin_missed(self, loaded: Loaded, refused: list[Any]) -> list[Event]:
-        """The slots an entry with no state skips: from this node's ``since`` (or after
-        the newest slot it knows was settled) up to its anchor, after the margin (nothing
-        sent before Redis lost its data may come round again). Not sent, so recorded
-        ``missed``, with the reason; they ride on the next claim call."""
+    def _margin_missed(self, loaded: Loaded, refused: list[Any], *, lost: bool) -> list[Event]:
+        """The slots an entry whose state Redis lost skips: from this node's ``since`` (or
+        after the newest slot it knows was settled) up to its anchor, after the margin
+        (nothing sent before the loss may come round again). Not sent, so recorded
+        ``missed``, with the reason; they ride on the next claim call.
+
+        Only where the loss is known (``lost``: Redis went back to older state, or lost
+        the lease under this leader; or this node knows a slot of the entry that Redis no
+        longer has): an empty Redis that no live node remembers looks like a first start,
+        where an entry anchored after the margin missed nothing.
+        """
         events: list[Event] = []
         for item, result in zip(loaded.anchors, refused):
             tracked = loaded.tracked.get(item.name)
             if item.op != Op.ANCHOR or result is not None or tracked is None:
                 continue
             settled = self.node.sent.newest_known(item.name)  # by this node or another
+            if settled is None and not lost:
+                continue
             since = self.since if settled is None else max(self.since, from_ms(settled + 1))
             listed, older = margin_slots(tracked.clock, since, from_ms(item.slot_ms))
             events += [Event(item.name, to_ms(slot), "missed", MARGIN_REASON) for slot in listed]
