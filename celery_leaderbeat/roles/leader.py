@@ -31,7 +31,8 @@ logger = logging.getLogger(__name__)
 #: cap, in seconds, of how far past "now" an entry with no stored state starts
 UNKNOWN_STATE_MARGIN = 5.0
 #: the history's reason for a slot skipped by that margin
-MARGIN_REASON = "slot state lost (Redis lost its data): started again after a margin"
+MARGIN_REASON = ("slot state lost (Redis lost writes): started again after a margin, "
+                 "not sent since the loss")
 
 #: state of an entry nobody schedules any more, and backfill records, older than this go
 PRUNE_AFTER = 30 * 86400.0
@@ -109,7 +110,8 @@ class Leader:
                                          state.claimed_ms, overtaken=True))
         if loaded.anchors:
             refused = _anchor(node, loaded, "new")
-            node.backlog.extend(self._margin_missed(loaded, refused, lost=rolled_back or trusted))
+            node.backlog.extend(self._margin_missed(loaded, refused, stored,
+                                                    lost=rolled_back or trusted))
         self._rolled_back = False
         self._publish_definitions(loaded.tracked, definitions)
         self._mark_definitions()
@@ -225,11 +227,13 @@ class Leader:
                         if name not in tracked and stored.get(name) not in (None, REMOVED)})
         self.node.ledger.write_definitions(changes)
 
-    def _margin_missed(self, loaded: Loaded, refused: list[Any], *, lost: bool) -> list[Event]:
+    def _margin_missed(self, loaded: Loaded, refused: list[Any], stored: dict[str, Any], *,
+                       lost: bool) -> list[Event]:
         """The slots an entry whose state Redis lost skips: from this node's ``since`` (or
-        after the newest slot it knows was settled) up to its anchor, after the margin
-        (nothing sent before the loss may come round again). Not sent, so recorded
-        ``missed``, with the reason; they ride on the next claim call.
+        after the newest slot it knows was settled, or the slot Redis still holds) up to its
+        anchor, after the margin (nothing sent before the loss may come round again). Not
+        sent after the loss, so recorded ``missed``, with the reason; they ride on the next
+        claim call.
 
         Only where the loss is known (``lost``: Redis went back to older state, or lost
         the lease under this leader; or this node knows a slot of the entry that Redis no
@@ -239,11 +243,15 @@ class Leader:
         events: list[Event] = []
         for item, result in zip(loaded.anchors, refused):
             tracked = loaded.tracked.get(item.name)
-            if item.op != Op.ANCHOR or result is not None or tracked is None:
+            if item.op not in (Op.ANCHOR, Op.ROLLED_BACK) or result is not None \
+                    or tracked is None:
                 continue
             settled = self.node.sent.newest_known(item.name)  # by this node or another
             if settled is None and not lost:
                 continue
+            state = stored.get(item.name)
+            if state is not None:  # rolled back: what Redis still holds was settled
+                settled = max(settled or 0, state.slot_ms)
             since = self.since if settled is None else max(self.since, from_ms(settled + 1))
             listed, older = margin_slots(tracked.clock, since, from_ms(item.slot_ms))
             events += [Event(item.name, to_ms(slot), "missed", MARGIN_REASON) for slot in listed]
