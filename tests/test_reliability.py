@@ -23,9 +23,18 @@ from celery_leaderbeat.roles.memory import SentMemory
 from celery_leaderbeat.roles.requests import Request, carry_out
 from celery_leaderbeat.store.keys import Keys
 from celery_leaderbeat.store.lease import Lease
-from celery_leaderbeat.store.ledger import DIFFERS, EARLY, ClaimItem, Event, Ledger, Op, SlotState
+from celery_leaderbeat.store.ledger import (
+    BACKFILL_REFUSALS,
+    DIFFERS,
+    EARLY,
+    ClaimItem,
+    Event,
+    Ledger,
+    Op,
+    SlotState,
+)
 from celery_leaderbeat.store.scripts import Scripts
-from celery_leaderbeat.timing.slots import clock_for, from_ms, plan, to_ms
+from celery_leaderbeat.timing.slots import clock_for, from_ms, to_ms
 
 UTC = timezone.utc
 
@@ -310,8 +319,7 @@ def test_a_backfill_skips_slots_due_before_redis_lost_writes(node, redis_client)
     leader.ledger.claim(*leader.lease.credentials(), [ClaimItem("e", last, Op.ANCHOR)])
     sent, skipped = _backfill(leader, (now + 1_000,), last)
     assert sent == []
-    assert skipped == ["backfill: due before Redis lost writes (what was sent then cannot be "
-                       "told)"]
+    assert skipped == [BACKFILL_REFUSALS["lost"]]
 
 
 def _guard(client: Any, keys: Keys, mode: str, task: str, worker: str, detail: str = "") -> Any:
@@ -507,3 +515,24 @@ def test_a_leader_that_led_until_redis_lost_its_data_carries_on_after_what_anyon
     assert [(i.op, i.slot_ms) for i in loaded.anchors] == \
         [(Op.RESTORE, to_ms(now - timedelta(seconds=60)))]
     assert loaded.tracked["e"].next_fire == now
+
+
+def test_no_rescue_until_the_newest_leader_marked_the_definitions(node, redis_client):
+    """The fingerprints stored are an earlier leader's until the newest one marks them with
+    its epoch (at its election): a rescue waits, however its fingerprint compares."""
+    first, second, standby = node("first"), node("second"), node("standby")
+    assert first.lease.try_acquire()
+    base = redis_ms(redis_client) - 20_000
+    first.ledger.claim(*first.lease.credentials(),
+                       [ClaimItem("e", base, Op.ANCHOR, fingerprint="every-5s"),
+                        ClaimItem("", 0, Op.DEFINE)])
+    assert first.lease.release()
+    assert second.lease.try_acquire()  # elected with another definition, not marked yet
+    slot = base + 5000
+    rescue = [ClaimItem("e", slot, Op.CLAIM, slot, base, "every-5s")]
+    assert standby.ledger.rescue(rescue).results == [EARLY]
+    second.ledger.claim(*second.lease.credentials(),
+                        [ClaimItem("e", 0, Op.DEFINE, fingerprint="every-10s")])
+    assert standby.ledger.rescue(rescue).results == [DIFFERS]
+    assert standby.ledger.rescue([ClaimItem("e", slot, Op.CLAIM, slot, base, "every-10s")]
+                                 ).results == [None]
