@@ -6,11 +6,15 @@ between batches, pops every pending request at once (LPOP is atomic: one
 leader takes each) and carries it out. A leader that dies between popping and
 sending loses that request (at most once); the history says what was done. A
 backfill whose grant call fails goes back to the list, with the requests after it.
+Redis going back to older state (a restore from an older snapshot) can bring
+back a request already carried out: one queued before the leader saw the loss
+is dropped and recorded (at most once).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import uuid
@@ -27,6 +31,9 @@ logger = logging.getLogger(__name__)
 
 #: the message on the events channel that wakes the leader for a request
 WAKE = "request"
+#: the field of the backfilled hash that holds Redis TIME (ms) of the last re-anchoring
+#: after Redis lost writes (claim.lua's 'reset'): requests queued before it may be replays
+LOST_AT = "|lost_at"
 
 #: namespace of a triggered run's task id (fixed forever, like slot ids)
 _TRIGGER_NAMESPACE = uuid.UUID("8f3a1c62-7d4e-5b90-a1c3-747269676572")
@@ -41,21 +48,28 @@ class Request:
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     note: str = ""
     slots_ms: tuple[int, ...] = ()
+    #: Redis TIME (ms) when it was queued (None: queued by an older version)
+    queued_ms: int | None = None
 
     def dumps(self) -> str:
         return json.dumps({"op": self.op, "entry": self.entry, "id": self.id,
-                           "note": self.note, "slots_ms": list(self.slots_ms)})
+                           "note": self.note, "slots_ms": list(self.slots_ms),
+                           "queued_ms": self.queued_ms})
 
     @classmethod
     def loads(cls, raw: Any) -> Request:
         data = json.loads(raw)
+        queued = data.get("queued_ms")
         return cls(op=data["op"], entry=data["entry"], id=data.get("id", ""),
-                   note=data.get("note", ""), slots_ms=tuple(data.get("slots_ms") or ()))
+                   note=data.get("note", ""), slots_ms=tuple(data.get("slots_ms") or ()),
+                   queued_ms=int(queued) if queued is not None else None)
 
 
 def submit(client: Any, keys: Any, request: Request) -> None:
-    """CLI side: queue ``request`` and wake the leader."""
-    client.rpush(keys.requests, request.dumps())
+    """CLI side: queue ``request``, stamped with Redis TIME, and wake the leader."""
+    seconds, micros = client.time()
+    stamped = dataclasses.replace(request, queued_ms=int(seconds) * 1000 + int(micros) // 1000)
+    client.rpush(keys.requests, stamped.dumps())
     client.publish(keys.events, WAKE)
 
 
@@ -81,13 +95,27 @@ def carry_out(ledger: Ledger, keys: Any, epoch: int, prefix: str, publish: Publi
     """
     raw = ledger.client.lpop(keys.requests, 1000) or []
     events: list[Event] = []
+    lost_at: int | None = None
+    if raw:
+        mark = ledger.client.hget(keys.backfilled, LOST_AT)
+        lost_at = int(mark) if mark is not None else None
     for at, item in enumerate(raw):
         try:
             request = Request.loads(item)
         except (ValueError, KeyError, TypeError):
             logger.warning("leaderbeat: dropped an unreadable request %r", item)
             continue
-        if not known(request.entry):
+        if lost_at is not None and request.queued_ms is not None \
+                and request.queued_ms <= lost_at:
+            # Redis went back to older state, which may bring back a request already
+            # carried out: at most once, each is dropped and said so
+            logger.warning("leaderbeat: %s request %s for %r was queued before Redis lost "
+                           "writes; not carried out (it may have been already)", request.op,
+                           request.id, request.entry)
+            events.append(Event(request.entry, to_ms(now), "skipped",
+                                f"{request.op} {request.id}: queued before Redis lost writes "
+                                "(it may have been carried out then)"))
+        elif not known(request.entry):
             logger.warning("leaderbeat: %s request for %r: no such entry", request.op,
                            request.entry)
             events.append(Event(request.entry, to_ms(now), "error",

@@ -12,7 +12,8 @@
 --         snapshot, a lagging replica promoted) is seen before anything is granted
 -- KEYS[9] backfilled hash: "<entry>|<slot_ms>" -> the backfill request that sent it; and
 --         the field "|floor": Redis TIME (ms) plus the ahead allowance when a leader last
---         re-anchored after a loss of writes ('reset'): what was sent before it cannot be told
+--         re-anchored after a loss of writes ('reset'): what was sent before it cannot be
+--         told; and "|lost_at": that Redis TIME (a request queued before it may be a replay)
 -- KEYS[10] epoch counter (read only: the newest leader's epoch, see acquire.lua)
 -- ARGV[1] mode: 'lead', 'rescue' or 'record'
 -- ARGV[2] lead: this leader's token (node_id|epoch); rescue/record: ''
@@ -165,9 +166,10 @@ if mode == 'lead' then
   redis.call('PEXPIRE', KEYS[1], ARGV[3])
   if reset then  -- what was sent before the loss cannot be told: no backfill reaches it
     local t = redis.call('TIME')
-    local floor = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[7])
+    local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    local floor = now_ms + tonumber(ARGV[7])
     local old = tonumber(redis.call('HGET', KEYS[9], '|floor') or '0')
-    redis.call('HSET', KEYS[9], '|floor', math.max(old, floor))
+    redis.call('HSET', KEYS[9], '|floor', math.max(old, floor), '|lost_at', now_ms)
   end
 elseif mode ~= 'rescue' then
   if claims_end >= claims_at then
