@@ -58,8 +58,9 @@
 --                 (KEYS[4]: the next leader reports and may recover it), not backfilled
 --                 before (KEYS[9]) and not older than the floor (KEYS[9] "|floor"). A grant
 --                 writes KEYS[9]; the stored slot is left as it is. The same request asking
---                 again (its reply was lost, it was queued again) is granted again. A refusal answers its
---                 reason: 'later', 'sent', 'backfilled', 'unconfirmed', 'lost' or 'horizon'
+--                 again (its reply was lost, it was queued again) is granted again. A
+--                 refusal answers its reason: 'later', 'sent', 'backfilled', 'unconfirmed',
+--                 'lost' or 'horizon'
 --   op 'define'   (lead only) KEYS[6] entry -> fingerprint (nothing for an empty entry
 --                 name), and "|epoch" -> this leader's epoch: the leader wrote what it plans
 -- Claim and enqueue in one step (optional: only when KEYS has more than ten keys):
@@ -83,7 +84,8 @@
 -- In 'rescue' mode (a standby, no lease) only 'claim' and 'skip' (slots its catch-up
 -- policy passes over), only for an entry that has
 -- state (its phase is known), only once the newest leader wrote what it plans (KEYS[6]
--- "|epoch" is the epoch counter; answers 0 until then; no mark at all: not checked), only when the stored slot is the rescuer's previous slot
+-- "|epoch" is the epoch counter; answers 0 until then; no mark at all: not checked),
+-- only when the stored slot is the rescuer's previous slot
 -- (a rescuer whose view is stale plans slots of another phase), only when the rescuer's
 -- fingerprint is the leader's (answers 3 otherwise), and only once Redis TIME >= fire
 -- time + rescue_after, so a standby with a fast clock cannot pre-empt a healthy leader,
