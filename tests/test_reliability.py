@@ -33,6 +33,7 @@ from celery_leaderbeat.store.ledger import (
     Op,
     SlotState,
 )
+from celery_leaderbeat.store.queue import RedisRequests
 from celery_leaderbeat.store.scripts import Scripts
 from celery_leaderbeat.timing.slots import clock_for, from_ms, to_ms
 
@@ -272,7 +273,8 @@ def _backfill(leader: SimpleNamespace, slots: tuple[int, ...], last: int,
                                Request("backfill", "e", id=request_id, slots_ms=slots).dumps())
     sent: list[int] = []
     token, epoch = leader.lease.credentials()
-    carry_out(leader.ledger, leader.keys, epoch, leader.keys.prefix,
+    carry_out(leader.ledger, RedisRequests(leader.ledger.client, leader.keys), epoch,
+              leader.keys.prefix,
               lambda name, slot, task_id: sent.append(to_ms(slot)) or True,
               from_ms(last), known=lambda name: True, stored=lambda name: last, token=token)
     skipped = [h["detail"] for h in leader.ledger.history(50)

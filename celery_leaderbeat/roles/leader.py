@@ -13,12 +13,11 @@ import logging
 import time
 from collections.abc import Collection
 from datetime import datetime
-from typing import Any, cast
-
-import redis
+from typing import Any
 
 from ..errors import NotReplicatedError
-from ..store.ledger import CLAIMED, REMOVED, ClaimItem, Event, Ledger, Op
+from ..store.base import STORE_ERRORS, STORE_UNREACHABLE
+from ..store.ledger import CLAIMED, REMOVED, ClaimItem, Event, Op
 from ..timing.slots import from_ms, to_ms
 from .agenda import Agenda, Loaded, Tracked, Unsent, adopt_refused_anchors, margin_slots
 from .batch import LeaderGate, report_unsent, run_batch, say_capped_once
@@ -162,7 +161,7 @@ class Leader:
         node, lease = self.node, self.node.lease
         if not lease.is_held():
             if node.config.redis_down_policy == "last-leader" and not lease.lost:
-                node.client.ping()  # unreachable: the last leader goes on (degraded mode)
+                node.store.ping()  # unreachable: the last leader goes on (degraded mode)
             raise Resign("lease not confirmed in time (self-fencing)")
         stopped = lease.heartbeat_stopped()
         if stopped is not None:  # nothing renews the lease any more: let it go now
@@ -186,8 +185,7 @@ class Leader:
         if time.monotonic() >= self._prune_at:
             self._prune()
         if self._requests_pending:
-            # the requests are a Redis list beside the store's seam (store/base.py)
-            carry_out(cast(Ledger, node.ledger), node.keys, lease.epoch or 0, node.keys.prefix,
+            carry_out(node.ledger, node.store.requests, lease.epoch or 0, node.keys.prefix,
                       self._publish,
                       utcnow(), known=lambda name: name in self.tracked,
                       stored=lambda name: self._stored_slot(name), memory=node.sent,
@@ -317,12 +315,11 @@ class Leader:
         subscription, so none is missed.
         """
         if self._pubsub is None:
-            self._pubsub = self.node.client.pubsub(ignore_subscribe_messages=True)
-            self._pubsub.subscribe(self.node.keys.events)
+            self._pubsub = self.node.store.events.subscribe()
             # a request queued while there was no subscription woke nobody: look anyway
             self._requests_pending = True
-        while (message := self._pubsub.get_message(timeout=0.0)) is not None:
-            if message.get("data") in (WAKE.encode(), WAKE):
+        while (message := self._pubsub.next(0.0)) is not None:
+            if message == WAKE:
                 self._requests_pending = True
 
     def close(self) -> None:
@@ -346,7 +343,7 @@ class Leader:
         and rescue, so sending without claims could send twice.
         """
         if (self.outage is None and self.node.config.redis_down_policy == "last-leader"
-                and isinstance(exc, (redis.ConnectionError, redis.TimeoutError, OSError))
+                and isinstance(exc, STORE_UNREACHABLE)
                 and self.node.lease.is_held()):
             self.outage = Outage.begin(self.node.config)
         return self.outage is not None
@@ -359,12 +356,12 @@ class Leader:
                          f"{self.node.config.degraded_max_seconds}")
         outage.send_due(self.agenda, utcnow(), self.since, self._send, self.node.sent)
         try:
-            self.node.client.ping()
-        except (redis.RedisError, OSError):
+            self.node.store.ping()
+        except STORE_ERRORS:
             return min(self.delay(), 1.0)
         try:
             reconciled = outage.reconcile(self.node.lease, self.node.ledger, self.node.wake_by)
-        except (redis.RedisError, OSError):
+        except STORE_ERRORS:
             return min(self.delay(), 1.0)  # still flapping: the outage stays as it was
         self.outage = None  # only now: a Redis error above leaves the outage in place
         if not reconciled:

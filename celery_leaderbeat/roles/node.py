@@ -1,4 +1,4 @@
-"""What both roles of one beat process share: Redis, the lease, the ledger, the schedule."""
+"""What both roles of one beat process share: the store, the lease, the ledger, the schedule."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 
 from ..config import Config
 from ..entries import EntryOptions
-from ..store.base import LeaseStore, SlotStore
+from ..store.base import LeaseStore, SlotStore, Store
 from ..store.keys import Keys
 from ..store.ledger import Event, SlotState
 from ..timing.slots import SlotClock, clock_for
@@ -30,8 +30,8 @@ class Node:
 
     config: Config
     keys: Keys
-    client: Any
-    lease: LeaseStore  # the store's seam (store/base.py): Redis today
+    store: Store  # the store's seam (store/base.py): Redis today
+    lease: LeaseStore  # store.lease, store.ledger: what the roles use most
     ledger: SlotStore
     send: SendSlot
     schedule: Callable[[], Mapping[str, Any]]  # entry name -> Celery ScheduleEntry
@@ -55,6 +55,11 @@ class Node:
     exact: Callable[[], Collection[str]] = tuple  # dynamic entries anchored before any state
     #: a chunk sender (``batch.ChunkSend``) under an epoch; None: ``send``, one slot at a time
     sender: Callable[[int], Any] | None = None
+
+    @property
+    def client(self) -> Any:
+        """The store's Redis client: for claim-and-enqueue in one step only (store/base.py)."""
+        return self.store.client
 
     def chunk_send(self, epoch: int) -> Any:
         """What a batch sends its chunks through, under ``epoch`` (0: a standby's rescue)."""

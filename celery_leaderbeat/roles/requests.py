@@ -1,11 +1,11 @@
 """Requests from the CLI to whichever node leads: trigger an entry, backfill slots.
 
-The CLI pushes a JSON request onto the list ``{prefix}:requests`` and publishes
-``request`` on the events channel; the leader, which waits on that channel
-between batches, pops every pending request at once (LPOP is atomic: one
-leader takes each) and carries it out. A leader that dies between popping and
-sending loses that request (at most once); the history says what was done. A
-backfill whose grant call fails goes back to the list, with the requests after it.
+The CLI pushes a JSON request onto the store's request queue, which publishes
+``request`` on the events; the leader, which listens to them between batches,
+pops every pending request at once (each is taken by one leader) and carries it
+out. A leader that dies between popping and sending loses that request (at most
+once); the history says what was done. A backfill whose grant call fails goes
+back to the queue, with the requests after it.
 Redis going back to older state (a restore from an older snapshot) can bring
 back a request already carried out: one queued before the leader saw the loss
 is dropped and recorded (at most once).
@@ -23,17 +23,16 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from ..store.ledger import Event, Ledger
+from ..store.base import RequestQueue, SlotStore
+from ..store.events import REQUEST
+from ..store.ledger import Event
 from ..timing.slots import from_ms, to_ms
 from .memory import SentMemory
 
 logger = logging.getLogger(__name__)
 
-#: the message on the events channel that wakes the leader for a request
-WAKE = "request"
-#: the field of the backfilled hash that holds Redis TIME (ms) of the last re-anchoring
-#: after Redis lost writes (claim.lua's 'reset'): requests queued before it may be replays
-LOST_AT = "|lost_at"
+#: the message on the events that wakes the leader for a request
+WAKE = REQUEST
 
 #: namespace of a triggered run's task id (fixed forever, like slot ids)
 _TRIGGER_NAMESPACE = uuid.UUID("8f3a1c62-7d4e-5b90-a1c3-747269676572")
@@ -48,7 +47,7 @@ class Request:
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     note: str = ""
     slots_ms: tuple[int, ...] = ()
-    #: Redis TIME (ms) when it was queued (None: queued by an older version)
+    #: the store's time (ms) when it was queued (None: queued by an older version)
     queued_ms: int | None = None
 
     def dumps(self) -> str:
@@ -65,12 +64,9 @@ class Request:
                    queued_ms=int(queued) if queued is not None else None)
 
 
-def submit(client: Any, keys: Any, request: Request) -> None:
-    """CLI side: queue ``request``, stamped with Redis TIME, and wake the leader."""
-    seconds, micros = client.time()
-    stamped = dataclasses.replace(request, queued_ms=int(seconds) * 1000 + int(micros) // 1000)
-    client.rpush(keys.requests, stamped.dumps())
-    client.publish(keys.events, WAKE)
+def submit(queue: RequestQueue, request: Request) -> None:
+    """CLI side: queue ``request``, stamped with the store's time, and wake the leader."""
+    queue.push(dataclasses.replace(request, queued_ms=queue.now_ms()).dumps())
 
 
 def trigger_task_id(prefix: str, entry: str, request_id: str) -> str:
@@ -82,7 +78,7 @@ def trigger_task_id(prefix: str, entry: str, request_id: str) -> str:
 Publish = Callable[[str, datetime, str | None], bool]
 
 
-def carry_out(ledger: Ledger, keys: Any, epoch: int, prefix: str, publish: Publish,
+def carry_out(ledger: SlotStore, queue: RequestQueue, epoch: int, prefix: str, publish: Publish,
               now: datetime, known: Callable[[str], bool],
               stored: Callable[[str], int | None] = lambda name: None,
               memory: SentMemory | None = None, token: str = "") -> int:
@@ -93,12 +89,9 @@ def carry_out(ledger: Ledger, keys: Any, epoch: int, prefix: str, publish: Publi
     due), nor one ``memory`` says this process published, nor one the claim script
     refuses (granted under ``token``, this leader's lease).
     """
-    raw = ledger.client.lpop(keys.requests, 1000) or []
+    raw = queue.pop(1000)
     events: list[Event] = []
-    lost_at: int | None = None
-    if raw:
-        mark = ledger.client.hget(keys.backfilled, LOST_AT)
-        lost_at = int(mark) if mark is not None else None
+    lost_at = ledger.lost_at() if raw else None
     for at, item in enumerate(raw):
         try:
             request = Request.loads(item)
@@ -136,7 +129,7 @@ def carry_out(ledger: Ledger, keys: Any, epoch: int, prefix: str, publish: Publi
             except Exception:
                 # nothing of it was published: it and the requests after it go back, first
                 # in line (a grant whose reply was lost is granted again to the same request)
-                _queue_again(ledger.client, keys, raw[at:])
+                _queue_again(queue, raw[at:])
                 if events:
                     with contextlib.suppress(Exception):
                         ledger.record(epoch, events)
@@ -147,15 +140,15 @@ def carry_out(ledger: Ledger, keys: Any, epoch: int, prefix: str, publish: Publi
     return len(raw)
 
 
-def _queue_again(client: Any, keys: Any, raw: list[Any]) -> None:
+def _queue_again(queue: RequestQueue, raw: list[str]) -> None:
     try:
-        client.lpush(keys.requests, *reversed(raw))
-    except Exception:  # noqa: BLE001 - Redis failing: they are lost (at most once)
+        queue.requeue(raw)
+    except Exception:  # noqa: BLE001 - the store failing: they are lost (at most once)
         logger.warning("leaderbeat: %d request(s) lost: Redis failed while carrying them out",
                        len(raw))
 
 
-def _ask_backfill(ledger: Ledger, token: str, epoch: int, request: Request,
+def _ask_backfill(ledger: SlotStore, token: str, epoch: int, request: Request,
                   last_ms: int | None, memory: SentMemory
                   ) -> list[tuple[int, str | None, str]]:
     """Which of the requested slots to send, each once ever, and only one nobody sent.

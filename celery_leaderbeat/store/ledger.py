@@ -63,6 +63,9 @@ UNKNOWN = "unknown"
 REMOVED = "-"
 #: the field of the definitions hash that holds the epoch of the leader that wrote them
 DEFINED_BY = "|epoch"
+#: the field of the backfilled hash that holds Redis TIME (ms) of the last re-anchoring
+#: after Redis lost writes (see claim.lua)
+LOST_AT = "|lost_at"
 
 #: claim items and history events per script call at most (bounds one call's run time)
 _MAX_PER_CALL = 2000
@@ -195,6 +198,12 @@ class Ledger:
             results += [None if r == 1 else BACKFILL_REFUSALS.get(text(r), f"backfill: {text(r)}")
                         for r in reply[4:]]
         return results
+
+    def lost_at(self) -> int | None:
+        """Redis TIME (ms) when a leader last re-anchored after Redis lost writes (claim.lua's
+        'reset'): a request queued before it may be one a restore brought back."""
+        mark = self.client.hget(self.keys.backfilled, LOST_AT)
+        return int(mark) if mark is not None else None
 
     def rescue(self, items: Sequence[ClaimItem], events: Sequence[Event] = ()) -> Claimed:
         """Standby: claim slots nobody claimed ``rescue_after`` past their fire time.
