@@ -49,7 +49,7 @@ class Node:
     sent: SentMemory = field(default_factory=SentMemory)
     #: history events whose record call failed: they ride on the next call
     backlog: list[Event] = field(default_factory=list)
-    _fingerprints: dict[str, tuple[Any, Any, Any, str]] = field(default_factory=dict)
+    _fingerprints: dict[str, tuple[tuple[Any, ...], Any, Any, str]] = field(default_factory=dict)
     #: dynamic entry -> the slot state its slots count from (see :mod:`dynamic_schedule`)
     anchors: Callable[[], Mapping[str, SlotState]] = dict
     exact: Callable[[], Collection[str]] = tuple  # dynamic entries anchored before any state
@@ -91,12 +91,17 @@ class Node:
                     trust_memory=trust_memory, rolled_back=rolled_back)
 
     def fingerprint_of(self, name: str, entry: Any, tz: tzinfo, jitter: float | None) -> str:
-        """The fingerprint of an entry's definition, computed once per entry object."""
+        """The fingerprint of an entry's definition, computed once per definition: Celery's
+        ``merge_inplace`` updates an entry object in place (its schedule, task, arguments
+        replaced), so the object alone does not name the definition."""
+        parts = (entry, getattr(entry, "schedule", None), getattr(entry, "task", None),
+                 getattr(entry, "args", None), getattr(entry, "kwargs", None))
         cached = self._fingerprints.get(name)
-        if cached is not None and cached[0] is entry and cached[1] == tz and cached[2] == jitter:
+        if cached is not None and all(a is b for a, b in zip(cached[0], parts)) \
+                and cached[1] == tz and cached[2] == jitter:
             return cached[3]
         fp = fingerprint(entry, tz, jitter)
-        self._fingerprints[name] = (entry, tz, jitter, fp)
+        self._fingerprints[name] = (parts, tz, jitter, fp)
         return fp
 
     def _forget_unscheduled(self, schedule: Mapping[str, Any]) -> None:

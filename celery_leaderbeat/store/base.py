@@ -111,6 +111,13 @@ class SlotStore(Protocol):
     def claim(self, token: str, epoch: int, items: Sequence[ClaimItem],
               events: Sequence[Event] = ()) -> list[SlotState | None | str]:
         """Leader: write ``events``, then claim ``items`` in order, fenced by ``token``."""
+    def backfill(self, token: str, epoch: int, name: str, slots: Sequence[int],
+                 request_id: str) -> list[str | None]:
+        """Leader: grant a backfill of each slot (None) or say why not, from what the store
+        holds now (sent by anyone, unconfirmed, backfilled before, due before a loss)."""
+    def lost_at(self) -> int | None:
+        """The store's time (ms) when a leader last started again after the store lost
+        writes; None if never."""
     def rescue(self, items: Sequence[ClaimItem], events: Sequence[Event] = ()) -> Claimed:
         """Standby: claim slots nobody claimed ``rescue_after`` past their fire time."""
     def record(self, epoch: int, events: Iterable[Event]) -> int:
@@ -158,6 +165,8 @@ class RequestQueue(Protocol):
 
     def push(self, request: str) -> None:
         """Queue ``request`` and publish ``request`` on the events."""
+    def now_ms(self) -> int:
+        """The store's time (ms): what a request is stamped with when queued."""
     def pop(self, limit: int = 1000) -> list[str]:
         """Take up to ``limit`` pending requests, oldest first; each is taken by one caller."""
     def requeue(self, requests: Sequence[str]) -> None:

@@ -29,6 +29,10 @@ class RedisRequests:
         self.client.rpush(self.keys.requests, request)
         self.client.publish(self.keys.events, REQUEST)
 
+    def now_ms(self) -> int:
+        seconds, micros = self.client.time()
+        return int(seconds) * 1000 + int(micros) // 1000
+
     def pop(self, limit: int = 1000) -> list[str]:
         return [text(raw) for raw in self.client.lpop(self.keys.requests, limit) or []]
 
