@@ -198,6 +198,8 @@ class Scheduler(ScheduleState, Sending, Trouble, Lifecycle, beat.Scheduler):
             self._step_down(str(exc), release=exc.release)
             return 0.0
         except LeaseLostError as exc:
+            if self._leader is not None:
+                self._leader.lease_lost(exc)
             self._step_down(str(exc))
             return 0.0
         except NotReplicatedError as exc:

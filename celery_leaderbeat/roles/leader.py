@@ -15,7 +15,7 @@ from collections.abc import Collection
 from datetime import datetime
 from typing import Any
 
-from ..errors import NotReplicatedError
+from ..errors import LeaseLostError, NotReplicatedError
 from ..store.base import STORE_ERRORS, STORE_UNREACHABLE
 from ..store.ledger import CLAIMED, REMOVED, ClaimItem, Event, Op
 from ..timing.slots import from_ms, to_ms
@@ -123,6 +123,15 @@ class Leader:
                                                 memory=node.sent)
             self._recover_at = time.monotonic() + node.config.lease_ttl
             self._reported = True
+
+    def lease_lost(self, exc: LeaseLostError) -> None:
+        """A call of this leader's found the lease gone. Held by nobody while it was still
+        valid here: Redis lost its data under this leader, which then carries on after
+        what it knew was settled (whichever call saw it first: a renewal, a claim, an
+        anchor or a reset after a rollback)."""
+        lease = self.node.lease
+        if exc.answered and exc.holder is None and lease.is_held():
+            lease.vanished_while_held = True
 
     def rolled_back(self, why: str) -> None:
         """Redis holds older state than this node has seen: what it says was sent or claimed

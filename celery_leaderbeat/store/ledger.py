@@ -165,7 +165,7 @@ class Ledger:
                 holder = text(reply[1]) if len(reply) > 1 and reply[1] else None
                 lost = LeaseLostError(f"claim refused: lease {token} lost; held by "
                                       f"{holder or 'nobody'}")
-                lost.holder = holder
+                lost.holder, lost.answered = holder, True
                 raise lost
             results += [_lead_result(r) for r in reply[4:]]
             if self.config.min_replicas and batch_items:
@@ -193,7 +193,7 @@ class Ledger:
                 holder = text(reply[1]) if len(reply) > 1 and reply[1] else None
                 lost = LeaseLostError(f"backfill refused: lease {token} lost; held by "
                                       f"{holder or 'nobody'}")
-                lost.holder = holder
+                lost.holder, lost.answered = holder, True
                 raise lost
             results += [None if r == 1 else BACKFILL_REFUSALS.get(text(r), f"backfill: {text(r)}")
                         for r in reply[4:]]
