@@ -1,0 +1,305 @@
+"""Messages as Celery builds them: built by Celery once per shape, then only what a slot changes.
+
+Celery spends most of a beat's send in ``apply_async``: merging options,
+routing, looking settings up, repeating the arguments, serialising them,
+before kombu turns the result into broker commands. For a beat entry all of
+that is the same on every slot except the task id, the slot and epoch headers
+and kombu's delivery tag. So the first message of a *shape* (task, options,
+overlap policy) is built the ordinary way, by ``apply_async`` and kombu,
+and kept; a message of another slot or another entry of that shape is that
+message with the task id (``id``, ``root_id``, ``correlation_id``), the
+entry's arguments (body, ``argsrepr``, ``kwargsrepr``, serialised once per
+entry), the ``leaderbeat_*`` headers and a fresh delivery tag put in.
+
+Two forms: on kombu's Redis transport the final commands (``LPUSH`` of the
+payload to the queue's priority list, ``PEXPIRE`` where a queue expires), and
+on any other transport the arguments Celery passes to ``Producer.publish``
+(the body already serialised, so kombu does not serialise it again).
+
+Exactness is checked, not assumed: the first time a shape is used for a second
+entry, that message is built both ways and compared; a difference turns the
+shape back to ``apply_async`` for good (said once). Whatever this module cannot
+know to be constant goes through ``apply_async`` every time: a connected
+``before_task_publish`` or ``task_sent`` receiver (it may change each message),
+``task_send_sent_event``, task protocol 1, router functions (they see the
+arguments), a task with its own ``apply_async``, ``shadow_name`` or pydantic
+arguments, ``BeatLazyFunc`` arguments, an eta, countdown or expiry (computed
+from the clock), compression, an unknown serialisation.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from celery import signals
+from celery.app.routes import MapRoute
+from celery.app.task import Task
+from celery.beat import BeatLazyFunc
+from celery.utils.saferepr import saferepr
+from kombu import serialization
+from kombu.utils.json import dumps as kombu_dumps
+from kombu.utils.uuid import uuid as delivery_tag
+
+from ..timing.slots import slot_id
+
+logger = logging.getLogger(__name__)
+
+#: headers a message of another slot or entry of the same shape changes
+SLOT_HEADERS = ("id", "root_id", "argsrepr", "kwargsrepr",
+                "leaderbeat_slot", "leaderbeat_epoch", "leaderbeat_entry")
+
+
+class Captured(Exception):
+    """Raised out of ``apply_async`` at ``Producer.publish``: Celery's call, kept.
+
+    ``commands`` are kombu's final Redis commands when the producer routed the
+    message into a collector (None on other transports); ``body`` and
+    ``kwargs`` are what Celery passed to ``Producer.publish``.
+    """
+
+    def __init__(self, body: Any, kwargs: dict[str, Any],
+                 commands: list[tuple[str, tuple[Any, ...]]] | None = None,
+                 data: tuple[Any, str, str] | None = None):
+        super().__init__("captured")
+        self.body = body
+        self.kwargs = kwargs
+        self.commands = commands
+        #: the body serialised (data, content type, encoding), for a publish through kombu
+        self.data = data
+
+    @property
+    def after(self) -> dict[str, Any]:
+        """The arguments of Celery's ``after_task_publish`` for this message."""
+        kw = self.kwargs
+        return {"body": self.body, "headers": kw.get("headers"),
+                "exchange": kw.get("exchange"), "routing_key": kw.get("routing_key")}
+
+
+class _Shape:
+    """One shape's first message as Celery and kombu built it."""
+
+    __slots__ = ("body", "kwargs", "headers", "envelope", "key", "rest", "serializer",
+                 "content", "owner", "exact")
+
+    def __init__(self, captured: Captured, owner: str) -> None:
+        self.body = captured.body
+        self.kwargs = dict(captured.kwargs)
+        self.headers = dict(captured.kwargs.get("headers") or {})
+        self.serializer = captured.kwargs.get("serializer")
+        self.content: tuple[str, str] | None = None  # (content type, encoding) of the body
+        self.envelope: dict[str, Any] | None = None
+        self.key = ""
+        self.rest: list[tuple[str, tuple[Any, ...]]] = []
+        if captured.commands is not None:
+            (name, args), *rest = captured.commands
+            self.key, self.envelope = args[0], json.loads(args[1])
+            self.rest = rest
+        self.owner = owner  # the entry whose message this is
+        self.exact: bool | None = None  # None: not compared with a second entry's yet
+
+
+class _Part:
+    """What one entry adds to its shape: its serialised arguments, once."""
+
+    __slots__ = ("task", "args", "kwargs", "options", "overlap", "shape_key", "body",
+                 "argsrepr", "kwargsrepr", "data", "encoded")
+
+    def __init__(self, entry: Any, overlap: str) -> None:
+        self.task = entry.task
+        self.args = list(entry.args or ())
+        self.kwargs = dict(entry.kwargs or {})
+        self.options = dict(entry.options or {})
+        self.overlap = overlap
+        self.shape_key = (entry.task, overlap, repr(sorted(self.options.items())))
+        self.body: Any = None
+        self.data: Any = None
+        self.encoded: Any = None
+        self.argsrepr = self.kwargsrepr = ""
+
+    def same(self, entry: Any, overlap: str) -> bool:
+        return (entry.task == self.task and overlap == self.overlap
+                and list(entry.args or ()) == self.args
+                and dict(entry.kwargs or {}) == self.kwargs
+                and dict(entry.options or {}) == self.options)
+
+
+class Messages:
+    """Builds a scheduler's messages from kept shapes; None where Celery must build them.
+
+    ``capture(entry, slot, epoch, overlap)`` builds one message the ordinary way
+    and returns it as :class:`Captured` (with kombu's commands on the Redis
+    transport); ``channel()`` is the kombu channel those commands were made on.
+    """
+
+    def __init__(self, scheduler: Any, capture: Callable[[Any, datetime, int, str], Captured],
+                 channel: Callable[[], Any]) -> None:
+        self.scheduler = scheduler
+        self.app = scheduler.app
+        self.capture = capture
+        self.channel = channel
+        self._shapes: dict[Any, _Shape | None] = {}
+        self._parts: dict[str, _Part | None] = {}
+        self.problem = self._app_problem()
+        if self.problem:
+            logger.info("leaderbeat: every message is built by apply_async (%s)", self.problem)
+
+    def _app_problem(self) -> str | None:
+        conf = self.app.conf
+        if int(conf.task_protocol or 2) != 2:
+            return f"task_protocol is {conf.task_protocol}"
+        if conf.task_send_sent_event:
+            return "task_send_sent_event is on"
+        routes = self.app.amqp.router.routes
+        if any(not isinstance(r, MapRoute) for r in routes):
+            return "task_routes has a router function (it sees each message's arguments)"
+        return None
+
+    # -- per message -----------------------------------------------------------------
+
+    def usable(self) -> bool:
+        """Whether messages may be built from shapes now (no receiver may change them)."""
+        return (self.problem is None and not signals.before_task_publish.receivers
+                and not signals.task_sent.receivers)
+
+    def build(self, entry: Any, slot: datetime, epoch: int, overlap: str) -> Captured:
+        """``slot``'s message as Celery builds it; kombu's commands when on Redis."""
+        if self.usable():
+            part = self._part(entry, overlap)
+            shape = self._shapes.get(part.shape_key) if part is not None else None
+            if part is not None and shape is not None and shape.exact is not False:
+                if part.data is None:
+                    self._fill(part, shape)
+                built = self._from(shape, part, entry.name, slot, epoch)
+                if shape.exact is None and entry.name != shape.owner:
+                    real = self.capture(entry, slot, epoch, overlap)
+                    shape.exact = self._same(real, built)
+                    if not shape.exact:
+                        logger.warning("leaderbeat: messages of task %s are built by "
+                                       "apply_async every time (a message built from the "
+                                       "first one differed)", entry.task)
+                        return real
+                return built
+            captured = self.capture(entry, slot, epoch, overlap)
+            if part is not None and part.shape_key not in self._shapes:
+                self._shapes[part.shape_key] = self._shape(captured, entry)
+            return captured
+        return self.capture(entry, slot, epoch, overlap)
+
+    def _from(self, shape: _Shape, part: _Part, name: str, slot: datetime,
+              epoch: int) -> Captured:
+        task_id = slot_id(self.scheduler.keys.prefix, name, slot)
+        headers = dict(shape.headers)
+        headers.update(id=task_id, root_id=task_id, argsrepr=part.argsrepr,
+                       kwargsrepr=part.kwargsrepr, leaderbeat_slot=slot.isoformat(),
+                       leaderbeat_epoch=epoch, leaderbeat_entry=name)
+        kwargs = dict(shape.kwargs)
+        kwargs.update(headers=headers, correlation_id=task_id)
+        commands = None
+        if shape.envelope is not None:
+            envelope = dict(shape.envelope)
+            properties = dict(envelope["properties"])
+            properties.update(correlation_id=task_id, delivery_tag=delivery_tag())
+            envelope.update(body=part.encoded, headers=headers, properties=properties)
+            commands = [("lpush", (shape.key, kombu_dumps(envelope))), *shape.rest]
+        return Captured(part.body, kwargs, commands, part.data)
+
+    @staticmethod
+    def _same(real: Captured, built: Captured) -> bool:
+        if real.kwargs != built.kwargs or real.body != built.body:
+            return False
+        if real.commands is None or built.commands is None:
+            return real.commands is built.commands
+        if len(real.commands) != len(built.commands) or real.commands[1:] != built.commands[1:]:
+            return False
+        (_, (k1, p1)), (_, (k2, p2)) = real.commands[0], built.commands[0]
+        a, b = json.loads(p1), json.loads(p2)
+        for m in (a, b):
+            m["properties"].pop("delivery_tag", None)
+        return k1 == k2 and a == b and list(a) == list(b) and list(a["headers"]) == list(
+            b["headers"])
+
+    @staticmethod
+    def publish(producer: Any, built: Captured) -> None:
+        """Publish a built message through ``producer`` as Celery would, and its signal."""
+        if built.data is None:  # built by apply_async: kombu serialises it
+            producer.publish(built.body, **built.kwargs)
+        else:  # serialised once for its entry: kombu takes it as it is
+            data, content_type, encoding = built.data
+            producer.publish(data, content_type=content_type, content_encoding=encoding,
+                             **built.kwargs)
+        if signals.after_task_publish.receivers:
+            signals.after_task_publish.send(sender=built.kwargs["headers"]["task"],
+                                            **built.after)
+
+    # -- shapes and parts --------------------------------------------------------------
+
+    def _part(self, entry: Any, overlap: str) -> _Part | None:
+        part = self._parts.get(entry.name)
+        if part is not None and part.same(entry, overlap):
+            return part
+        self._parts[entry.name] = part = self._new_part(entry, overlap)
+        return part
+
+    def _new_part(self, entry: Any, overlap: str) -> _Part | None:
+        args, kwargs = entry.args or (), entry.kwargs or {}
+        if any(isinstance(v, BeatLazyFunc) for v in (*args, *kwargs.values())):
+            return None
+        task = self.app.tasks.get(entry.task)
+        if task is not None:
+            cls = type(task)
+            if (cls.apply_async is not Task.apply_async or cls.shadow_name is not Task.shadow_name
+                    or getattr(task, "_dump_pydantic_arguments", None) is not None):
+                return None
+            if task.typing:
+                try:
+                    task.__header__(*args, **kwargs)
+                except Exception:  # noqa: BLE001 - apply_async raises it again, and it is logged
+                    return None
+        part = _Part(entry, overlap)
+        amqp, conf = self.app.amqp, self.app.conf
+        part.argsrepr = saferepr(part.args, amqp.argsrepr_maxsize,
+                                 maxlevels=conf.task_repr_maxlevels)
+        part.kwargsrepr = saferepr(part.kwargs, amqp.kwargsrepr_maxsize,
+                                   maxlevels=conf.task_repr_maxlevels)
+        shape = self._shapes.get(part.shape_key)
+        if shape is not None:
+            self._fill(part, shape)
+        return part
+
+    def _fill(self, part: _Part, shape: _Shape) -> None:
+        body = (part.args, part.kwargs, shape.body[2])
+        content_type, encoding, data = serialization.dumps(body, serializer=shape.serializer)
+        part.body = body
+        part.data = (data, content_type, encoding)
+        if shape.envelope is not None:
+            part.encoded = self.channel().encode_body(data, shape.envelope["properties"].get(
+                "body_encoding"))[0]
+
+    def _shape(self, captured: Captured, entry: Any) -> _Shape | None:
+        kw = captured.kwargs
+        headers = kw.get("headers") or {}
+        body = captured.body
+        if (kw.get("compression") or headers.get("eta") or headers.get("expires")
+                or kw.get("expiration") is not None
+                or not isinstance(body, tuple) or len(body) != 3
+                or any(h not in headers for h in SLOT_HEADERS)
+                or headers.get("parent_id") is not None):
+            return None
+        if captured.commands is not None and (
+                not captured.commands or captured.commands[0][0] != "lpush"
+                or any(name != "pexpire" for name, _ in captured.commands[1:])):
+            return None
+        shape = _Shape(captured, entry.name)
+        try:
+            content_type, encoding, _ = serialization.dumps(body, serializer=shape.serializer)
+        except Exception:  # noqa: BLE001 - an unknown serialiser: apply_async each time
+            return None
+        shape.content = (content_type, encoding)
+        if shape.envelope is not None and (shape.envelope.get("content-type") != content_type
+                                           or shape.envelope.get("content-encoding") != encoding):
+            return None
+        return shape
