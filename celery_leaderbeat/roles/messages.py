@@ -261,9 +261,10 @@ class Messages:
                     return None
         part = _Part(entry, overlap)
         amqp, conf = self.app.amqp, self.app.conf
-        part.argsrepr = saferepr(part.args, amqp.argsrepr_maxsize,
-                                 maxlevels=conf.task_repr_maxlevels)
-        part.kwargsrepr = saferepr(part.kwargs, amqp.kwargsrepr_maxsize,
+        # as Celery's as_task_v2: empty arguments are () and {} (argsrepr "()")
+        args, kwargs = part.args or (), part.kwargs or {}
+        part.argsrepr = saferepr(args, amqp.argsrepr_maxsize, maxlevels=conf.task_repr_maxlevels)
+        part.kwargsrepr = saferepr(kwargs, amqp.kwargsrepr_maxsize,
                                    maxlevels=conf.task_repr_maxlevels)
         shape = self._shapes.get(part.shape_key)
         if shape is not None:
@@ -271,7 +272,7 @@ class Messages:
         return part
 
     def _fill(self, part: _Part, shape: _Shape) -> None:
-        body = (part.args, part.kwargs, shape.body[2])
+        body = (part.args or (), part.kwargs or {}, shape.body[2])
         content_type, encoding, data = serialization.dumps(body, serializer=shape.serializer)
         part.body = body
         part.data = (data, content_type, encoding)
