@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
@@ -61,15 +62,23 @@ class Captured(Exception):
     ``kwargs`` are what Celery passed to ``Producer.publish``.
     """
 
-    def __init__(self, body: Any, kwargs: dict[str, Any],
+    def __init__(self, body: Any, kwargs: dict[str, Any] | None,
                  commands: list[tuple[str, tuple[Any, ...]]] | None = None,
-                 data: tuple[Any, str, str] | None = None):
+                 data: tuple[Any, str, str] | None = None,
+                 lazy: Callable[[], dict[str, Any]] | None = None):
         super().__init__("captured")
         self.body = body
-        self.kwargs = kwargs
+        self._kwargs = kwargs
+        self._lazy = lazy  # makes kwargs when first asked (a signal receiver, a check)
         self.commands = commands
         #: the body serialised (data, content type, encoding), for a publish through kombu
         self.data = data
+
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        if self._kwargs is None and self._lazy is not None:
+            self._kwargs = self._lazy()
+        return self._kwargs or {}
 
     @property
     def after(self) -> dict[str, Any]:
@@ -83,7 +92,7 @@ class _Shape:
     """One shape's first message as Celery and kombu built it."""
 
     __slots__ = ("body", "kwargs", "headers", "envelope", "key", "rest", "serializer",
-                 "content", "owner", "exact")
+                 "content", "owner", "exact", "pieces", "names")
 
     def __init__(self, captured: Captured, owner: str) -> None:
         self.body = captured.body
@@ -100,13 +109,16 @@ class _Shape:
             self.rest = rest
         self.owner = owner  # the entry whose message this is
         self.exact: bool | None = None  # None: not compared with a second entry's yet
+        #: the payload's JSON around what a message changes (see _template)
+        self.pieces: list[str] | None = None
+        self.names: list[str] = []
 
 
 class _Part:
     """What one entry adds to its shape: its serialised arguments, once."""
 
     __slots__ = ("task", "args", "kwargs", "options", "overlap", "shape_key", "body",
-                 "argsrepr", "kwargsrepr", "data", "encoded")
+                 "argsrepr", "kwargsrepr", "data", "encoded", "json")
 
     def __init__(self, entry: Any, overlap: str) -> None:
         self.task = entry.task
@@ -119,6 +131,7 @@ class _Part:
         self.data: Any = None
         self.encoded: Any = None
         self.argsrepr = self.kwargsrepr = ""
+        self.json: dict[str, str] = {"leaderbeat_entry": json.dumps(entry.name)}
 
     def same(self, entry: Any, overlap: str) -> bool:
         return (entry.task == self.task and overlap == self.overlap
@@ -192,20 +205,29 @@ class Messages:
     def _from(self, shape: _Shape, part: _Part, name: str, slot: datetime,
               epoch: int) -> Captured:
         task_id = slot_id(self.scheduler.keys.prefix, name, slot)
-        headers = dict(shape.headers)
-        headers.update(id=task_id, root_id=task_id, argsrepr=part.argsrepr,
-                       kwargsrepr=part.kwargsrepr, leaderbeat_slot=slot.isoformat(),
-                       leaderbeat_epoch=epoch, leaderbeat_entry=name)
-        kwargs = dict(shape.kwargs)
-        kwargs.update(headers=headers, correlation_id=task_id)
-        commands = None
-        if shape.envelope is not None:
-            envelope = dict(shape.envelope)
-            properties = dict(envelope["properties"])
-            properties.update(correlation_id=task_id, delivery_tag=delivery_tag())
-            envelope.update(body=part.encoded, headers=headers, properties=properties)
-            commands = [("lpush", (shape.key, kombu_dumps(envelope))), *shape.rest]
-        return Captured(part.body, kwargs, commands, part.data)
+        iso = slot.isoformat()
+
+        def kwargs() -> dict[str, Any]:
+            headers = dict(shape.headers)
+            headers.update(id=task_id, root_id=task_id, argsrepr=part.argsrepr,
+                           kwargsrepr=part.kwargsrepr, leaderbeat_slot=iso,
+                           leaderbeat_epoch=epoch, leaderbeat_entry=name)
+            out = dict(shape.kwargs)
+            out.update(headers=headers, correlation_id=task_id)
+            return out
+
+        if shape.pieces is None:
+            return Captured(part.body, kwargs(), None, part.data)
+        quoted = '"' + task_id + '"'  # hex digits and dashes: nothing for JSON to escape
+        values = dict(part.json, id=quoted, root_id=quoted, correlation_id=quoted,
+                      leaderbeat_slot='"' + iso + '"',
+                      leaderbeat_epoch=str(epoch) if type(epoch) is int else json.dumps(epoch),
+                      delivery_tag='"' + delivery_tag() + '"')
+        pieces = shape.pieces
+        payload = pieces[0] + "".join(
+            [values[n] + p for n, p in zip(shape.names, pieces[1:])])
+        return Captured(part.body, None, [("lpush", (shape.key, payload)), *shape.rest],
+                        part.data, lazy=kwargs)
 
     @staticmethod
     def _same(real: Captured, built: Captured) -> bool:
@@ -279,6 +301,8 @@ class Messages:
         if shape.envelope is not None:
             part.encoded = self.channel().encode_body(data, shape.envelope["properties"].get(
                 "body_encoding"))[0]
+            part.json.update(body=json.dumps(part.encoded), argsrepr=json.dumps(part.argsrepr),
+                             kwargsrepr=json.dumps(part.kwargsrepr))
 
     def _shape(self, captured: Captured, entry: Any) -> _Shape | None:
         kw = captured.kwargs
@@ -303,4 +327,32 @@ class Messages:
         if shape.envelope is not None and (shape.envelope.get("content-type") != content_type
                                            or shape.envelope.get("content-encoding") != encoding):
             return None
+        if shape.envelope is not None:
+            _template(shape)
         return shape
+
+
+#: what a Redis payload's JSON changes from one message of a shape to the next
+TEMPLATE_FIELDS = ("body", *SLOT_HEADERS, "correlation_id", "delivery_tag")
+_MARK = re.compile(r'"\\u0000lb:(\w+)\\u0000"')
+
+
+def _template(shape: _Shape) -> None:
+    """Cut the shape's payload JSON around the fields a message changes.
+
+    The payload is dumped once more by kombu's own ``dumps`` with a marker in
+    each such field; a message is then the pieces joined with its values
+    encoded as JSON. Left without pieces (each payload dumped whole) when a
+    marker is not found exactly once.
+    """
+    assert shape.envelope is not None
+    mark = {n: f"\x00lb:{n}\x00" for n in TEMPLATE_FIELDS}
+    headers = dict(shape.headers)
+    headers.update({h: mark[h] for h in SLOT_HEADERS})
+    properties = dict(shape.envelope["properties"])
+    properties.update(correlation_id=mark["correlation_id"], delivery_tag=mark["delivery_tag"])
+    envelope = dict(shape.envelope, body=mark["body"], headers=headers, properties=properties)
+    cut = _MARK.split(kombu_dumps(envelope))
+    names = cut[1::2]
+    if sorted(names) == sorted(TEMPLATE_FIELDS):
+        shape.pieces, shape.names = cut[0::2], names
