@@ -233,3 +233,50 @@ def test_a_gated_base_scheduler_keeps_sending_slot_by_slot_through_its_own_entri
     finally:
         gated.close()
         plain.close()
+
+
+def test_the_first_chunk_of_a_burst_is_claimed_before_the_rest_is_planned(
+        redis_server, key_prefix, monkeypatch):
+    from celery_leaderbeat.roles import agenda as agenda_module
+    from celery_leaderbeat.roles.batch import CHUNK
+    from celery_leaderbeat.store.ledger import Ledger
+
+    planned: list[int] = []
+    at_claims: list[tuple[int, int]] = []  # (entries planned so far, slots claimed)
+    real_plan, real_claim = agenda_module.plan, Ledger.claim
+
+    def counting_plan(*args, **kwargs):
+        planned.append(1)
+        return real_plan(*args, **kwargs)
+
+    def watching_claim(self, token, epoch, items, events=()):
+        claims = [i for i in items if i.op == Op.CLAIM]
+        if claims:
+            at_claims.append((len(planned), len(claims)))
+        return real_claim(self, token, epoch, items, events)
+
+    monkeypatch.setattr(agenda_module, "plan", counting_plan)
+    monkeypatch.setattr(Ledger, "claim", watching_claim)
+    n = 3 * CHUNK + 7
+    app = make_app(redis_server.url_for(0), key_prefix,
+                   {f"e{i}": {"task": NOOP, "schedule": 0.5} for i in range(n)})
+    client = redis_server.client()
+    scheduler = Scheduler(app=app)
+    try:
+        tick_until(scheduler, lambda: client.llen("celery") >= n)
+    finally:
+        scheduler.close()
+    assert at_claims[0] == (CHUNK, CHUNK)  # only the first chunk's entries planned
+    assert sum(c for _, c in at_claims[:4]) == n  # then the rest: 100, 100, 107 (one batch)
+    assert at_claims[1][0] == n
+
+
+def test_slot_ids_are_uuid5_of_prefix_entry_and_slot():
+    import uuid
+
+    from celery_leaderbeat.timing.slots import _SLOT_NAMESPACE
+
+    slot = datetime(2031, 3, 4, 10, 0, 0, 123000, tzinfo=UTC)
+    for prefix, name in [("lb", "report"), ("", ""), ("p:x", "ünïcode ✓"), ("a" * 50, "b" * 300)]:
+        expected = uuid.uuid5(_SLOT_NAMESPACE, f"{prefix}\x1f{name}\x1f{to_ms(slot)}")
+        assert slot_id(prefix, name, slot) == str(expected)
