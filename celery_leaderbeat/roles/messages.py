@@ -32,8 +32,9 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Callable
-from datetime import datetime
+from collections.abc import Callable, Iterator
+from datetime import datetime, timezone
+from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import Any
 
 from celery import signals
@@ -131,7 +132,7 @@ class _Part:
         self.data: Any = None
         self.encoded: Any = None
         self.argsrepr = self.kwargsrepr = ""
-        self.json: dict[str, str] = {"leaderbeat_entry": json.dumps(entry.name)}
+        self.json: dict[str, str] = {"leaderbeat_entry": _json_str(entry.name)}
 
     def same(self, entry: Any, overlap: str) -> bool:
         return (entry.task == self.task and overlap == self.overlap
@@ -156,6 +157,12 @@ class Messages:
         self.channel = channel
         self._shapes: dict[Any, _Shape | None] = {}
         self._parts: dict[str, _Part | None] = {}
+        self._tasks: dict[str, Any] = {}
+        self._empty_reprs: dict[Any, str] = {}
+        amqp = self.app.amqp
+        self._argsrepr_max = amqp.argsrepr_maxsize
+        self._kwargsrepr_max = amqp.kwargsrepr_maxsize
+        self._maxlevels = self.app.conf.task_repr_maxlevels
         self.problem = self._app_problem()
         if self.problem:
             logger.info("leaderbeat: every message is built by apply_async (%s)", self.problem)
@@ -244,6 +251,35 @@ class Messages:
         return k1 == k2 and a == b and list(a) == list(b) and list(a["headers"]) == list(
             b["headers"])
 
+    def warm(self, entries: Iterator[tuple[Any, str]], epoch: int, until: float,
+             clock: Callable[[], float]) -> bool:
+        """Prepare entries' messages ahead of their first send, until ``clock() >= until``.
+
+        Each entry gets its serialised arguments, and each new shape its first
+        message from ``apply_async`` (built for the present moment, never sent).
+        The first burst after start-up or a takeover then costs what later ones
+        do. True once ``entries`` is exhausted.
+        """
+        if not self.usable():
+            return True
+        now = datetime.now(timezone.utc)
+        for entry, overlap in entries:
+            part = self._part(entry, overlap)
+            if part is not None:
+                if part.shape_key not in self._shapes:
+                    try:
+                        captured = self.capture(entry, now, epoch, overlap)
+                    except Exception:  # noqa: BLE001 - its first send builds it again, and says why
+                        captured = None
+                    if captured is not None:
+                        self._shapes[part.shape_key] = self._shape(captured, entry)
+                shape = self._shapes.get(part.shape_key)
+                if shape is not None and part.data is None:
+                    self._fill(part, shape)
+            if clock() >= until:
+                return False
+        return True
+
     @staticmethod
     def publish(producer: Any, built: Captured) -> None:
         """Publish a built message through ``producer`` as Celery would, and its signal."""
@@ -270,28 +306,43 @@ class Messages:
         args, kwargs = entry.args or (), entry.kwargs or {}
         if any(isinstance(v, BeatLazyFunc) for v in (*args, *kwargs.values())):
             return None
-        task = self.app.tasks.get(entry.task)
-        if task is not None:
-            cls = type(task)
-            if (cls.apply_async is not Task.apply_async or cls.shadow_name is not Task.shadow_name
-                    or getattr(task, "_dump_pydantic_arguments", None) is not None):
+        task = self._task(entry.task)
+        if task is False:
+            return None
+        if task is not None and task.typing:
+            try:
+                task.__header__(*args, **kwargs)
+            except Exception:  # noqa: BLE001 - apply_async raises it again, and it is logged
                 return None
-            if task.typing:
-                try:
-                    task.__header__(*args, **kwargs)
-                except Exception:  # noqa: BLE001 - apply_async raises it again, and it is logged
-                    return None
         part = _Part(entry, overlap)
-        amqp, conf = self.app.amqp, self.app.conf
         # as Celery's as_task_v2: empty arguments are () and {} (argsrepr "()")
-        args, kwargs = part.args or (), part.kwargs or {}
-        part.argsrepr = saferepr(args, amqp.argsrepr_maxsize, maxlevels=conf.task_repr_maxlevels)
-        part.kwargsrepr = saferepr(kwargs, amqp.kwargsrepr_maxsize,
-                                   maxlevels=conf.task_repr_maxlevels)
+        part.argsrepr = self._saferepr(part.args or (), self._argsrepr_max)
+        part.kwargsrepr = self._saferepr(part.kwargs or {}, self._kwargsrepr_max)
         shape = self._shapes.get(part.shape_key)
         if shape is not None:
             self._fill(part, shape)
         return part
+
+    def _saferepr(self, value: Any, maxsize: int) -> str:
+        if not value:  # () or {}: the same text for every entry
+            key = (type(value), maxsize)
+            if key not in self._empty_reprs:
+                self._empty_reprs[key] = saferepr(value, maxsize, maxlevels=self._maxlevels)
+            return self._empty_reprs[key]
+        return saferepr(value, maxsize, maxlevels=self._maxlevels)
+
+    def _task(self, name: str) -> Any:
+        """The registered task (None: sent by name), or False when Celery must build its messages."""
+        if name not in self._tasks:
+            task = self.app.tasks.get(name)
+            if task is not None:
+                cls = type(task)
+                if (cls.apply_async is not Task.apply_async
+                        or cls.shadow_name is not Task.shadow_name
+                        or getattr(task, "_dump_pydantic_arguments", None) is not None):
+                    task = False
+            self._tasks[name] = task
+        return self._tasks[name]
 
     def _fill(self, part: _Part, shape: _Shape) -> None:
         body = (part.args or (), part.kwargs or {}, shape.body[2])
@@ -301,8 +352,8 @@ class Messages:
         if shape.envelope is not None:
             part.encoded = self.channel().encode_body(data, shape.envelope["properties"].get(
                 "body_encoding"))[0]
-            part.json.update(body=json.dumps(part.encoded), argsrepr=json.dumps(part.argsrepr),
-                             kwargsrepr=json.dumps(part.kwargsrepr))
+            part.json.update(body=_json_str(part.encoded), argsrepr=_json_str(part.argsrepr),
+                             kwargsrepr=_json_str(part.kwargsrepr))
 
     def _shape(self, captured: Captured, entry: Any) -> _Shape | None:
         kw = captured.kwargs
@@ -330,6 +381,11 @@ class Messages:
         if shape.envelope is not None:
             _template(shape)
         return shape
+
+
+def _json_str(value: str) -> str:
+    """A str as JSON, as ``json.dumps`` writes it by default (ASCII, escaped)."""
+    return encode_basestring_ascii(value)
 
 
 #: what a Redis payload's JSON changes from one message of a shape to the next
