@@ -196,3 +196,32 @@ def test_an_entry_changed_in_place_gets_new_arguments(redis_server, key_prefix):
     assert built.body[0] == [42]
     assert built.kwargs["headers"]["argsrepr"] == "[42]"
     assert sender.fast
+
+
+def test_a_leader_prepares_messages_in_idle_time_before_their_first_slot(redis_server, key_prefix):
+    app = make_app(redis_server.url_for(0), None, key_prefix, "")
+    app.conf.beat_schedule = {f"e{i}": {"task": NOOP, "schedule": crontab_far(), "args": [i]}
+                              for i in range(50)}
+    broker = redis_server.client()
+    scheduler = Scheduler(app=app)
+    try:
+        for _ in range(50):
+            scheduler.tick()
+            if scheduler._warmed is not None:
+                break
+        assert scheduler._warmed is not None  # every entry prepared
+        messages = scheduler._enqueuer.messages
+        assert all(messages._parts[f"e{i}"].data is not None for i in range(50))
+        shapes = {key[0]: shape for key, shape in messages._shapes.items()}
+        assert shapes[NOOP] is not None
+        # Celery's own backend_cleanup entry expires: its messages are apply_async's each time
+        assert shapes["celery.backend_cleanup"] is None
+        assert not [k for k in broker.keys("*") if broker.type(k) == b"list"]  # nothing sent
+    finally:
+        scheduler.close()
+
+
+def crontab_far():
+    from celery.schedules import crontab
+
+    return crontab(minute=0, hour=0, day_of_month=1, month_of_year=1)  # once a year
