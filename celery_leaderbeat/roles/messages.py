@@ -119,7 +119,7 @@ class _Part:
     """What one entry adds to its shape: its serialised arguments, once."""
 
     __slots__ = ("task", "args", "kwargs", "options", "overlap", "shape_key", "body",
-                 "argsrepr", "kwargsrepr", "data", "encoded", "json")
+                 "argsrepr", "kwargsrepr", "data", "ready", "json")
 
     def __init__(self, entry: Any, overlap: str) -> None:
         self.task = entry.task
@@ -130,7 +130,7 @@ class _Part:
         self.shape_key = (entry.task, overlap, repr(sorted(self.options.items())))
         self.body: Any = None
         self.data: Any = None
-        self.encoded: Any = None
+        self.ready = False  # its shape's serialisation applied (see Messages._fill)
         self.argsrepr = self.kwargsrepr = ""
         self.json: dict[str, str] = {"leaderbeat_entry": _json_str(entry.name)}
 
@@ -191,7 +191,7 @@ class Messages:
             part = self._part(entry, overlap)
             shape = self._shapes.get(part.shape_key) if part is not None else None
             if part is not None and shape is not None and shape.exact is not False:
-                if part.data is None:
+                if not part.ready:
                     self._fill(part, shape)
                 built = self._from(shape, part, entry.name, slot, epoch)
                 if shape.exact is None and entry.name != shape.owner:
@@ -274,7 +274,7 @@ class Messages:
                     if captured is not None:
                         self._shapes[part.shape_key] = self._shape(captured, entry)
                 shape = self._shapes.get(part.shape_key)
-                if shape is not None and part.data is None:
+                if shape is not None and not part.ready:
                     self._fill(part, shape)
             if clock() >= until:
                 return False
@@ -348,12 +348,15 @@ class Messages:
         body = (part.args or (), part.kwargs or {}, shape.body[2])
         content_type, encoding, data = serialization.dumps(body, serializer=shape.serializer)
         part.body = body
-        part.data = (data, content_type, encoding)
-        if shape.envelope is not None:
-            part.encoded = self.channel().encode_body(data, shape.envelope["properties"].get(
-                "body_encoding"))[0]
-            part.json.update(body=_json_str(part.encoded), argsrepr=_json_str(part.argsrepr),
-                             kwargsrepr=_json_str(part.kwargsrepr))
+        part.ready = True
+        if shape.pieces is None:  # published through kombu: the serialised body is kept
+            part.data = (data, content_type, encoding)
+            return
+        # the payload's pieces: only the JSON of what this entry puts in (less memory)
+        encoded = self.channel().encode_body(data, shape.envelope["properties"].get(
+            "body_encoding"))[0]
+        part.json.update(body=_json_str(encoded), argsrepr=_json_str(part.argsrepr),
+                         kwargsrepr=_json_str(part.kwargsrepr))
 
     def _shape(self, captured: Captured, entry: Any) -> _Shape | None:
         kw = captured.kwargs
@@ -378,8 +381,8 @@ class Messages:
         if shape.envelope is not None and (shape.envelope.get("content-type") != content_type
                                            or shape.envelope.get("content-encoding") != encoding):
             return None
-        if shape.envelope is not None:
-            _template(shape)
+        if shape.envelope is not None and not _template(shape):
+            return None  # the payload could not be cut: apply_async each time
         return shape
 
 
@@ -393,13 +396,12 @@ TEMPLATE_FIELDS = ("body", *SLOT_HEADERS, "correlation_id", "delivery_tag")
 _MARK = re.compile(r'"\\u0000lb:(\w+)\\u0000"')
 
 
-def _template(shape: _Shape) -> None:
+def _template(shape: _Shape) -> bool:
     """Cut the shape's payload JSON around the fields a message changes.
 
     The payload is dumped once more by kombu's own ``dumps`` with a marker in
     each such field; a message is then the pieces joined with its values
-    encoded as JSON. Left without pieces (each payload dumped whole) when a
-    marker is not found exactly once.
+    encoded as JSON. False when a marker is not found exactly once.
     """
     assert shape.envelope is not None
     mark = {n: f"\x00lb:{n}\x00" for n in TEMPLATE_FIELDS}
@@ -410,5 +412,7 @@ def _template(shape: _Shape) -> None:
     envelope = dict(shape.envelope, body=mark["body"], headers=headers, properties=properties)
     cut = _MARK.split(kombu_dumps(envelope))
     names = cut[1::2]
-    if sorted(names) == sorted(TEMPLATE_FIELDS):
-        shape.pieces, shape.names = cut[0::2], names
+    if sorted(names) != sorted(TEMPLATE_FIELDS):
+        return False
+    shape.pieces, shape.names = cut[0::2], names
+    return True
