@@ -211,7 +211,7 @@ def test_a_leader_prepares_messages_in_idle_time_before_their_first_slot(redis_s
                 break
         assert scheduler._warmed is not None  # every entry prepared
         messages = scheduler._enqueuer.messages
-        assert all(messages._parts[f"e{i}"].data is not None for i in range(50))
+        assert all(messages._parts[f"e{i}"].ready for i in range(50))
         shapes = {key[0]: shape for key, shape in messages._shapes.items()}
         assert shapes[NOOP] is not None
         # Celery's own backend_cleanup entry expires: its messages are apply_async's each time
