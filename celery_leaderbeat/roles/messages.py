@@ -115,30 +115,39 @@ class _Shape:
         self.names: list[str] = []
 
 
+_EMPTY: dict[str, Any] = {}  # shared by every entry without kwargs or options (never changed)
+
+
 class _Part:
-    """What one entry adds to its shape: its serialised arguments, once."""
+    """What one entry adds to its shape: its arguments' texts, once (kept small: one per entry)."""
 
-    __slots__ = ("task", "args", "kwargs", "options", "overlap", "shape_key", "body",
-                 "argsrepr", "kwargsrepr", "data", "ready", "json")
+    __slots__ = ("task", "args", "kwargs", "options", "overlap", "shape_key", "argsrepr",
+                 "kwargsrepr", "data", "ready", "jname", "jbody", "jargs", "jkwargs")
 
-    def __init__(self, entry: Any, overlap: str) -> None:
+    def __init__(self, entry: Any, overlap: str, keys: dict[Any, Any]) -> None:
         self.task = entry.task
         self.args = list(entry.args or ())
-        self.kwargs = dict(entry.kwargs or {})
-        self.options = dict(entry.options or {})
+        self.kwargs = dict(entry.kwargs) if entry.kwargs else _EMPTY
+        self.options = dict(entry.options) if entry.options else _EMPTY
         self.overlap = overlap
-        self.shape_key = (entry.task, overlap, repr(sorted(self.options.items())))
-        self.body: Any = None
+        key = (entry.task, overlap, repr(sorted(self.options.items())))
+        self.shape_key = keys.setdefault(key, key)  # one tuple per shape, not per entry
         self.data: Any = None
         self.ready = False  # its shape's serialisation applied (see Messages._fill)
         self.argsrepr = self.kwargsrepr = ""
-        self.json: dict[str, str] = {"leaderbeat_entry": _json_str(entry.name)}
+        self.jname = _json_str(entry.name)  # JSON of what it puts in a Redis payload
+        self.jbody = self.jargs = self.jkwargs = ""
+
+    @property
+    def body(self) -> tuple[Any, Any]:
+        """Celery's body without its embed: empty arguments are () and {} (as_task_v2)."""
+        return (self.args or (), self.kwargs or {})
 
     def same(self, entry: Any, overlap: str) -> bool:
         return (entry.task == self.task and overlap == self.overlap
                 and list(entry.args or ()) == self.args
-                and dict(entry.kwargs or {}) == self.kwargs
-                and dict(entry.options or {}) == self.options)
+                and (entry.kwargs or _EMPTY) == self.kwargs
+                and (entry.options or _EMPTY) == self.options)
 
 
 class Messages:
@@ -158,6 +167,7 @@ class Messages:
         self._shapes: dict[Any, _Shape | None] = {}
         self._parts: dict[str, _Part | None] = {}
         self._tasks: dict[str, Any] = {}
+        self._keys: dict[Any, Any] = {}  # shape keys, one tuple each
         self._empty_reprs: dict[Any, str] = {}
         amqp = self.app.amqp
         self._argsrepr_max = amqp.argsrepr_maxsize
@@ -223,18 +233,20 @@ class Messages:
             out.update(headers=headers, correlation_id=task_id)
             return out
 
+        body = (*part.body, shape.body[2])
         if shape.pieces is None:
-            return Captured(part.body, kwargs(), None, part.data)
+            return Captured(body, kwargs(), None, part.data)
         quoted = '"' + task_id + '"'  # hex digits and dashes: nothing for JSON to escape
-        values = dict(part.json, id=quoted, root_id=quoted, correlation_id=quoted,
-                      leaderbeat_slot='"' + iso + '"',
-                      leaderbeat_epoch=str(epoch) if type(epoch) is int else json.dumps(epoch),
-                      delivery_tag='"' + delivery_tag() + '"')
+        values = {"body": part.jbody, "argsrepr": part.jargs, "kwargsrepr": part.jkwargs,
+                  "leaderbeat_entry": part.jname, "id": quoted, "root_id": quoted,
+                  "correlation_id": quoted, "leaderbeat_slot": '"' + iso + '"',
+                  "leaderbeat_epoch": str(epoch) if type(epoch) is int else json.dumps(epoch),
+                  "delivery_tag": '"' + delivery_tag() + '"'}
         pieces = shape.pieces
         payload = pieces[0] + "".join(
             [values[n] + p for n, p in zip(shape.names, pieces[1:])])
-        return Captured(part.body, None, [("lpush", (shape.key, payload)), *shape.rest],
-                        part.data, lazy=kwargs)
+        return Captured(body, None, [("lpush", (shape.key, payload)), *shape.rest],
+                        None, lazy=kwargs)
 
     @staticmethod
     def _same(real: Captured, built: Captured) -> bool:
@@ -314,7 +326,7 @@ class Messages:
                 task.__header__(*args, **kwargs)
             except Exception:  # noqa: BLE001 - apply_async raises it again, and it is logged
                 return None
-        part = _Part(entry, overlap)
+        part = _Part(entry, overlap, self._keys)
         # as Celery's as_task_v2: empty arguments are () and {} (argsrepr "()")
         part.argsrepr = self._saferepr(part.args or (), self._argsrepr_max)
         part.kwargsrepr = self._saferepr(part.kwargs or {}, self._kwargsrepr_max)
@@ -345,9 +357,8 @@ class Messages:
         return self._tasks[name]
 
     def _fill(self, part: _Part, shape: _Shape) -> None:
-        body = (part.args or (), part.kwargs or {}, shape.body[2])
+        body = (*part.body, shape.body[2])
         content_type, encoding, data = serialization.dumps(body, serializer=shape.serializer)
-        part.body = body
         part.ready = True
         if shape.pieces is None:  # published through kombu: the serialised body is kept
             part.data = (data, content_type, encoding)
@@ -355,8 +366,8 @@ class Messages:
         # the payload's pieces: only the JSON of what this entry puts in (less memory)
         encoded = self.channel().encode_body(data, shape.envelope["properties"].get(
             "body_encoding"))[0]
-        part.json.update(body=_json_str(encoded), argsrepr=_json_str(part.argsrepr),
-                         kwargsrepr=_json_str(part.kwargsrepr))
+        part.jbody = _json_str(encoded)
+        part.jargs, part.jkwargs = _json_str(part.argsrepr), _json_str(part.kwargsrepr)
 
     def _shape(self, captured: Captured, entry: Any) -> _Shape | None:
         kw = captured.kwargs
