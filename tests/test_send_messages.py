@@ -225,3 +225,15 @@ def crontab_far():
     from celery.schedules import crontab
 
     return crontab(minute=0, hour=0, day_of_month=1, month_of_year=1)  # once a year
+
+
+def test_delivery_tags_are_random_uuid4s_as_kombu_makes_them():
+    import uuid
+
+    from celery_leaderbeat.roles.messages import delivery_tag
+
+    tags = [delivery_tag() for _ in range(200)]
+    assert len(set(tags)) == 200
+    for tag in tags:
+        parsed = uuid.UUID(tag)
+        assert str(parsed) == tag and parsed.version == 4 and parsed.variant == uuid.RFC_4122
