@@ -172,7 +172,12 @@ class Messages:
         amqp = self.app.amqp
         self._argsrepr_max = amqp.argsrepr_maxsize
         self._kwargsrepr_max = amqp.kwargsrepr_maxsize
-        self._maxlevels = self.app.conf.task_repr_maxlevels
+        # the setting is newer than Celery 5.4, whose as_task_v2 leaves saferepr's default
+        self._repr_levels: dict[str, Any] = {}
+        try:
+            self._repr_levels["maxlevels"] = self.app.conf.task_repr_maxlevels
+        except AttributeError:
+            pass
         self.problem = self._app_problem()
         if self.problem:
             logger.info("leaderbeat: every message is built by apply_async (%s)", self.problem)
@@ -339,9 +344,9 @@ class Messages:
         if not value:  # () or {}: the same text for every entry
             key = (type(value), maxsize)
             if key not in self._empty_reprs:
-                self._empty_reprs[key] = saferepr(value, maxsize, maxlevels=self._maxlevels)
+                self._empty_reprs[key] = saferepr(value, maxsize, **self._repr_levels)
             return self._empty_reprs[key]
-        return saferepr(value, maxsize, maxlevels=self._maxlevels)
+        return saferepr(value, maxsize, **self._repr_levels)
 
     def _task(self, name: str) -> Any:
         """The registered task (None: sent by name), or False when Celery must build its messages."""
