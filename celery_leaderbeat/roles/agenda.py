@@ -182,7 +182,7 @@ class Agenda:
         back :data:`RETRY_BROKEN` seconds later and reported in :attr:`broken`; the
         others go on.
         """
-        due = []
+        due: list[tuple[Tracked, Plan]] = []
         taken: set[str] = set()
         now_ts = now.timestamp()
         while self._heap and self._heap[0][0] <= now_ts and (limit is None or len(due) < limit):

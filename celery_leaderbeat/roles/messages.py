@@ -92,8 +92,20 @@ class Captured(Exception):
 class _Shape:
     """One shape's first message as Celery and kombu built it."""
 
-    __slots__ = ("body", "kwargs", "headers", "envelope", "key", "rest", "serializer",
-                 "content", "owner", "exact", "pieces", "names")
+    __slots__ = (
+        "body",
+        "content",
+        "envelope",
+        "exact",
+        "headers",
+        "key",
+        "kwargs",
+        "names",
+        "owner",
+        "pieces",
+        "rest",
+        "serializer",
+    )
 
     def __init__(self, captured: Captured, owner: str) -> None:
         self.body = captured.body
@@ -105,7 +117,7 @@ class _Shape:
         self.key = ""
         self.rest: list[tuple[str, tuple[Any, ...]]] = []
         if captured.commands is not None:
-            (name, args), *rest = captured.commands
+            (_, args), *rest = captured.commands
             self.key, self.envelope = args[0], json.loads(args[1])
             self.rest = rest
         self.owner = owner  # the entry whose message this is
@@ -121,8 +133,22 @@ _EMPTY: dict[str, Any] = {}  # shared by every entry without kwargs or options (
 class _Part:
     """What one entry adds to its shape: its arguments' texts, once (kept small: one per entry)."""
 
-    __slots__ = ("task", "args", "kwargs", "options", "overlap", "shape_key", "argsrepr",
-                 "kwargsrepr", "data", "ready", "jname", "jbody", "jargs", "jkwargs")
+    __slots__ = (
+        "args",
+        "argsrepr",
+        "data",
+        "jargs",
+        "jbody",
+        "jkwargs",
+        "jname",
+        "kwargs",
+        "kwargsrepr",
+        "options",
+        "overlap",
+        "ready",
+        "shape_key",
+        "task",
+    )
 
     def __init__(self, entry: Any, overlap: str, keys: dict[Any, Any]) -> None:
         self.task = entry.task
@@ -369,6 +395,7 @@ class Messages:
             part.data = (data, content_type, encoding)
             return
         # the payload's pieces: only the JSON of what this entry puts in (less memory)
+        assert shape.envelope is not None  # pieces are cut from a Redis payload
         encoded = self.channel().encode_body(data, shape.envelope["properties"].get(
             "body_encoding"))[0]
         part.jbody = _json_str(encoded)
