@@ -26,6 +26,8 @@ class LeaseLostError(LeaderbeatError):
 
     #: the token the leader key holds instead (None: it holds nothing at all)
     holder: str | None = None
+    #: True when the store said so (``holder`` is its answer), not this node's own clock
+    answered: bool = False
 
 
 class NotReplicatedError(LeaderbeatError):

@@ -21,7 +21,6 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import redis
 from celery import beat
 
 from .config import Config
@@ -38,13 +37,12 @@ from .roles.enqueue import Enqueuer
 from .roles.leader import Leader, Resign
 from .roles.node import Node
 from .roles.standby import Standby
-from .store.base import LeaseStore, SlotStore
-from .store.connection import describe, make_client
+from .store.base import STORE_ERRORS, STORE_REFUSED, LeaseStore, SlotStore
+from .store.connection import describe
 from .store.keys import Keys
-from .store.lease import Lease
-from .store.ledger import Event, Ledger
+from .store.ledger import Event
+from .store.redis_store import connect
 from .store.registry import Registration
-from .store.scripts import Scripts
 
 __all__ = ["LEADER", "STANDBY", "Scheduler", "gate_class"]
 
@@ -125,20 +123,18 @@ class Scheduler(ScheduleState, Sending, Trouble, Lifecycle, beat.Scheduler):
         return self._connect().ledger
 
     def _connect(self) -> Node:
-        """This process's Redis client and parts (made again after a ``worker -B`` fork)."""
+        """This process's store and parts (made again after a ``worker -B`` fork)."""
         if self._pid == os.getpid() and self._node is not None:
             return self._node
         self._pid = os.getpid()
         config = self.lb_config
-        client = make_client(config.redis_url, config.redis_options, config.socket_timeout)
-        scripts = Scripts(client)
+        store = connect(config)
         if self._telemetry.serve(config.metrics_port):
             logger.info("leaderbeat: metrics on http://0.0.0.0:%d/metrics", config.metrics_port)
-        lease = Lease(client, scripts, self.keys, config)
+        lease = store.lease
         lease.on_renew = lambda seconds: self._telemetry.metrics.renewed(seconds)
-        self._node = Node(config=config, keys=self.keys, client=client,
-                          lease=lease,
-                          ledger=Ledger(client, scripts, self.keys, config),
+        self._node = Node(config=config, keys=self.keys, store=store, lease=lease,
+                          ledger=store.ledger,
                           send=self._send_slot, schedule=self._slot_entries,
                           options=lambda: self._entry_options, tz=self.app.timezone,
                           max_interval=lambda: float(self.max_interval),
@@ -149,7 +145,7 @@ class Scheduler(ScheduleState, Sending, Trouble, Lifecycle, beat.Scheduler):
                           sender=self._chunk_sender
                           if type(self)._send_slot is Sending._send_slot else None)
         self._enqueuer = None  # made again in this process, on the first batch
-        self._dynamic = self._follow_dynamic(client)
+        self._dynamic = self._follow_dynamic(store.entries)
         if self._dynamic is not None:
             self._node.anchors = lambda: self._dynamic.anchors if self._dynamic else {}
             self._node.exact = lambda: self._dynamic.exact if self._dynamic else ()
@@ -190,7 +186,7 @@ class Scheduler(ScheduleState, Sending, Trouble, Lifecycle, beat.Scheduler):
                 if self._redis_failures:
                     # Redis answers again: the standby hears so before it tries for the lease
                     # (under last-leader, the previous leader goes first)
-                    node.client.ping()
+                    node.store.ping()
                     self._redis_back()
                 if self._standby.tick(self._schedule_version):
                     self._become_leader(node, self._standby)
@@ -204,6 +200,8 @@ class Scheduler(ScheduleState, Sending, Trouble, Lifecycle, beat.Scheduler):
             self._step_down(str(exc), release=exc.release)
             return 0.0
         except LeaseLostError as exc:
+            if self._leader is not None:
+                self._leader.lease_lost(exc)
             self._step_down(str(exc))
             return 0.0
         except NotReplicatedError as exc:
@@ -215,9 +213,9 @@ class Scheduler(ScheduleState, Sending, Trouble, Lifecycle, beat.Scheduler):
                 return 0.0
             logger.warning("leaderbeat: %s; not rescuing until the leader re-anchors", exc)
             return self.lb_config.standby_poll
-        except (redis.AuthenticationError, redis.exceptions.NoPermissionError) as exc:
+        except STORE_REFUSED as exc:
             raise self._refused(exc) from exc
-        except (redis.RedisError, OSError) as exc:
+        except STORE_ERRORS as exc:
             return self._redis_trouble(exc)
         if self._redis_failures and (self._leader is None or self._leader.outage is None):
             self._redis_back()  # (a leader sending through an outage returns without Redis)

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import itertools
 from datetime import datetime, timedelta, timezone
 from types import SimpleNamespace
 
-from celery.schedules import schedule
+from celery.schedules import crontab, schedule
 
 from celery_leaderbeat.entries import EntryOptions
-from celery_leaderbeat.roles.agenda import Agenda, Unsent, adopt_refused_anchors, load
+from celery_leaderbeat.roles.agenda import (
+    Agenda,
+    Unsent,
+    adopt_refused_anchors,
+    load,
+    margin_slots,
+)
 from celery_leaderbeat.roles.batch import chunks, missed_events
 from celery_leaderbeat.store.ledger import (
     CLAIMED,
@@ -20,7 +27,7 @@ from celery_leaderbeat.store.ledger import (
     SlotState,
 )
 from celery_leaderbeat.timing.policy import CatchupPolicy
-from celery_leaderbeat.timing.slots import to_ms
+from celery_leaderbeat.timing.slots import clock_for, to_ms
 
 UTC = timezone.utc
 T0 = datetime(2026, 5, 4, 10, 0, tzinfo=UTC)
@@ -190,3 +197,19 @@ def test_missed_events_list_each_recorded_slot_and_count_the_older_ones():
 def test_an_entry_whose_clock_cannot_be_built_is_left_out_and_the_others_load():
     loaded = load_at(T0, {"a": every(10), "bad": SimpleNamespace(schedule="not a schedule")})
     assert sorted(loaded.tracked) == ["a"]
+
+
+def test_margin_slots_count_an_interval_back_from_its_anchor_the_anchor_included():
+    clock = clock_for(schedule(timedelta(seconds=1.5)), name="e", tz=UTC, jitter=None)
+    anchor = T0 + timedelta(seconds=5)
+    listed, older = margin_slots(clock, T0, anchor)
+    assert listed == [anchor - timedelta(seconds=1.5) * k for k in (3, 2, 1, 0)]
+    assert older == 0
+    assert margin_slots(clock, anchor + timedelta(seconds=1), anchor) == ([], 0)
+
+
+def test_margin_slots_of_a_cron_are_its_own_and_older_ones_are_counted():
+    clock = clock_for(crontab(), name="e", tz=UTC, jitter=None)  # every minute
+    listed, older = margin_slots(clock, T0 - timedelta(minutes=150), T0)
+    assert len(listed) == 100 and listed[-1] == T0 and older == 51
+    assert all(b - a == timedelta(minutes=1) for a, b in itertools.pairwise(listed))

@@ -220,10 +220,14 @@ def test_beats_behind_sentinel_ride_out_an_ordered_failover_and_a_killed_master(
         before = len(recorder.messages)
         recorder.wait_for(before + 3, timeout=10)
         leader = leader_beat(cluster, sentinel_set, key_prefix)
-        released = time.monotonic()
-        assert leader.term() == 0
+        token = leader_token(sentinel_set, key_prefix)
+        leader.proc.send_signal(15)
+        # timed from the release itself, not the signal: a loaded machine can take a
+        # second to deliver SIGTERM to beat and reach its shutdown handler
+        released = wait_for_release(sentinel_set, key_prefix, token)
         took_over = wait_for_new_leader(cluster, sentinel_set, key_prefix, other_than=leader)
         figures["takeover after SIGTERM"] = took_over - released
+        assert leader.wait_exit(15) == 0
         recorder.wait_for(len(recorder.messages) + 3, timeout=10)
 
         assert all(b.alive for b in cluster if b is not leader), cluster.logs()
@@ -256,6 +260,16 @@ def leader_beat(cluster: BeatCluster, sentinel_set: SentinelSet, prefix: str,
             return next(b for b in cluster if b.pid == pid)
         time.sleep(0.02)
     raise AssertionError("no leader")
+
+
+def wait_for_release(sentinel_set, prefix, token: str | None, timeout: float = 15.0) -> float:
+    """When the leader key stopped holding ``token`` (the lease released)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if leader_token(sentinel_set, prefix) != token:
+            return time.monotonic()
+        time.sleep(0.005)
+    raise AssertionError(f"the lease {token} was not released within {timeout}s")
 
 
 def wait_for_new_leader(cluster, sentinel_set, prefix, *, other_than: BeatProcess,

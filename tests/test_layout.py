@@ -5,7 +5,8 @@ The layers, lowest first (a module may import its own layer and the ones below):
 - base: ``errors``, ``signals``, ``_version``
 - ``timing/``: slot clocks, cron, schedules, the catch-up policy (no Redis, no app)
 - settings: ``config``, ``entries``
-- ``store/``: the Redis store (connection, keys, Lua scripts, lease, ledger, entries)
+- ``store/``: the store's interfaces and the Redis store (connection, keys, Lua scripts,
+  lease, ledger, events, requests, entries, the guard's records, the CLI's admin)
 - ``roles/``: leader, standby and what they share
 - ``ops/`` and ``integrations/``: the command line, the cluster view, telemetry; the
   gate around another scheduler, the worker guard
@@ -14,11 +15,16 @@ The layers, lowest first (a module may import its own layer and the ones below):
 - ``demo/``: the failover demo, built on all of it
 
 Imports under ``if TYPE_CHECKING:`` are for the type checker only and not counted.
+
+Above the store, ``roles/`` and ``ops/`` reach Redis only through the store's
+interfaces (``store/base.py``): they import no ``redis``
+module, but for claim-and-enqueue in one step (``roles/enqueue.py``).
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import celery_leaderbeat
@@ -98,6 +104,7 @@ def imports_of(module: str, path: Path, known: set[str]) -> set[str]:
     return found
 
 
+@functools.cache  # parsed once: three tests read it, none changes it
 def graph() -> dict[str, set[str]]:
     found = modules()
     known = set(found)
@@ -142,6 +149,38 @@ def test_no_module_imports_a_higher_layer():
 
 def test_no_import_cycle():
     assert _cycle(graph()) is None
+
+
+#: the one module above the store that may import Redis: claim-and-enqueue in one step hands
+#: kombu's Redis commands to the claim (an optional capability of the Redis store)
+REDIS_ALLOWED = {"celery_leaderbeat.roles.enqueue"}
+
+
+def redis_imports(path: Path) -> list[str]:
+    """The ``redis`` modules ``path`` imports: ``redis``, ``redis.x``, ``from x import redis``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [a.name for a in node.names if a.name.split(".")[0] == "redis"]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            if (node.module or "").split(".")[0] == "redis":
+                found.append(node.module or "")
+            found += [f"{node.module}.{a.name}" for a in node.names if a.name == "redis"]
+    return found
+
+
+def test_the_roles_and_the_cli_reach_redis_only_through_the_store():
+    direct = sorted(f"{name}: {module}" for name, path in modules().items()
+                    if name.split(".")[1:2] in (["roles"], ["ops"]) and name not in REDIS_ALLOWED
+                    for module in redis_imports(path))
+    assert direct == []
+
+
+def test_the_redis_import_finder_finds_each_form(tmp_path):
+    source = tmp_path / "m.py"
+    source.write_text("import redis\nfrom redis.exceptions import RedisError\n"
+                      "from kombu.transport import redis as r\nimport json\n")
+    assert redis_imports(source) == ["redis", "redis.exceptions", "kombu.transport.redis"]
 
 
 def test_the_cycle_finder_finds_a_cycle():

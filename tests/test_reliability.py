@@ -23,9 +23,19 @@ from celery_leaderbeat.roles.memory import SentMemory
 from celery_leaderbeat.roles.requests import Request, carry_out
 from celery_leaderbeat.store.keys import Keys
 from celery_leaderbeat.store.lease import Lease
-from celery_leaderbeat.store.ledger import DIFFERS, EARLY, ClaimItem, Event, Ledger, Op, SlotState
+from celery_leaderbeat.store.ledger import (
+    BACKFILL_REFUSALS,
+    DIFFERS,
+    EARLY,
+    ClaimItem,
+    Event,
+    Ledger,
+    Op,
+    SlotState,
+)
+from celery_leaderbeat.store.queue import RedisRequests
 from celery_leaderbeat.store.scripts import Scripts
-from celery_leaderbeat.timing.slots import clock_for, from_ms, plan, to_ms
+from celery_leaderbeat.timing.slots import clock_for, from_ms, to_ms
 
 UTC = timezone.utc
 
@@ -255,18 +265,63 @@ def test_an_entry_added_twice_to_an_agenda_is_due_once():
     assert [t.name for t, _ in due] == ["e0"]
 
 
+def _backfill(leader: SimpleNamespace, slots: tuple[int, ...], last: int,
+              request_id: str = "r1") -> tuple[list[int], list[str]]:
+    """Queue a backfill of ``slots`` of entry "e" and carry it out as ``leader``: what was
+    published, and the details of the slots skipped."""
+    leader.ledger.client.rpush(leader.keys.requests,
+                               Request("backfill", "e", id=request_id, slots_ms=slots).dumps())
+    sent: list[int] = []
+    token, epoch = leader.lease.credentials()
+    carry_out(leader.ledger, RedisRequests(leader.ledger.client, leader.keys), epoch,
+              leader.keys.prefix,
+              lambda name, slot, task_id: sent.append(to_ms(slot)) or True,
+              from_ms(last), known=lambda name: True, stored=lambda name: last, token=token)
+    skipped = [h["detail"] for h in leader.ledger.history(50)
+               if h.get("event") == "skipped" and h.get("slot") in {str(s) for s in slots}]
+    return sent, skipped
+
+
 def test_a_backfill_never_sends_a_slot_the_schedule_has_not_settled(node, redis_client):
     leader = node("leader")
-    last = 100_000
-    redis_client.rpush(leader.keys.requests, Request("backfill", "e", id="r1",
-                                                     slots_ms=(90_000, 100_000, 110_000)).dumps())
-    sent: list[int] = []
-    carry_out(leader.ledger, leader.keys, 1, leader.keys.prefix,
-              lambda name, slot, task_id: sent.append(to_ms(slot)) or True,
-              from_ms(200_000), known=lambda name: True, stored=lambda name: last)
-    assert sent == [90_000]
-    details = [h["detail"] for h in leader.ledger.history(10) if h.get("event") == "skipped"]
-    assert details == ["backfill: not settled by the schedule yet (sent when due)"] * 2
+    assert leader.lease.try_acquire()
+    now = redis_ms(redis_client)
+    last = now + 20_000
+    leader.ledger.claim(*leader.lease.credentials(), [ClaimItem("e", last, Op.ANCHOR)])
+    sent, skipped = _backfill(leader, (now + 10_000, last, now + 30_000), last)
+    assert sent == [now + 10_000]
+    assert skipped == ["backfill: not settled by the schedule yet (sent when due)"] * 2
+
+
+def test_a_backfill_skips_a_slot_the_history_shows_sent_by_anyone(node, redis_client):
+    """The command saw the slot unsent; a standby rescued it before the leader carried the
+    request out: the claim script refuses it from the history, whatever the command saw."""
+    leader, standby = node("leader"), node("standby")
+    assert leader.lease.try_acquire()
+    now = redis_ms(redis_client)
+    last = now + 20_000
+    leader.ledger.claim(*leader.lease.credentials(), [ClaimItem("e", last, Op.ANCHOR)])
+    standby.ledger.record(0, [Event("e", now - 10_000, "sent", "rescued")])
+    sent, skipped = _backfill(leader, (now - 10_000, now - 9_000), last)
+    assert sent == [now - 9_000]
+    assert skipped == ["backfill: sent before (the history says so)"]
+    again, skipped = _backfill(leader, (now - 9_000,), last, request_id="r2")
+    assert again == []
+    assert skipped == ["backfill: sent before (backfilled)"]
+
+
+def test_a_backfill_skips_slots_due_before_redis_lost_writes(node, redis_client):
+    """A leader that re-anchors after Redis went back to older state sets a floor: what was
+    sent before it cannot be told, so no backfill reaches behind it."""
+    leader = node("leader")
+    assert leader.lease.try_acquire()
+    now = redis_ms(redis_client)
+    last = now + 20_000
+    leader.ledger.reset_generation()
+    leader.ledger.claim(*leader.lease.credentials(), [ClaimItem("e", last, Op.ANCHOR)])
+    sent, skipped = _backfill(leader, (now + 1_000,), last)
+    assert sent == []
+    assert skipped == [BACKFILL_REFUSALS["lost"]]
 
 
 def _guard(client: Any, keys: Keys, mode: str, task: str, worker: str, detail: str = "") -> Any:
@@ -462,3 +517,24 @@ def test_a_leader_that_led_until_redis_lost_its_data_carries_on_after_what_anyon
     assert [(i.op, i.slot_ms) for i in loaded.anchors] == \
         [(Op.RESTORE, to_ms(now - timedelta(seconds=60)))]
     assert loaded.tracked["e"].next_fire == now
+
+
+def test_no_rescue_until_the_newest_leader_marked_the_definitions(node, redis_client):
+    """The fingerprints stored are an earlier leader's until the newest one marks them with
+    its epoch (at its election): a rescue waits, however its fingerprint compares."""
+    first, second, standby = node("first"), node("second"), node("standby")
+    assert first.lease.try_acquire()
+    base = redis_ms(redis_client) - 20_000
+    first.ledger.claim(*first.lease.credentials(),
+                       [ClaimItem("e", base, Op.ANCHOR, fingerprint="every-5s"),
+                        ClaimItem("", 0, Op.DEFINE)])
+    assert first.lease.release()
+    assert second.lease.try_acquire()  # elected with another definition, not marked yet
+    slot = base + 5000
+    rescue = [ClaimItem("e", slot, Op.CLAIM, slot, base, "every-5s")]
+    assert standby.ledger.rescue(rescue).results == [EARLY]
+    second.ledger.claim(*second.lease.credentials(),
+                        [ClaimItem("e", 0, Op.DEFINE, fingerprint="every-10s")])
+    assert standby.ledger.rescue(rescue).results == [DIFFERS]
+    assert standby.ledger.rescue([ClaimItem("e", slot, Op.CLAIM, slot, base, "every-10s")]
+                                 ).results == [None]

@@ -1,7 +1,8 @@
 """What any store must do (``celery_leaderbeat.store.base``), run against each store.
 
 Only the Redis store exists; a second one (PostgreSQL, say) adds itself to
-``STORES`` and must pass every test here unchanged.
+``STORES`` and must pass every test here unchanged. The tests use only the
+protocols: no key, no Redis command.
 """
 
 from __future__ import annotations
@@ -13,9 +14,12 @@ import pytest
 
 from celery_leaderbeat.config import Config
 from celery_leaderbeat.errors import LeaseLostError
-from celery_leaderbeat.store.base import Store, redis_store
+from celery_leaderbeat.store.base import GuardRun, Store
+from celery_leaderbeat.store.entry_store import EntryExists, EntryUnknown
+from celery_leaderbeat.store.events import ENTRIES, RELEASED, REQUEST
 from celery_leaderbeat.store.keys import Keys
 from celery_leaderbeat.store.ledger import ClaimItem, Event, Op
+from celery_leaderbeat.store.redis_store import redis_store
 
 STORES = ["redis"]
 
@@ -124,3 +128,196 @@ def test_the_node_registry_keeps_a_registered_node_until_it_unregisters(backend)
     assert a.ledger.nodes()["a"]["role"] == "standby"
     a.ledger.unregister_node()
     assert "a" not in a.ledger.nodes()
+
+
+def _events(subscription: Any, want: int) -> list[str]:
+    """Up to ``want`` events, each waited for (a store may answer None early)."""
+    got: list[str] = []
+    for _ in range(50):
+        if len(got) == want:
+            break
+        message = subscription.next(0.1)
+        if message is not None:
+            got.append(message)
+    return got
+
+
+def _listening(store: Store, subscription: Any) -> list[str]:
+    """Publish a probe until ``subscription`` hears it (a subscription may take a moment
+    to reach the store); what it heard before the probe."""
+    before: list[str] = []
+    for _ in range(50):
+        store.events.publish("probe")
+        while (message := subscription.next(0.1)) is not None:
+            if message == "probe":
+                while subscription.next(0.1) == "probe":  # the probes still on their way
+                    pass
+                return before
+            before.append(message)
+    raise AssertionError("the subscription never heard a probe")
+
+
+def test_a_subscriber_hears_what_is_published_after_it_subscribed(backend):
+    a, b = backend.make("a"), backend.make("b")
+    a.events.publish(ENTRIES)  # nobody listens yet: lost, as a hint may be
+    subscription = b.events.subscribe()
+    assert _listening(a, subscription) == []
+    a.events.publish(REQUEST)
+    assert _events(subscription, 1) == [REQUEST]
+
+
+def test_a_released_lease_wakes_the_subscribers(backend):
+    a, b = backend.make("a"), backend.make("b")
+    subscription = b.events.subscribe()
+    _listening(a, subscription)
+    assert a.lease.try_acquire()
+    assert a.lease.release()
+    assert _events(subscription, 1) == [RELEASED]
+
+
+def test_each_request_is_taken_once_in_order_and_wakes_the_leader(backend):
+    cli, leader, other = backend.make("cli"), backend.make("leader"), backend.make("other")
+    subscription = leader.events.subscribe()
+    _listening(cli, subscription)
+    cli.requests.push('{"n": 1}')
+    cli.requests.push('{"n": 2}')
+    assert _events(subscription, 2) == [REQUEST, REQUEST]
+    assert leader.requests.pop(1) == ['{"n": 1}']
+    assert leader.requests.pop() == ['{"n": 2}']
+    assert other.requests.pop() == []
+
+
+def test_requests_put_back_are_taken_next_in_their_order(backend):
+    cli, leader = backend.make("cli"), backend.make("leader")
+    for n in (1, 2, 3):
+        cli.requests.push(f'{{"n": {n}}}')
+    taken = leader.requests.pop()
+    cli.requests.push('{"n": 4}')
+    leader.requests.requeue(taken[1:])
+    assert leader.requests.pop() == ['{"n": 2}', '{"n": 3}', '{"n": 4}']
+
+
+def test_a_backfilled_slot_is_marked_once_ever(backend):
+    a, b = backend.make("a"), backend.make("b")
+    assert a.requests.mark_backfilled("e", 1000, "r1")
+    assert not b.requests.mark_backfilled("e", 1000, "r2")
+    assert a.requests.mark_backfilled("e|x", 2000, "r3")  # another entry, whatever its name
+    assert b.requests.backfilled("e") == {1000}
+
+
+def test_an_entry_saved_is_read_by_change_and_a_repeated_save_changes_nothing(backend):
+    a, b = backend.make("a"), backend.make("b")
+    start = b.entries.changes(-1)
+    first = a.entries.save("e", fingerprint="f1", timing="t1", enabled=True, definition="{}")
+    again = a.entries.save("e", fingerprint="f1", timing="t1", enabled=True, definition="{}")
+    assert first.changed and not again.changed and again.version == first.version
+    changed = b.entries.changes(start.version)
+    assert list(changed.saved) == ["e"] and changed.version == first.version
+    assert b.entries.changes(changed.version).saved == {}
+    assert b.entries.get("e") is not None and b.entries.names() == ["e"]
+
+
+def test_an_entry_create_and_update_refuse_what_they_cannot_do(backend):
+    a = backend.make("a")
+    a.entries.save("e", fingerprint="f", timing="t", enabled=True, definition="{}", how="create")
+    with pytest.raises(EntryExists):
+        a.entries.save("e", fingerprint="g", timing="t", enabled=True, definition="{}",
+                       how="create")
+    with pytest.raises(EntryUnknown):
+        a.entries.save("x", fingerprint="g", timing="t", enabled=True, definition="{}",
+                       how="update")
+
+
+def test_a_removed_entry_is_read_as_removed_and_a_finished_one_as_disabled(backend):
+    a, b = backend.make("a"), backend.make("b")
+    for name in ("gone", "once"):
+        a.entries.save(name, fingerprint="f", timing="t", enabled=True, definition="{}")
+    seen = b.entries.changes(-1).version
+    assert a.entries.delete("gone") and not a.entries.delete("gone")
+    assert not a.entries.finish("once", "another definition", 5000)
+    assert a.entries.finish("once", "f", 5000)
+    changed = b.entries.changes(seen)
+    assert changed.removed == ["gone"] and not changed.saved["once"].enabled
+    assert changed.saved["once"].ran_ms == 5000 and sorted(b.entries.all()) == ["once"]
+
+
+def _run(task_id: str, worker: str, overlap: str = "allow") -> GuardRun:
+    return GuardRun(task_id, "e", 1000, 1, overlap, worker)
+
+
+def test_a_guarded_slot_runs_once_while_alive_and_never_after_it_finished(backend):
+    w1, w2 = backend.make("w1").guard, backend.make("w2").guard
+    assert w1.start(_run("t1", "w1")) == ("run", "")
+    decision, why = w2.start(_run("t1", "w2"))
+    assert decision == "duplicate" and "w1" in why
+    assert tuple(w2.runs(["t1", "t2"])["t1"]) == ("started", "w1", True)
+    w1.finish(_run("t1", "w1"), "ok")
+    assert w2.start(_run("t1", "w2"))[0] == "duplicate"
+    assert w2.runs(["t1"])["t1"].state == "finished"
+
+
+def test_an_entry_with_overlap_skip_does_not_start_while_another_run_is_alive(backend):
+    guard = backend.make("w").guard
+    assert guard.start(_run("t1", "w1", "skip"))[0] == "run"
+    assert guard.start(_run("t2", "w2", "skip")) == ("overlap", "t1")
+    guard.finish(_run("t1", "w1", "skip"), "ok")
+    assert guard.start(_run("t2", "w2", "skip"))[0] == "run"
+
+
+def test_a_step_down_releases_only_the_lease_held_under_that_token(backend):
+    a, cli = backend.make("a"), backend.make("cli")
+    assert a.lease.try_acquire()
+    token = a.lease.token
+    assert token is not None
+    assert not cli.admin.step_down(token + "0", "step-down (test)")
+    assert cli.admin.step_down(token, "step-down (test)")
+    assert cli.lease.holder()[0] is None
+    with pytest.raises(LeaseLostError):
+        a.lease.renew(token)
+
+
+def test_a_pause_is_kept_until_resumed(backend):
+    cli = backend.make("cli")
+    cli.admin.pause("e", {"note": "maintenance"})
+    assert cli.admin.paused() == {"e": {"note": "maintenance"}}
+    assert cli.admin.resume("e") and not cli.admin.resume("e")
+    assert cli.admin.paused() == {}
+
+
+def test_the_history_is_read_whole_oldest_first_and_followed_from_an_id(backend):
+    a = backend.make("a")
+    a.admin.note({"event": "paused", "entry": "e"})
+    a.admin.note({"event": "resumed", "entry": "e"})
+    rows = a.admin.all_history()
+    assert [r["event"] for r in rows] == ["paused", "resumed"]
+    assert [r["id"] for r in a.ledger.history(1)] == [rows[-1]["id"]]
+    last, newer = a.admin.follow(rows[0]["id"], block_ms=100)
+    assert [r["event"] for r in newer] == ["resumed"] and last == rows[-1]["id"]
+    assert a.admin.follow(last, block_ms=10) == (last, [])
+
+
+def test_reset_forgets_the_state_and_keeps_the_run_time_entries(backend):
+    a = backend.make("a")
+    assert a.lease.try_acquire()
+    a.ledger.claim(*a.lease.credentials(), [ClaimItem("e", 1000, Op.CLAIM)])
+    a.ledger.register_node("leader", {})
+    a.admin.pause("e", {})
+    a.entries.save("dyn", fingerprint="f", timing="t", enabled=True, definition="{}")
+    assert a.admin.reset() > 0
+    assert a.lease.holder()[0] is None and a.ledger.load() == {}
+    assert a.ledger.nodes() == {} and a.admin.paused() == {} and a.admin.all_history() == []
+    assert list(a.entries.all()) == ["dyn"]
+
+
+def test_forgotten_nodes_leave_the_registry(backend):
+    a, b = backend.make("a"), backend.make("b")
+    a.ledger.register_node("leader", {})
+    b.ledger.register_node("standby", {})
+    a.admin.forget_nodes(["b"])
+    assert list(a.ledger.nodes()) == ["a"]
+
+
+def test_the_store_answers_a_ping_and_finds_nothing_wrong_with_a_safe_server(backend):
+    a = backend.make("a")
+    a.ping()
+    assert a.warnings() == []  # the test server evicts nothing (noeviction)

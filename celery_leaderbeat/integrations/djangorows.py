@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from dataclasses import KW_ONLY, dataclass
 from datetime import datetime, timezone, tzinfo
 from typing import Any
 
@@ -23,6 +24,7 @@ from ..timing.slots import SlotClock, clock_for
 logger = logging.getLogger(__name__)
 
 
+@dataclass(eq=False, repr=False)  # compared by identity, like the schedule it wraps
 class Bounded:
     """A row's schedule with the row's own bounds; builds the row's slot clock.
 
@@ -38,16 +40,14 @@ class Bounded:
     slot stored for it.
     """
 
-    def __init__(self, inner: Any, *, tz: tzinfo | None, start: datetime | None,
-                 end: datetime | None, once: bool, origin: datetime | None,
-                 restart: datetime | None = None) -> None:
-        self.inner = inner
-        self.tz = tz
-        self.start = start
-        self.end = end
-        self.once = once
-        self.origin = origin
-        self.restart = restart
+    inner: Any
+    _: KW_ONLY
+    tz: tzinfo | None
+    start: datetime | None
+    end: datetime | None
+    once: bool
+    origin: datetime | None
+    restart: datetime | None = None
 
     def leaderbeat_clock(self, *, name: str, tz: tzinfo, jitter: float | None) -> SlotClock:
         zone = self.tz or tz

@@ -36,7 +36,6 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-import redis
 from celery import beat
 
 from ..entries import EntryOptions, split_entries
@@ -44,6 +43,7 @@ from ..errors import ConfigurationError, LeaseLostError, NotReplicatedError
 from ..roles.leader import Leader
 from ..roles.node import Node
 from ..roles.standby import Standby
+from ..store.base import STORE_ERRORS
 from ..store.ledger import ClaimItem, Op
 from ..timing.slots import clock_for, to_ms
 from .gatebase import Adapter, Snapshot
@@ -221,7 +221,7 @@ class GateMixin(_Glue):
         except NotReplicatedError as exc:  # stored on the primary: idempotent, go on
             logger.warning("leaderbeat: %s for the anchors of %d entries; going on", exc,
                            len(items))
-        except (redis.RedisError, OSError, LeaseLostError) as exc:
+        except STORE_ERRORS + (LeaseLostError,) as exc:
             logger.warning("leaderbeat: could not store the anchors of %d entries (%s); the "
                            "schedule change waits for the next tick", len(items), exc)
             return False

@@ -9,7 +9,7 @@ the slot as started in Redis, atomically (``guard.lua``), before the task body
 runs; any later delivery of the same slot is acknowledged without running and
 recorded ``skipped``/``duplicate``. Messages without leaderbeat headers run as
 always. The rule for a redelivery after a crash: a slot whose run *finished*, or
-whose run is *still alive* (its liveness key, renewed every ttl/3 while it runs,
+whose run is *still alive* (its liveness, renewed every ttl/3 while it runs,
 has not lapsed) is a duplicate; a slot recorded started whose liveness lapsed
 died with its worker before it could finish, and runs again (``started``/
 ``rerun``). A body that ended in the instant between its last line and the
@@ -57,16 +57,14 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-import redis
 from celery import bootsteps
 from celery._state import _get_active_apps, connect_on_app_finalize
 from celery.exceptions import Ignore, Retry
 
 from ..config import Config
 from ..errors import ConfigurationError
-from ..store.connection import make_client
-from ..store.keys import Keys
-from ..store.scripts import Scripts, text
+from ..store.base import STORE_ERRORS, GuardRun, GuardStore, Store
+from ..store.redis_store import connect
 from ..timing.slots import to_ms
 
 logger = logging.getLogger(__name__)
@@ -88,18 +86,15 @@ class Guard:
     def __init__(self, app: Any) -> None:
         self.app = app
         self.config = Config.from_app(app)
-        self.keys = Keys(self.config.key_prefix)
         self._pid: int | None = None
-        self._client: Any = None
-        self._scripts: Scripts | None = None
+        self._store: Store | None = None
 
-    def _script(self) -> Any:
-        if self._pid != os.getpid() or self._scripts is None:  # per process, after fork
+    def store(self) -> GuardStore:
+        """This process's guard store (a forked pool child opens its own)."""
+        if self._pid != os.getpid() or self._store is None:
             self._pid = os.getpid()
-            self._client = make_client(self.config.redis_url, self.config.redis_options,
-                                       self.config.socket_timeout)
-            self._scripts = Scripts(self._client)
-        return self._scripts.guard
+            self._store = connect(self.config)
+        return self._store.guard
 
     def wrap(self, task: Any) -> None:
         """Put the guard around ``task.run`` (once)."""
@@ -125,7 +120,7 @@ class Guard:
                    header(request, "leaderbeat_overlap") or "allow")
         try:
             decision, why = run.decide()
-        except (redis.RedisError, OSError) as exc:
+        except STORE_ERRORS as exc:
             logger.warning("leaderbeat guard: Redis unreachable (%s); running %s slot %s "
                            "unguarded", exc, entry, slot)
             return body(*args, **kwargs)
@@ -155,26 +150,12 @@ class _Run:
     def __init__(self, guard: Guard, task_id: str, entry: str, slot: str, epoch: Any,
                  overlap: str) -> None:
         self.guard = guard
-        self.task_id = task_id
-        self.entry = entry
-        self.slot_ms = _slot_ms(slot)
-        self.epoch = epoch if epoch is not None else ""
-        self.overlap = overlap
-        self.worker = f"{socket.gethostname()}:{os.getpid()}"
-
-    def _call(self, mode: str, detail: str = "") -> list[str]:
-        keys, config = self.guard.keys, self.guard.config
-        reply = self.guard._script()(
-            keys=[keys.run(self.task_id), keys.alive(self.task_id), keys.overlap(self.entry),
-                  keys.history],
-            args=[mode, self.task_id, self.worker, int(config.guard_expires * 1000),
-                  int(config.lease_ttl * 1000), self.overlap, config.history_length,
-                  self.entry, self.slot_ms, self.epoch, detail])
-        return [text(part) for part in reply]
+        self.record = GuardRun(task_id, entry, _slot_ms(slot),
+                               "" if epoch is None else epoch, overlap,
+                               f"{socket.gethostname()}:{os.getpid()}")
 
     def start(self, *, will_ask_again: bool = False) -> tuple[str, str]:
-        decision, why = self._call("start", "wait" if will_ask_again else "")
-        return decision, why
+        return self.guard.store().start(self.record, will_ask_again=will_ask_again)
 
     def decide(self) -> tuple[str, str]:
         """Start, or say why not. A delivery that finds the slot "running" waits.
@@ -196,21 +177,22 @@ class _Run:
             waited += 1.0
 
     def renew(self) -> None:
-        self._call("renew")
+        self.guard.store().renew(self.record)
 
     def finish(self, detail: str) -> None:
         try:
-            self._call("finish", detail)
-        except (redis.RedisError, OSError) as exc:  # never mask the task's own outcome
+            self.guard.store().finish(self.record, detail)
+        except STORE_ERRORS as exc:  # never mask the task's own outcome
             logger.warning("leaderbeat guard: could not record %s slot %s finished (%s); its "
-                           "liveness lapses after the lease ttl", self.entry, self.slot_ms, exc)
+                           "liveness lapses after the lease ttl", self.record.entry,
+                           self.record.slot_ms, exc)
 
 
 class _Keeper(threading.Thread):
     """Renews a run's liveness (and overlap lock) while its task body runs."""
 
     def __init__(self, run: _Run, interval: float) -> None:
-        super().__init__(name=f"leaderbeat-guard-{run.task_id[:8]}", daemon=True)
+        super().__init__(name=f"leaderbeat-guard-{run.record.task_id[:8]}", daemon=True)
         self.run_ = run
         self.interval = interval
         self._stop_event = threading.Event()
@@ -219,9 +201,9 @@ class _Keeper(threading.Thread):
         while not self._stop_event.wait(self.interval):
             try:
                 self.run_.renew()
-            except (redis.RedisError, OSError) as exc:
+            except STORE_ERRORS as exc:
                 logger.warning("leaderbeat guard: could not renew the liveness of %s (%s)",
-                               self.run_.task_id, exc)
+                               self.run_.record.task_id, exc)
 
     def stop(self) -> None:
         self._stop_event.set()
@@ -267,8 +249,8 @@ class GuardStep(bootsteps.StartStopStep):
 
     def start(self, parent: Any) -> None:
         if self.guard is not None:  # said here: while the worker is built, logging is not set up
-            logger.info("leaderbeat guard: on; each slot runs at most once (records in "
-                        "%s:run:*, kept %.0f s)", self.guard.keys.tag,
+            logger.info("leaderbeat guard: on; each slot runs at most once (records under "
+                        "prefix %s, kept %.0f s)", self.guard.config.key_prefix,
                         self.guard.config.guard_expires)
 
 

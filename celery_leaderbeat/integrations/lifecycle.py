@@ -17,11 +17,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
 
-import redis
-
 from ..roles.leader import Leader
 from ..roles.node import Node, utcnow
 from ..roles.standby import Standby
+from ..store.base import STORE_ERRORS
 from ..store.registry import earliest_follower
 from .parts import Parts
 
@@ -75,7 +74,7 @@ class Lifecycle(Parts):
         try:
             earliest = earliest_follower(node.ledger.nodes(), now=time.time(),
                                          fresh=3 * self.lb_config.renew_interval)
-        except (redis.RedisError, OSError, ValueError, TypeError):
+        except STORE_ERRORS + (ValueError, TypeError):
             return own
         if earliest is None:
             return own
@@ -94,7 +93,7 @@ class Lifecycle(Parts):
         if release:
             try:
                 lease.release("step-down")
-            except (redis.RedisError, OSError) as exc:  # it expires on its own: ttl
+            except STORE_ERRORS as exc:  # it expires on its own: ttl
                 logger.warning("leaderbeat: could not release the lease on step-down (%s); "
                                "standbys take over when it expires", exc)
         lease.mark_lost()
@@ -139,7 +138,7 @@ class Lifecycle(Parts):
                                 self.lb_config.node_id, lease.epoch)
                     self._lost("released on shutdown")
                 self._registration.forget(self._node.ledger)
-        except (redis.RedisError, OSError) as exc:
+        except STORE_ERRORS as exc:
             logger.warning("leaderbeat: could not release the lease on close (%s); "
                            "standbys take over when it expires", exc)
         finally:

@@ -12,7 +12,7 @@ from typing import Any
 from ..entries import EntryOptions, split_entries
 from ..errors import ConfigurationError
 from ..roles.dynamic_schedule import DynamicSchedule
-from ..store.entry_store import EntryStore
+from ..store.base import EntryDefinitions
 from ..timing.slots import clock_for
 from .parts import Parts
 
@@ -73,13 +73,13 @@ class ScheduleState(Parts):
         """The entries slots are computed from: name -> an object with ``.schedule``."""
         return self.schedule
 
-    def _follow_dynamic(self, client: Any) -> DynamicSchedule | None:
+    def _follow_dynamic(self, store: EntryDefinitions) -> DynamicSchedule | None:
         """Entries defined at run time (not behind a base scheduler: it has its own store)."""
         if self.lb_config.base_scheduler is not None:
             return None
         for name in list(self._dynamic.names if self._dynamic else ()):
             self.schedule.pop(name, None)  # a forked child reads them again
-        return DynamicSchedule(EntryStore(client, self.keys), self.lb_config,
+        return DynamicSchedule(store, self.lb_config,
                                entries=self.schedule, options=self._entry_options,
                                make_entry=self._maybe_entry,
                                static=lambda: self.app.conf.beat_schedule or {})

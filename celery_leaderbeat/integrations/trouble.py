@@ -15,6 +15,7 @@ import redis
 
 from ..errors import LeaseLostError, RedisAuthError
 from ..roles.node import utcnow
+from ..store.base import STORE_ERRORS
 from ..store.connection import describe
 from .parts import Parts
 
@@ -27,7 +28,7 @@ CLOCK_STEP = 2.0
 class Trouble(Parts):
     """What the Scheduler does when Redis stops answering, and when the wall clock steps."""
 
-    def _refused(self, exc: redis.RedisError) -> RedisAuthError:
+    def _refused(self, exc: Exception) -> RedisAuthError:
         """Credentials (``AuthenticationError``) or a permission (``NoPermissionError``)
         Redis refused, as an error that says what to check."""
         if isinstance(exc, redis.AuthenticationError):
@@ -73,7 +74,7 @@ class Trouble(Parts):
                 self._node.lease.renew()
             except LeaseLostError as exc:
                 self._step_down(str(exc))
-            except (redis.RedisError, OSError):
+            except STORE_ERRORS:
                 pass  # the heartbeat and the next tick find out
         if self._standby is not None and self._leader is None:
             if config.redis_down_policy == "last-leader" and not self._led_at_outage:

@@ -250,10 +250,11 @@ def reset(ctx: click.Context, yes: bool, as_json: bool) -> None:
     with ``remove``)."""
     cluster = _cluster(ctx)
     if not yes:
-        _fail(REFUSED, f"reset deletes every key under {cluster.keys.tag}: add --yes")
+        _fail(REFUSED, f"reset deletes every key under {cluster.store.admin.where}: add --yes")
     deleted = cluster.reset()
     _emit(as_json, {"deleted_keys": deleted},
-          [f"deleted {deleted} key(s) under {cluster.keys.tag}; running beats start afresh"])
+          [f"deleted {deleted} key(s) under {cluster.store.admin.where}; "
+           + "running beats start afresh"])
 
 
 from . import cli_entries  # noqa: F401 - registers the entry commands on the group

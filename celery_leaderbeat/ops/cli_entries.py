@@ -19,9 +19,9 @@ from typing import Any
 
 import click
 
-from ..store.connection import make_client
 from ..store.dynamic import Entry, encode_schedule
 from ..store.entry_store import EntryExists, EntryUnknown
+from ..store.redbeat import read_redbeat
 from .cli_group import (
     REFUSED,
     UNKNOWN_ENTRY,
@@ -224,7 +224,7 @@ def import_redbeat(ctx: click.Context, prefix: str | None, url: str | None, yes:
     app = ctx.obj.app
     prefix = prefix or app.conf.get("redbeat_key_prefix") or "redbeat:"
     url = url or app.conf.get("redbeat_redis_url") or app.conf.broker_url
-    planned = redbeat_import.plan(app, make_client(url, {}, 10.0), prefix)
+    planned = redbeat_import.plan(app, read_redbeat(url, prefix), prefix)
     lines = [redbeat_import.describe(p) for p in planned]
     rows = [{"entry": p.name, "import": p.entry is not None, "skip": p.skip,
              "last_run_at": p.last_run_at.isoformat() if p.last_run_at else None}

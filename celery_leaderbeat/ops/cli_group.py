@@ -8,9 +8,9 @@ import sys
 from typing import Any
 
 import click
-import redis
 
 from ..errors import LeaderbeatError
+from ..store.base import STORE_ERRORS
 from .cluster import Cluster, UnknownEntry
 
 NO_LEADER, REDIS_DOWN, BAD_SETTINGS, UNKNOWN_ENTRY, REFUSED = 1, 2, 3, 4, 5
@@ -30,7 +30,7 @@ def _command(func: Any) -> Any:
             _fail(UNKNOWN_ENTRY, str(exc.args[0]))
         except LeaderbeatError as exc:
             _fail(BAD_SETTINGS, str(exc))
-        except (redis.RedisError, OSError) as exc:
+        except STORE_ERRORS as exc:
             _fail(REDIS_DOWN, f"Redis unreachable or refusing: {exc}")
     return wrapper
 

@@ -1,16 +1,16 @@
-"""One app's leaderbeat state in Redis, as the CLI reads it and acts on it.
+"""One app's leaderbeat state in the store, as the CLI reads it and acts on it.
 
 Reads: the leader, every entry's last slot (and, with the worker guard, whether
 that run started and finished), the nodes, the history. Acts: step a leader
 down, pause and resume an entry, queue a trigger or a backfill for the leader,
 reset everything. Nothing here runs inside a beat; every write is one that a
 running cluster handles safely (a released lease is fenced, a paused entry is
-skipped at its next claim, requests are popped by exactly one leader).
+skipped at its next claim, requests are popped by exactly one leader). It
+reaches the store only through its interfaces (``store/base.py``).
 """
 
 from __future__ import annotations
 
-import json
 import socket
 import time
 from datetime import datetime, timezone
@@ -19,10 +19,9 @@ from typing import Any
 from ..config import Config
 from ..entries import EntryOptions, split_entries
 from ..roles.requests import Request, submit
-from ..store.connection import make_client
-from ..store.keys import Keys
-from ..store.ledger import STATE_NAMES, Ledger
-from ..store.scripts import Scripts, text
+from ..store.base import Store
+from ..store.ledger import STATE_NAMES
+from ..store.redis_store import connect
 from ..timing.clocks import IntervalClock
 from ..timing.slots import clock_for, from_ms, slot_id, to_ms
 
@@ -33,7 +32,7 @@ FORGET_AFTER = 3600.0
 
 
 class UnknownEntry(LookupError):
-    """The entry is neither in ``beat_schedule`` nor in Redis."""
+    """The entry is neither in ``beat_schedule`` nor in the store."""
 
 
 class Cluster:
@@ -42,25 +41,18 @@ class Cluster:
     def __init__(self, app: Any) -> None:
         self.app = app
         self.config = Config.from_app(app)
-        self.keys = Keys(self.config.key_prefix)
-        self.client = make_client(self.config.redis_url, self.config.redis_options,
-                                  self.config.socket_timeout)
-        self.scripts = Scripts(self.client)
-        self.ledger = Ledger(self.client, self.scripts, self.keys, self.config)
+        self.store: Store = connect(self.config)
+        self.ledger = self.store.ledger
         self._dynamic_names: set[str] = set()
 
     # -- reading ---------------------------------------------------------------------------
 
     def leader(self) -> dict[str, Any] | None:
-        pipe = self.client.pipeline(transaction=False)
-        pipe.get(self.keys.leader)
-        pipe.pttl(self.keys.leader)
-        token, pttl = pipe.execute()
+        token, ms_left = self.store.lease.holder()
         if not token:
             return None
-        node, epoch = text(token).rsplit("|", 1)
-        return {"node": node, "epoch": int(epoch), "lease_ms_left": int(pttl),
-                "token": text(token)}
+        node, epoch = token.rsplit("|", 1)
+        return {"node": node, "epoch": int(epoch), "lease_ms_left": ms_left, "token": token}
 
     def schedule(self) -> tuple[dict[str, Any], dict[str, EntryOptions]]:
         """``beat_schedule``, plus the rows of a django-celery-beat base scheduler."""
@@ -74,14 +66,13 @@ class Cluster:
 
     def check_entry(self, name: str) -> None:
         schedule, _ = self.schedule()
-        if (name not in schedule and not self.client.hexists(self.keys.slots, name)
-                and not self.client.hexists(self.keys.entries, name)):
+        if (name not in schedule and name not in self.ledger.load([name])
+                and self.store.entries.get(name) is None):
             known = ", ".join(sorted(schedule)) or "none"
             raise UnknownEntry(f"no entry {name!r} in beat_schedule or in Redis (known: {known})")
 
     def paused(self) -> dict[str, dict[str, Any]]:
-        return {text(k): json.loads(text(v))
-                for k, v in self.client.hgetall(self.keys.paused).items()}
+        return self.store.admin.paused()
 
     def entries(self) -> list[dict[str, Any]]:
         """Every entry (configured or left in Redis): last slot, state, run, next due, paused."""
@@ -119,10 +110,9 @@ class Cluster:
     def dynamic_entries(self) -> tuple[dict[str, Any], dict[str, EntryOptions]]:
         """The enabled dynamic entries, as :meth:`schedule` gives the static ones."""
         from ..store.dynamic import Entry  # late: it imports celery.schedules
-        from ..store.entry_store import EntryStore
 
         raw = {}
-        every = EntryStore(self.client, self.keys).all()
+        every = self.store.entries.all()
         self._dynamic_names = set(every)
         for name, stored in every.items():
             if stored.enabled:
@@ -144,20 +134,10 @@ class Cluster:
 
     def _runs(self, task_ids: list[str]) -> dict[str, str]:
         """The worker guard's record of each run: started (on whom) or finished."""
-        if not task_ids:
-            return {}
-        pipe = self.client.pipeline(transaction=False)
-        for task_id in task_ids:
-            pipe.get(self.keys.run(task_id))
-            pipe.exists(self.keys.alive(task_id))
-        replies = pipe.execute()
-        out = {}
-        for task_id, record, alive in zip(task_ids, replies[0::2], replies[1::2]):
-            if record:
-                state, _, worker = text(record).partition("|")
-                out[task_id] = (f"finished on {worker}" if state == "f" else
-                                f"running on {worker}" if alive else f"started on {worker}, lost")
-        return out
+        return {task_id: (f"finished on {run.worker}" if run.state == "finished" else
+                          f"running on {run.worker}" if run.alive else
+                          f"started on {run.worker}, lost")
+                for task_id, run in self.store.guard.runs(task_ids).items()}
 
     def nodes(self, *, forget: bool = True) -> list[dict[str, Any]]:
         """Every registered beat; long-gone ones are removed from the registry."""
@@ -174,7 +154,7 @@ class Cluster:
             rows.append(dict(info, node=node_id, seen_ago=ago, gone=gone,
                              role=f"gone (was {info.get('role')})" if gone else info.get("role")))
         if forgotten:
-            self.client.hdel(self.keys.nodes, *forgotten)
+            self.store.admin.forget_nodes(forgotten)
         return rows
 
     def history(self, count: int, entry: str | None = None) -> list[dict[str, Any]]:
@@ -185,21 +165,15 @@ class Cluster:
 
     def follow(self, last_id: str = "$", block_ms: int = 1000) -> tuple[str, list[dict[str, Any]]]:
         """History events after ``last_id`` (blocks up to ``block_ms``)."""
-        reply = self.client.xread({self.keys.history: last_id}, block=block_ms, count=500)
-        rows = []
-        for _, events in reply or []:
-            for event_id, fields in events:
-                last_id = text(event_id)
-                rows.append(_readable({**{text(k): text(v) for k, v in fields.items()},
-                                       "id": last_id}))
-        return last_id, rows
+        last_id, rows = self.store.admin.follow(last_id, block_ms)
+        return last_id, [_readable(row) for row in rows]
 
     def node_health(self, host: str | None = None) -> tuple[bool, str]:
         """Is this host's beat a live leader or a healthy standby? (ok, one line of reason)."""
         host = host or socket.gethostname()
         mine = [row for row in self.nodes(forget=False) if row.get("host") == host]
         if not mine:
-            return False, f"no beat on host {host} is registered in {self.keys.tag}:nodes"
+            return False, f"no beat on host {host} is registered in {self.store.admin.where}"
         row = min(mine, key=lambda r: r["seen_ago"] if r["seen_ago"] is not None else 1e9)
         if row["gone"]:
             return False, (f"{row['node']} last seen {row['seen_ago']} s ago (more than "
@@ -229,10 +203,8 @@ class Cluster:
         leader = self.leader()
         if leader is None:
             return None
-        released = self.scripts.release(
-            keys=[self.keys.leader, self.keys.history],
-            args=[leader["token"], self.config.history_length, self.keys.events,
-                  "step-down (celery leaderbeat step-down)"])
+        released = self.store.admin.step_down(leader["token"],
+                                              "step-down (celery leaderbeat step-down)")
         return leader if released else None
 
     def wait_for_leader(self, other_than: str, timeout: float) -> tuple[dict[str, Any] | None, float]:
@@ -248,12 +220,12 @@ class Cluster:
         self.check_entry(name)
         record = {"note": note, "at": datetime.now(timezone.utc).isoformat(),
                   "by": f"{socket.gethostname()}"}
-        self.client.hset(self.keys.paused, name, json.dumps(record))
+        self.store.admin.pause(name, record)
         self._note(name, "paused", note)
 
     def resume(self, name: str) -> bool:
         self.check_entry(name)
-        removed = bool(self.client.hdel(self.keys.paused, name))
+        removed = self.store.admin.resume(name)
         if removed:
             self._note(name, "resumed", "")
         return removed
@@ -261,7 +233,7 @@ class Cluster:
     def trigger(self, name: str, note: str) -> Request:
         self.check_entry(name)
         request = Request("trigger", name, note=note)
-        submit(self.client, self.keys, request)
+        submit(self.store.requests, request)
         return request
 
     def backfill_slots(self, name: str, start: datetime, end: datetime
@@ -287,36 +259,27 @@ class Cluster:
             slots.append(s)
             s = clock.next_after(s)
         done, horizon = set(), None
-        for event_id, fields in self.client.xrange(self.keys.history):
+        for row in self.store.admin.all_history():
             if horizon is None:
-                horizon = from_ms(int(text(event_id).split("-")[0]))
-            row = {text(k): text(v) for k, v in fields.items()}
+                horizon = from_ms(int(row["id"].split("-")[0]))
             if row.get("entry") == name and row.get("event") in ("sent", "triggered"):
                 done.add(int(row.get("slot") or 0))
-        done |= {int(text(f).rpartition("|")[2]) for f in
-                 self.client.hkeys(self.keys.backfilled) if text(f).startswith(f"{name}|")}
+        done |= self.store.requests.backfilled(name)
         never = [s for s in slots if to_ms(s) not in done]
         return never, [s for s in slots if to_ms(s) in done], horizon
 
     def backfill(self, name: str, slots: list[datetime], note: str) -> Request:
         request = Request("backfill", name, note=note, slots_ms=tuple(to_ms(s) for s in slots))
-        submit(self.client, self.keys, request)
+        submit(self.store.requests, request)
         return request
 
     def reset(self) -> int:
-        """Delete every key of this prefix (lease, claims, history, nodes, pauses)."""
-        deleted = 0
-        definitions = {self.keys.entries, self.keys.entries_meta, self.keys.entries_changed,
-                       self.keys.entries_removed}
-        for key in self.client.scan_iter(match=f"{self.keys.tag}:*", count=1000):
-            if text(key) not in definitions:  # entries defined at run time stay
-                deleted += int(self.client.delete(key))
-        return deleted
+        """Delete this app's state (lease, claims, history, nodes, pauses), not its entries."""
+        return self.store.admin.reset()
 
     def _note(self, name: str, event: str, detail: str) -> None:
-        self.client.xadd(self.keys.history, {"event": event, "entry": name, "detail": detail,
-                                             "node": f"cli@{socket.gethostname()}"},
-                         maxlen=self.config.history_length, approximate=True)
+        self.store.admin.note({"event": event, "entry": name, "detail": detail,
+                               "node": f"cli@{socket.gethostname()}"})
 
 
 _MS = from_ms(1) - from_ms(0)

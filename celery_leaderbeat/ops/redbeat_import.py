@@ -8,8 +8,8 @@ runs an entry next at ``last_run_at`` + the schedule's next time after it; the
 import makes ``last_run_at`` the entry's anchor, so the first run after the
 switch falls where RedBeat's would have (a slot missed during the switch
 follows the catch-up policy; none is sent twice). An entry that never ran
-starts from the import. Read with plain Redis commands: RedBeat need not be
-installed.
+starts from the import. RedBeat's keys are read by
+:func:`celery_leaderbeat.store.redbeat.read_redbeat`: RedBeat need not be installed.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from celery.schedules import crontab
 
 from ..errors import ConfigurationError
 from ..store.dynamic import Entry
-from ..store.scripts import text
 
 
 @dataclass
@@ -68,22 +67,15 @@ class _Relative:
         self.every = every
 
 
-def read(client: Any, prefix: str) -> list[tuple[str, bytes | None, bytes | None]]:
-    """(key, definition, meta) of every entry in RedBeat's schedule, two round trips."""
-    keys = [text(k) for k in client.zrange(f"{prefix}:schedule", 0, -1)]
-    pipe = client.pipeline(transaction=False)
-    for key in keys:
-        pipe.hmget(key, "definition", "meta")
-    return [(key, *found) for key, found in zip(keys, pipe.execute())]
-
-
-def plan(app: Any, client: Any, prefix: str) -> list[Planned]:
-    """What an import would do, entry by entry (nothing written)."""
+def plan(app: Any, rows: list[tuple[str, bytes | None, bytes | None]],
+         prefix: str) -> list[Planned]:
+    """What an import of RedBeat's ``rows`` (key, definition, meta) would do, entry by
+    entry (nothing written)."""
     from celery.schedules import schedule as interval
 
     static = app.conf.beat_schedule or {}
     planned = []
-    for key, raw_def, raw_meta in read(client, prefix):
+    for key, raw_def, raw_meta in rows:
         name = key.removeprefix(prefix)
         if raw_def is None:
             planned.append(Planned(name, None, None, "no definition (deleted meanwhile?)"))

@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 
 from ..entries import EntryOptions
 from ..store.ledger import CLAIMED, UNSENT, ClaimItem, Op, SlotState
+from ..timing.clocks import IntervalClock
 from ..timing.policy import CatchupPolicy
 from ..timing.slots import Plan, SlotClock, clock_for, from_ms, plan, to_ms
 
@@ -149,6 +150,37 @@ def load(schedule: Mapping[str, Any], stored: Mapping[str, SlotState], *, start:
                 unsent.append(Unsent(name, last, state.state == CLAIMED, state.claimed_ms))
         tracked[name] = Tracked(name, clock, opts, last, fp)
     return Loaded(tracked, anchors, unsent)
+
+
+#: slots listed one by one in :func:`margin_slots` (older ones are counted, not listed)
+MARGIN_LISTED = 100
+
+
+def margin_slots(clock: SlotClock, since: datetime, anchor: datetime
+                 ) -> tuple[list[datetime], int]:
+    """An entry with no known state is anchored after a margin: its first slot sent is the
+    one after ``anchor``. Its slots from ``since`` (when this node began following the
+    schedule) up to the anchor, itself included, are not sent.
+
+    Returns the newest :data:`MARGIN_LISTED` of them, oldest first, and how many older
+    ones there are besides. An interval's slots are counted back from the anchor (its phase).
+    """
+    if anchor < since:
+        return [], 0
+    if isinstance(clock, IntervalClock) and not clock.relative:
+        total = (anchor - since) // clock.every + 1
+        listed = [anchor - k * clock.every for k in range(min(total, MARGIN_LISTED) - 1, -1, -1)]
+        return listed, total - len(listed)
+    slots: list[datetime] = []
+    older = 0
+    s = clock.next_after(since - timedelta(milliseconds=1))
+    while s <= anchor:
+        slots.append(s)
+        if len(slots) > MARGIN_LISTED:
+            slots.pop(0)
+            older += 1
+        s = clock.next_after(s)
+    return slots, older
 
 
 def adopt_refused_anchors(loaded: Loaded, refused: Sequence[SlotState | None | str]) -> None:

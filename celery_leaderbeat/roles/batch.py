@@ -114,7 +114,7 @@ class LeaderGate:
         try:
             return self.ledger.claim(*self.lease.credentials(), items, events)
         except LeaseLostError as exc:
-            if exc.holder is None and self.lease.is_held():
+            if exc.answered and exc.holder is None and self.lease.is_held():
                 # the key vanished while the lease was valid: Redis lost its data
                 self.lease.vanished_while_held = True
             raise

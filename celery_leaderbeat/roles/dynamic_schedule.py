@@ -35,8 +35,9 @@ from typing import Any
 from ..config import Config
 from ..entries import EntryOptions, split_entries
 from ..errors import ConfigurationError
+from ..store.base import EntryDefinitions
 from ..store.dynamic import Entry
-from ..store.entry_store import EntryStore, Stored
+from ..store.entry_store import Stored
 from ..store.ledger import ANCHOR, SlotState
 from ..timing.slots import to_ms
 
@@ -49,7 +50,7 @@ POLL = 0.1
 class DynamicSchedule:
     """Keeps a scheduler's dynamic entries in step with the store."""
 
-    def __init__(self, store: EntryStore, config: Config, *,
+    def __init__(self, store: EntryDefinitions, config: Config, *,
                  entries: MutableMapping[str, Any], options: MutableMapping[str, EntryOptions],
                  make_entry: Callable[[str, dict[str, Any]], Any],
                  static: Callable[[], Collection[str]]) -> None:

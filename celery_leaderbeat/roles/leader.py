@@ -13,14 +13,13 @@ import logging
 import time
 from collections.abc import Collection
 from datetime import datetime
-from typing import Any, cast
+from typing import Any
 
-import redis
-
-from ..errors import NotReplicatedError
-from ..store.ledger import CLAIMED, REMOVED, Event, Ledger, Op
+from ..errors import LeaseLostError, NotReplicatedError
+from ..store.base import STORE_ERRORS, STORE_UNREACHABLE
+from ..store.ledger import CLAIMED, REMOVED, ClaimItem, Event, Op
 from ..timing.slots import from_ms, to_ms
-from .agenda import Agenda, Loaded, Tracked, Unsent, adopt_refused_anchors
+from .agenda import Agenda, Loaded, Tracked, Unsent, adopt_refused_anchors, margin_slots
 from .batch import CHUNK, LeaderGate, report_unsent, run_batch, say_capped_once
 from .degraded import Outage
 from .node import Node, utcnow
@@ -30,6 +29,9 @@ logger = logging.getLogger(__name__)
 
 #: cap, in seconds, of how far past "now" an entry with no stored state starts
 UNKNOWN_STATE_MARGIN = 5.0
+#: the history's reason for a slot skipped by that margin
+MARGIN_REASON = ("slot state lost (Redis lost writes): started again after a margin, "
+                 "not sent since the loss")
 
 #: state of an entry nobody schedules any more, and backfill records, older than this go
 PRUNE_AFTER = 30 * 86400.0
@@ -106,9 +108,12 @@ class Leader:
                     unsent.append(Unsent(name, from_ms(slot_ms), state.state == CLAIMED,
                                          state.claimed_ms, overtaken=True))
         if loaded.anchors:
-            _anchor(node, loaded, "new")
+            refused = _anchor(node, loaded, "new")
+            node.backlog.extend(self._margin_missed(loaded, refused, stored,
+                                                    lost=rolled_back or trusted))
         self._rolled_back = False
         self._publish_definitions(loaded.tracked, definitions)
+        self._mark_definitions()
         self.agenda = Agenda(loaded.tracked)
         self._version = version
         node.lease.vanished_while_held = False
@@ -118,6 +123,15 @@ class Leader:
                                                 memory=node.sent)
             self._recover_at = time.monotonic() + node.config.lease_ttl
             self._reported = True
+
+    def lease_lost(self, exc: LeaseLostError) -> None:
+        """A call of this leader's found the lease gone. Held by nobody while it was still
+        valid here: Redis lost its data under this leader, which then carries on after
+        what it knew was settled (whichever call saw it first: a renewal, a claim, an
+        anchor or a reset after a rollback)."""
+        lease = self.node.lease
+        if exc.answered and exc.holder is None and lease.is_held():
+            lease.vanished_while_held = True
 
     def rolled_back(self, why: str) -> None:
         """Redis holds older state than this node has seen: what it says was sent or claimed
@@ -156,7 +170,7 @@ class Leader:
         node, lease = self.node, self.node.lease
         if not lease.is_held():
             if node.config.redis_down_policy == "last-leader" and not lease.lost:
-                node.client.ping()  # unreachable: the last leader goes on (degraded mode)
+                node.store.ping()  # unreachable: the last leader goes on (degraded mode)
             raise Resign("lease not confirmed in time (self-fencing)")
         stopped = lease.heartbeat_stopped()
         if stopped is not None:  # nothing renews the lease any more: let it go now
@@ -180,11 +194,11 @@ class Leader:
         if time.monotonic() >= self._prune_at:
             self._prune()
         if self._requests_pending:
-            # the requests are a Redis list beside the store's seam (store/base.py)
-            carry_out(cast(Ledger, node.ledger), node.keys, lease.epoch or 0, node.keys.prefix,
+            carry_out(node.ledger, node.store.requests, lease.epoch or 0, node.keys.prefix,
                       self._publish,
                       utcnow(), known=lambda name: name in self.tracked,
-                      stored=lambda name: self._stored_slot(name), memory=node.sent)
+                      stored=lambda name: self._stored_slot(name), memory=node.sent,
+                      token=lease.credentials()[0])
             self._requests_pending = False  # only now: a failed pop leaves them pending
         now = utcnow()
         earliest = self.agenda.earliest() or now.timestamp()
@@ -227,6 +241,52 @@ class Leader:
         changes.update({name: REMOVED for name in (stored if names is None else names)
                         if name not in tracked and stored.get(name) not in (None, REMOVED)})
         self.node.ledger.write_definitions(changes)
+
+    def _margin_missed(self, loaded: Loaded, refused: list[Any], stored: dict[str, Any], *,
+                       lost: bool) -> list[Event]:
+        """The slots an entry whose state Redis lost skips: from this node's ``since`` (or
+        after the newest slot it knows was settled, or the slot Redis still holds) up to its
+        anchor, after the margin (nothing sent before the loss may come round again). Not
+        sent after the loss, so recorded ``missed``, with the reason; they ride on the next
+        claim call.
+
+        Only where the loss is known (``lost``: Redis went back to older state, or lost
+        the lease under this leader; or this node knows a slot of the entry that Redis no
+        longer has): an empty Redis that no live node remembers looks like a first start,
+        where an entry anchored after the margin missed nothing.
+        """
+        events: list[Event] = []
+        for item, result in zip(loaded.anchors, refused):
+            tracked = loaded.tracked.get(item.name)
+            if item.op not in (Op.ANCHOR, Op.ROLLED_BACK) or result is not None \
+                    or tracked is None:
+                continue
+            settled = self.node.sent.newest_known(item.name)  # by this node or another
+            if settled is None and not lost:
+                continue
+            state = stored.get(item.name)
+            if state is not None:  # rolled back: what Redis still holds was settled
+                settled = max(settled or 0, state.slot_ms)
+            since = self.since if settled is None else max(self.since, from_ms(settled + 1))
+            listed, older = margin_slots(tracked.clock, since, from_ms(item.slot_ms))
+            events += [Event(item.name, to_ms(slot), "missed", MARGIN_REASON) for slot in listed]
+            if older:
+                events.append(Event(item.name, to_ms(listed[0]), "missed",
+                                    f"{older} older slots not listed ({MARGIN_REASON})"))
+        return events
+
+    def _mark_definitions(self) -> None:
+        """Mark the stored definitions as this leader's (its epoch, fenced by its lease).
+
+        Until the newest leader has marked them, no standby rescues: the fingerprints
+        stored may still be an earlier leader's (a rolling deploy, a row changed on one
+        node), which this one does not plan. Written at every full reload, so right
+        after the election: the rescue gap is one round trip.
+        """
+        try:
+            self.node.ledger.claim(*self.node.lease.credentials(), [ClaimItem("", 0, Op.DEFINE)])
+        except NotReplicatedError as exc:  # a mark sends nothing: safe to go on
+            logger.warning("leaderbeat: %s for the mark of the definitions; going on", exc)
 
     def _prune(self) -> None:
         """Nothing grows without bound: state of removed entries, old backfills, dead nodes."""
@@ -272,12 +332,11 @@ class Leader:
         subscription, so none is missed.
         """
         if self._pubsub is None:
-            self._pubsub = self.node.client.pubsub(ignore_subscribe_messages=True)
-            self._pubsub.subscribe(self.node.keys.events)
+            self._pubsub = self.node.store.events.subscribe()
             # a request queued while there was no subscription woke nobody: look anyway
             self._requests_pending = True
-        while (message := self._pubsub.get_message(timeout=0.0)) is not None:
-            if message.get("data") in (WAKE.encode(), WAKE):
+        while (message := self._pubsub.next(0.0)) is not None:
+            if message == WAKE:
                 self._requests_pending = True
 
     def close(self) -> None:
@@ -301,7 +360,7 @@ class Leader:
         and rescue, so sending without claims could send twice.
         """
         if (self.outage is None and self.node.config.redis_down_policy == "last-leader"
-                and isinstance(exc, (redis.ConnectionError, redis.TimeoutError, OSError))
+                and isinstance(exc, STORE_UNREACHABLE)
                 and self.node.lease.is_held()):
             self.outage = Outage.begin(self.node.config)
         return self.outage is not None
@@ -314,12 +373,12 @@ class Leader:
                          f"{self.node.config.degraded_max_seconds}")
         outage.send_due(self.agenda, utcnow(), self.since, self._send, self.node.sent)
         try:
-            self.node.client.ping()
-        except (redis.RedisError, OSError):
+            self.node.store.ping()
+        except STORE_ERRORS:
             return min(self.delay(), 1.0)
         try:
             reconciled = outage.reconcile(self.node.lease, self.node.ledger, self.node.wake_by)
-        except (redis.RedisError, OSError):
+        except STORE_ERRORS:
             return min(self.delay(), 1.0)  # still flapping: the outage stays as it was
         self.outage = None  # only now: a Redis error above leaves the outage in place
         if not reconciled:
@@ -348,8 +407,9 @@ def _say_anchored(loaded: Any) -> None:
                 ", ".join(names[:10]))
 
 
-def _anchor(node: Node, loaded: Loaded, what: str) -> None:
-    """Claim the anchors of ``what`` (new, changed) entries; a refused one is adopted."""
+def _anchor(node: Node, loaded: Loaded, what: str) -> list[Any]:
+    """Claim the anchors of ``what`` (new, changed) entries; a refused one is adopted.
+    Returns, per anchor, None when it was granted, else why not."""
     try:
         refused = node.ledger.claim(*node.lease.credentials(), loaded.anchors)
     except NotReplicatedError as exc:  # anchors send nothing: safe to go on
@@ -357,3 +417,4 @@ def _anchor(node: Node, loaded: Loaded, what: str) -> None:
         refused = [None] * len(loaded.anchors)
     adopt_refused_anchors(loaded, refused)
     _say_anchored(loaded)
+    return list(refused)

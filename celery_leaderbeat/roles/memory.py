@@ -20,6 +20,8 @@ from collections.abc import Iterable
 
 #: exact slots remembered per entry besides the newest
 RECENT = 16
+#: slots this process backfilled, remembered per entry (a backfill's range is capped)
+BACKFILLS = 1000
 
 
 class SentMemory:
@@ -31,6 +33,9 @@ class SentMemory:
         #: the newest slot of each entry this process saw settled by anyone (sent, claimed
         #: or passed over: read from Redis, or learnt from a refused claim)
         self._known: dict[str, int] = {}
+        #: slots this process sent for a backfill request (older than the entry's last
+        #: slot, so neither ``covers`` nor ``published`` tells them)
+        self._backfilled: dict[str, deque[int]] = {}
 
     def note(self, name: str, slot_ms: int) -> None:
         """``slot_ms`` of ``name`` was published by this process."""
@@ -44,6 +49,18 @@ class SentMemory:
     def published(self, name: str, slot_ms: int) -> bool:
         """True when this process published exactly this slot (as far as it remembers)."""
         return slot_ms in self._recent.get(name, ())
+
+    def note_backfill(self, name: str, slot_ms: int) -> None:
+        """``slot_ms`` of ``name`` was published by this process for a backfill."""
+        done = self._backfilled.get(name)
+        if done is None:
+            done = self._backfilled[name] = deque(maxlen=BACKFILLS)
+        done.append(slot_ms)
+
+    def backfilled(self, name: str, slot_ms: int) -> bool:
+        """True when this process backfilled exactly this slot (as far as it remembers):
+        Redis going back to older state can bring a backfill request back."""
+        return slot_ms in self._backfilled.get(name, ())
 
     def covers(self, name: str, slot_ms: int) -> bool:
         """True when ``slot_ms`` is not newer than a slot this process published.
@@ -82,6 +99,8 @@ class SentMemory:
             self._recent.pop(name, None)
         for name in [n for n in self._known if n not in keep]:
             del self._known[name]
+        for name in [n for n in self._backfilled if n not in keep]:
+            del self._backfilled[name]
 
     def __len__(self) -> int:
         return max(len(self._newest), len(self._known))

@@ -1,4 +1,4 @@
-"""What both roles of one beat process share: Redis, the lease, the ledger, the schedule."""
+"""What both roles of one beat process share: the store, the lease, the ledger, the schedule."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 
 from ..config import Config
 from ..entries import EntryOptions
-from ..store.base import LeaseStore, SlotStore
+from ..store.base import LeaseStore, SlotStore, Store
 from ..store.keys import Keys
 from ..store.ledger import Event, SlotState
 from ..timing.slots import SlotClock, clock_for
@@ -30,8 +30,8 @@ class Node:
 
     config: Config
     keys: Keys
-    client: Any
-    lease: LeaseStore  # the store's seam (store/base.py): Redis today
+    store: Store  # the store's seam (store/base.py): Redis today
+    lease: LeaseStore  # store.lease, store.ledger: what the roles use most
     ledger: SlotStore
     send: SendSlot
     schedule: Callable[[], Mapping[str, Any]]  # entry name -> Celery ScheduleEntry
@@ -49,12 +49,17 @@ class Node:
     sent: SentMemory = field(default_factory=SentMemory)
     #: history events whose record call failed: they ride on the next call
     backlog: list[Event] = field(default_factory=list)
-    _fingerprints: dict[str, tuple[Any, Any, Any, str]] = field(default_factory=dict)
+    _fingerprints: dict[str, tuple[tuple[Any, ...], Any, Any, str]] = field(default_factory=dict)
     #: dynamic entry -> the slot state its slots count from (see :mod:`dynamic_schedule`)
     anchors: Callable[[], Mapping[str, SlotState]] = dict
     exact: Callable[[], Collection[str]] = tuple  # dynamic entries anchored before any state
     #: a chunk sender (``batch.ChunkSend``) under an epoch; None: ``send``, one slot at a time
     sender: Callable[[int], Any] | None = None
+
+    @property
+    def client(self) -> Any:
+        """The store's Redis client: for claim-and-enqueue in one step only (store/base.py)."""
+        return self.store.client
 
     def chunk_send(self, epoch: int) -> Any:
         """What a batch sends its chunks through, under ``epoch`` (0: a standby's rescue)."""
@@ -86,12 +91,17 @@ class Node:
                     trust_memory=trust_memory, rolled_back=rolled_back)
 
     def fingerprint_of(self, name: str, entry: Any, tz: tzinfo, jitter: float | None) -> str:
-        """The fingerprint of an entry's definition, computed once per entry object."""
+        """The fingerprint of an entry's definition, computed once per definition: Celery's
+        ``merge_inplace`` updates an entry object in place (its schedule, task, arguments
+        replaced), so the object alone does not name the definition."""
+        parts = (entry, getattr(entry, "schedule", None), getattr(entry, "task", None),
+                 getattr(entry, "args", None), getattr(entry, "kwargs", None))
         cached = self._fingerprints.get(name)
-        if cached is not None and cached[0] is entry and cached[1] == tz and cached[2] == jitter:
+        if cached is not None and all(a is b for a, b in zip(cached[0], parts)) \
+                and cached[1] == tz and cached[2] == jitter:
             return cached[3]
         fp = fingerprint(entry, tz, jitter)
-        self._fingerprints[name] = (entry, tz, jitter, fp)
+        self._fingerprints[name] = (parts, tz, jitter, fp)
         return fp
 
     def _forget_unscheduled(self, schedule: Mapping[str, Any]) -> None:

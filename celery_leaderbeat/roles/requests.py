@@ -1,14 +1,20 @@
 """Requests from the CLI to whichever node leads: trigger an entry, backfill slots.
 
-The CLI pushes a JSON request onto the list ``{prefix}:requests`` and publishes
-``request`` on the events channel; the leader, which waits on that channel
-between batches, pops every pending request at once (LPOP is atomic: one
-leader takes each) and carries it out. A leader that dies between popping and
-sending loses that request (at most once); the history says what was done.
+The CLI pushes a JSON request onto the store's request queue, which publishes
+``request`` on the events; the leader, which listens to them between batches,
+pops every pending request at once (each is taken by one leader) and carries it
+out. A leader that dies between popping and sending loses that request (at most
+once); the history says what was done. A backfill whose grant call fails goes
+back to the queue, with the requests after it.
+Redis going back to older state (a restore from an older snapshot) can bring
+back a request already carried out: one queued before the leader saw the loss
+is dropped and recorded (at most once).
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import logging
 import uuid
@@ -17,14 +23,16 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from ..store.ledger import Event, Ledger
+from ..store.base import RequestQueue, SlotStore
+from ..store.events import REQUEST
+from ..store.ledger import Event
 from ..timing.slots import from_ms, to_ms
 from .memory import SentMemory
 
 logger = logging.getLogger(__name__)
 
-#: the message on the events channel that wakes the leader for a request
-WAKE = "request"
+#: the message on the events that wakes the leader for a request
+WAKE = REQUEST
 
 #: namespace of a triggered run's task id (fixed forever, like slot ids)
 _TRIGGER_NAMESPACE = uuid.UUID("8f3a1c62-7d4e-5b90-a1c3-747269676572")
@@ -39,22 +47,26 @@ class Request:
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     note: str = ""
     slots_ms: tuple[int, ...] = ()
+    #: the store's time (ms) when it was queued (None: queued by an older version)
+    queued_ms: int | None = None
 
     def dumps(self) -> str:
         return json.dumps({"op": self.op, "entry": self.entry, "id": self.id,
-                           "note": self.note, "slots_ms": list(self.slots_ms)})
+                           "note": self.note, "slots_ms": list(self.slots_ms),
+                           "queued_ms": self.queued_ms})
 
     @classmethod
     def loads(cls, raw: Any) -> Request:
         data = json.loads(raw)
+        queued = data.get("queued_ms")
         return cls(op=data["op"], entry=data["entry"], id=data.get("id", ""),
-                   note=data.get("note", ""), slots_ms=tuple(data.get("slots_ms") or ()))
+                   note=data.get("note", ""), slots_ms=tuple(data.get("slots_ms") or ()),
+                   queued_ms=int(queued) if queued is not None else None)
 
 
-def submit(client: Any, keys: Any, request: Request) -> None:
-    """CLI side: queue ``request`` and wake the leader."""
-    client.rpush(keys.requests, request.dumps())
-    client.publish(keys.events, WAKE)
+def submit(queue: RequestQueue, request: Request) -> None:
+    """CLI side: queue ``request``, stamped with the store's time, and wake the leader."""
+    queue.push(dataclasses.replace(request, queued_ms=queue.now_ms()).dumps())
 
 
 def trigger_task_id(prefix: str, entry: str, request_id: str) -> str:
@@ -66,25 +78,37 @@ def trigger_task_id(prefix: str, entry: str, request_id: str) -> str:
 Publish = Callable[[str, datetime, str | None], bool]
 
 
-def carry_out(ledger: Ledger, keys: Any, epoch: int, prefix: str, publish: Publish,
+def carry_out(ledger: SlotStore, queue: RequestQueue, epoch: int, prefix: str, publish: Publish,
               now: datetime, known: Callable[[str], bool],
               stored: Callable[[str], int | None] = lambda name: None,
-              memory: SentMemory | None = None) -> int:
+              memory: SentMemory | None = None, token: str = "") -> int:
     """Leader side: pop and carry out every pending request. Returns how many.
 
     ``stored`` gives an entry's last slot as the leader tracks it: a backfill
     never sends a slot at or after it (those are the schedule's to send, when
-    due), nor one ``memory`` says this process published.
+    due), nor one ``memory`` says this process published, nor one the claim script
+    refuses (granted under ``token``, this leader's lease).
     """
-    raw = ledger.client.lpop(keys.requests, 1000) or []
+    raw = queue.pop(1000)
     events: list[Event] = []
-    for item in raw:
+    lost_at = ledger.lost_at() if raw else None
+    for at, item in enumerate(raw):
         try:
             request = Request.loads(item)
         except (ValueError, KeyError, TypeError):
             logger.warning("leaderbeat: dropped an unreadable request %r", item)
             continue
-        if not known(request.entry):
+        if lost_at is not None and request.queued_ms is not None \
+                and request.queued_ms <= lost_at:
+            # Redis went back to older state, which may bring back a request already
+            # carried out: at most once, each is dropped and said so
+            logger.warning("leaderbeat: %s request %s for %r was queued before Redis lost "
+                           "writes; not carried out (it may have been already)", request.op,
+                           request.id, request.entry)
+            events.append(Event(request.entry, to_ms(now), "skipped",
+                                f"{request.op} {request.id}: queued before Redis lost writes "
+                                "(it may have been carried out then)"))
+        elif not known(request.entry):
             logger.warning("leaderbeat: %s request for %r: no such entry", request.op,
                            request.entry)
             events.append(Event(request.entry, to_ms(now), "error",
@@ -99,33 +123,73 @@ def carry_out(ledger: Ledger, keys: Any, epoch: int, prefix: str, publish: Publi
             else:
                 events.append(Event(request.entry, to_ms(now), "unsent", "trigger: publish failed"))
         elif request.op == "backfill":
-            events += _backfill(ledger, keys, request, publish, stored(request.entry),
-                                memory or SentMemory())
+            try:
+                asked = _ask_backfill(ledger, token, epoch, request, stored(request.entry),
+                                      memory or SentMemory())
+            except Exception:
+                # nothing of it was published: it and the requests after it go back, first
+                # in line (a grant whose reply was lost is granted again to the same request)
+                _queue_again(queue, raw[at:])
+                if events:
+                    with contextlib.suppress(Exception):
+                        ledger.record(epoch, events)
+                raise
+            events += _backfill(request, asked, publish, memory or SentMemory())
     if events:
         ledger.record(epoch, events)
     return len(raw)
 
 
-def _backfill(ledger: Ledger, keys: Any, request: Request, publish: Publish,
-              last_ms: int | None, memory: SentMemory) -> list[Event]:
-    """Send each requested slot once ever: ``{prefix}:backfilled`` holds what was sent.
+def _queue_again(queue: RequestQueue, raw: list[str]) -> None:
+    try:
+        queue.requeue(raw)
+    except Exception:  # noqa: BLE001 - the store failing: they are lost (at most once)
+        logger.warning("leaderbeat: %d request(s) lost: Redis failed while carrying them out",
+                       len(raw))
 
+
+def _ask_backfill(ledger: SlotStore, token: str, epoch: int, request: Request,
+                  last_ms: int | None, memory: SentMemory
+                  ) -> list[tuple[int, str | None, str]]:
+    """Which of the requested slots to send, each once ever, and only one nobody sent.
+
+    Per slot: (slot, None to send it or the history event's name, its detail).
     Only slots the schedule has settled (before the entry's last slot) qualify: a
     later one is the schedule's own, sent when due, and backfilling it would send
-    it twice.
+    it twice. What the command saw when it queued the request may be stale by now
+    (a standby rescued a slot meanwhile, or Redis went back to older state and
+    brought the request back): the claim script decides each slot atomically from
+    what Redis holds now, and ``memory`` refuses what this process sent itself.
     """
+    out: list[tuple[int, str | None, str]] = []
+    ask = []
+    for slot_ms in sorted(set(request.slots_ms)):
+        if last_ms is None or slot_ms >= last_ms:
+            out.append((slot_ms, "skipped",
+                        "backfill: not settled by the schedule yet (sent when due)"))
+        elif memory.published(request.entry, slot_ms):
+            out.append((slot_ms, "skipped", "backfill: sent on time"))
+        elif memory.backfilled(request.entry, slot_ms):
+            out.append((slot_ms, "skipped", "backfill: sent before (by this node)"))
+        else:
+            ask.append(slot_ms)
+    refusals = ledger.backfill(token, epoch, request.entry, ask, request.id) if ask else []
+    out += [(slot_ms, None if refusal is None else "skipped", refusal or "")
+            for slot_ms, refusal in zip(ask, refusals)]
+    return sorted(out)
+
+
+def _backfill(request: Request, asked: list[tuple[int, str | None, str]],
+                   publish: Publish, memory: SentMemory) -> list[Event]:
+    """Publish the slots :func:`_ask_backfill` granted; the history events of every slot."""
     events = []
     sent = 0
-    for slot_ms in sorted(request.slots_ms):
-        if last_ms is None or slot_ms >= last_ms:
-            events.append(Event(request.entry, slot_ms, "skipped",
-                                "backfill: not settled by the schedule yet (sent when due)"))
-        elif memory.published(request.entry, slot_ms):
-            events.append(Event(request.entry, slot_ms, "skipped", "backfill: sent on time"))
-        elif not ledger.client.hsetnx(keys.backfilled, f"{request.entry}|{slot_ms}", request.id):
-            events.append(Event(request.entry, slot_ms, "skipped", "backfill: sent before"))
+    for slot_ms, refused, detail in asked:
+        if refused is not None:
+            events.append(Event(request.entry, slot_ms, refused, detail))
         elif publish(request.entry, from_ms(slot_ms), None):
             sent += 1
+            memory.note_backfill(request.entry, slot_ms)
             events.append(Event(request.entry, slot_ms, "sent", f"backfill {request.id}"))
         else:
             events.append(Event(request.entry, slot_ms, "unsent", "backfill: publish failed"))

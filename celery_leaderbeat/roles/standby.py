@@ -23,10 +23,9 @@ import time
 from datetime import timedelta
 from typing import Any
 
-import redis
-
 from ..errors import LeaseLostError
-from ..store.connection import server_warnings
+from ..store.base import STORE_ERRORS
+from ..store.events import ENTRIES, RELEASED
 from ..store.ledger import ClaimItem, Event, Op
 from ..timing.slots import Plan, from_ms, to_ms
 from .agenda import Agenda, Tracked
@@ -92,7 +91,7 @@ class Standby:
         """Try to lead, rescue what is overdue, wait; True once this node leads."""
         node, config = self.node, self.node.config
         if not self._server_checked:
-            for warning in server_warnings(node.client):
+            for warning in node.store.warnings():
                 logger.warning("leaderbeat: %s", warning)
             self._server_checked = True
         if not self._clock_ok():
@@ -160,7 +159,7 @@ class Standby:
                 outcome = run_batch(unclaimed, gate,
                                     lambda name, slot: self.node.send(name, slot, 0, None),
                                     memory=self.node.sent, backlog=self.node.backlog)
-            except (redis.RedisError, OSError):
+            except STORE_ERRORS:
                 # a claim whose reply was lost may have been granted: asked again first
                 # thing once Redis answers (granted again to this node, then sent)
                 if gate.inflight is not None:
@@ -298,17 +297,15 @@ class Standby:
     def _wait(self, timeout: float) -> None:
         """Sleep up to ``timeout``, waking at once when the leader publishes 'released'."""
         if self._pubsub is None:
-            self._pubsub = self.node.client.pubsub(ignore_subscribe_messages=True)
-            self._pubsub.subscribe(self.node.keys.events)
+            self._pubsub = self.node.store.events.subscribe()
         deadline = time.monotonic() + timeout
         while (left := deadline - time.monotonic()) > 0:
-            message = self._pubsub.get_message(timeout=left)
-            data = message.get("data") if message else None
-            if data in (b"released", "released"):
+            data = self._pubsub.next(left)
+            if data == RELEASED:
                 self._next_attempt = 0.0
                 self._head_start_until = 0.0  # whoever went first has let go: try now
                 return
-            if data in (b"entries", "entries"):
+            if data == ENTRIES:
                 return  # an entry changed: the next tick takes it in
 
     def close(self) -> None:

@@ -23,6 +23,14 @@ from redis.retry import Retry
 
 from ..errors import ConfigurationError
 
+#: what a failed Redis call raises: no answer (the server, the network), or an error reply
+ERRORS: tuple[type[Exception], ...] = (redis.RedisError, OSError)
+#: of those, the ones that mean Redis could not be reached at all
+UNREACHABLE: tuple[type[Exception], ...] = (redis.ConnectionError, redis.TimeoutError, OSError)
+#: of those, Redis refusing the credentials or a command (retrying cannot help)
+REFUSED: tuple[type[Exception], ...] = (redis.AuthenticationError,
+                                        redis.exceptions.NoPermissionError)
+
 
 def client_defaults(timeout: float) -> dict[str, Any]:
     """Client options every connection gets unless the user overrides them."""

@@ -34,9 +34,9 @@ from ..entries import split_entries
 from ..errors import ConfigurationError
 from ..timing.schedules import cron
 from ..timing.slots import clock_for, from_ms, to_ms
-from .connection import make_client
-from .entry_store import EntryStore, Stored
-from .keys import Keys
+from .base import EntryDefinitions
+from .entry_store import Stored
+from .redis_store import connect
 
 
 class once(BaseSchedule):
@@ -270,15 +270,14 @@ def _plain_options(options: dict[str, Any]) -> dict[str, Any]:
     return {k: out[k] for k in sorted(out)}
 
 
-_stores: weakref.WeakKeyDictionary[Any, tuple[int, EntryStore]] = weakref.WeakKeyDictionary()
+_stores: weakref.WeakKeyDictionary[Any, tuple[int, EntryDefinitions]] = \
+    weakref.WeakKeyDictionary()
 
 
-def _store(app: Any) -> EntryStore:
-    """One client per app and process (a forked child makes its own)."""
+def _store(app: Any) -> EntryDefinitions:
+    """One store per app and process (a forked child opens its own)."""
     made = _stores.get(app)
     if made is None or made[0] != os.getpid():
-        config = Config.from_app(app)
-        client = make_client(config.redis_url, config.redis_options, config.socket_timeout)
-        made = (os.getpid(), EntryStore(client, Keys(config.key_prefix)))
+        made = (os.getpid(), connect(Config.from_app(app)).entries)
         _stores[app] = made
     return made[1]

@@ -18,14 +18,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from redis.exceptions import RedisError
-
 from ..errors import ScriptError
+from .connection import ERRORS
+from .events import ENTRIES
 from .keys import Keys
 from .scripts import source, text
 
 #: the message on the events channel after every change
-NOTICE = "entries"
+NOTICE = ENTRIES
 
 #: removed names remembered for nodes that are behind; older ones force a full read
 REMOVED_CAP = 10_000
@@ -81,7 +81,8 @@ class EntryUnknown(LookupError):
 
 
 class EntryStore:
-    """The dynamic entries of one key prefix."""
+    """The dynamic entries of one key prefix (the Redis
+    :class:`~celery_leaderbeat.store.base.EntryDefinitions`)."""
 
     def __init__(self, client: Any, keys: Keys) -> None:
         self.client = client
@@ -131,7 +132,7 @@ class EntryStore:
         """
         try:
             self.client.publish(self.keys.events, NOTICE)
-        except (RedisError, OSError):
+        except ERRORS:
             pass
 
     def get(self, name: str) -> Stored | None:

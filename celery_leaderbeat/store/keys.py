@@ -85,7 +85,7 @@ class Keys:
 
     @property
     def events(self) -> str:
-        """Pub/sub channel: ``released`` and ``step-down`` messages."""
+        """Pub/sub channel: ``released``, ``entries``, ``request`` (see :mod:`.events`)."""
         return self._key("events")
 
     @property

@@ -135,8 +135,10 @@ class Lease:
                     logger.warning("leaderbeat: the lease %s vanished while still valid: Redis "
                                    "lost its data (restarted empty, or an older snapshot)", token)
                 self.mark_lost()
-            holder = text(reply[1]) if len(reply) > 1 and reply[1] else "nobody"
-            raise LeaseLostError(f"lease {token} lost; held by {holder}")
+            holder = text(reply[1]) if len(reply) > 1 and reply[1] else None
+            lost = LeaseLostError(f"lease {token} lost; held by {holder or 'nobody'}")
+            lost.holder, lost.answered = holder, True
+            raise lost
         if not current:
             return
         self.confirm(started)

@@ -35,6 +35,19 @@ class Op:
     RESTORE = "restore"  # this node sent the slot and Redis lost that: state 's'
     ROLLED_BACK = "skip"  # Redis went back to older state: start again past it, state 'k'
     RECOVER = "recover"  # re-send an earlier claimant's unconfirmed slot: state 'c'
+    BACKFILL = "backfill"  # send a slot the schedule passed unsent: the stored slot stays
+    DEFINE = "define"  # the leader's fingerprint of an entry, and the mark of its epoch
+
+
+#: why ``claim.lua`` refused a backfill of a slot (its answer -> the history's detail)
+BACKFILL_REFUSALS = {
+    "later": "backfill: not settled by the schedule yet (sent when due)",
+    "sent": "backfill: sent before (the history says so)",
+    "backfilled": "backfill: sent before (backfilled)",
+    "unconfirmed": "backfill: claimed and not confirmed (the next leader reports it)",
+    "lost": "backfill: due before Redis lost writes (what was sent then cannot be told)",
+    "horizon": "backfill: the history no longer reaches back to it",
+}
 
 
 #: what a claim of a paused entry's slot answers: skipped past, not granted
@@ -48,6 +61,11 @@ EARLY = "early"
 UNKNOWN = "unknown"
 #: the fingerprint stored for an entry the leader no longer schedules (removed, disabled)
 REMOVED = "-"
+#: the field of the definitions hash that holds the epoch of the leader that wrote them
+DEFINED_BY = "|epoch"
+#: the field of the backfilled hash that holds Redis TIME (ms) of the last re-anchoring
+#: after Redis lost writes (see claim.lua)
+LOST_AT = "|lost_at"
 
 #: claim items and history events per script call at most (bounds one call's run time)
 _MAX_PER_CALL = 2000
@@ -147,12 +165,45 @@ class Ledger:
                 holder = text(reply[1]) if len(reply) > 1 and reply[1] else None
                 lost = LeaseLostError(f"claim refused: lease {token} lost; held by "
                                       f"{holder or 'nobody'}")
-                lost.holder = holder
+                lost.holder, lost.answered = holder, True
                 raise lost
             results += [_lead_result(r) for r in reply[4:]]
             if self.config.min_replicas and batch_items:
                 self._wait_for_replicas(results)
         return results
+
+    def backfill(self, token: str, epoch: int, name: str, slots: Sequence[int],
+                 request_id: str) -> list[str | None]:
+        """Leader: grant a backfill of each of ``name``'s ``slots`` (ms), in one call.
+
+        Returns ``None`` per granted slot (recorded backfilled by ``request_id``: it is
+        never granted again), else the history detail that says why not: decided in
+        Redis, at this moment, from the stored slot, the history and the backfill
+        records, whatever the CLI saw when it queued the request. Raises
+        LeaseLostError when ``token`` no longer leads.
+        """
+        items = [ClaimItem(name, slot_ms, Op.BACKFILL, slot_ms, fingerprint=request_id)
+                 for slot_ms in slots]
+        results: list[str | None] = []
+        for _, batch_items in _calls((), items):
+            reply = self._call("lead", token, int(self.config.lease_ttl * 1000), epoch,
+                               (), batch_items)
+            self._check_generation(reply)
+            if status(reply, "claim") == 0:
+                holder = text(reply[1]) if len(reply) > 1 and reply[1] else None
+                lost = LeaseLostError(f"backfill refused: lease {token} lost; held by "
+                                      f"{holder or 'nobody'}")
+                lost.holder, lost.answered = holder, True
+                raise lost
+            results += [None if r == 1 else BACKFILL_REFUSALS.get(text(r), f"backfill: {text(r)}")
+                        for r in reply[4:]]
+        return results
+
+    def lost_at(self) -> int | None:
+        """Redis TIME (ms) when a leader last re-anchored after Redis lost writes (claim.lua's
+        'reset'): a request queued before it may be one a restore brought back."""
+        mark = self.client.hget(self.keys.backfilled, LOST_AT)
+        return int(mark) if mark is not None else None
 
     def rescue(self, items: Sequence[ClaimItem], events: Sequence[Event] = ()) -> Claimed:
         """Standby: claim slots nobody claimed ``rescue_after`` past their fire time.
@@ -229,7 +280,7 @@ class Ledger:
                      "" if item.prev_ms is None else item.prev_ms, item.fingerprint]
         keys = [self.keys.leader, self.keys.slots, self.keys.history, self.keys.overtaken,
                 self.keys.paused, self.keys.definitions, self.keys.progress,
-                self.keys.generation]
+                self.keys.generation, self.keys.backfilled, self.keys.epoch]
         if any(item.enqueue for item in items):
             args += _enqueue_section(items, keys)
         return self.scripts.claim(keys=keys, args=args)
@@ -276,7 +327,7 @@ class Ledger:
             slots = {n: v for n, v in zip(names, raw_slots) if v is not None}
             definitions = {n: v for n, v in zip(names, raw_defs) if v is not None}
         return ({text(k): SlotState.parse(v) for k, v in slots.items()},
-                {text(k): text(v) for k, v in definitions.items()})
+                {text(k): text(v) for k, v in definitions.items() if text(k) != DEFINED_BY})
 
     def prune(self, scheduled: Iterable[str], *, keep_ms: int, node_keep_s: float) -> list[int]:
         """Drop the state of entries nobody schedules any more, old backfill records and

@@ -6,11 +6,14 @@ redis-py's ``Script`` objects reload themselves when Redis answers NOSCRIPT
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from typing import Any
 
+from ..config import Config
 from ..errors import ScriptError
+from .keys import Keys
 
 NAMES = ("acquire", "renew", "release", "claim", "guard", "prune")
 
@@ -34,6 +37,16 @@ class Scripts:
     claim: Any
     guard: Any
     prune: Any
+
+
+@dataclass
+class RedisPart:
+    """A part of the Redis store: its client, the scripts on it, the keys and the settings."""
+
+    client: Any
+    scripts: Scripts
+    keys: Keys
+    config: Config
 
 
 def status(reply: Any, script: str) -> int:

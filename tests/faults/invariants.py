@@ -20,11 +20,14 @@ from typing import Any
 
 import redis
 
+from celery_leaderbeat.roles.leader import MARGIN_REASON
 from celery_leaderbeat.store.keys import Keys
 from celery_leaderbeat.timing.slots import slot_id
 
 #: history events that say why a slot was not published
 REASONS = {"missed", "unsent", "window", "disabled", "error"}
+#: how the reason of a slot skipped by the margin of an entry anchored afresh begins
+MARGIN_REASON_START = MARGIN_REASON.split(":")[0]
 
 
 @dataclass(frozen=True)
@@ -86,9 +89,17 @@ def unaccounted(published: Sequence[Published], events: Iterable[Mapping[str, An
     slots not listed" accounts for the gap that ends at its slot. An entry starts
     at its first slot published by the schedule or recorded with a reason (a
     backfill may publish slots from before the entry's first one).
+
+    An entry anchored afresh with no known state (Redis lost its data and no node
+    remembers) takes a new phase: its slots from the anchoring node's start up to the
+    anchor are recorded ``missed`` with the margin's reason. The old phase's last slot
+    lies less than an interval before that start, the new phase's first less than one
+    after it: the gap that ends at the first such record may be up to two intervals
+    (an old-phase slot in it came due under the new phase as the slot recorded).
     """
     accounted: dict[str, set[int]] = defaultdict(set)
     summarised: dict[str, set[int]] = defaultdict(set)
+    rephased: dict[str, set[int]] = defaultdict(set)  # margin records: a new phase
     starts: dict[str, int] = {}
     for p in published:
         if not p.triggered(prefix):
@@ -105,6 +116,8 @@ def unaccounted(published: Sequence[Published], events: Iterable[Mapping[str, An
             starts[name] = min(starts.get(name, int(slot)), int(slot))
         if kind == "missed" and "older slots not listed" in detail:
             summarised[name].add(int(slot))
+        if kind == "missed" and detail.startswith(MARGIN_REASON_START):
+            rephased[name].add(int(slot))
     problems = []
     for name, interval in sorted(intervals.items()):
         step = int(interval * 1000)
@@ -114,7 +127,8 @@ def unaccounted(published: Sequence[Published], events: Iterable[Mapping[str, An
         if not slots:
             continue
         gaps = [(a, b) for a, b in itertools.pairwise(slots)
-                if b - a > step + 1 and b not in summarised[name]]
+                if b - a > step + 1 and b not in summarised[name]
+                and not (b in rephased[name] and b - a < 2 * step)]
         if horizon_ms - slots[-1] > step + 1:
             gaps.append((slots[-1], horizon_ms))
         if gaps:

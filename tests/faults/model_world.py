@@ -187,7 +187,7 @@ class World:
     def close(self) -> None:
         try:
             for cluster in self.clis:
-                cluster.client.close()
+                cluster.store.close()
             self.sim.close()
         finally:
             self.patch.undo()

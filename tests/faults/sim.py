@@ -42,9 +42,12 @@ from celery import Celery
 import celery_leaderbeat.integrations.guard as guard_module
 import celery_leaderbeat.scheduler as scheduler_module
 import celery_leaderbeat.store.lease as lease_module
+from celery_leaderbeat.config import Config
 from celery_leaderbeat.roles.standby import Standby
 from celery_leaderbeat.scheduler import LEADER, Scheduler
+from celery_leaderbeat.store.events import RELEASED
 from celery_leaderbeat.store.keys import Keys
+from celery_leaderbeat.store.redis_store import RedisStore, redis_store
 from celery_leaderbeat.timing.slots import slot_id, to_ms
 
 from .clock import SKEW_TOLERANCE, FakeClock, RedisExpiry, RedisTimeValue, install_clock
@@ -124,10 +127,9 @@ def _sent_by() -> str:
 def _wait_without_sleeping(self: Standby, timeout: float) -> None:
     """``Standby._wait`` for a driven clock: read what was published, never sleep."""
     if self._pubsub is None:
-        self._pubsub = self.node.client.pubsub(ignore_subscribe_messages=True)
-        self._pubsub.subscribe(self.node.keys.events)
-    while (message := self._pubsub.get_message(timeout=0.0)) is not None:
-        if message.get("data") in (b"released", "released"):
+        self._pubsub = self.node.store.events.subscribe()
+    while (message := self._pubsub.next(0.0)) is not None:
+        if message == RELEASED:
             self._next_attempt = 0.0
             return
 
@@ -190,9 +192,9 @@ class Sim:
 
     def install(self, monkeypatch: Any) -> Sim:
         install_clock(monkeypatch, self.clock)
-        monkeypatch.setattr(scheduler_module, "make_client", self._make_client)
+        monkeypatch.setattr(scheduler_module, "connect", self._connect)
         # a worker guard built in this process gets a seamed client too (node id "guard")
-        monkeypatch.setattr(guard_module, "make_client", self._guard_client)
+        monkeypatch.setattr(guard_module, "connect", self._connect_guard)
         # the broker: every module that publishes a slot does it through ``publish``
         for name in ("celery_leaderbeat.integrations.sending", "celery_leaderbeat.roles.publish",
                      "celery_leaderbeat.roles.enqueue"):
@@ -203,14 +205,17 @@ class Sim:
         monkeypatch.setattr(Standby, "_wait", _wait_without_sleeping)
         return self
 
-    def _make_client(self, url: str, options: Any, timeout: float) -> FaultyRedis:
+    def _connect(self, config: Config) -> RedisStore:
         assert self._building is not None, "a client made outside Sim.start"
-        return faulty_client(self.seam, self._building, url, options, timeout)
+        client = faulty_client(self.seam, self._building, config.redis_url,
+                               config.redis_options, config.socket_timeout)
+        return redis_store(client, Keys(config.key_prefix), config)
 
-    def _guard_client(self, url: str, options: Any, timeout: float) -> FaultyRedis:
-        client = faulty_client(self.seam, "guard", url, options, timeout)
+    def _connect_guard(self, config: Config) -> RedisStore:
+        client = faulty_client(self.seam, "guard", config.redis_url, config.redis_options,
+                               config.socket_timeout)
         self.clients["guard"] = client
-        return client
+        return redis_store(client, Keys(config.key_prefix), config)
 
     def _publish(self, scheduler: Any, entry: Any, slot: datetime, epoch: int | None,
                  overlap: str = "allow", task_id: str | None = None, **_: Any) -> Any:

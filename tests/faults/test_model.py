@@ -18,9 +18,10 @@ published or recorded with a reason) is checked over everything published and
 every history event ever seen (the history is read after every step, so a Redis
 restart does not hide what was recorded before it).
 
-CI runs :data:`EXAMPLES` examples (``LEADERBEAT_MODEL_EXAMPLES`` for more); a
-failure prints its shortest rule sequence, which becomes a plain test in
-``test_regressions.py``.
+CI runs :data:`EXAMPLES` examples (``LEADERBEAT_MODEL_EXAMPLES`` for more: at 300
+it finds the limit pinned last in ``test_regressions.py``); a failure prints its
+rule sequence (shrunk with ``LEADERBEAT_MODEL_SHRINK=1``), which becomes a plain
+test in ``test_regressions.py``.
 """
 
 from __future__ import annotations
@@ -181,35 +182,12 @@ def model_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServe
         yield server
 
 
-class WithoutKnownLimits(LeaderbeatModel):
-    """The model without the three rules whose interleavings reach the limits pinned in
-    test_regressions.py (Redis restarted empty, restored from an older snapshot, and a
-    backfill): every other sequence must keep every invariant."""
-
-    def redis_restarts_empty(self) -> None:  # not a rule here
-        raise AssertionError("not a rule of this model")
-
-    def redis_restarts_from_the_snapshot(self) -> None:  # not a rule here
-        raise AssertionError("not a rule of this model")
-
-    def backfill(self, entry: str, back: float, ahead: float) -> None:  # not a rule here
-        raise AssertionError("not a rule of this model")
-
-
 @pytest.mark.xdist_group("heavy")  # CPU-heavy: never beside another heavy test
 def test_the_protocol_keeps_its_invariants_under_any_sequence_of_faults(
         model_redis, caplog):
-    """Crashes, pauses, failing calls (every kind), schedule changes, step-downs and
-    triggers, in any order: no slot twice, every due slot sent or recorded."""
-    _run(WithoutKnownLimits, model_redis, caplog)
-
-
-@pytest.mark.xdist_group("heavy")
-@pytest.mark.skipif(os.environ.get("LEADERBEAT_MODEL_FULL") != "1",
-                    reason="LEADERBEAT_MODEL_FULL=1: the whole model, Redis restarts, "
-                    "restores from an older snapshot and backfills included; it reaches "
-                    "the limits pinned in test_regressions.py (README: Known limits)")
-def test_the_whole_model_with_redis_restarts_restores_and_backfills(model_redis, caplog):
+    """Crashes, pauses, failing calls (every kind), Redis restarted empty or from an older
+    snapshot, schedule changes, step-downs, triggers and backfills, in any order: no slot
+    twice, every due slot sent or recorded."""
     _run(LeaderbeatModel, model_redis, caplog)
 
 

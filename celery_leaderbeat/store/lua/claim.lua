@@ -3,11 +3,18 @@
 -- KEYS[4] overtaken hash: "<entry>|<slot_ms>" -> the value a newer claim replaced while it
 --         was still claimed and unconfirmed ('c' or 'u') by another claimant
 -- KEYS[5] paused hash: entry -> note (``celery leaderbeat pause``)
--- KEYS[6] definitions hash: entry -> fingerprint of the definition the leader plans
+-- KEYS[6] definitions hash: entry -> fingerprint of the definition the leader plans; and
+--         the field "|epoch": the epoch of the leader that last wrote its whole definition
+--         (at its election, 'define')
 -- KEYS[7] progress: Redis TIME (ms) of the leader's latest call with a 'claim' in it
 -- KEYS[8] generation: a counter every call that writes raises; a node remembers the highest
 --         it has seen, so Redis going back to older state (a restore from an older
 --         snapshot, a lagging replica promoted) is seen before anything is granted
+-- KEYS[9] backfilled hash: "<entry>|<slot_ms>" -> the backfill request that sent it; and
+--         the field "|floor": Redis TIME (ms) plus the ahead allowance when a leader last
+--         re-anchored after a loss of writes ('reset'): what was sent before it cannot be
+--         told; and "|lost_at": that Redis TIME (a request queued before it may be a replay)
+-- KEYS[10] epoch counter (read only: the newest leader's epoch, see acquire.lua)
 -- ARGV[1] mode: 'lead', 'rescue' or 'record'
 -- ARGV[2] lead: this leader's token (node_id|epoch); rescue/record: ''
 -- ARGV[3] lead: lease ttl (ms); rescue: rescue_after (ms); record: ''
@@ -23,7 +30,8 @@
 -- ARGV[10] the highest generation the caller has seen ('' none); a lower counter here
 --          answers {2, counter} and writes nothing: Redis lost writes the caller saw.
 --          'reset' (a leader re-anchoring every entry after such a loss): the counter is
---          lifted above ARGV[11] and the call goes on
+--          lifted above ARGV[11] and the call goes on; from a caller no longer the lease
+--          holder the counter is left as it is (the call then answers {0, ...})
 -- ARGV[11] with 'reset': the generation to lift the counter above; else ''
 -- ARGV[12 .. 11+4n] events, groups of four: entry, slot (ms), event, detail
 --   'sent'    the broker accepted the slot: state -> 's' while the stored slot is this one
@@ -31,7 +39,8 @@
 --   'unsent'  claimed, not sent: state 'c' -> 'u', so the next leader reports it once
 --   others ('missed', 'skipped', 'error', ...) go to the history only
 -- ARGV[10+4n ..]    claims, groups of six: entry, slot (ms), op, fire time (ms),
---                   previous slot (ms, or ''), definition fingerprint (or '')
+--                   previous slot (ms, or ''), definition fingerprint (or ''; a
+--                   backfill: its request id)
 --   op 'claim'    claim the slot to send it        (state 'c', claimed)
 --   op 'skip'     advance past a slot not sent     (state 'k', skipped by policy)
 --   op 'anchor'   the entry's first slot, only if it has no state yet (state 'a')
@@ -42,12 +51,24 @@
 --   op 'recover'  re-send an unconfirmed slot an earlier claimant left: granted only while
 --                 the stored slot is this one and still 'c' or 'u' (or it is in KEYS[4]);
 --                 the claim becomes this leader's ('c')
--- Claim and enqueue in one step (optional: only when KEYS has more than eight keys):
--- KEYS[9 ..]        the broker's keys (queue lists) the commands below write
+--   op 'backfill' (lead only) send a slot the schedule passed without sending it (the CLI's
+--                 backfill): granted only when, at this moment, the slot is older than the
+--                 stored slot (the schedule settled it), no 'sent' event of it is in the
+--                 history, which reaches back to it, it is not claimed and unconfirmed
+--                 (KEYS[4]: the next leader reports and may recover it), not backfilled
+--                 before (KEYS[9]) and not older than the floor (KEYS[9] "|floor"). A grant
+--                 writes KEYS[9]; the stored slot is left as it is. The same request asking
+--                 again (its reply was lost, it was queued again) is granted again. A
+--                 refusal answers its reason: 'later', 'sent', 'backfilled', 'unconfirmed',
+--                 'lost' or 'horizon'
+--   op 'define'   (lead only) KEYS[6] entry -> fingerprint (nothing for an empty entry
+--                 name), and "|epoch" -> this leader's epoch: the leader wrote what it plans
+-- Claim and enqueue in one step (optional: only when KEYS has more than ten keys):
+-- KEYS[11 ..]       the broker's keys (queue lists) the commands below write
 -- ARGV[#ARGV]       L, the length of the enqueue section, which ends just before it and
 --                   follows the claims; for each claim in order: c, its number of broker
 --                   commands, then c groups of three: 'lpush' or 'pexpire', an index into
---                   KEYS (9 or more), the argument (the message payload, or ms)
+--                   KEYS (11 or more), the argument (the message payload, or ms)
 --   A granted 'claim' that has commands runs them here, in this atomic step, and is
 --   stored sent ('s'), never claimed: a slot is granted and enqueued, or neither. A
 --   retry that finds exactly that sent value answers 1 again and runs nothing twice.
@@ -62,7 +83,9 @@
 -- the fingerprint of its definition to KEYS[6].
 -- In 'rescue' mode (a standby, no lease) only 'claim' and 'skip' (slots its catch-up
 -- policy passes over), only for an entry that has
--- state (its phase is known), only when the stored slot is the rescuer's previous slot
+-- state (its phase is known), only once the newest leader wrote what it plans (KEYS[6]
+-- "|epoch" is the epoch counter; answers 0 until then; no mark at all: not checked),
+-- only when the stored slot is the rescuer's previous slot
 -- (a rescuer whose view is stale plans slots of another phase), only when the rescuer's
 -- fingerprint is the leader's (answers 3 otherwise), and only once Redis TIME >= fire
 -- time + rescue_after, so a standby with a fast clock cannot pre-empt a healthy leader,
@@ -76,22 +99,28 @@
 --         {2, generation}   Redis went back to older state (see ARGV[10]): nothing written
 --         {1, redis_now_ms, marked, generation, r1, r2, ...}  per claim: 1 granted,
 --           2 paused (skipped), 3 definition differs (rescue), 0 not late enough (rescue)
---           or too far ahead (lead), false no state (rescue), else the stored value
+--           or too far ahead (lead), false no state (rescue), a backfill's reason (see
+--           'backfill'), else the stored value
 local mode, node, epoch = ARGV[1], ARGV[6], ARGV[4]
 local n = tonumber(ARGV[9])
 local claims_at = 12 + 4 * n
 local generation = tonumber(redis.call('GET', KEYS[8]) or '0')
-if ARGV[10] == 'reset' then
+-- only the lease holder lifts the counter: a leader fenced meanwhile leaves the loss for
+-- the next leader to see (it re-anchors, and sets the backfill floor)
+local reset = ARGV[10] == 'reset' and mode == 'lead' and redis.call('GET', KEYS[1]) == ARGV[2]
+if reset then
   generation = math.max(generation, tonumber(ARGV[11])) + 1
   redis.call('SET', KEYS[8], generation)
-elseif ARGV[10] ~= '' and generation < tonumber(ARGV[10]) then
+elseif ARGV[10] == 'reset' and generation < tonumber(ARGV[11]) then
+  -- not the leader (answered below): events are written, the counter is left as it is
+elseif ARGV[10] ~= '' and ARGV[10] ~= 'reset' and generation < tonumber(ARGV[10]) then
   return {2, generation}
 else
   generation = redis.call('INCR', KEYS[8])
 end
 local claims_end = #ARGV
 local enq = nil  -- where the current claim's enqueue commands start, if any
-if #KEYS > 8 then
+if #KEYS > 10 then
   claims_end = #ARGV - 1 - tonumber(ARGV[#ARGV])
   enq = claims_end + 1
   local j = enq
@@ -137,6 +166,13 @@ if mode == 'lead' then
     return {0, current, marked}
   end
   redis.call('PEXPIRE', KEYS[1], ARGV[3])
+  if reset then  -- what was sent before the loss cannot be told: no backfill reaches it
+    local t = redis.call('TIME')
+    local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    local floor = now_ms + tonumber(ARGV[7])
+    local old = tonumber(redis.call('HGET', KEYS[9], '|floor') or '0')
+    redis.call('HSET', KEYS[9], '|floor', math.max(old, floor), '|lost_at', now_ms)
+  end
 elseif mode ~= 'rescue' then
   if claims_end >= claims_at then
     return redis.error_reply('claim.lua: mode ' .. mode .. ' takes no claims')
@@ -148,7 +184,10 @@ local states = {claim = 'c', skip = 'k', anchor = 'a', reanchor = 'a', restore =
                 recover = 'c'}
 local suffix = ''
 local leader_busy = false
+local definitions_behind = false  -- the newest leader has not written what it plans yet
 if mode == 'rescue' then
+  local mark = redis.call('HGET', KEYS[6], '|epoch')
+  definitions_behind = mark and mark ~= (redis.call('GET', KEYS[10]) or mark)
   suffix = '|' .. node .. '|' .. now_ms
   local progress = tonumber(redis.call('GET', KEYS[7]) or '')
   leader_busy = progress ~= nil and ARGV[7] ~= '' and now_ms - progress < tonumber(ARGV[7])
@@ -164,6 +203,75 @@ local function parts(stored)
     s_node, s_at = s_rest, nil
   end
   return tonumber(s_slot), s_epoch, s_state, s_node, tonumber(s_at)
+end
+
+-- backfill: the 'sent' events of the history from the oldest slot asked for, less the
+-- ahead allowance (a leader may send a slot that much before Redis TIME reaches it), read
+-- once per call; and how far back the history is whole: after the newest event trimmed
+-- from it (Redis 7 says which), else from its oldest event on
+local sent_in_history, whole_after = nil, nil
+local function history_whole_after()
+  if redis.call('EXISTS', KEYS[3]) == 0 then
+    return nil
+  end
+  local info = redis.call('XINFO', 'STREAM', KEYS[3])
+  for k = 1, #info, 2 do
+    if info[k] == 'max-deleted-entry-id' then
+      return tonumber(string.match(info[k + 1], '^(%d+)'))
+    end
+  end
+  local first = redis.call('XRANGE', KEYS[3], '-', '+', 'COUNT', 1)[1]
+  return first and tonumber(string.match(first[1], '^(%d+)')) - 1
+end
+local function backfill_refusal(name, slot_text, slot, s_slot, request)
+  if not s_slot or slot >= s_slot then
+    return 'later'
+  end
+  local by = redis.call('HGET', KEYS[9], name .. '|' .. slot_text)
+  if by == request then
+    return nil  -- this request's own grant, asked again (the first reply was lost)
+  elseif by then
+    return 'backfilled'
+  end
+  if redis.call('HEXISTS', KEYS[4], name .. '|' .. slot_text) == 1 then
+    return 'unconfirmed'
+  end
+  if slot < tonumber(redis.call('HGET', KEYS[9], '|floor') or '0') then
+    return 'lost'
+  end
+  local ahead = tonumber(ARGV[7])
+  if not sent_in_history then
+    local oldest = slot
+    for j = claims_at, claims_end, 6 do
+      if ARGV[j + 2] == 'backfill' and tonumber(ARGV[j + 1]) < oldest then
+        oldest = tonumber(ARGV[j + 1])
+      end
+    end
+    whole_after = history_whole_after()
+    sent_in_history = {}
+    for _, row in ipairs(redis.call('XRANGE', KEYS[3], math.max(0, oldest - ahead), '+')) do
+      local f, event, entry, at = row[2], nil, nil, nil
+      for k = 1, #f, 2 do
+        if f[k] == 'event' then
+          event = f[k + 1]
+        elseif f[k] == 'entry' then
+          entry = f[k + 1]
+        elseif f[k] == 'slot' then
+          at = f[k + 1]
+        end
+      end
+      if event == 'sent' and entry and at then
+        sent_in_history[entry .. '|' .. at] = true
+      end
+    end
+  end
+  if sent_in_history[name .. '|' .. slot_text] then
+    return 'sent'
+  end
+  if not whole_after or whole_after >= slot - ahead then
+    return 'horizon'  -- a 'sent' event of the slot may have been trimmed
+  end
+  return nil
 end
 
 local out = {1, now_ms, marked, generation}
@@ -195,6 +303,8 @@ for i = claims_at, claims_end, 6 do
     local def = fp ~= '' and redis.call('HGET', KEYS[6], name)
     if (op ~= 'claim' and op ~= 'skip') or not stored then
       result = false
+    elseif definitions_behind then
+      result = 0
     elseif def and def ~= fp then
       result = 3
     elseif s_slot == slot and s_epoch == '0' and s_state == state and s_node == node then
@@ -203,6 +313,18 @@ for i = claims_at, claims_end, 6 do
       result = stored
     elseif now_ms < fire + tonumber(ARGV[3]) or leader_busy then
       result = 0
+    end
+  elseif op == 'define' then
+    if name ~= '' then
+      redis.call('HSET', KEYS[6], name, fp)
+    end
+    redis.call('HSET', KEYS[6], '|epoch', epoch)
+    result = 1
+  elseif op == 'backfill' then
+    result = backfill_refusal(name, slot_text, slot, s_slot, fp)
+    if result == nil then
+      redis.call('HSET', KEYS[9], name .. '|' .. slot_text, fp)  -- fp: the request id
+      result = 1
     end
   elseif op == 'claim' and fire > now_ms + tonumber(ARGV[7]) then
     result = 0
@@ -241,7 +363,7 @@ for i = claims_at, claims_end, 6 do
       result = stored
     end
   end
-  if result == nil then
+  if result == nil and op ~= 'backfill' and op ~= 'define' then
     -- granted
     if op == 'claim' and redis.call('HEXISTS', KEYS[5], name) == 1 then
       redis.call('HSET', KEYS[2], name, slot_text .. '|' .. epoch .. '|k' .. suffix)
