@@ -193,6 +193,8 @@ class Scheduler(ScheduleState, Sending, Trouble, Lifecycle, beat.Scheduler):
                 delay = 0.0
             else:
                 delay = self._leader.tick(self._schedule_version)
+                if self._node is not None and self._node.sender is not None:
+                    delay = self._warm(delay, self._node.lease.epoch or 0)
             self._refresh_registration()
         except Resign as exc:
             self._step_down(str(exc), release=exc.release)

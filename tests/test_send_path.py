@@ -45,15 +45,38 @@ def messages(client, key: str) -> list[dict]:
     return [json.loads(raw) for raw in client.lrange(key, 0, -1)]
 
 
-def test_on_the_brokers_own_redis_each_slot_is_granted_and_enqueued_in_one_step(
-        redis_server, key_prefix, caplog):
+def test_on_the_brokers_own_redis_a_burst_is_granted_and_enqueued_in_one_step_first_chunk_first(
+        redis_server, key_prefix, caplog, monkeypatch):
+    """Each slot granted and enqueued in one step; the burst's first chunk is planned and
+    claimed before the rest is planned."""
+    from celery_leaderbeat.roles import agenda as agenda_module
+    from celery_leaderbeat.roles.batch import CHUNK
+    from celery_leaderbeat.store.ledger import Ledger
+
+    planned: list[int] = []
+    at_claims: list[tuple[int, int]] = []  # (entries planned so far, slots claimed)
+    real_plan, real_claim = agenda_module.plan, Ledger.claim
+
+    def counting_plan(*args, **kwargs):
+        planned.append(1)
+        return real_plan(*args, **kwargs)
+
+    def watching_claim(self, token, epoch, items, events=()):
+        claims = [i for i in items if i.op == Op.CLAIM]
+        if claims:
+            at_claims.append((len(planned), len(claims)))
+        return real_claim(self, token, epoch, items, events)
+
+    monkeypatch.setattr(agenda_module, "plan", counting_plan)
+    monkeypatch.setattr(Ledger, "claim", watching_claim)
     caplog.set_level(logging.INFO, logger="celery_leaderbeat")
+    n = 3 * CHUNK + 7
     app = make_app(redis_server.url_for(0), key_prefix,
-                   {f"e{i}": {"task": NOOP, "schedule": 0.5} for i in range(5)})
+                   {f"e{i}": {"task": NOOP, "schedule": 0.5} for i in range(n)})
     client = redis_server.client()
     scheduler = Scheduler(app=app)
     try:
-        tick_until(scheduler, lambda: client.llen("celery") >= 5)
+        tick_until(scheduler, lambda: client.llen("celery") >= n)
         stored = scheduler.ledger.load()
     finally:
         scheduler.close()
@@ -66,6 +89,9 @@ def test_on_the_brokers_own_redis_each_slot_is_granted_and_enqueued_in_one_step(
     # granted and enqueued in one step: stored sent at once, never "claimed, unconfirmed"
     assert {s.state for name, s in stored.items() if name.startswith("e")} <= {"s", "a"}
     assert any(s.state == "s" for s in stored.values())
+    assert at_claims[0] == (CHUNK, CHUNK)  # only the first chunk's entries planned
+    assert at_claims[1][0] == n  # then the rest of the burst is planned, in one batch
+    assert sum(c for _, c in at_claims[:4]) == n  # chunks of 100, 100, 100, 7
 
 
 def test_a_claim_refused_runs_none_of_its_commands_and_a_retried_grant_runs_them_once(
@@ -233,3 +259,14 @@ def test_a_gated_base_scheduler_keeps_sending_slot_by_slot_through_its_own_entri
     finally:
         gated.close()
         plain.close()
+
+
+def test_slot_ids_are_uuid5_of_prefix_entry_and_slot():
+    import uuid
+
+    from celery_leaderbeat.timing.slots import _SLOT_NAMESPACE
+
+    slot = datetime(2031, 3, 4, 10, 0, 0, 123000, tzinfo=UTC)
+    for prefix, name in [("lb", "report"), ("", ""), ("p:x", "ünïcode ✓"), ("a" * 50, "b" * 300)]:
+        expected = uuid.uuid5(_SLOT_NAMESPACE, f"{prefix}\x1f{name}\x1f{to_ms(slot)}")
+        assert slot_id(prefix, name, slot) == str(expected)

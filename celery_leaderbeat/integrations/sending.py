@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from datetime import datetime
 from typing import Any
 
@@ -16,8 +17,45 @@ logger = logging.getLogger(__name__)
 #: schedule can quiet it alone (``logging.getLogger("celery_leaderbeat.sends")``)
 send_logger = logging.getLogger("celery_leaderbeat.sends")
 
+#: idle time (s) before the next due slot below which a leader prepares no messages
+WARM_MIN = 0.1
+#: the most a leader spends preparing messages in one idle tick (s)
+WARM_MAX = 0.25
+
+
 class Sending(Parts):
     """Publishing slots of the schedule's entries, and what a sent slot changes."""
+
+    _warming: Any = None  # (schedule version, epoch, iterator of (entry, overlap)) being warmed
+    _warmed: Any = None  # (schedule version, epoch) whose entries are all prepared
+
+    def _warm(self, delay: float, epoch: int) -> float:
+        """A leader with ``delay`` s to spare prepares messages of entries not sent yet.
+
+        Uses at most half the idle time (and :data:`WARM_MAX`); returns what is
+        left of ``delay``, so the next due slot is not late for it. Done again
+        only when the schedule changes or another epoch leads.
+        """
+        if delay < WARM_MIN or self._warmed == (self._schedule_version, epoch):
+            return delay
+        started = time.monotonic()
+        try:
+            sender = self._chunk_sender(epoch)
+            key = (self._schedule_version, epoch)
+            if self._warming is None or self._warming[0] != key:
+                default = self.lb_config.overlap
+                options = self._entry_options
+                entries = [(e, options[n].overlap if n in options else default)
+                           for n, e in self.schedule.items()]
+                self._warming = (key, iter(entries))
+            if sender.enqueuer.messages.warm(self._warming[1], epoch,
+                                             started + min(delay / 2, WARM_MAX),
+                                             time.monotonic):
+                self._warmed, self._warming = key, None
+        except Exception as exc:  # noqa: BLE001 - only a head start: the sends build what is missing
+            logger.debug("leaderbeat: could not prepare messages ahead: %r", exc)
+            self._warmed, self._warming = (self._schedule_version, epoch), None
+        return max(0.0, delay - (time.monotonic() - started))
 
     def _chunk_sender(self, epoch: int) -> Any:
         """A batch's sender: claim and enqueue in one step where exact, else kombu batches."""

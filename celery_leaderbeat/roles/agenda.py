@@ -203,9 +203,9 @@ class Agenda:
         """The earliest next fire time (a timestamp), None when nothing is tracked."""
         return self._heap[0][0] if self._heap else None
 
-    def pop_due(self, now: datetime, since: datetime, policy: CatchupPolicy | None = None
-                ) -> list[tuple[Tracked, Plan]]:
-        """Take every entry due by ``now`` off the heap, with its plan.
+    def pop_due(self, now: datetime, since: datetime, policy: CatchupPolicy | None = None,
+                limit: int | None = None) -> list[tuple[Tracked, Plan]]:
+        """Take every entry due by ``now`` off the heap (the ``limit`` earliest), with its plan.
 
         ``since`` is when this node could first have sent (see :func:`slots.plan`):
         due slots before it were missed. ``policy`` overrides every entry's own (a
@@ -214,10 +214,10 @@ class Agenda:
         back :data:`RETRY_BROKEN` seconds later and reported in :attr:`broken`; the
         others go on.
         """
-        due = []
+        due: list[tuple[Tracked, Plan]] = []
         taken: set[str] = set()
         now_ts = now.timestamp()
-        while self._heap and self._heap[0][0] <= now_ts:
+        while self._heap and self._heap[0][0] <= now_ts and (limit is None or len(due) < limit):
             at, name = heapq.heappop(self._heap)
             tracked = self.tracked.get(name)
             if tracked is None or name in taken or at != tracked.next_fire.timestamp():

@@ -29,6 +29,7 @@ from typing import Any
 import kombu
 from celery import signals
 
+from .messages import Captured, Messages
 from .publish import DeclaringOnce, publish, send_many
 
 logger = logging.getLogger(__name__)
@@ -49,15 +50,6 @@ KNOWN_OPTIONS = frozenset({
 
 #: one broker command: name ('lpush' / 'pexpire'), the final key, its argument
 Command = tuple[str, str, Any]
-
-
-class _Captured(Exception):
-    """Raised out of ``apply_async`` once kombu computed a message's commands."""
-
-    def __init__(self, commands: list[tuple[str, tuple[Any, ...]]], after: dict[str, Any]):
-        super().__init__("captured")
-        self.commands = commands
-        self.after = after  # the arguments of Celery's after_task_publish
 
 
 class _Collector:
@@ -97,9 +89,24 @@ class _CaptureProducer(DeclaringOnce):
         self.channel.create_publish_batch = lambda max_size: collector
         with self.batch():
             super().publish(body, **kwargs)
-        raise _Captured(collector.commands, {
-            "body": body, "headers": kwargs.get("headers"),
-            "exchange": kwargs.get("exchange"), "routing_key": kwargs.get("routing_key")})
+        raise Captured(body, kwargs, collector.commands)
+
+
+class _CallCapture(DeclaringOnce):
+    """A producer that keeps Celery's call to ``publish`` and stops it (any transport)."""
+
+    def publish(self, body: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        raise Captured(body, kwargs)
+
+
+def routes_redis(conn: Any) -> bool:
+    """Whether kombu 5.7's plain Redis transport routes ``conn``'s messages into batches."""
+    from kombu.transport import redis as kombu_redis
+
+    if kombu.VERSION[:2] != (5, 7) or type(conn.transport) is not kombu_redis.Transport:
+        return False
+    channel = conn.default_channel
+    return type(channel) is kombu_redis.Channel and bool(channel.supports_batch_publish)
 
 
 def fast_path_problem(app: Any, client: Any, min_replicas: int) -> str | None:
@@ -133,17 +140,28 @@ def fast_path_problem(app: Any, client: Any, min_replicas: int) -> str | None:
 
 
 class Enqueuer:
-    """Sends chunks for one scheduler: claim-and-enqueue where exact, else batched."""
+    """Sends chunks for one scheduler: claim-and-enqueue where exact, else batched.
+
+    Messages are built by :class:`~.messages.Messages`: Celery builds the first
+    of each shape, the rest are it with what a slot changes. On kombu's Redis
+    transport their final commands go with the claim (fast path) or through
+    kombu's own client in one pipeline after it; on other transports through
+    ``Producer.publish``, in kombu's batch where it has one.
+    """
 
     def __init__(self, scheduler: Any, client: Any, *, quiet: bool = False) -> None:
         self.scheduler = scheduler
         config = scheduler.lb_config
         #: False while the broker could not be reached to check: checked again next batch
         self.checked = True
+        #: kombu's Redis transport, batching: messages are known as their final commands
+        self.redis = False
         try:
             problem = ("turned off by leaderbeat_atomic_enqueue=False"
                        if not config.atomic_enqueue else
                        fast_path_problem(scheduler.app, client, config.min_replicas))
+            with scheduler.app.connection_for_write() as conn:
+                self.redis = routes_redis(conn)
         except Exception as exc:  # noqa: BLE001 - broker down: this batch publishes (and fails) as before
             self.checked = False
             problem = f"the broker could not be reached to check ({exc})"
@@ -151,6 +169,7 @@ class Enqueuer:
         self._conn: Any = None
         self._producer: Any = None
         self._out: Any = None  # (connection, producer) of the batched path, made when first used
+        self.messages = Messages(scheduler, self.capture, lambda: self._capturing().channel)
         if quiet:
             pass
         elif self.fast:
@@ -170,31 +189,47 @@ class Enqueuer:
         """
         return ChunkSender(self, epoch, fast=self.fast and epoch != 0)
 
-    def capture(self, entry: Any, slot: datetime, epoch: int, overlap: str) -> _Captured | None:
-        """Build ``slot``'s message with Celery and route it with kombu; nothing is sent."""
+    def _capturing(self) -> Any:
         if self._producer is None:
             self._conn = self.scheduler.app.connection_for_write()
-            self._producer = _CaptureProducer(self._conn.channel(), auto_declare=False)
+            cls = _CaptureProducer if self.redis else _CallCapture
+            self._producer = cls(self._conn.channel(), auto_declare=False)
+        return self._producer
+
+    def capture(self, entry: Any, slot: datetime, epoch: int, overlap: str) -> Captured:
+        """Build ``slot``'s message with Celery (and route it with kombu); nothing is sent."""
         try:
-            publish(self.scheduler, entry, slot, epoch, overlap, producer=self._producer)
-        except _Captured as captured:
+            publish(self.scheduler, entry, slot, epoch, overlap, producer=self._capturing())
+        except Captured as captured:
             return captured
         raise RuntimeError("kombu published without its batch: claim and enqueue is unsafe")
 
-    def final(self, captured: _Captured) -> tuple[Command, ...] | None:
+    def build(self, entry: Any, slot: datetime, epoch: int, overlap: str) -> Captured:
+        """``slot``'s message, built from its shape where it can be; nothing is sent."""
+        return self.messages.build(entry, slot, epoch, overlap)
+
+    def publish_one(self, entry: Any, slot: datetime, epoch: int, overlap: str,
+                    producer: Any) -> None:
+        """Publish one slot through ``producer`` (a transport without known commands)."""
+        if self.messages.usable():
+            self.messages.publish(producer, self.build(entry, slot, epoch, overlap))
+        else:  # a receiver may change each message: Celery sends it, signals and all
+            publish(self.scheduler, entry, slot, epoch, overlap, producer=producer)
+
+    def final(self, captured: Captured) -> tuple[Command, ...] | None:
         """The commands as Redis runs them (the broker's key prefix applied), or None."""
         if not captured.commands or any(name not in EXACT for name, _ in captured.commands):
             return None
-        prefix = self._producer.channel.global_keyprefix or ""
+        prefix = self._capturing().channel.global_keyprefix or ""
         return tuple((name, prefix + str(args[0]), args[1]) for name, args in captured.commands)
 
-    def run(self, captured: Sequence[_Captured]) -> None:
+    def run(self, captured: Sequence[Captured]) -> None:
         """Run captured commands through kombu's own client (its key prefix applies)."""
-        channel = self._producer.channel
+        channel = self._capturing().channel
         with channel.conn_or_acquire() as client:
             pipe = client.pipeline(transaction=False)
             for c in captured:
-                for name, args in c.commands:
+                for name, args in c.commands or ():
                     getattr(pipe, name)(*args)
             pipe.execute()
 
@@ -221,7 +256,7 @@ class ChunkSender:
         self.enqueuer = enqueuer
         self.epoch = epoch
         self.fast = fast
-        self._held: dict[tuple[str, datetime], _Captured] = {}
+        self._held: dict[tuple[str, datetime], Captured] = {}
 
     def _entry(self, name: str) -> tuple[Any, str] | None:
         s = self.enqueuer.scheduler
@@ -231,36 +266,42 @@ class ChunkSender:
         opts = s._entry_options.get(name)
         return entry, (opts.overlap if opts else s.lb_config.overlap)
 
+    def _hold(self, slots: Sequence[tuple[str, datetime]]) -> list[Captured | None]:
+        """Build each slot's message and hold it; None for an entry gone or a build that failed."""
+        out: list[Captured | None] = []
+        build = self.enqueuer.build
+        for name, slot in slots:
+            found = self._entry(name)
+            captured = None
+            if found is not None:
+                try:
+                    captured = build(found[0], slot, self.epoch, found[1])
+                except Exception:  # noqa: BLE001 - built again, and its error logged, when sent
+                    captured = None
+                if captured is not None:
+                    self._held[(name, slot)] = captured
+            out.append(captured)
+        return out
+
     def prepare(self, slots: Sequence[tuple[str, datetime]]) -> list[tuple[Command, ...] | None]:
         """Each slot's broker commands for the claim script to run, or None (sent after)."""
         self._held.clear()
         if not self.fast:
             return [None] * len(slots)
-        out: list[tuple[Command, ...] | None] = []
-        for name, slot in slots:
-            found = self._entry(name)
-            commands = None
-            if found is not None:
-                try:
-                    captured = self.enqueuer.capture(found[0], slot, self.epoch, found[1])
-                except Exception:  # noqa: BLE001 - built again, and its error logged, by send_many
-                    captured = None
-                if captured is not None:
-                    self._held[(name, slot)] = captured
-                    commands = self.enqueuer.final(captured)
-            out.append(commands)
-        return out
+        final = self.enqueuer.final
+        return [final(c) if c is not None else None for c in self._hold(slots)]
 
     def enqueued(self, slots: Sequence[tuple[str, datetime]]) -> None:
         """The claim script granted and enqueued these: Celery's after_task_publish, once each."""
         s = self.enqueuer.scheduler
+        after = bool(signals.after_task_publish.receivers)
         for name, slot in slots:
             captured = self._held.pop((name, slot), None)
             found = self._entry(name)
             if found is not None:
                 s._say_sending(found[0], slot, self.epoch)
                 s._note_sent(found[0], slot)
-                if captured is not None:
+                if captured is not None and after:
                     signals.after_task_publish.send(sender=found[0].task, **captured.after)
 
     def send_many(self, slots: Sequence[tuple[str, datetime]],
@@ -271,15 +312,16 @@ class ChunkSender:
         broker (the lease ran out): the answer covers only what was settled.
         """
         ok = [False] * len(slots)
+        if self.enqueuer.redis:  # their final commands, in one pipeline after the claim
+            self._hold([s for s in slots if s not in self._held])
         held = {i: self._held.pop(s) for i, s in enumerate(slots) if s in self._held}
         todo = [(i, found, slots[i][1]) for i in range(len(slots)) if i not in held
                 for found in [self._entry(slots[i][0])] if found is not None]
-        results = send_many(self.enqueuer.scheduler,
-                            [(found[0], slot, found[1]) for _, found, slot in todo], self.epoch,
-                            producer=self.enqueuer.producer, may_send=may_send,
-                            say=lambda entry, slot: self.enqueuer.scheduler._say_sending(
-                                entry, slot, self.epoch)) if todo else []
         s = self.enqueuer.scheduler
+        results = send_many(s, [(found[0], slot, found[1]) for _, found, slot in todo],
+                            self.epoch, producer=self.enqueuer.producer, may_send=may_send,
+                            say=lambda entry, slot: s._say_sending(entry, slot, self.epoch),
+                            publish_one=self._publish_one) if todo else []
         for (i, found, slot), sent in zip(todo, results):
             ok[i] = sent
             if sent:
@@ -295,10 +337,15 @@ class ChunkSender:
                 logger.exception("leaderbeat: %d routed message(s) could not be sent", len(held))
         elif held:
             return ok[:min(held)]
+        after = bool(signals.after_task_publish.receivers)
         for i, captured in held.items():
             again = self._entry(slots[i][0])
             if ok[i] and again is not None:
                 s._say_sending(again[0], slots[i][1], self.epoch)
                 s._note_sent(again[0], slots[i][1])
-                signals.after_task_publish.send(sender=again[0].task, **captured.after)
+                if after:
+                    signals.after_task_publish.send(sender=again[0].task, **captured.after)
         return ok
+
+    def _publish_one(self, entry: Any, slot: datetime, overlap: str, producer: Any) -> None:
+        self.enqueuer.publish_one(entry, slot, self.epoch, overlap, producer)

@@ -20,7 +20,7 @@ from ..store.base import STORE_ERRORS, STORE_UNREACHABLE
 from ..store.ledger import CLAIMED, REMOVED, ClaimItem, Event, Op
 from ..timing.slots import from_ms, to_ms
 from .agenda import Agenda, Loaded, Tracked, Unsent, adopt_refused_anchors, margin_slots
-from .batch import LeaderGate, report_unsent, run_batch, say_capped_once
+from .batch import CHUNK, LeaderGate, report_unsent, run_batch, say_capped_once
 from .degraded import Outage
 from .node import Node, utcnow
 from .requests import WAKE, carry_out
@@ -202,21 +202,29 @@ class Leader:
             self._requests_pending = False  # only now: a failed pop leaves them pending
         now = utcnow()
         earliest = self.agenda.earliest() or now.timestamp()
-        due = self.agenda.pop_due(now, self.since)
+        due: list[Any] = []
+        started, sent = time.monotonic(), 0
         try:
-            if due:
-                started = time.monotonic()
-                say_capped_once(due, self._capped)
-                outcome = run_batch(due, self.gate, node.chunk_send(node.lease.epoch or 0),
+            # The first chunk's entries are planned and claimed before the rest of a
+            # burst is planned: its first message leaves milliseconds after the slot.
+            limit: int | None = CHUNK
+            while part := self.agenda.pop_due(now, self.since, limit=limit):
+                due += part
+                say_capped_once(part, self._capped)
+                outcome = run_batch(part, self.gate, node.chunk_send(node.lease.epoch or 0),
                                     memory=node.sent, backlog=node.backlog,
                                     progress=node.progress)
                 node.observe(outcome.events)
                 self._say_paused(outcome.events)
-                if outcome.sent:
-                    logger.info("leaderbeat: sent %d slot(s) of %d due entries in %.0f ms, "
-                                "%.0f ms after the earliest was due", outcome.sent, len(due),
-                                (time.monotonic() - started) * 1000,
-                                (now.timestamp() - earliest) * 1000)
+                sent += outcome.sent
+                if limit is None or len(part) < limit:
+                    break
+                limit = None
+            if sent:
+                logger.info("leaderbeat: sent %d slot(s) of %d due entries in %.0f ms, "
+                            "%.0f ms after the earliest was due", sent, len(due),
+                            (time.monotonic() - started) * 1000,
+                            (now.timestamp() - earliest) * 1000)
         finally:
             self.agenda.push_all(due)
             self._record_broken()

@@ -117,10 +117,13 @@ class _Stopped(Exception):
 
 def send_many(scheduler: Any, slots: Sequence[tuple[Any, datetime, str]], epoch: int,
               producer: Any = None, may_send: Callable[[], bool] = lambda: True,
-              say: Callable[[Any, datetime], None] = lambda entry, slot: None) -> list[bool]:
+              say: Callable[[Any, datetime], None] = lambda entry, slot: None,
+              publish_one: Callable[[Any, datetime, str, Any], None] | None = None) -> list[bool]:
     """Publish several slots (entry, slot, overlap) in one batch; True for each one sent.
 
     ``say`` is called before each message is built (the scheduler's INFO line).
+    ``publish_one(entry, slot, overlap, producer)`` publishes one message
+    (default: :func:`publish`, Celery's ``apply_async``).
     A message that cannot be built or published is logged and answers False;
     the others still go. ``may_send`` is asked once more just before the flush
     (a pause while the batch was built must not publish after the lease ran
@@ -140,7 +143,10 @@ def send_many(scheduler: Any, slots: Sequence[tuple[Any, datetime, str]], epoch:
                     return ok[:i]  # published one by one: stop where the lease ran out
                 say(entry, slot)
                 try:
-                    publish(scheduler, entry, slot, epoch, overlap, producer=producer)
+                    if publish_one is None:
+                        publish(scheduler, entry, slot, epoch, overlap, producer=producer)
+                    else:
+                        publish_one(entry, slot, overlap, producer)
                     ok[i] = True
                 except Exception:  # this message only: logged with its traceback, unsent
                     logger.exception("leaderbeat: could not send %s for slot %s",
