@@ -34,8 +34,11 @@ from .node import Node, utcnow
 
 logger = logging.getLogger(__name__)
 
-#: seconds before a rescue that Redis TIME found early is asked again
+#: seconds before a rescue that Redis answered "not yet" is asked again (by Redis TIME it
+#: was early, or the leader is still claiming a burst), doubling while the answer stays
+#: the same, up to the cap: a busy leader's burst is not re-planned ten times a second
 _EARLY_RETRY = 0.1
+_EARLY_RETRY_CAP = 0.5
 
 
 class Standby:
@@ -52,6 +55,7 @@ class Standby:
         self._next_attempt = 0.0  # monotonic: when to try for the lease again
         self._head_start_until = 0.0  # monotonic: last-leader goes first after an outage
         self._retry_at = 0.0
+        self._early_retry = _EARLY_RETRY  # the next wait after a "not yet"
         self._pubsub: Any = None
         self._skew_refused = False
         self._server_checked = False
@@ -178,7 +182,10 @@ class Standby:
                            "after their time", self.node.config.node_id, outcome.sent,
                            self.node.config.rescue_after)
         if outcome.waiting:
-            self._retry_at = time.monotonic() + _EARLY_RETRY
+            self._retry_at = time.monotonic() + self._early_retry
+            self._early_retry = min(self._early_retry * 2, _EARLY_RETRY_CAP)
+        else:
+            self._early_retry = _EARLY_RETRY
         for name in outcome.unknown:
             self.agenda.drop(name)
             self._unknown.add(name)

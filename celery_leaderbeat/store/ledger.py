@@ -158,7 +158,9 @@ class Ledger:
         """
         results: list[SlotState | None | str] = []
         for batch_events, batch_items in _calls(events, items):
-            reply = self._lead_call("claim", token, epoch, batch_events, batch_items)
+            reply = self._call("lead", token, int(self.config.lease_ttl * 1000), epoch,
+                               batch_events, batch_items)
+            self._check_lead(reply, "claim", token)
             results += [_lead_result(r) for r in reply[4:]]
             if self.config.min_replicas and batch_items:
                 self._wait_for_replicas(results)
@@ -178,17 +180,16 @@ class Ledger:
                  for slot_ms in slots]
         results: list[str | None] = []
         for _, batch_items in _calls((), items):
-            reply = self._lead_call("backfill", token, epoch, (), batch_items)
+            reply = self._call("lead", token, int(self.config.lease_ttl * 1000), epoch,
+                               (), batch_items)
+            self._check_lead(reply, "backfill", token)
             results += [None if r == 1 else BACKFILL_REFUSALS.get(text(r), f"backfill: {text(r)}")
                         for r in reply[4:]]
         return results
 
-    def _lead_call(self, what: str, token: str, epoch: int, events: Sequence[Event],
-                   items: Sequence[ClaimItem]) -> Any:
-        """One 'lead' call of claim.lua; raises when Redis went back to older state, or
-        when ``token`` no longer leads (saying who does, as the store answered)."""
-        reply = self._call("lead", token, int(self.config.lease_ttl * 1000), epoch,
-                           events, items)
+    def _check_lead(self, reply: Any, what: str, token: str) -> None:
+        """A 'lead' call's reply: raises when Redis went back to older state, or when
+        ``token`` no longer leads (saying who does, as the store answered)."""
         self._check_generation(reply)
         if status(reply, "claim") == 0:
             holder = text(reply[1]) if len(reply) > 1 and reply[1] else None
@@ -196,7 +197,6 @@ class Ledger:
                                   f"{holder or 'nobody'}")
             lost.holder, lost.answered = holder, True
             raise lost
-        return reply
 
     def lost_at(self) -> int | None:
         """Redis TIME (ms) when a leader last re-anchored after Redis lost writes (claim.lua's

@@ -8,6 +8,8 @@ import os
 from datetime import timedelta
 from pathlib import Path
 
+import django
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "example-only-not-a-secret")
 DEBUG = True
@@ -58,6 +60,9 @@ else:
     DATABASES = {"default": {
         "ENGINE": "django.db.backends.sqlite3",
         "NAME": os.environ.get("SQLITE_PATH", BASE_DIR / "db.sqlite3"),
+        # several beats (and workers) write one file: take the write lock when a
+        # transaction begins, so a writer waits instead of failing "database is locked"
+        "OPTIONS": {"transaction_mode": "IMMEDIATE"} if django.VERSION >= (5, 1) else {},
     }}
 
 # -- Celery ---------------------------------------------------------------------------------

@@ -19,9 +19,17 @@ DATABASES = {
     }
 }
 if os.environ.get("LB_SQLITE"):  # a file path: SQLite instead of PostgreSQL
+    import django
+
     DATABASES["default"] = {"ENGINE": "django.db.backends.sqlite3",
                             "NAME": os.environ["LB_SQLITE"],
                             "OPTIONS": {"timeout": 20}}
+    if django.VERSION >= (5, 1):
+        # Several processes write one file: a transaction that starts as a reader and then
+        # writes cannot wait for the lock (SQLite answers "database is locked" at once, as
+        # two beats starting together each adding celery.backend_cleanup did); one that
+        # takes the write lock when it begins waits up to the timeout.
+        DATABASES["default"]["OPTIONS"]["transaction_mode"] = "IMMEDIATE"
 DEFAULT_AUTO_FIELD = "django.db.models.AutoField"
 
 CELERY_BROKER_URL = os.environ.get("LB_BROKER_URL", "memory://")
