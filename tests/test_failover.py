@@ -1,10 +1,12 @@
 """Several real ``celery beat`` processes on one Redis: exactly once through faults.
 
 Every message the beats enqueue is read back from the broker and checked by its
-``leaderbeat_slot`` header. The tests that fault only beats run on both send paths:
-``batched`` (the broker a Redis server of its own: claim, then publish) and
-``atomic`` (the broker is leaderbeat's own Redis, the default set-up with a Redis
-broker: claim and enqueue in one step). A test that faults Redis itself keeps the
+``leaderbeat_slot`` header. The steady state and the faults mid-batch run on both
+send paths: ``batched`` (the broker a Redis server of its own: claim, then publish)
+and ``atomic`` (the broker is leaderbeat's own Redis, the default set-up with a Redis
+broker: claim and enqueue in one step). The handovers after a kill or a SIGTERM run
+on the atomic path here; the other multi-process suites, whose broker is apart, take
+the batched path through the same handovers. A test that faults Redis itself keeps the
 broker apart, so killing the leaderbeat Redis does not lose the evidence.
 """
 
@@ -155,6 +157,7 @@ def follow(recorder: Recorder, seconds: float, until=lambda: False) -> None:
         time.sleep(0.02)
 
 
+@pytest.mark.parametrize("servers", ["atomic"], indirect=True)
 def test_a_killed_leader_costs_no_slot_standbys_rescue_each_within_rescue_after(
         tmp_path, servers, key_prefix):
     state, _ = servers
@@ -185,6 +188,7 @@ def test_a_killed_leader_costs_no_slot_standbys_rescue_each_within_rescue_after(
     assert worst <= RESCUE_AFTER + 1.0, late
 
 
+@pytest.mark.parametrize("servers", ["atomic"], indirect=True)
 def test_a_terminated_leader_hands_over_in_under_a_second_and_no_slot_is_lost(
         tmp_path, servers, key_prefix):
     state, _ = servers

@@ -160,9 +160,9 @@ def test_overlap_skip_never_runs_two_runs_of_an_entry_at_once_across_two_workers
 def test_a_leader_paused_mid_batch_with_the_guard_on_every_slot_runs_exactly_once(
         tmp_path, make_redis_server, key_prefix):
     state, broker, results = make_redis_server(), make_redis_server(), make_redis_server()
-    n = 2000
+    n = 1000
     schedule = {f"e{i}": {"task": RECORD, "every": 5} for i in range(n)}
-    # 400 sends a second: a history long enough to still hold the first slot's records
+    # 200 sends a second: a history long enough to still hold the first slot's records
     env = guarded_env(tmp_path, broker_url=broker.url, state_url=state.url,
                       record_url=results.url, prefix=key_prefix, schedule=schedule,
                       settings={"leaderbeat_history_length": 100_000})
