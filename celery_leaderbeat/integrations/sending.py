@@ -38,6 +38,11 @@ class Sending(Parts):
         """
         if delay < WARM_MIN or self._warmed == (self._schedule_version, epoch):
             return delay
+        if self._enqueuer is not None and not self._enqueuer.checked:
+            # the broker could not be reached: the next send checks it again. Checking from
+            # idle time would block the loop on kombu's connection retries at every tick
+            # (long enough to stall the heartbeat) while the broker is down.
+            return delay
         started = time.monotonic()
         try:
             sender = self._chunk_sender(epoch)
