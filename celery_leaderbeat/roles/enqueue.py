@@ -192,6 +192,9 @@ class Enqueuer:
     def _capturing(self) -> Any:
         if self._producer is None:
             self._conn = self.scheduler.app.connection_for_write()
+            # a broker that is down fails this build at once: kombu's retry loop would hold
+            # the beat's main loop (and its heartbeat) for seconds at every message
+            self._conn.ensure_connection(max_retries=0)
             cls = _CaptureProducer if self.redis else _CallCapture
             self._producer = cls(self._conn.channel(), auto_declare=False)
         return self._producer
