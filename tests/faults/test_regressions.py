@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 
 import pytest
@@ -25,6 +26,26 @@ from .model_world import World
 from .seam import AFTER, BEFORE, LATE, Seam
 from .sim import Sim
 from .test_model import LeaderbeatModel
+
+
+@contextmanager
+def three_nodes(server) -> Iterator[World]:
+    """A world on ``server`` with nodes a, b and c started (a leads); closed after."""
+    world = World(server)
+    try:
+        for node in ("a", "b", "c"):
+            world.sim.start(node)
+        yield world
+    finally:
+        world.close()
+
+
+def cli(world: World) -> Cluster:
+    """The command line's view of ``world``'s cluster (closed with the world)."""
+    cluster = Cluster(world.sim.app("cli"))
+    world.clis.append(cluster)
+    return cluster
+
 
 #: a leader's claim of a chunk in a batch, and its record of the batch's last chunk
 BATCH_CLAIM = "EVALSHA[claim] ledger.Ledger._call<ledger.Ledger.claim<batch.LeaderGate.claim"
@@ -84,13 +105,9 @@ def test_a_backfill_reaching_into_the_future_does_not_send_a_slot_twice(empty_re
     """Found by the model: backfill trusted the history alone; slots of a range reaching into
     the future were published, then sent again when they came due."""
     caplog.set_level(logging.ERROR)
-    world = World(empty_redis)
-    try:
-        for node in ("a", "b", "c"):
-            world.sim.start(node)
+    with three_nodes(empty_redis) as world:
         world.run(8.0)  # the entries' first slots (5 s after the start) have gone out
-        cluster = Cluster(world.sim.app("cli"))
-        world.clis.append(cluster)
+        cluster = cli(world)
         now = utcnow()
         never, _, _ = cluster.backfill_slots("s2", now - timedelta(seconds=6),
                                              now + timedelta(seconds=8))
@@ -98,8 +115,6 @@ def test_a_backfill_reaching_into_the_future_does_not_send_a_slot_twice(empty_re
         cluster.backfill("s2", never, "regression")
         world.run(12.0)
         assert duplicates(world.sim.published, world.sim.prefix) == []
-    finally:
-        world.close()
 
 
 #: a standby's rescue claim
@@ -124,10 +139,7 @@ def test_slots_due_after_redis_restarts_empty_are_sent_or_recorded(empty_redis, 
     that knows of the loss (the generation it saw, or a slot it knew settled) records them
     ``missed`` now, with the margin's reason."""
     caplog.set_level(logging.ERROR)
-    world = World(empty_redis)
-    try:
-        for node in ("a", "b", "c"):
-            world.sim.start(node)
+    with three_nodes(empty_redis) as world:
         world.run(12.0)
         world.redis_restarts_empty()
         world.run(20.0)
@@ -136,8 +148,6 @@ def test_slots_due_after_redis_restarts_empty_are_sent_or_recorded(empty_redis, 
         problems = unaccounted(world.sim.published, list(world.events.values()),
                                world.intervals(), horizon, world.sim.prefix)
         assert problems == []
-    finally:
-        world.close()
 
 
 def test_slots_sent_before_redis_is_restored_from_an_older_snapshot_are_not_sent_again(
@@ -145,10 +155,7 @@ def test_slots_sent_before_redis_is_restored_from_an_older_snapshot_are_not_sent
     """Found by the model: a restore rolled slot states back and the next leader sent again
     what had been sent; the state generation each node remembers now shows the loss."""
     caplog.set_level(logging.ERROR)
-    world = World(empty_redis)
-    try:
-        for node in ("a", "b", "c"):
-            world.sim.start(node)
+    with three_nodes(empty_redis) as world:
         world.run(1.0)
         world.take_snapshot()  # the entries are anchored, nothing sent yet
         world.run(7.0)  # a sends the first slots
@@ -157,8 +164,6 @@ def test_slots_sent_before_redis_is_restored_from_an_older_snapshot_are_not_sent
         world.restore_snapshot()
         world.run(15.0)
         assert duplicates(world.sim.published, world.sim.prefix) == []
-    finally:
-        world.close()
 
 
 def test_a_standby_with_an_old_definition_does_not_rescue_slots_the_leader_does_not_plan(
@@ -166,17 +171,12 @@ def test_a_standby_with_an_old_definition_does_not_rescue_slots_the_leader_does_
     """Found by the model: a standby that had not seen a schedule change rescued slots of the
     old definition that the leader no longer planned."""
     caplog.set_level(logging.ERROR)
-    world = World(empty_redis)
-    try:
-        for node in ("a", "b", "c"):
-            world.sim.start(node)
+    with three_nodes(empty_redis) as world:
         world.run(1.0)
         assert world.sim.leader() == "a"
         world.change_schedule("a")  # x: every 2 s -> every 6 s, seen by the leader only
         world.run(15.0)
         assert world.rescues_of_another_definition() == []
-    finally:
-        world.close()
 
 
 def test_a_redis_error_on_a_standby_while_the_leader_is_paused_loses_no_slot_unrecorded(
@@ -184,10 +184,7 @@ def test_a_redis_error_on_a_standby_while_the_leader_is_paused_loses_no_slot_unr
     """Found by the model: one Redis error on the only standby while the leader was stopped
     restarted its rescues from 'now'; the slots due in between were lost unrecorded."""
     caplog.set_level(logging.ERROR)
-    world = World(empty_redis)
-    try:
-        for node in ("a", "b", "c"):
-            world.sim.start(node)
+    with three_nodes(empty_redis) as world:
         world.run(1.0)
         world.sim.crash("b")  # one standby left: c
         world.run(12.0)
@@ -199,8 +196,6 @@ def test_a_redis_error_on_a_standby_while_the_leader_is_paused_loses_no_slot_unr
         world.run(1.0)
         assert len(world.sim.seam.injected()) == 1
         assert world.settle_and_check() == []
-    finally:
-        world.close()
 
 
 def test_a_trigger_restored_with_an_older_snapshot_is_not_carried_out_again(
@@ -209,13 +204,9 @@ def test_a_trigger_restored_with_an_older_snapshot_is_not_carried_out_again(
     carried out again after the restore, its task id published twice. A request queued
     before the leader saw the loss is dropped and recorded."""
     caplog.set_level(logging.ERROR)
-    world = World(empty_redis)
-    try:
-        for node in ("a", "b", "c"):
-            world.sim.start(node)
+    with three_nodes(empty_redis) as world:
         world.run(8.0)
-        cluster = Cluster(world.sim.app("cli"))
-        world.clis.append(cluster)
+        cluster = cli(world)
         cluster.trigger("s2", "regression")
         world.take_snapshot()  # the request is still queued
         world.run(12.0)  # carried out; the snapshot's lease has expired since
@@ -226,8 +217,6 @@ def test_a_trigger_restored_with_an_older_snapshot_is_not_carried_out_again(
         world.collect_history()
         assert any("queued before Redis lost writes" in (e.get("detail") or "")
                    for e in world.events.values())
-    finally:
-        world.close()
 
 
 def test_a_backfill_restored_with_an_older_snapshot_is_not_sent_again(empty_redis, caplog):
@@ -235,13 +224,9 @@ def test_a_backfill_restored_with_an_older_snapshot_is_not_sent_again(empty_redi
     The leader that re-anchors after the loss sets a floor no backfill reaches behind (and
     the node that carried it out remembers what it backfilled)."""
     caplog.set_level(logging.ERROR)
-    world = World(empty_redis)
-    try:
-        for node in ("a", "b", "c"):
-            world.sim.start(node)
+    with three_nodes(empty_redis) as world:
         world.run(8.0)
-        cluster = Cluster(world.sim.app("cli"))
-        world.clis.append(cluster)
+        cluster = cli(world)
         now = utcnow()
         never, _, _ = cluster.backfill_slots("s1", now - timedelta(seconds=6),
                                              now - timedelta(seconds=3))
@@ -259,8 +244,6 @@ def test_a_backfill_restored_with_an_older_snapshot_is_not_sent_again(empty_redi
                 backfilled_again.append(f"{p.name} {p.header_slot} by {p.node}@{p.epoch}")
             seen.add((p.name, p.slot_ms))
         assert backfilled_again == []
-    finally:
-        world.close()
 
 
 @pytest.mark.xfail(strict=True, reason="Redis restarted empty and every process with it: "
@@ -269,10 +252,7 @@ def test_a_backfill_restored_with_an_older_snapshot_is_not_sent_again(empty_redi
 def test_slots_due_after_redis_restarts_empty_with_no_node_remembering_are_recorded(
         empty_redis, caplog):
     caplog.set_level(logging.ERROR)
-    world = World(empty_redis)
-    try:
-        for node in ("a", "b", "c"):
-            world.sim.start(node)
+    with three_nodes(empty_redis) as world:
         world.run(8.0)
         world.redis_restarts_empty()
         for node in ("a", "b", "c"):  # every process restarts too: nobody remembers
@@ -280,8 +260,6 @@ def test_slots_due_after_redis_restarts_empty_with_no_node_remembering_are_recor
             world.sim.start(node)
         world.run(15.0)
         assert world.settle_and_check() == []
-    finally:
-        world.close()
 
 
 def test_a_backfill_after_redis_restarts_empty_does_not_resend_slots_sent_before(
@@ -289,15 +267,11 @@ def test_a_backfill_after_redis_restarts_empty_does_not_resend_slots_sent_before
     """Found by the model: with the history gone a backfill re-sent slots sent before the
     restart; a backfill now sends only slots before the entry's last (settled) slot."""
     caplog.set_level(logging.ERROR)
-    world = World(empty_redis)
-    try:
-        for node in ("a", "b", "c"):
-            world.sim.start(node)
+    with three_nodes(empty_redis) as world:
         world.run(12.0)  # s1 sent every second from about 6 s on
         world.redis_restarts_empty()
         world.run(1.0)  # the leader anchors the entries again: backfill knows the phase
-        cluster = Cluster(world.sim.app("cli"))
-        world.clis.append(cluster)
+        cluster = cli(world)
         now = utcnow()
         never, _, _ = cluster.backfill_slots("s1", now - timedelta(seconds=6),
                                              now - timedelta(seconds=2))
@@ -305,18 +279,13 @@ def test_a_backfill_after_redis_restarts_empty_does_not_resend_slots_sent_before
         cluster.backfill("s1", never, "regression")
         world.run(3.0)
         assert duplicates(world.sim.published, world.sim.prefix) == []
-    finally:
-        world.close()
 
 
 def test_a_standby_with_a_newer_definition_does_not_rescue_while_the_leader_is_stopped(
         empty_redis, caplog):
     """The simple case of the one below (which the model found): it holds."""
     caplog.set_level(logging.ERROR)
-    world = World(empty_redis)
-    try:
-        for node in ("a", "b", "c"):
-            world.sim.start(node)
+    with three_nodes(empty_redis) as world:
         world.run(6.0)
         assert world.sim.leader() == "a"
         world.change_schedule("b")  # x: every 2 s -> every 6 s, on a standby only
@@ -324,8 +293,6 @@ def test_a_standby_with_a_newer_definition_does_not_rescue_while_the_leader_is_s
         world.run(8.0)
         assert any(p.epoch == 0 for p in world.sim.published), "nothing rescued: proves nothing"
         assert world.rescues_of_another_definition() == []
-    finally:
-        world.close()
 
 
 def test_a_standby_does_not_rescue_under_the_previous_leaders_definition(empty_redis, caplog):
