@@ -24,12 +24,15 @@ from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.support.beat import NOOP, BeatProcess, beat_env  # noqa: E402
-from tests.support.redis_server import RedisServer  # noqa: E402
+from tests.support.beat import NOOP, BeatProcess, beat_env
+from tests.support.redis_server import RedisServer
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 SCHEDULERS = {
     "leaderbeat": "celery_leaderbeat.Scheduler",
@@ -213,7 +216,7 @@ class Rig:
         self.broker.close()
         shutil.rmtree(self.work, ignore_errors=True)
 
-    def __enter__(self) -> Rig:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -241,7 +244,7 @@ def versions() -> dict[str, str]:
     import redis
 
     server = subprocess.run([RedisServer(start=False).binary, "--version"],
-                            capture_output=True, text=True).stdout.split()
+                            capture_output=True, text=True, check=True).stdout.split()
     cpu = next((line.split(":", 1)[1].strip() for line in
                 Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")),
                "?")

@@ -160,9 +160,9 @@ def more_tables(results: Path) -> str:
     redis = rows(results, "redis")
     if redis:
         out += ["\n**Redis commands at the state server, 2,000 entries every 5 s, 30 s per phase**\n",
-                "| scheduler | phase | sends | all commands per 1,000 sends (commandstats) "
+                ("| scheduler | phase | sends | all commands per 1,000 sends (commandstats) "
                 "| leader round trips per 1,000 sends | leader commands run inside Lua per 1,000 sends "
-                "| each standby: round trips per 30 s (of which per due batch) | load |",
+                "| each standby: round trips per 30 s (of which per due batch) | load |"),
                 "|---|---|---|---|---|---|---|---|"]
         for r in redis:
             k = 1000 / max(r["sent"], 1)
@@ -186,8 +186,8 @@ def more_tables(results: Path) -> str:
     fail = rows(results, "failover")
     if fail:
         out += ["\n**Failover (3 beats, 10 entries every 1 s)**\n",
-                "| scheduler | signal | first send by another beat, s | new leader, s "
-                "| worst lateness (slot header), s | worst lateness (gap), s | duplicates | load |",
+                ("| scheduler | signal | first send by another beat, s | new leader, s "
+                "| worst lateness (slot header), s | worst lateness (gap), s | duplicates | load |"),
                 "|---|---|---|---|---|---|---|---|"]
         groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
         for r in fail:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import subprocess
 import time
@@ -107,7 +108,7 @@ def tick_all(kind: str, n: int, every: float, cap: float, start_cap: float = 240
 def _client_pids(port: int) -> dict[int, int]:
     """Local port of each connection to ``port`` -> the pid owning it (from ``ss -tnp``)."""
     out = subprocess.run(["ss", "-tnpH", f"dport = :{port}"], capture_output=True,
-                         text=True).stdout
+                         text=True, check=False).stdout
     owners = {}
     for line in out.splitlines():
         cols = line.split()
@@ -244,7 +245,7 @@ def _lateness(msgs: list[Msg], t_sig: float, n: int) -> dict[str, Any]:
             per_entry[m.entry].append(m.received)
     for times in per_entry.values():
         times.sort()
-        gaps += [b - a - 1.0 for a, b in zip(times, times[1:]) if b > t_sig]
+        gaps += [b - a - 1.0 for a, b in itertools.pairwise(times) if b > t_sig]
     out["gap_late_max_s"] = max(gaps) if gaps else None
     slots = Counter((m.entry, m.slot) for m in msgs if m.slot is not None)
     out["duplicates"] = sum(1 for c in slots.values() if c > 1)

@@ -26,8 +26,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import _scenarios as sc  # noqa: E402
-from _harness import versions  # noqa: E402
+import _scenarios as sc
+from _harness import versions
 
 RESULTS = Path(__file__).resolve().parent / "results"
 KINDS = ("leaderbeat", "stock", "redbeat")

@@ -5,6 +5,7 @@ Leaderbeat's and Celery's defaults throughout (lease ttl 10 s, 300 s loop interv
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import socket
@@ -89,7 +90,7 @@ def test_step_down_hands_over_within_a_second_nothing_missed_nothing_twice(clust
     follow(recorder, 4)
     assert duplicates(recorder.messages) == []
     ticks = sorted(datetime.fromisoformat(m.slot) for m in recorder.messages if m.entry == "tick")
-    assert all(b - a == timedelta(seconds=1) for a, b in zip(ticks, ticks[1:])), "a slot missed"
+    assert all(b - a == timedelta(seconds=1) for a, b in itertools.pairwise(ticks)), "a slot missed"
     assert all(b.alive for b in beats)
 
 

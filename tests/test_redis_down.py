@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from datetime import datetime, timedelta
 
@@ -82,7 +83,7 @@ def test_last_leader_keeps_sending_through_an_outage_and_reconciles_without_dupl
     assert len({m.slot for m in during if m.entry == "e0"}) >= 2, "the leader went on sending"
     for entry, slots in slots_by_entry(messages).items():
         times = sorted(datetime.fromisoformat(s) for s in slots)
-        assert all(b - a == timedelta(seconds=1) for a, b in zip(times, times[1:])), (
+        assert all(b - a == timedelta(seconds=1) for a, b in itertools.pairwise(times)), (
             f"{entry}: the last leader keeps the phase and loses no slot: "
             f"{[t.strftime('%S.%f')[:6] for t in times]}")
 

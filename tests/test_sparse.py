@@ -9,6 +9,7 @@ dropped, not sent late), for a little over two minutes.
 
 from __future__ import annotations
 
+import itertools
 import time
 from datetime import datetime, timedelta
 
@@ -46,9 +47,9 @@ def test_three_beats_with_default_settings_send_every_sparse_slot_once_on_time_u
         by_entry.setdefault(m.entry, []).append(datetime.fromisoformat(m.slot))
     interval, minutely = sorted(by_entry["every-30s"]), sorted(by_entry["minutely"])
     assert len(interval) >= 3 and len(minutely) >= 2, (interval, minutely)
-    assert all(b - a == timedelta(seconds=30) for a, b in zip(interval, interval[1:]))
+    assert all(b - a == timedelta(seconds=30) for a, b in itertools.pairwise(interval))
     assert all(s.second == 0 and s.microsecond == 0 for s in minutely)
-    assert all(b - a == timedelta(minutes=1) for a, b in zip(minutely, minutely[1:]))
+    assert all(b - a == timedelta(minutes=1) for a, b in itertools.pairwise(minutely))
     lateness = sorted(m.lateness for m in messages)
     print(f"sparse run: {len(messages)} slots, lateness median {lateness[len(lateness) // 2]:.3f}"
           f" s, worst {lateness[-1]:.3f} s; history events {sorted(set(events))}")

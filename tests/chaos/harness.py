@@ -46,6 +46,7 @@ fault was followed by a new leader within a generous bound.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -55,11 +56,12 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import kombu.exceptions
+import redis
 
 from tests.support.beat import NOOP, BeatProcess, Recorder, beat_env
 from tests.support.proxy import TcpProxy
@@ -147,7 +149,7 @@ def slot_ms(value: Any) -> int:
 
 
 def iso(ms: int) -> str:
-    return datetime.utcfromtimestamp(ms / 1000).strftime("%H:%M:%S.%f")[:-3]
+    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%H:%M:%S.%f")[:-3]
 
 
 def wait_until(predicate: Callable[[], Any], timeout: float, step: float = 0.02) -> Any:
@@ -227,7 +229,7 @@ class Monitor(threading.Thread):
         try:
             raw = self.client.get(self.leader_key)
             obs = Observation(time.monotonic(), time.time(), raw.decode() if raw else None, True)
-        except Exception:
+        except (redis.RedisError, OSError):
             obs = Observation(time.monotonic(), time.time(), None, False)
         with self.lock:
             last = self.observations[-1] if self.observations else None
@@ -238,7 +240,7 @@ class Monitor(threading.Thread):
         try:
             start = "-" if self._last_id == "-" else "(" + self._last_id
             rows = self.client.xrange(self.history_key, min=start, max="+", count=10000)
-        except Exception:
+        except (redis.RedisError, OSError):
             self._last_id = "-"  # Redis may come back empty: read the new stream from its start
             return
         with self.lock:
@@ -331,35 +333,35 @@ class Report:
         s = f"chaos seed={self.seed}"
         lines = [
             f"{s} nodes={self.nodes} {self.mode}",
-            f"{s} nodes={self.nodes} duration={self.wall_seconds:.1f}s "
-            f"(chaos {self.chaos_seconds:.1f}s) faults={len(self.faults)} [{kinds_text}]",
-            f"{s} slots expected={self.expected} sent={self.messages} unique={self.unique} "
+            (f"{s} nodes={self.nodes} duration={self.wall_seconds:.1f}s "
+            f"(chaos {self.chaos_seconds:.1f}s) faults={len(self.faults)} [{kinds_text}]"),
+            (f"{s} slots expected={self.expected} sent={self.messages} unique={self.unique} "
             f"duplicate={len(self.duplicates)} missed-explained="
             f"{self.explained_history + self.explained_unsent + self.explained_window} "
             f"(history-missed={self.explained_history} history-unsent={self.explained_unsent} "
             f"fault-window={self.explained_window}, of which unrecorded={self.unrecorded}) "
-            f"missed-unexplained={len(self.unexplained)}",
+            f"missed-unexplained={len(self.unexplained)}"),
             f"{s} longest failover={longest_text} [{' '.join(per_kind)}]",
         ]
         if self.figures:
             f = self.figures
             lp, le = f["lateness_publish_s"], f["lateness_execution_s"]
             lines += [
-                f"{s} published={f['publishes']} (slots {f['slots_published']}) "
+                (f"{s} published={f['publishes']} (slots {f['slots_published']}) "
                 f"published-more-than-once={f['published_more_than_once']} "
                 f"executed={f['executions']} (slots {f['slots_executed']}) "
                 f"executed-twice={f['executed_twice']} (and reruns of runs killed with "
                 f"their worker: {f['executed_twice_rerun_after_worker_kill']}) "
                 f"published-never-executed={f['published_never_executed']} "
-                f"missed-without-reason={self.missed_without_reason}",
-                f"{s} lateness publish p50={lp['p50']}s p99={lp['p99']}s worst={lp['worst']}s; "
+                f"missed-without-reason={self.missed_without_reason}"),
+                (f"{s} lateness publish p50={lp['p50']}s p99={lp['p99']}s worst={lp['worst']}s; "
                 f"execution p50={le['p50']}s p99={le['p99']}s worst={le['worst']}s; "
-                f"load avg mean={self.load.get('mean')} max={self.load.get('max')}",
+                f"load avg mean={self.load.get('mean')} max={self.load.get('max')}"),
                 f"{s} guard {f['guard_events']}",
             ]
         lines += [
-            f"{s} verdict={'PASS' if self.ok else 'FAIL'} issues={len(self.issues)} "
-            f"(replay: LEADERBEAT_CHAOS_SEED={self.seed}) logs={self.workdir}",
+            (f"{s} verdict={'PASS' if self.ok else 'FAIL'} issues={len(self.issues)} "
+            f"(replay: LEADERBEAT_CHAOS_SEED={self.seed}) logs={self.workdir}"),
         ]
         return "\n".join(lines)
 
@@ -810,20 +812,16 @@ class ChaosRun:
 
     def _teardown(self) -> None:
         for sp in self.spawned:
-            try:
+            with contextlib.suppress(Exception):  # tear down the rest whatever one did
                 sp.proc.close()
-            except Exception:
-                pass
         for seat in self.seats:
             seat.proc.close()
         for proc in self.dead_workers:
             proc.close()
         for node in self.nodes:
             node.proxy.close()
-        try:
+        with contextlib.suppress(redis.RedisError, OSError):
             self.ctl.close()
-        except Exception:
-            pass
         self.state.resume()  # a stop_redis interrupted mid-way must not leave it frozen
         self.state.kill()
         if self.broker_kind == "amqp":
@@ -835,10 +833,8 @@ class ChaosRun:
             if self.amqp.errors:
                 self.report.info.append(f"amqp recorder errors: {self.amqp.errors[:5]}")
         else:
-            try:
+            with contextlib.suppress(redis.RedisError, OSError):
                 self.recorder.client.close()
-            except Exception:
-                pass
             self.broker.kill()
         if self.results is not None:
             self.results.kill()
@@ -899,7 +895,7 @@ class ChaosRun:
     def _read_leader(self) -> str | None:
         try:
             raw = self.ctl.get("{" + self.prefix + "}:leader")
-        except Exception:
+        except (redis.RedisError, OSError):
             return None
         return raw.decode() if raw else None
 
