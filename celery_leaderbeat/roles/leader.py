@@ -33,6 +33,9 @@ UNKNOWN_STATE_MARGIN = 5.0
 MARGIN_REASON = ("slot state lost (Redis lost writes): started again after a margin, "
                  "not sent since the loss")
 
+#: seconds between two looks for a report of a loss of writes (see _take_lost_reports)
+LOST_REPORTS_EVERY = 0.5
+
 #: state of an entry nobody schedules any more, and backfill records, older than this go
 PRUNE_AFTER = 30 * 86400.0
 #: node records not seen for this long go
@@ -73,6 +76,10 @@ class Leader:
         self._recover_later: list[Unsent] = []  # a standby's claims too young to take over
         self._recover_at = 0.0  # monotonic: when to try those again
         self._prune_at = time.monotonic() + 60.0
+        #: entries anchored afresh with no loss known: name -> (slot clock, anchor ms)
+        self._unaware: dict[str, tuple[Any, int]] = {}
+        self._lost_reports_at = 0.0  # monotonic: when to look for reports of a loss again
+        self._lost_reports_until = 0.0  # monotonic: when to stop looking
 
     @property
     def tracked(self) -> dict[str, Tracked]:
@@ -111,6 +118,8 @@ class Leader:
             refused = _anchor(node, loaded, "new")
             node.backlog.extend(self._margin_missed(loaded, refused, stored,
                                                     lost=rolled_back or trusted))
+            self._lost_reports_until = time.monotonic() + node.config.lease_ttl
+            self._take_lost_reports()
         self._rolled_back = False
         self._publish_definitions(loaded.tracked, definitions)
         self._mark_definitions()
@@ -142,6 +151,7 @@ class Leader:
         self._rolled_back = True
         self._version = -1
         self.node.ledger.reset_generation()
+        self.node.ledger.loss_seen = False  # this leader re-anchors and records the margin
 
     def update(self, names: Collection[str], version: int) -> None:
         """Take in a change of a few entries: work in proportion to the change, not the
@@ -191,6 +201,8 @@ class Leader:
                                                 recover=True, memory=node.sent)
             self._recover_at = time.monotonic() + node.config.lease_ttl
         self.notice_requests()
+        if self._unaware:
+            self._take_lost_reports()
         if time.monotonic() >= self._prune_at:
             self._prune()
         if self._requests_pending:
@@ -242,6 +254,35 @@ class Leader:
                         if name not in tracked and stored.get(name) not in (None, REMOVED)})
         self.node.ledger.write_definitions(changes)
 
+    def _take_lost_reports(self) -> None:
+        """Entries this leader anchored afresh knowing of no loss: has a node that saw Redis
+        lose writes reported what it knew settled? Their margin's slots are recorded
+        ``missed`` from there (asked at the election and every half second for a lease
+        ttl after it: a standby reports once it sees the loss)."""
+        now = time.monotonic()
+        if not self._unaware or now < self._lost_reports_at:
+            return
+        if now >= self._lost_reports_until:
+            self._unaware.clear()
+            return
+        self._lost_reports_at = now + LOST_REPORTS_EVERY
+        reports = self.node.ledger.lost_reports()
+        for name in [n for n in self._unaware if n in reports]:
+            clock, anchor_ms = self._unaware.pop(name)
+            self.node.backlog.extend(self._margin_events(name, clock, reports[name], anchor_ms))
+
+    def _margin_events(self, name: str, clock: Any, settled: int | None,
+                       anchor_ms: int) -> list[Event]:
+        """``name``'s slots after ``settled`` (from ``since`` when None) up to its anchor,
+        after the margin, recorded ``missed`` with the margin's reason."""
+        since = self.since if settled is None else max(self.since, from_ms(settled + 1))
+        listed, older = margin_slots(clock, since, from_ms(anchor_ms))
+        events = [Event(name, to_ms(slot), "missed", MARGIN_REASON) for slot in listed]
+        if older:
+            events.append(Event(name, to_ms(listed[0]), "missed",
+                                f"{older} older slots not listed ({MARGIN_REASON})"))
+        return events
+
     def _margin_missed(self, loaded: Loaded, refused: list[Any], stored: dict[str, Any], *,
                        lost: bool) -> list[Event]:
         """The slots an entry whose state Redis lost skips: from this node's ``since`` (or
@@ -252,10 +293,13 @@ class Leader:
 
         Only where the loss is known (``lost``: Redis went back to older state, or lost
         the lease under this leader; or this node knows a slot of the entry that Redis no
-        longer has): an empty Redis that no live node remembers looks like a first start,
-        where an entry anchored after the margin missed nothing.
+        longer has; or another node reported one, see :meth:`_take_lost_reports`): an
+        empty Redis that no live node remembers looks like a first start, where an entry
+        anchored after the margin missed nothing. Entries anchored afresh that way are
+        kept for a lease ttl, in case a node that saw the loss reports it.
         """
         events: list[Event] = []
+        self._unaware = {}
         for item, result in zip(loaded.anchors, refused):
             tracked = loaded.tracked.get(item.name)
             if item.op not in (Op.ANCHOR, Op.ROLLED_BACK) or result is not None \
@@ -263,16 +307,13 @@ class Leader:
                 continue
             settled = self.node.sent.newest_known(item.name)  # by this node or another
             if settled is None and not lost:
+                if item.op == Op.ANCHOR:
+                    self._unaware[item.name] = (tracked.clock, item.slot_ms)
                 continue
             state = stored.get(item.name)
             if state is not None:  # rolled back: what Redis still holds was settled
                 settled = max(settled or 0, state.slot_ms)
-            since = self.since if settled is None else max(self.since, from_ms(settled + 1))
-            listed, older = margin_slots(tracked.clock, since, from_ms(item.slot_ms))
-            events += [Event(item.name, to_ms(slot), "missed", MARGIN_REASON) for slot in listed]
-            if older:
-                events.append(Event(item.name, to_ms(listed[0]), "missed",
-                                    f"{older} older slots not listed ({MARGIN_REASON})"))
+            events += self._margin_events(item.name, tracked.clock, settled, item.slot_ms)
         return events
 
     def _mark_definitions(self) -> None:

@@ -26,7 +26,7 @@ from typing import Any
 from ..errors import LeaseLostError
 from ..store.base import STORE_ERRORS
 from ..store.events import ENTRIES, RELEASED
-from ..store.ledger import ClaimItem, Event, Op
+from ..store.ledger import ANCHOR, ClaimItem, Event, Op
 from ..timing.slots import Plan, from_ms, to_ms
 from .agenda import Agenda, Tracked
 from .batch import RescueGate, run_batch
@@ -106,6 +106,8 @@ class Standby:
             if node.lease.try_acquire():
                 return True
             self._next_attempt = now + config.standby_poll
+        if node.ledger.loss_seen:  # Redis answered older state than this node has seen
+            self._report_lost(node.sent.settled())
         if node.backlog:  # history events a failed call did not write: write them now
             events = list(node.backlog)
             RescueGate(node.ledger).record(events)
@@ -239,18 +241,53 @@ class Standby:
         only move on to where the leader stands.
         """
         stored = self.node.ledger.load([tracked.name for tracked, _ in due])
+        if losses := self._losses(stored, [tracked.name for tracked, _ in due]):
+            self._report_lost(losses)
         unclaimed = []
         for tracked, p in due:
             state = stored.get(tracked.name)
+            if state is not None and state.state != ANCHOR:
+                self.node.sent.know(tracked.name, state.slot_ms)  # settled, by whoever
             if state is not None and (not p.send or state.slot_ms >= to_ms(p.send[-1])):
                 tracked.advance(max(from_ms(state.slot_ms), p.last))
             else:
                 unclaimed.append((tracked, p))
         return unclaimed
 
+    def _report_lost(self, settled: dict[str, int]) -> None:
+        """Redis lost writes this node knows of: tell the leader what it knew settled.
+
+        A leader elected after the loss that is a new process knows of none: it anchors
+        every entry with no state after its margin as on a first start. What this node
+        reports lets it record the slots that margin skips as missed (for a while: a
+        report is kept a few lease ttls).
+        """
+        if settled:
+            logger.warning("leaderbeat: standby %s finds Redis lost writes; it reports the "
+                           "newest slots it knew settled of %d entries, so the slots the "
+                           "leader's margin skips are recorded", self.node.config.node_id,
+                           len(settled))
+        self.node.ledger.report_lost(settled)
+
+    def _losses(self, stored: dict[str, Any], names: Any) -> dict[str, int]:
+        """The entries of ``names`` whose state in Redis says it lost writes this node knew
+        of: none left, or older than a slot it knew settled, or an anchor (nothing sent
+        yet) laid after it. An entry's definition changed lays an anchor too: a report of
+        it is harmless (a leader uses reports only for entries it anchors afresh)."""
+        memory, out = self.node.sent, {}
+        for name in names:
+            known = memory.newest_known(name)
+            state = stored.get(name)
+            if known is not None and (state is None or state.slot_ms < known
+                                      or (state.state == ANCHOR and state.slot_ms > known)):
+                out[name] = known
+        return out
+
     def _load(self, version: int) -> None:
         """Read every entry's slot state once (one HGETALL); track those that have one."""
         stored = self.node.ledger.load()
+        if losses := self._losses(stored, self.node.schedule()):
+            self._report_lost(losses)  # before the states read now are taken as known
         loaded = self.node.track(stored, start=utcnow(), epoch=None)
         self.agenda = Agenda({n: t for n, t in loaded.tracked.items() if n in stored})
         self._unknown = set(loaded.tracked) - set(stored)
@@ -263,6 +300,8 @@ class Standby:
         assert self.agenda is not None
         ordered = sorted(names)
         stored = self.node.ledger.load(ordered)
+        if losses := self._losses(stored, ordered):
+            self._report_lost(losses)
         loaded = self.node.track(stored, start=utcnow(), epoch=None, only=ordered)
         for name in ordered:
             if name in loaded.tracked and name in stored:
@@ -284,6 +323,8 @@ class Standby:
         found = self.node.ledger.load(sorted(self._unknown))
         if not found:
             return
+        if losses := self._losses(found, found):
+            self._report_lost(losses)
         loaded = self.node.track(found, start=utcnow(), epoch=None)
         for name, tracked in loaded.tracked.items():
             if name in found and name in self._unknown:

@@ -129,6 +129,12 @@ class SlotStore(Protocol):
     def write_definitions(self, fingerprints: dict[str, str]) -> None: ...
     def observe_generation(self, generation: int | None) -> None: ...
     def reset_generation(self) -> None: ...
+    loss_seen: bool  #: the store answered older state than this node has seen
+    def report_lost(self, settled: dict[str, int]) -> None:
+        """Keep, for a while, the newest slot of each entry this node knew settled before
+        the store lost writes (clears :attr:`loss_seen`)."""
+    def lost_reports(self) -> dict[str, int]:
+        """Per entry, the newest slot any node reported settled before a loss."""
     def prune(self, scheduled: Iterable[str], *, keep_ms: int,
               node_keep_s: float) -> list[int]:
         """Forget entries no longer scheduled (after ``keep_ms``) and long-gone nodes."""

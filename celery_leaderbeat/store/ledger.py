@@ -67,6 +67,10 @@ DEFINED_BY = "|epoch"
 #: after Redis lost writes (see claim.lua)
 LOST_AT = "|lost_at"
 
+#: a node's report of what it knew settled before Redis lost writes is kept this many
+#: lease ttls (a leader elected after the loss looks for reports during one ttl)
+LOST_KEPT_TTLS = 3
+
 #: claim items and history events per script call at most (bounds one call's run time)
 _MAX_PER_CALL = 2000
 
@@ -145,6 +149,10 @@ class Ledger:
         self.generation = 0
         #: set by a leader re-anchoring every entry after Redis went back to older state
         self._reset_generation = False
+        #: Redis answered a lower generation than this node has seen (it lost writes):
+        #: set until the node reported what it knew settled (:meth:`report_lost`)
+        self.loss_seen = False
+        self._loss_below: int | None = None  # the counter when the loss was seen
 
     def claim(self, token: str, epoch: int, items: Sequence[ClaimItem],
               events: Sequence[Event] = ()) -> list[SlotState | None | str]:
@@ -237,9 +245,39 @@ class Ledger:
         return marked
 
     def observe_generation(self, generation: int | None) -> None:
-        """Note a generation seen elsewhere (an acquire attempt's reply)."""
-        if generation is not None and generation > self.generation:
+        """Note a generation seen elsewhere (an acquire attempt's reply); a lower one than
+        this node has seen means Redis lost writes (:attr:`loss_seen`)."""
+        if generation is not None:
+            self._note_generation(generation)
+
+    def _note_generation(self, generation: int) -> None:
+        if generation > self.generation:
             self.generation = generation
+            self._loss_below = None
+        elif generation < self.generation and (self._loss_below is None
+                                               or generation < self._loss_below):
+            self.loss_seen = True  # once per loss: the counter then climbs again
+            self._loss_below = generation
+
+    def report_lost(self, settled: dict[str, int]) -> None:
+        """This node saw Redis lose writes: keep, for a while, the newest slot of each entry
+        it knew settled, for the leader that anchors an entry afresh without knowing of the
+        loss (a new process): it records the slots its margin skips from there."""
+        if settled:
+            pipe = self.client.pipeline(transaction=False)
+            pipe.hset(self.keys.lost, mapping={f"{name}|{self.config.node_id}": slot_ms
+                                               for name, slot_ms in settled.items()})
+            pipe.pexpire(self.keys.lost, int(LOST_KEPT_TTLS * self.config.lease_ttl * 1000))
+            pipe.execute()
+        self.loss_seen = False
+
+    def lost_reports(self) -> dict[str, int]:
+        """Per entry, the newest slot any node reported settled before Redis lost writes."""
+        out: dict[str, int] = {}
+        for field, value in self.client.hgetall(self.keys.lost).items():
+            name = text(field).rpartition("|")[0]
+            out[name] = max(out.get(name, -1), int(value))
+        return out
 
     def reset_generation(self) -> None:
         """The next claim call re-anchors after a loss of writes: it lifts the counter."""
@@ -247,6 +285,7 @@ class Ledger:
 
     def _check_generation(self, reply: Any) -> None:
         if isinstance(reply, list) and reply and reply[0] == 2:
+            self._note_generation(int(reply[1]))
             error = RolledBackError(
                 f"Redis holds older state than this node has seen (generation {int(reply[1])} "
                 f"< {self.generation}): restored from an older snapshot, or a lagging replica "
