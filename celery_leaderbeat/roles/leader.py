@@ -73,6 +73,8 @@ class Leader:
         #: gets through (an election whose first load failed reports on the next one)
         self._reported = False
         self._rolled_back = False  # Redis went back to older state: re-anchor every entry
+        #: with a rollback another node reported: this leader's epoch (its writes stand)
+        self._own_writes_kept: int | None = None
         self._recover_later: list[Unsent] = []  # a standby's claims too young to take over
         self._recover_at = 0.0  # monotonic: when to try those again
         self._prune_at = time.monotonic() + 60.0
@@ -103,7 +105,7 @@ class Leader:
         rolled_back = self._rolled_back
         loaded = node.track(stored, start=start, epoch=node.lease.epoch,
                             definitions=definitions, trust_memory=trusted,
-                            rolled_back=rolled_back)
+                            rolled_back=rolled_back, trusted_epoch=self._own_writes_kept)
         report = (report or not self._reported) and not rolled_back
         unsent: list[Unsent] = []
         if report:
@@ -118,9 +120,11 @@ class Leader:
             refused = _anchor(node, loaded, "new")
             node.backlog.extend(self._margin_missed(loaded, refused, stored,
                                                     lost=rolled_back or trusted))
-            self._lost_reports_until = time.monotonic() + node.config.lease_ttl
+            if self._unaware:
+                self._lost_reports_until = time.monotonic() + node.config.lease_ttl
             self._take_lost_reports()
         self._rolled_back = False
+        self._own_writes_kept = None
         self._publish_definitions(loaded.tracked, definitions)
         self._mark_definitions()
         self.agenda = Agenda(loaded.tracked)
@@ -150,8 +154,12 @@ class Leader:
                        "(slots sent before the loss are never sent again)", why)
         self._rolled_back = True
         self._version = -1
-        self.node.ledger.reset_generation()
-        self.node.ledger.loss_seen = False  # this leader re-anchors and records the margin
+        ledger = self.node.ledger
+        ledger.reset_generation()
+        ledger.loss_seen = False  # this leader re-anchors and records the margin
+        # another node reported it: nothing this leader saw went back, so the slot states
+        # it wrote itself (under its epoch) are still what it wrote
+        self._own_writes_kept = self.node.lease.epoch if ledger.loss_reported else None
 
     def update(self, names: Collection[str], version: int) -> None:
         """Take in a change of a few entries: work in proportion to the change, not the
@@ -206,6 +214,11 @@ class Leader:
         if time.monotonic() >= self._prune_at:
             self._prune()
         if self._requests_pending:
+            # A fenced call that checks the generation first: Redis restored from an older
+            # snapshot that still held this leader's lease brings back requests already
+            # carried out, and nothing else in this tick has noticed yet (a rollback found
+            # here re-anchors first; then requests queued before the loss are dropped)
+            node.ledger.claim(*lease.credentials(), [])
             carry_out(node.ledger, node.store.requests, lease.epoch or 0, node.keys.prefix,
                       self._publish,
                       utcnow(), known=lambda name: name in self.tracked,
@@ -299,13 +312,16 @@ class Leader:
         kept for a lease ttl, in case a node that saw the loss reports it.
         """
         events: list[Event] = []
-        self._unaware = {}
+        reports = self.node.ledger.lost_reports()  # what nodes that saw a loss knew settled
         for item, result in zip(loaded.anchors, refused):
             tracked = loaded.tracked.get(item.name)
             if item.op not in (Op.ANCHOR, Op.ROLLED_BACK) or result is not None \
                     or tracked is None:
                 continue
-            settled = self.node.sent.newest_known(item.name)  # by this node or another
+            self._unaware.pop(item.name, None)
+            known = [s for s in (self.node.sent.newest_known(item.name),  # by anyone
+                                 reports.get(item.name)) if s is not None]
+            settled = max(known) if known else None
             if settled is None and not lost:
                 if item.op == Op.ANCHOR:
                     self._unaware[item.name] = (tracked.clock, item.slot_ms)

@@ -62,6 +62,7 @@ class Standby:
         self._differs: set[str] = set()  # entries whose definition is not the leader's (said)
         #: rescue claims whose reply was lost, and when they were asked (monotonic)
         self._inflight: tuple[list[ClaimItem], float] | None = None
+        self._report_again_at = 0.0  # monotonic: when to report a loss not dealt with again
 
     # -- what the scheduler tells it ---------------------------------------------------
 
@@ -106,8 +107,12 @@ class Standby:
             if node.lease.try_acquire():
                 return True
             self._next_attempt = now + config.standby_poll
-        if node.ledger.loss_seen:  # Redis answered older state than this node has seen
-            self._report_lost(node.sent.settled())
+        ledger = node.ledger
+        if ledger.loss_seen or (ledger.below and now >= self._report_again_at):
+            # Redis answered older state than this node has seen; said again every poll
+            # until a leader has dealt with it (Redis may have lost the report too)
+            self._report_again_at = now + config.standby_poll
+            self._report_lost(node.sent.settled(), say=ledger.loss_seen)
         if node.backlog:  # history events a failed call did not write: write them now
             events = list(node.backlog)
             RescueGate(node.ledger).record(events)
@@ -254,32 +259,32 @@ class Standby:
                 unclaimed.append((tracked, p))
         return unclaimed
 
-    def _report_lost(self, settled: dict[str, int]) -> None:
-        """Redis lost writes this node knows of: tell the leader what it knew settled.
+    def _report_lost(self, settled: dict[str, int], *, say: bool = True) -> None:
+        """Redis lost writes this node knows of: say so, and what it knew settled.
 
-        A leader elected after the loss that is a new process knows of none: it anchors
-        every entry with no state after its margin as on a first start. What this node
-        reports lets it record the slots that margin skips as missed (for a while: a
-        report is kept a few lease ttls).
+        A leader elected after the loss that is a new process knows of none: it would
+        carry on from what an older snapshot holds (sending again what was sent after
+        it), or anchor entries Redis forgot after its margin as on a first start. Told,
+        it starts again as after any rollback, and records the slots its margin skips
+        from what this node knew settled (kept a few lease ttls).
         """
-        if settled:
-            logger.warning("leaderbeat: standby %s finds Redis lost writes; it reports the "
-                           "newest slots it knew settled of %d entries, so the slots the "
-                           "leader's margin skips are recorded", self.node.config.node_id,
-                           len(settled))
+        if say:
+            logger.warning("leaderbeat: standby %s finds Redis lost writes it had seen; it "
+                           "says so (the leader starts every entry again, as after any "
+                           "rollback) and reports the newest slots it knew settled of %d "
+                           "entries", self.node.config.node_id, len(settled))
         self.node.ledger.report_lost(settled)
 
     def _losses(self, stored: dict[str, Any], names: Any) -> dict[str, int]:
-        """The entries of ``names`` whose state in Redis says it lost writes this node knew
-        of: none left, or older than a slot it knew settled, or an anchor (nothing sent
-        yet) laid after it. An entry's definition changed lays an anchor too: a report of
-        it is harmless (a leader uses reports only for entries it anchors afresh)."""
+        """The entries of ``names`` whose slot state in Redis is older than one this node
+        knew settled: Redis lost writes (claims only move forward). A state gone is not
+        taken for a loss here (the leader prunes entries it has not scheduled for 30
+        days): Redis restarted empty shows as the generation counter gone back."""
         memory, out = self.node.sent, {}
         for name in names:
             known = memory.newest_known(name)
             state = stored.get(name)
-            if known is not None and (state is None or state.slot_ms < known
-                                      or (state.state == ANCHOR and state.slot_ms > known)):
+            if known is not None and state is not None and state.slot_ms < known:
                 out[name] = known
         return out
 
@@ -287,7 +292,7 @@ class Standby:
         """Read every entry's slot state once (one HGETALL); track those that have one."""
         stored = self.node.ledger.load()
         if losses := self._losses(stored, self.node.schedule()):
-            self._report_lost(losses)  # before the states read now are taken as known
+            self._report_lost(losses)
         loaded = self.node.track(stored, start=utcnow(), epoch=None)
         self.agenda = Agenda({n: t for n, t in loaded.tracked.items() if n in stored})
         self._unknown = set(loaded.tracked) - set(stored)
