@@ -433,6 +433,54 @@ def test_a_loss_only_a_standby_knows_of_has_the_new_leaders_margin_recorded(
         assert world.settle_and_check() == []
 
 
+def test_a_restore_only_a_standby_knows_of_is_not_sent_again_by_a_new_leader(
+        empty_redis, caplog):
+    """Redis restored from an older snapshot, the leader's process gone; the new leader
+    is a new process and the node that knows of the loss reports it: the leader starts
+    again as after any rollback, before its first send (its catch-up would re-send what
+    was sent after the snapshot)."""
+    caplog.set_level(logging.ERROR)
+    with three_nodes(empty_redis) as world:
+        world.run(7.0)  # a sends the entries' first slots
+        world.take_snapshot()  # a's lease in it, about 10 s to live
+        world.run(4.0)  # a sends more
+        world.sim.crash("a")
+        world.sim.crash("b")
+        world.restore_snapshot()  # a's lease lives on for 6 s: nobody is elected yet
+        world.sim.start("b")  # a new process: it knows of no loss
+        world.run(3.0)  # c's attempts to lead find the generation gone back: it reports
+        assert world.sim.leader() is None
+        world.sim.nodes["c"].paused = True  # so that b leads once the restored lease expires
+        world.run(5.0)
+        world.sim.nodes["c"].paused = False
+        assert world.sim.leader() == "b"
+        world.run(3.0)
+        assert duplicates(world.sim.published, world.sim.prefix) == []
+
+
+@pytest.mark.xfail(strict=True, reason="Redis restored from an older snapshot, the leader "
+                   "gone, and the only node that remembers stopped while a new process is "
+                   "elected: its catch-up sends again a slot sent after the snapshot before "
+                   "anyone can tell it")
+def test_a_restore_nobody_active_knows_of_is_not_sent_again_by_a_new_leader(
+        empty_redis, caplog):
+    caplog.set_level(logging.ERROR)
+    with three_nodes(empty_redis) as world:
+        world.run(1.0)
+        world.take_snapshot()
+        world.run(12.0)
+        world.sim.crash("a")
+        world.sim.crash("b")
+        world.restore_snapshot()
+        world.sim.start("b")  # a new process, elected while c, which remembers, is stopped
+        world.sim.nodes["c"].paused = True
+        world.run(1.0)
+        world.sim.nodes["c"].paused = False
+        assert world.sim.leader() == "b"
+        world.run(6.0)
+        assert duplicates(world.sim.published, world.sim.prefix) == []
+
+
 def test_a_loss_only_a_standby_knows_of_still_has_its_margin_recorded(
         regression_redis, caplog):
     """Found by the whole model (300 examples; shrunk above): Redis restarted empty several
