@@ -481,6 +481,37 @@ def test_a_restore_nobody_active_knows_of_is_not_sent_again_by_a_new_leader(
         assert duplicates(world.sim.published, world.sim.prefix) == []
 
 
+def test_a_leader_stepped_down_long_ago_does_not_carry_on_from_its_memory_after_a_loss(
+        regression_redis, caplog):
+    """Found by the model (300 examples; steps partly shrunk by hand): a step-down from the
+    CLI looked, to the leader's next call, like a lease that vanished while valid; the
+    mark stayed while others led, and at its next election, after Redis restarted empty,
+    it carried on after the slots it had last seen settled, sending again what another
+    leader had sent since. A node that finds another leading now forgets the mark."""
+    caplog.set_level(logging.ERROR)
+    LeaderbeatModel.server = regression_redis
+    state = LeaderbeatModel()
+    state.start_three_nodes()
+    try:
+        state.crash(node="b")
+        state.step_down()
+        state.backfill(ahead=4.0, back=20.0, entry="s2")
+        state.a_redis_call_fails(ahead=39, kind="before")
+        state.time_passes(seconds=13.0)  # c leads and sends
+        state.redis_restarts_empty()
+        state.start(node="b")
+        state.schedule_change_seen_by_all()
+        state.redis_restarts_empty()
+        state.crash(node="c")
+        state.step_down()
+        state.a_redis_call_fails(ahead=16, kind="late")
+        state.redis_restarts_empty()
+        state.time_passes(seconds=12.0)
+        state.nothing_published_twice_and_no_beat_exited()
+    finally:
+        state.teardown()
+
+
 def test_a_loss_only_a_standby_knows_of_still_has_its_margin_recorded(
         regression_redis, caplog):
     """Found by the whole model (300 examples; shrunk above): Redis restarted empty several
