@@ -123,6 +123,15 @@ class Leader:
             if self._unaware:
                 self._lost_reports_until = time.monotonic() + node.config.lease_ttl
             self._take_lost_reports()
+        if rolled_back and self._unaware:
+            # entries this leader anchored afresh knowing of no loss: there was one after
+            # all (another node reported it). Their margin is recorded from the newest slot
+            # reported settled, else from this leader's start
+            reports = node.ledger.lost_reports()
+            for name, (clock, anchor_ms) in self._unaware.items():
+                node.backlog.extend(self._margin_events(name, clock, reports.get(name),
+                                                        anchor_ms))
+            self._unaware.clear()
         self._rolled_back = False
         self._own_writes_kept = None
         self._publish_definitions(loaded.tracked, definitions)
