@@ -280,6 +280,9 @@ def test_slots_due_after_redis_restarts_empty_with_no_node_remembering_are_recor
             world.sim.start(node)
         world.run(15.0)
         assert world.settle_and_check() == []
+        assert world.amnesia  # so settle_and_check left I2 out: checked here
+        world.collect_history()
+        assert world.unaccounted(int((world.sim.clock.time() - 3.0) * 1000)) == []
 
 
 def test_a_backfill_after_redis_restarts_empty_does_not_resend_slots_sent_before(
