@@ -556,6 +556,63 @@ def test_a_loss_reported_after_a_new_leader_anchored_has_its_margin_recorded(
         state.teardown()  # resumes every node, lets time run, checks I1, I2, I4
 
 
+def test_a_restored_registry_record_of_a_predecessor_does_not_stop_a_beat(empty_redis, caplog):
+    """Found by the model (1,000 examples): a beat restarted under the same node id, then
+    Redis restored from a snapshot that held its predecessor's record: the beat took the
+    record for a second running beat with its id (a configuration error) and exited."""
+    caplog.set_level(logging.CRITICAL)
+    with three_nodes(empty_redis) as world:
+        world.run(2.0)  # every node has registered
+        world.take_snapshot()
+        world.sim.crash("b")
+        world.sim.start("b")  # the same node id, another instance
+        world.run(8.0)  # it registers (about once per renew interval)
+        world.restore_snapshot()  # the predecessor's record is back
+        world.run(8.0)
+        assert world.sim.exits == []
+
+
+def test_a_node_that_remembers_nothing_does_not_rescue_from_older_state_a_leader_saw(
+        regression_redis, caplog):
+    """Found by the model (1,000 examples, not shrunk): Redis restored from an older
+    snapshot; the leader's claim found the generation gone back, but before its reset a
+    standby that remembered nothing (a new process) rescued, from the older state, slots
+    sent after the snapshot. A claim that finds the generation gone back now marks the
+    loss for every node (rescues wait for the reset), as a standby's report does."""
+    caplog.set_level(logging.CRITICAL)
+    LeaderbeatModel.server = regression_redis
+    state = LeaderbeatModel()
+    state.start_three_nodes()
+    try:
+        state.redis_snapshot()
+        state.a_redis_call_fails(ahead=25, kind='delay')
+        state.redis_restarts_from_the_snapshot()
+        state.time_passes(seconds=12.0)
+        state.crash(node='b')
+        state.crash(node='b')
+        state.redis_snapshot()
+        state.a_redis_call_fails(ahead=13, kind='repeat')
+        state.resume(node='a')
+        state.resume(node='b')
+        state.a_redis_call_fails(ahead=1, kind='drop')
+        state.a_redis_call_fails(ahead=13, kind='delay')
+        state.crash(node='a')
+        state.start(node='b')
+        state.pause(node='c')
+        state.time_passes(seconds=2.0)
+        state.pause(node='a')
+        state.start(node='b')
+        state.pause(node='a')
+        state.redis_restarts_from_the_snapshot()
+        state.pause(node='c')
+        state.resume(node='b')
+        state.a_redis_call_fails(ahead=35, kind='drop')
+        state.a_redis_call_fails(ahead=5, kind='late')
+        state.nothing_published_twice_and_no_beat_exited()
+    finally:
+        state.teardown()  # resumes every node, lets time run, checks I1, I2, I4
+
+
 def test_a_loss_only_a_standby_knows_of_still_has_its_margin_recorded(
         regression_redis, caplog):
     """Found by the whole model (300 examples; shrunk above): Redis restarted empty several

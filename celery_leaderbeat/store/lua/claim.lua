@@ -31,7 +31,8 @@
 --         may take it over (younger, its claimant may still be publishing it); else ''
 -- ARGV[9] n, the number of events
 -- ARGV[10] the highest generation the caller has seen ('' none); a lower counter here
---          answers {2, counter} and writes nothing: Redis lost writes the caller saw.
+--          answers {2, counter} and writes only the mark of the loss (KEYS[9] "|loss",
+--          see below): Redis lost writes the caller saw.
 --          'reset' (a leader re-anchoring every entry after such a loss): the counter is
 --          lifted above ARGV[11] and the call goes on; from a caller no longer the lease
 --          holder the counter is left as it is (the call then answers {0, ...})
@@ -124,6 +125,11 @@ if reset then
 elseif ARGV[10] == 'reset' and generation < tonumber(ARGV[11]) then
   -- not the leader (answered below): events are written, the counter is left as it is
 elseif ARGV[10] ~= '' and ARGV[10] ~= 'reset' and generation < tonumber(ARGV[10]) then
+  -- the loss is marked for everyone (as lost.lua does): a node that remembers nothing
+  -- must not rescue, nor a new leader send, from this older state until a leader's reset
+  if tonumber(ARGV[10]) > (loss or -1) then
+    redis.call('HSET', KEYS[9], '|loss', ARGV[10])
+  end
   return {2, generation}
 elseif loss and mode ~= 'record' then
   return {2, generation, 1}  -- reported by another node: a leader re-anchors first
