@@ -111,6 +111,30 @@ def test_a_sent_record_marks_the_slot_sent_and_joins_the_history(backend):
     assert ("sent", "e") in [(h["event"], h.get("entry")) for h in a.ledger.history()]
 
 
+def test_loss_reports_give_each_entry_the_newest_slot_any_node_reported(backend):
+    a, b = backend.make("a"), backend.make("b")
+    assert a.ledger.lost_reports() == {}
+    a.ledger.loss_seen = True
+    a.ledger.report_lost({"e": 5000, "f": 1000})
+    assert a.ledger.loss_seen is False  # reported: said once per loss
+    b.ledger.report_lost({"e": 3000, "g": 7000})
+    assert b.ledger.lost_reports() == {"e": 5000, "f": 1000, "g": 7000}
+
+
+def test_a_store_answering_an_older_generation_than_a_node_saw_is_a_loss_seen_once(backend):
+    b = backend.make("b")
+    seen = 10
+    b.ledger.observe_generation(seen)
+    assert b.ledger.loss_seen is False
+    b.ledger.observe_generation(seen - 2)  # the store went back (lost writes)
+    assert b.ledger.loss_seen is True
+    b.ledger.report_lost({})
+    b.ledger.observe_generation(seen - 1)  # climbing again after the same loss
+    assert b.ledger.loss_seen is False
+    b.ledger.observe_generation(seen - 3)  # lower again: another loss
+    assert b.ledger.loss_seen is True
+
+
 def test_prune_forgets_entries_no_longer_scheduled_once_they_are_old(backend):
     a = backend.make("a")
     assert a.lease.try_acquire()

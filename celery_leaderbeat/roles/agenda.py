@@ -98,7 +98,8 @@ def load(schedule: Mapping[str, Any], stored: Mapping[str, SlotState], *, start:
          fingerprint_of: FingerprintOf = _no_fingerprint,
          definitions: Mapping[str, str] | None = None,
          remembered: Callable[[str], int | None] = lambda name: None,
-         trust_memory: bool = False, rolled_back: bool = False) -> Loaded:
+         trust_memory: bool = False, rolled_back: bool = False,
+         trusted_epoch: int | None = None) -> Loaded:
     """Track every entry of ``schedule`` from its stored last slot, else from ``start``.
 
     ``epoch`` is the leader's own: a claimed or unsent slot of any other epoch
@@ -112,7 +113,9 @@ def load(schedule: Mapping[str, Any], stored: Mapping[str, SlotState], *, start:
     have sent later slots than this one remembers, so the entry is treated as
     unknown and starts from ``start``, like an entry with no state. With
     ``rolled_back`` (Redis went back to older state) no stored slot is trusted:
-    every entry with state starts from ``start`` too.
+    every entry with state starts from ``start`` too, except one stored under
+    ``trusted_epoch`` (the leader's own, when another node reported the loss:
+    what this leader wrote is still there).
     """
     tracked: dict[str, Tracked] = {}
     anchors: list[ClaimItem] = []
@@ -132,8 +135,9 @@ def load(schedule: Mapping[str, Any], stored: Mapping[str, SlotState], *, start:
         if sent_ms is not None and (state is None or state.slot_ms < sent_ms) and trust_memory:
             anchors.append(ClaimItem(name, sent_ms, Op.RESTORE, fingerprint=fp))
             last = from_ms(sent_ms)
-        elif state is not None and (rolled_back or (sent_ms is not None
-                                                      and state.slot_ms < sent_ms)):
+        elif state is not None and ((rolled_back and (trusted_epoch is None
+                                                      or state.epoch != trusted_epoch))
+                                    or (sent_ms is not None and state.slot_ms < sent_ms)):
             # rolled back (an older snapshot, a lagging replica): unknown, as if empty
             at = max(to_ms(start), state.slot_ms, sent_ms or 0)
             anchors.append(ClaimItem(name, at, Op.ROLLED_BACK, fingerprint=fp))

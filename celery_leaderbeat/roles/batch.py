@@ -311,8 +311,9 @@ def run_batch(due: Sequence[tuple[Tracked, Plan]], gate: Gate, send: Send | Chun
             for tracked, p in due:
                 last = position[tracked.name]
                 whole = finished and not fenced and tracked.name not in stopped
+                if last != tracked.last:  # settled in Redis, by this node or another (where
+                    memory.know(tracked.name, to_ms(last))  # it stood: perhaps only planned)
                 tracked.advance(max(last, p.last) if whole else last)
-                memory.know(tracked.name, to_ms(last))  # settled, by this node or another
     if fenced:
         raise LeaseLostError("lease expired while sending (self-fencing)")
     return outcome

@@ -33,6 +33,9 @@ UNKNOWN_STATE_MARGIN = 5.0
 MARGIN_REASON = ("slot state lost (Redis lost writes): started again after a margin, "
                  "not sent since the loss")
 
+#: seconds between two looks for a report of a loss of writes (see _take_lost_reports)
+LOST_REPORTS_EVERY = 0.5
+
 #: state of an entry nobody schedules any more, and backfill records, older than this go
 PRUNE_AFTER = 30 * 86400.0
 #: node records not seen for this long go
@@ -70,9 +73,15 @@ class Leader:
         #: gets through (an election whose first load failed reports on the next one)
         self._reported = False
         self._rolled_back = False  # Redis went back to older state: re-anchor every entry
+        #: with a rollback another node reported: this leader's epoch (its writes stand)
+        self._own_writes_kept: int | None = None
         self._recover_later: list[Unsent] = []  # a standby's claims too young to take over
         self._recover_at = 0.0  # monotonic: when to try those again
         self._prune_at = time.monotonic() + 60.0
+        #: entries anchored afresh with no loss known: name -> (slot clock, anchor ms)
+        self._unaware: dict[str, tuple[Any, int]] = {}
+        self._lost_reports_at = 0.0  # monotonic: when to look for reports of a loss again
+        self._lost_reports_until = 0.0  # monotonic: when to stop looking
 
     @property
     def tracked(self) -> dict[str, Tracked]:
@@ -96,7 +105,7 @@ class Leader:
         rolled_back = self._rolled_back
         loaded = node.track(stored, start=start, epoch=node.lease.epoch,
                             definitions=definitions, trust_memory=trusted,
-                            rolled_back=rolled_back)
+                            rolled_back=rolled_back, trusted_epoch=self._own_writes_kept)
         report = (report or not self._reported) and not rolled_back
         unsent: list[Unsent] = []
         if report:
@@ -111,7 +120,20 @@ class Leader:
             refused = _anchor(node, loaded, "new")
             node.backlog.extend(self._margin_missed(loaded, refused, stored,
                                                     lost=rolled_back or trusted))
+            if self._unaware:
+                self._lost_reports_until = time.monotonic() + node.config.lease_ttl
+            self._take_lost_reports()
+        if rolled_back and self._unaware:
+            # entries this leader anchored afresh knowing of no loss: there was one after
+            # all (another node reported it). Their margin is recorded from the newest slot
+            # reported settled, else from this leader's start
+            reports = node.ledger.lost_reports()
+            for name, (clock, anchor_ms) in self._unaware.items():
+                node.backlog.extend(self._margin_events(name, clock, reports.get(name),
+                                                        anchor_ms))
+            self._unaware.clear()
         self._rolled_back = False
+        self._own_writes_kept = None
         self._publish_definitions(loaded.tracked, definitions)
         self._mark_definitions()
         self.agenda = Agenda(loaded.tracked)
@@ -141,7 +163,12 @@ class Leader:
                        "(slots sent before the loss are never sent again)", why)
         self._rolled_back = True
         self._version = -1
-        self.node.ledger.reset_generation()
+        ledger = self.node.ledger
+        ledger.reset_generation()
+        ledger.loss_seen = False  # this leader re-anchors and records the margin
+        # another node reported it: nothing this leader saw went back, so the slot states
+        # it wrote itself (under its epoch) are still what it wrote
+        self._own_writes_kept = self.node.lease.epoch if ledger.loss_reported else None
 
     def update(self, names: Collection[str], version: int) -> None:
         """Take in a change of a few entries: work in proportion to the change, not the
@@ -191,9 +218,16 @@ class Leader:
                                                 recover=True, memory=node.sent)
             self._recover_at = time.monotonic() + node.config.lease_ttl
         self.notice_requests()
+        if self._unaware:
+            self._take_lost_reports()
         if time.monotonic() >= self._prune_at:
             self._prune()
         if self._requests_pending:
+            # A fenced call that checks the generation first: Redis restored from an older
+            # snapshot that still held this leader's lease brings back requests already
+            # carried out, and nothing else in this tick has noticed yet (a rollback found
+            # here re-anchors first; then requests queued before the loss are dropped)
+            node.ledger.claim(*lease.credentials(), [])
             carry_out(node.ledger, node.store.requests, lease.epoch or 0, node.keys.prefix,
                       self._publish,
                       utcnow(), known=lambda name: name in self.tracked,
@@ -242,6 +276,35 @@ class Leader:
                         if name not in tracked and stored.get(name) not in (None, REMOVED)})
         self.node.ledger.write_definitions(changes)
 
+    def _take_lost_reports(self) -> None:
+        """Entries this leader anchored afresh knowing of no loss: has a node that saw Redis
+        lose writes reported what it knew settled? Their margin's slots are recorded
+        ``missed`` from there (asked at the election and every half second for a lease
+        ttl after it: a standby reports once it sees the loss)."""
+        now = time.monotonic()
+        if not self._unaware or now < self._lost_reports_at:
+            return
+        if now >= self._lost_reports_until:
+            self._unaware.clear()
+            return
+        self._lost_reports_at = now + LOST_REPORTS_EVERY
+        reports = self.node.ledger.lost_reports()
+        for name in [n for n in self._unaware if n in reports]:
+            clock, anchor_ms = self._unaware.pop(name)
+            self.node.backlog.extend(self._margin_events(name, clock, reports[name], anchor_ms))
+
+    def _margin_events(self, name: str, clock: Any, settled: int | None,
+                       anchor_ms: int) -> list[Event]:
+        """``name``'s slots after ``settled`` (from ``since`` when None) up to its anchor,
+        after the margin, recorded ``missed`` with the margin's reason."""
+        since = self.since if settled is None else max(self.since, from_ms(settled + 1))
+        listed, older = margin_slots(clock, since, from_ms(anchor_ms))
+        events = [Event(name, to_ms(slot), "missed", MARGIN_REASON) for slot in listed]
+        if older:
+            events.append(Event(name, to_ms(listed[0]), "missed",
+                                f"{older} older slots not listed ({MARGIN_REASON})"))
+        return events
+
     def _margin_missed(self, loaded: Loaded, refused: list[Any], stored: dict[str, Any], *,
                        lost: bool) -> list[Event]:
         """The slots an entry whose state Redis lost skips: from this node's ``since`` (or
@@ -252,27 +315,30 @@ class Leader:
 
         Only where the loss is known (``lost``: Redis went back to older state, or lost
         the lease under this leader; or this node knows a slot of the entry that Redis no
-        longer has): an empty Redis that no live node remembers looks like a first start,
-        where an entry anchored after the margin missed nothing.
+        longer has; or another node reported one, see :meth:`_take_lost_reports`): an
+        empty Redis that no live node remembers looks like a first start, where an entry
+        anchored after the margin missed nothing. Entries anchored afresh that way are
+        kept for a lease ttl, in case a node that saw the loss reports it.
         """
         events: list[Event] = []
+        reports = self.node.ledger.lost_reports()  # what nodes that saw a loss knew settled
         for item, result in zip(loaded.anchors, refused):
             tracked = loaded.tracked.get(item.name)
             if item.op not in (Op.ANCHOR, Op.ROLLED_BACK) or result is not None \
                     or tracked is None:
                 continue
-            settled = self.node.sent.newest_known(item.name)  # by this node or another
+            self._unaware.pop(item.name, None)
+            known = [s for s in (self.node.sent.newest_known(item.name),  # by anyone
+                                 reports.get(item.name)) if s is not None]
+            settled = max(known) if known else None
             if settled is None and not lost:
+                if item.op == Op.ANCHOR:
+                    self._unaware[item.name] = (tracked.clock, item.slot_ms)
                 continue
             state = stored.get(item.name)
             if state is not None:  # rolled back: what Redis still holds was settled
                 settled = max(settled or 0, state.slot_ms)
-            since = self.since if settled is None else max(self.since, from_ms(settled + 1))
-            listed, older = margin_slots(tracked.clock, since, from_ms(item.slot_ms))
-            events += [Event(item.name, to_ms(slot), "missed", MARGIN_REASON) for slot in listed]
-            if older:
-                events.append(Event(item.name, to_ms(listed[0]), "missed",
-                                    f"{older} older slots not listed ({MARGIN_REASON})"))
+            events += self._margin_events(item.name, tracked.clock, settled, item.slot_ms)
         return events
 
     def _mark_definitions(self) -> None:

@@ -88,6 +88,11 @@ class SentMemory:
             return known
         return sent if known is None else max(sent, known)
 
+    def settled(self) -> dict[str, int]:
+        """Per entry, the newest slot this process knows was settled (:meth:`newest_known`)."""
+        return {name: known for name in {*self._newest, *self._known}
+                if (known := self.newest_known(name)) is not None}
+
     def items(self) -> Iterable[tuple[str, int]]:
         return self._newest.items()
 

@@ -12,7 +12,7 @@ from ..config import Config
 from ..entries import EntryOptions
 from ..store.base import LeaseStore, SlotStore, Store
 from ..store.keys import Keys
-from ..store.ledger import Event, SlotState
+from ..store.ledger import ANCHOR, Event, SlotState
 from ..timing.slots import SlotClock, clock_for
 from .agenda import Loaded, load
 from .dynamic_schedule import reanchor
@@ -70,15 +70,18 @@ class Node:
     def track(self, stored: Mapping[str, SlotState], *, start: datetime,
               epoch: int | None, definitions: Mapping[str, str] | None = None,
               trust_memory: bool = False, only: Collection[str] | None = None,
-              rolled_back: bool = False) -> Loaded:
+              rolled_back: bool = False, trusted_epoch: int | None = None) -> Loaded:
         """The schedule's entries tracked from ``stored`` states (see :func:`agenda.load`);
         with ``only``, just those entries (a change of a few in a large schedule)."""
         if stored:
             self.lease.observe_epoch(max(state.epoch for state in stored.values()))
         schedule = self.schedule()
         if not trust_memory and not rolled_back:
-            for name, state in stored.items():  # what this node saw settled, by anyone
-                self.sent.know(name, state.slot_ms)
+            # what this node saw settled, by anyone; not an anchor (nothing sent yet): one
+            # laid after Redis lost writes must not hide what this node knew before it
+            for name, state in stored.items():
+                if state.state != ANCHOR:
+                    self.sent.know(name, state.slot_ms)
         if only is not None:
             schedule = {name: schedule[name] for name in only if name in schedule}
         else:
@@ -88,7 +91,8 @@ class Node:
                     default=EntryOptions.defaults(self.config), epoch=epoch,
                     clock_of=self.clock_of, fingerprint_of=self.fingerprint_of,
                     definitions=definitions, remembered=self.sent.newest_known,
-                    trust_memory=trust_memory, rolled_back=rolled_back)
+                    trust_memory=trust_memory, rolled_back=rolled_back,
+                    trusted_epoch=trusted_epoch)
 
     def fingerprint_of(self, name: str, entry: Any, tz: tzinfo, jitter: float | None) -> str:
         """The fingerprint of an entry's definition, computed once per definition: Celery's

@@ -26,7 +26,7 @@ from typing import Any
 from ..errors import LeaseLostError
 from ..store.base import STORE_ERRORS
 from ..store.events import ENTRIES, RELEASED
-from ..store.ledger import ClaimItem, Event, Op
+from ..store.ledger import ANCHOR, ClaimItem, Event, Op
 from ..timing.slots import Plan, from_ms, to_ms
 from .agenda import Agenda, Tracked
 from .batch import RescueGate, run_batch
@@ -62,6 +62,7 @@ class Standby:
         self._differs: set[str] = set()  # entries whose definition is not the leader's (said)
         #: rescue claims whose reply was lost, and when they were asked (monotonic)
         self._inflight: tuple[list[ClaimItem], float] | None = None
+        self._report_again_at = 0.0  # monotonic: when to report a loss not dealt with again
 
     # -- what the scheduler tells it ---------------------------------------------------
 
@@ -106,6 +107,12 @@ class Standby:
             if node.lease.try_acquire():
                 return True
             self._next_attempt = now + config.standby_poll
+        ledger = node.ledger
+        if ledger.loss_seen or (ledger.below and now >= self._report_again_at):
+            # Redis answered older state than this node has seen; said again every poll
+            # until a leader has dealt with it (Redis may have lost the report too)
+            self._report_again_at = now + config.standby_poll
+            self._report_lost(node.sent.settled(), say=ledger.loss_seen)
         if node.backlog:  # history events a failed call did not write: write them now
             events = list(node.backlog)
             RescueGate(node.ledger).record(events)
@@ -239,18 +246,53 @@ class Standby:
         only move on to where the leader stands.
         """
         stored = self.node.ledger.load([tracked.name for tracked, _ in due])
+        if losses := self._losses(stored, [tracked.name for tracked, _ in due]):
+            self._report_lost(losses)
         unclaimed = []
         for tracked, p in due:
             state = stored.get(tracked.name)
+            if state is not None and state.state != ANCHOR:
+                self.node.sent.know(tracked.name, state.slot_ms)  # settled, by whoever
             if state is not None and (not p.send or state.slot_ms >= to_ms(p.send[-1])):
                 tracked.advance(max(from_ms(state.slot_ms), p.last))
             else:
                 unclaimed.append((tracked, p))
         return unclaimed
 
+    def _report_lost(self, settled: dict[str, int], *, say: bool = True) -> None:
+        """Redis lost writes this node knows of: say so, and what it knew settled.
+
+        A leader elected after the loss that is a new process knows of none: it would
+        carry on from what an older snapshot holds (sending again what was sent after
+        it), or anchor entries Redis forgot after its margin as on a first start. Told,
+        it starts again as after any rollback, and records the slots its margin skips
+        from what this node knew settled (kept a few lease ttls).
+        """
+        if say:
+            logger.warning("leaderbeat: standby %s finds Redis lost writes it had seen; it "
+                           "says so (the leader starts every entry again, as after any "
+                           "rollback) and reports the newest slots it knew settled of %d "
+                           "entries", self.node.config.node_id, len(settled))
+        self.node.ledger.report_lost(settled)
+
+    def _losses(self, stored: dict[str, Any], names: Any) -> dict[str, int]:
+        """The entries of ``names`` whose slot state in Redis is older than one this node
+        knew settled: Redis lost writes (claims only move forward). A state gone is not
+        taken for a loss here (the leader prunes entries it has not scheduled for 30
+        days): Redis restarted empty shows as the generation counter gone back."""
+        memory, out = self.node.sent, {}
+        for name in names:
+            known = memory.newest_known(name)
+            state = stored.get(name)
+            if known is not None and state is not None and state.slot_ms < known:
+                out[name] = known
+        return out
+
     def _load(self, version: int) -> None:
         """Read every entry's slot state once (one HGETALL); track those that have one."""
         stored = self.node.ledger.load()
+        if losses := self._losses(stored, self.node.schedule()):
+            self._report_lost(losses)
         loaded = self.node.track(stored, start=utcnow(), epoch=None)
         self.agenda = Agenda({n: t for n, t in loaded.tracked.items() if n in stored})
         self._unknown = set(loaded.tracked) - set(stored)
@@ -263,6 +305,8 @@ class Standby:
         assert self.agenda is not None
         ordered = sorted(names)
         stored = self.node.ledger.load(ordered)
+        if losses := self._losses(stored, ordered):
+            self._report_lost(losses)
         loaded = self.node.track(stored, start=utcnow(), epoch=None, only=ordered)
         for name in ordered:
             if name in loaded.tracked and name in stored:
@@ -284,6 +328,8 @@ class Standby:
         found = self.node.ledger.load(sorted(self._unknown))
         if not found:
             return
+        if losses := self._losses(found, found):
+            self._report_lost(losses)
         loaded = self.node.track(found, start=utcnow(), epoch=None)
         for name, tracked in loaded.tracked.items():
             if name in found and name in self._unknown:

@@ -129,6 +129,16 @@ class SlotStore(Protocol):
     def write_definitions(self, fingerprints: dict[str, str]) -> None: ...
     def observe_generation(self, generation: int | None) -> None: ...
     def reset_generation(self) -> None: ...
+    loss_seen: bool  #: the store answered older state than this node has seen
+    loss_reported: bool  #: the last rollback answered was a loss another node reported
+    @property
+    def below(self) -> bool:
+        """The store's generation was last seen below the highest this node saw."""
+    def report_lost(self, settled: dict[str, int]) -> None:
+        """Keep, for a while, the newest slot of each entry this node knew settled before
+        the store lost writes (clears :attr:`loss_seen`)."""
+    def lost_reports(self) -> dict[str, int]:
+        """Per entry, the newest slot any node reported settled before a loss."""
     def prune(self, scheduled: Iterable[str], *, keep_ms: int,
               node_keep_s: float) -> list[int]:
         """Forget entries no longer scheduled (after ``keep_ms``) and long-gone nodes."""

@@ -54,6 +54,13 @@ class Keys:
         return self._key("generation")
 
     @property
+    def lost(self) -> str:
+        """Hash, PX ttl: ``<entry>|<node>`` -> the newest slot of the entry that node knew
+        settled before it saw Redis lose writes (the leader that anchors the entry afresh
+        records the slots its margin skips from there)."""
+        return self._key("lost")
+
+    @property
     def progress(self) -> str:
         """String, PX ttl: Redis TIME (ms) of the leader's latest claim (rescues wait on it)."""
         return self._key("progress")

@@ -106,6 +106,9 @@ class Lease:
         self.on_generation(int(reply[-3]))
         if not acquired:
             self.observe_epoch(_epoch_of(reply[1]))
+            # another node leads: what this node sent before its lease vanished is no longer
+            # all that was sent (a leader elected later must not carry on from its memory)
+            self.vanished_while_held = False
             return False
         self.epoch = int(reply[1])
         self.observe_epoch(self.epoch)

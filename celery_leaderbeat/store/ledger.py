@@ -67,6 +67,10 @@ DEFINED_BY = "|epoch"
 #: after Redis lost writes (see claim.lua)
 LOST_AT = "|lost_at"
 
+#: a node's report of what it knew settled before Redis lost writes is kept this many
+#: lease ttls (a leader elected after the loss looks for reports during one ttl)
+LOST_KEPT_TTLS = 3
+
 #: claim items and history events per script call at most (bounds one call's run time)
 _MAX_PER_CALL = 2000
 
@@ -145,6 +149,12 @@ class Ledger:
         self.generation = 0
         #: set by a leader re-anchoring every entry after Redis went back to older state
         self._reset_generation = False
+        #: Redis answered a lower generation than this node has seen (it lost writes):
+        #: set until the node reported what it knew settled (:meth:`report_lost`)
+        self.loss_seen = False
+        self._loss_below: int | None = None  # the counter when the loss was seen
+        #: the last rollback answered was a loss another node reported
+        self.loss_reported = False
 
     def claim(self, token: str, epoch: int, items: Sequence[ClaimItem],
               events: Sequence[Event] = ()) -> list[SlotState | None | str]:
@@ -237,9 +247,46 @@ class Ledger:
         return marked
 
     def observe_generation(self, generation: int | None) -> None:
-        """Note a generation seen elsewhere (an acquire attempt's reply)."""
-        if generation is not None and generation > self.generation:
+        """Note a generation seen elsewhere (an acquire attempt's reply); a lower one than
+        this node has seen means Redis lost writes (:attr:`loss_seen`)."""
+        if generation is not None:
+            self._note_generation(generation)
+
+    def _note_generation(self, generation: int) -> None:
+        if generation >= self.generation:
             self.generation = generation
+            self._loss_below = None
+        else:
+            if self._loss_below is None or generation < self._loss_below:
+                self.loss_seen = True  # once per loss: the counter then climbs again
+            self._loss_below = generation
+
+    @property
+    def below(self) -> bool:
+        """Redis's generation counter was last seen below the highest this node has seen:
+        a loss no leader has dealt with yet (its 'reset' lifts the counter above)."""
+        return self._loss_below is not None
+
+    def report_lost(self, settled: dict[str, int]) -> None:
+        """This node saw Redis lose writes: say so (``lost.lua``: the leader then starts
+        again as after any rollback, even one that is a new process and knows of no
+        loss), and keep, for a while, the newest slot of each entry it knew settled: the
+        leader records the slots its margin skips from there."""
+        args: list[Any] = [self.config.node_id,
+                           int(LOST_KEPT_TTLS * self.config.lease_ttl * 1000), self.generation]
+        for name, slot_ms in settled.items():
+            args += [name, slot_ms]
+        self.scripts.lost(keys=[self.keys.lost, self.keys.backfilled, self.keys.generation],
+                          args=args)
+        self.loss_seen = False
+
+    def lost_reports(self) -> dict[str, int]:
+        """Per entry, the newest slot any node reported settled before Redis lost writes."""
+        out: dict[str, int] = {}
+        for field, value in self.client.hgetall(self.keys.lost).items():
+            name = text(field).rpartition("|")[0]
+            out[name] = max(out.get(name, -1), int(value))
+        return out
 
     def reset_generation(self) -> None:
         """The next claim call re-anchors after a loss of writes: it lifts the counter."""
@@ -247,10 +294,20 @@ class Ledger:
 
     def _check_generation(self, reply: Any) -> None:
         if isinstance(reply, list) and reply and reply[0] == 2:
-            error = RolledBackError(
-                f"Redis holds older state than this node has seen (generation {int(reply[1])} "
-                f"< {self.generation}): restored from an older snapshot, or a lagging replica "
-                "was promoted")
+            seen = self.generation
+            self._note_generation(int(reply[1]))
+            #: another node reported the loss (this one saw nothing older): what this
+            #: node wrote itself is still there
+            self.loss_reported = len(reply) > 2 and int(reply[1]) >= seen
+            if self.loss_reported:
+                error = RolledBackError(
+                    "another node found Redis lost writes it had seen (restarted empty, "
+                    "restored from an older snapshot, or a lagging replica was promoted)")
+            else:
+                error = RolledBackError(
+                    f"Redis holds older state than this node has seen (generation "
+                    f"{int(reply[1])} < {seen}): restored from an older snapshot, or a "
+                    "lagging replica was promoted")
             error.generation = int(reply[1])
             raise error
         if isinstance(reply, list) and len(reply) > 3 and reply[0] == 1:

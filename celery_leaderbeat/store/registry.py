@@ -19,13 +19,16 @@ class Registration:
     id rewritten by another instance since this one's last write means a second
     running beat uses the same ``leaderbeat_node_id``: the two would take each
     other's lease in turn, so it is a configuration error. A restarted beat is not
-    taken for one: its dead predecessor writes no more.
+    taken for one: its dead predecessor writes no more. Nor is a record older than
+    this instance's previous write: Redis went back to an older snapshot, which held
+    the record of a predecessor.
     """
 
     def __init__(self) -> None:
         self.instance = uuid.uuid4().hex[:12]
         self._at = 0.0
         self._once = False
+        self._written = 0.0  # wall time (s) of this instance's previous write
 
     def due(self, every: float) -> bool:
         return time.monotonic() - self._at >= every
@@ -36,12 +39,14 @@ class Registration:
         schedule without a break; a new leader treats slots due after the earliest such
         moment of any live node as on time (a standby could have rescued them)."""
         self._at = time.monotonic()
+        previous, self._written = self._written, time.time()
         replaced = ledger.register_node(role, {
             "host": socket.gethostname(), "pid": os.getpid(), "version": __version__,
             "instance": self.instance, "epoch": epoch, "clock_skew": clock_skew,
             "following_since": following_since})
         other = replaced.get("instance") if replaced else None
-        if replaced and self._once and other not in (None, self.instance):
+        rolled_back = replaced is not None and float(replaced.get("last_seen") or 0) < previous
+        if replaced and self._once and other not in (None, self.instance) and not rolled_back:
             raise ConfigurationError(
                 f"leaderbeat_node_id={node_id!r} is used by another running "
                 f"beat too (host {replaced.get('host')}, pid {replaced.get('pid')}); every "

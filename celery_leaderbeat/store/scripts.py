@@ -15,7 +15,7 @@ from ..config import Config
 from ..errors import ScriptError
 from .keys import Keys
 
-NAMES = ("acquire", "renew", "release", "claim", "guard", "prune")
+NAMES = ("acquire", "renew", "release", "claim", "guard", "prune", "lost")
 
 
 @cache
@@ -37,6 +37,7 @@ class Scripts:
     claim: Any
     guard: Any
     prune: Any
+    lost: Any
 
 
 @dataclass

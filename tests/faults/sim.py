@@ -9,8 +9,11 @@ nothing in it is mocked but these seams, installed by :class:`Sim`:
   relate to it);
 - Redis: each node's client is a :class:`FaultyRedis` on the shared
   :class:`Seam` (see :mod:`tests.faults.seam`);
-- the broker: ``publish`` is replaced by a recorder that notes what would have
-  been published (entry, the ``leaderbeat_slot`` header, epoch, task id);
+- the broker: ``publish`` (a trigger, a backfill, a lone slot) and
+  ``Enqueuer.publish_one`` (each slot of a chunk) are replaced by a recorder that
+  notes what would have been published (entry, the ``leaderbeat_slot`` header,
+  epoch, task id); the broker is ``memory://``, so no claim enqueues anything
+  itself (messages prepared in idle time are built, never sent);
 - the heartbeat thread is a real ``lease.Heartbeat`` whose sleep is a step the
   driver gives (:class:`SteppedHeartbeat`): it renews once per
   ``renew_interval`` of virtual time, in lockstep with the main thread, so a
@@ -43,6 +46,7 @@ import celery_leaderbeat.integrations.guard as guard_module
 import celery_leaderbeat.scheduler as scheduler_module
 import celery_leaderbeat.store.lease as lease_module
 from celery_leaderbeat.config import Config
+from celery_leaderbeat.roles.enqueue import Enqueuer
 from celery_leaderbeat.roles.standby import Standby
 from celery_leaderbeat.scheduler import LEADER, Scheduler
 from celery_leaderbeat.store.events import RELEASED
@@ -195,12 +199,20 @@ class Sim:
         monkeypatch.setattr(scheduler_module, "connect", self._connect)
         # a worker guard built in this process gets a seamed client too (node id "guard")
         monkeypatch.setattr(guard_module, "connect", self._connect_guard)
-        # the broker: every module that publishes a slot does it through ``publish``
-        for name in ("celery_leaderbeat.integrations.sending", "celery_leaderbeat.roles.publish",
-                     "celery_leaderbeat.roles.enqueue"):
+        # the broker: a trigger, a backfill and a lone slot go through ``publish``; a chunk
+        # through ``Enqueuer.publish_one``. ``enqueue.publish`` is left alone: there it
+        # builds a message into a capturing producer (nothing is sent), and a recorder in
+        # its place would count every message built (in idle time too) as published
+        for name in ("celery_leaderbeat.integrations.sending", "celery_leaderbeat.roles.publish"):
             module = sys.modules.get(name) or importlib.import_module(name)
-            if hasattr(module, "publish"):
-                monkeypatch.setattr(module, "publish", self._publish)
+            monkeypatch.setattr(module, "publish", self._publish)
+        sim = self
+
+        def publish_one(enqueuer: Enqueuer, entry: Any, slot: datetime, epoch: int,
+                        overlap: str, producer: Any) -> None:
+            sim._publish(enqueuer.scheduler, entry, slot, epoch, overlap)
+
+        monkeypatch.setattr(Enqueuer, "publish_one", publish_one)
         monkeypatch.setattr(lease_module, "Heartbeat", SteppedHeartbeat)
         monkeypatch.setattr(Standby, "_wait", _wait_without_sleeping)
         return self

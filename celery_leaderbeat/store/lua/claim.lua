@@ -13,7 +13,10 @@
 -- KEYS[9] backfilled hash: "<entry>|<slot_ms>" -> the backfill request that sent it; and
 --         the field "|floor": Redis TIME (ms) plus the ahead allowance when a leader last
 --         re-anchored after a loss of writes ('reset'): what was sent before it cannot be
---         told; and "|lost_at": that Redis TIME (a request queued before it may be a replay)
+--         told; and "|lost_at": that Redis TIME (a request queued before it may be a replay);
+--         and "|loss": a loss of writes a node reported (lost.lua), the highest generation
+--         it had seen: lead and rescue calls answer {2, generation, 1} until a 'reset',
+--         which lifts the counter above it too and deletes it
 -- KEYS[10] epoch counter (read only: the newest leader's epoch, see acquire.lua)
 -- ARGV[1] mode: 'lead', 'rescue' or 'record'
 -- ARGV[2] lead: this leader's token (node_id|epoch); rescue/record: ''
@@ -28,7 +31,8 @@
 --         may take it over (younger, its claimant may still be publishing it); else ''
 -- ARGV[9] n, the number of events
 -- ARGV[10] the highest generation the caller has seen ('' none); a lower counter here
---          answers {2, counter} and writes nothing: Redis lost writes the caller saw.
+--          answers {2, counter} and writes only the mark of the loss (KEYS[9] "|loss",
+--          see below): Redis lost writes the caller saw.
 --          'reset' (a leader re-anchoring every entry after such a loss): the counter is
 --          lifted above ARGV[11] and the call goes on; from a caller no longer the lease
 --          holder the counter is left as it is (the call then answers {0, ...})
@@ -97,6 +101,8 @@
 -- remembers what it published and never publishes a slot twice).
 -- Returns {0, holder_token or false, marked}   lead mode, not the leader: no claim granted
 --         {2, generation}   Redis went back to older state (see ARGV[10]): nothing written
+--         {2, generation, 1}  a node reported a loss of writes (KEYS[9] "|loss", lost.lua):
+--           nothing written; lead and rescue calls answer this until a leader's 'reset'
 --         {1, redis_now_ms, marked, generation, r1, r2, ...}  per claim: 1 granted,
 --           2 paused (skipped), 3 definition differs (rescue), 0 not late enough (rescue)
 --           or too far ahead (lead), false no state (rescue), a backfill's reason (see
@@ -105,16 +111,28 @@ local mode, node, epoch = ARGV[1], ARGV[6], ARGV[4]
 local n = tonumber(ARGV[9])
 local claims_at = 12 + 4 * n
 local generation = tonumber(redis.call('GET', KEYS[8]) or '0')
+-- a loss a node reported (lost.lua): the highest generation it had seen
+local loss = tonumber(redis.call('HGET', KEYS[9], '|loss') or '')
 -- only the lease holder lifts the counter: a leader fenced meanwhile leaves the loss for
 -- the next leader to see (it re-anchors, and sets the backfill floor)
 local reset = ARGV[10] == 'reset' and mode == 'lead' and redis.call('GET', KEYS[1]) == ARGV[2]
 if reset then
-  generation = math.max(generation, tonumber(ARGV[11])) + 1
+  generation = math.max(generation, tonumber(ARGV[11]), loss or 0) + 1
   redis.call('SET', KEYS[8], generation)
+  if loss then
+    redis.call('HDEL', KEYS[9], '|loss')
+  end
 elseif ARGV[10] == 'reset' and generation < tonumber(ARGV[11]) then
   -- not the leader (answered below): events are written, the counter is left as it is
 elseif ARGV[10] ~= '' and ARGV[10] ~= 'reset' and generation < tonumber(ARGV[10]) then
+  -- the loss is marked for everyone (as lost.lua does): a node that remembers nothing
+  -- must not rescue, nor a new leader send, from this older state until a leader's reset
+  if tonumber(ARGV[10]) > (loss or -1) then
+    redis.call('HSET', KEYS[9], '|loss', ARGV[10])
+  end
   return {2, generation}
+elseif loss and mode ~= 'record' then
+  return {2, generation, 1}  -- reported by another node: a leader re-anchors first
 else
   generation = redis.call('INCR', KEYS[8])
 end
