@@ -264,10 +264,10 @@ def run_batch(due: Sequence[tuple[Tracked, Plan]], gate: Gate, send: Send | Chun
                             continue
                         if memory.covers(name, slot_ms):  # granted again after a lost reply
                             pending.append(_already_sent(memory, name, slot_ms, gate.detail))
-                        elif (name, slot) in enqueued:  # granted and enqueued in one step
-                            memory.note(name, slot_ms)
+                        elif (name, slot) in enqueued:  # granted and enqueued in one step:
+                            memory.note(name, slot_ms)  # the claim wrote its 'sent' event
                             outcome.sent += 1
-                            pending.append(Event(name, slot_ms, "sent", gate.detail))
+                            outcome.events.append(Event(name, slot_ms, "sent", gate.detail))
                         elif not replicated:
                             pending.append(Event(name, slot_ms, "unsent", "not replicated"))
                         elif (name, slot) not in sent:

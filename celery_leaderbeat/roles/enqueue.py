@@ -298,14 +298,16 @@ class ChunkSender:
         """The claim script granted and enqueued these: Celery's after_task_publish, once each."""
         s = self.enqueuer.scheduler
         after = bool(signals.after_task_publish.receivers)
+        said: list[tuple[Any, datetime]] = []
         for name, slot in slots:
             captured = self._held.pop((name, slot), None)
             found = self._entry(name)
             if found is not None:
-                s._say_sending(found[0], slot, self.epoch)
+                said.append((found[0], slot))
                 s._note_sent(found[0], slot)
                 if captured is not None and after:
                     signals.after_task_publish.send(sender=found[0].task, **captured.after)
+        s._say_sending_chunk(said, self.epoch)
 
     def send_many(self, slots: Sequence[tuple[str, datetime]],
                   may_send: Callable[[], bool] = lambda: True) -> list[bool]:
@@ -321,9 +323,20 @@ class ChunkSender:
         todo = [(i, found, slots[i][1]) for i in range(len(slots)) if i not in held
                 for found in [self._entry(slots[i][0])] if found is not None]
         s = self.enqueuer.scheduler
+        said: list[tuple[Any, datetime]] = []  # one log record for the chunk, once it is out
+        try:
+            return self._send_many(slots, may_send, ok, held, todo, said)
+        finally:
+            s._say_sending_chunk(said, self.epoch)
+
+    def _send_many(self, slots: Sequence[tuple[str, datetime]], may_send: Callable[[], bool],
+                   ok: list[bool], held: dict[int, Captured],
+                   todo: list[tuple[int, tuple[Any, str], datetime]],
+                   said: list[tuple[Any, datetime]]) -> list[bool]:
+        s = self.enqueuer.scheduler
         results = send_many(s, [(found[0], slot, found[1]) for _, found, slot in todo],
                             self.epoch, producer=self.enqueuer.producer, may_send=may_send,
-                            say=lambda entry, slot: s._say_sending(entry, slot, self.epoch),
+                            say=lambda entry, slot: said.append((entry, slot)),
                             publish_one=self._publish_one) if todo else []
         for (i, found, slot), sent in zip(todo, results):
             ok[i] = sent
@@ -344,7 +357,7 @@ class ChunkSender:
         for i, captured in held.items():
             again = self._entry(slots[i][0])
             if ok[i] and again is not None:
-                s._say_sending(again[0], slots[i][1], self.epoch)
+                said.append((again[0], slots[i][1]))
                 s._note_sent(again[0], slots[i][1])
                 if after:
                     signals.after_task_publish.send(sender=again[0].task, **captured.after)

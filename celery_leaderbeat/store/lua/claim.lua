@@ -70,8 +70,9 @@
 --                   commands, then c groups of three: 'lpush' or 'pexpire', an index into
 --                   KEYS (11 or more), the argument (the message payload, or ms)
 --   A granted 'claim' that has commands runs them here, in this atomic step, and is
---   stored sent ('s'), never claimed: a slot is granted and enqueued, or neither. A
---   retry that finds exactly that sent value answers 1 again and runs nothing twice.
+--   stored sent ('s'), never claimed: a slot is granted and enqueued, or neither; its
+--   'sent' event is written to the history here too (the caller sends none). A retry
+--   that finds exactly that sent value answers 1 again and runs or writes nothing twice.
 -- A 'claim' of a paused entry's slot advances past it instead (state 'k') and
 -- answers 2: the slot is skipped, and resuming does not replay it.
 -- Events are written first and unfenced: they say what already happened (the
@@ -383,6 +384,11 @@ for i = claims_at, claims_end, 6 do
         else
           redis.call('PEXPIRE', key, ARGV[j + 2])
         end
+      end
+      if ncmds > 0 then  -- enqueued: its 'sent' event is written here, not by the caller
+        redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[5], '*', 'event', 'sent', 'entry', name,
+                   'slot', slot_text, 'node', node, 'epoch', epoch,
+                   'detail', mode == 'rescue' and 'rescued' or '')
       end
       result = 1
     end
