@@ -189,3 +189,30 @@ def test_with_publisher_confirms_each_message_is_written_and_confirmed_on_its_ow
         scheduler.close()
     assert writes.count >= len(names)  # one or more each, never one for the chunk
     assert len(arrived) == 2 * len(names)
+
+
+@pytest.mark.parametrize("lease_kept", [True, False], ids=["lease kept", "lease lost"])
+def test_a_queue_declared_mid_chunk_writes_what_was_kept_first_and_the_answer_says_so(
+        redis_server, key_prefix, queues, lease_kept):
+    """A queue's first declaration waits for RabbitMQ's answer: the frames kept before it
+    are written first. Had the lease been lost by the end, the answer covers exactly
+    what was written before (nothing after)."""
+    scheduler = make_scheduler(redis_server.url, key_prefix, queues)
+    try:
+        assert scheduler.lease.try_acquire()
+        sender = scheduler._chunk_sender(scheduler.lease.credentials()[1])
+        plain = [n for n in scheduler.schedule if n.startswith("plain-")]
+        assert sender.send_many([(n, SLOTS[0]) for n in plain]) == [True] * len(plain)
+        drain(queues)
+        # plain entries first (their queue declared), then an entry of a queue not yet declared
+        names = [*plain, "own-1", "own-2"]
+        answer = sender.send_many([(n, SLOTS[1]) for n in names], lambda: lease_kept)
+        arrived = drain(queues)
+    finally:
+        scheduler.close()
+    if lease_kept:
+        assert answer == [True] * len(names)
+        assert {entry for entry, _ in arrived} == set(names)
+    else:
+        assert answer == [True] * len(plain)  # written when own-1's queue was declared
+        assert {entry for entry, _ in arrived} == set(plain)
