@@ -316,23 +316,20 @@ class ChunkSender:
         Shorter than ``slots`` when ``may_send`` said no before the rest reached the
         broker (the lease ran out): the answer covers only what was settled.
         """
+        said: list[tuple[Any, datetime]] = []  # the chunk's send lines: one record, at the end
+        try:
+            return self._publish(slots, may_send, said)
+        finally:
+            self.enqueuer.scheduler._say_sending_chunk(said, self.epoch)
+
+    def _publish(self, slots: Sequence[tuple[str, datetime]], may_send: Callable[[], bool],
+                 said: list[tuple[Any, datetime]]) -> list[bool]:
         ok = [False] * len(slots)
         if self.enqueuer.redis:  # their final commands, in one pipeline after the claim
             self._hold([s for s in slots if s not in self._held])
         held = {i: self._held.pop(s) for i, s in enumerate(slots) if s in self._held}
         todo = [(i, found, slots[i][1]) for i in range(len(slots)) if i not in held
                 for found in [self._entry(slots[i][0])] if found is not None]
-        s = self.enqueuer.scheduler
-        said: list[tuple[Any, datetime]] = []  # one log record for the chunk, once it is out
-        try:
-            return self._send_many(slots, may_send, ok, held, todo, said)
-        finally:
-            s._say_sending_chunk(said, self.epoch)
-
-    def _send_many(self, slots: Sequence[tuple[str, datetime]], may_send: Callable[[], bool],
-                   ok: list[bool], held: dict[int, Captured],
-                   todo: list[tuple[int, tuple[Any, str], datetime]],
-                   said: list[tuple[Any, datetime]]) -> list[bool]:
         s = self.enqueuer.scheduler
         results = send_many(s, [(found[0], slot, found[1]) for _, found, slot in todo],
                             self.epoch, producer=self.enqueuer.producer, may_send=may_send,
