@@ -15,7 +15,8 @@ from .parts import Parts
 
 logger = logging.getLogger(__name__)
 #: one INFO line per send, in stock beat's words (a chunk's lines in one record); a
-#: logger of its own so a busy schedule can quiet it alone (``logging.getLogger("celery_leaderbeat.sends")``)
+#: logger of its own so a busy schedule can quiet it alone
+#: (``logging.getLogger("celery_leaderbeat.sends")``)
 send_logger = logging.getLogger("celery_leaderbeat.sends")
 
 #: idle time (s) before the next due slot below which a leader prepares no messages
