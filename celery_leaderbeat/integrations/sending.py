@@ -103,7 +103,7 @@ class Sending(Parts):
 
         The logging machinery costs more than a line's text (a record, its caller's
         frame, a lock, a flush): one record per chunk of up to a hundred sends,
-        instead of one per send, was a quarter of the send path's CPU.
+        instead of one per send, was about a fifth of the send path's CPU.
         """
         if sends and send_logger.isEnabledFor(logging.INFO):
             how = _how(epoch, None)
