@@ -1,7 +1,7 @@
 """The send path: claim and enqueue in one step against batched publishing, RedBeat and stock.
 
     python bench/send.py steady  [--entries 2000 --every 5 --seconds 60] [--kinds ...]
-    python bench/send.py burst   [--entries 10000] [--standbys 2] [--kinds fast,batched]
+    python bench/send.py burst   [--entries 10000] [--standbys 2] [--bursts 1] [--kinds ...]
     python bench/send.py rabbit  [--entries 2000 --every 5 --seconds 60]
     python bench/send.py kill    [--entries 2000] [--at 550] [--kinds fast,batched]
     python bench/send.py all
@@ -142,8 +142,14 @@ def _wait_leader(rig: SendRig, timeout: float = 120) -> BeatProcess:
     raise RuntimeError("no leader elected")
 
 
-def burst(kind: str, n: int, standbys: int) -> dict[str, Any]:
-    """``n`` entries on one cron, due the same second; one leader and ``standbys`` more."""
+def burst(kind: str, n: int, standbys: int, bursts: int = 1) -> list[dict[str, Any]]:
+    """``n`` entries on one cron, due the same second; one leader and ``standbys`` more.
+
+    One row per burst, ``bursts`` in a row (``BURST_EVERY`` s apart). The first may
+    come before the leader prepared every entry's message in idle time (how much it
+    prepared depends on when the slot falls after the election); later ones do not.
+    """
+    rows = []
     with SendRig(kind, cron_entries(n)) as rig:
         assert rig.watch is not None
         leader = rig.start_beat()
@@ -152,27 +158,31 @@ def burst(kind: str, n: int, standbys: int) -> dict[str, Any]:
             rig.start_beat()
         time.sleep(3)  # every standby loaded its schedule
         slot = _next_burst(time.time() + 5)
-        while time.time() < slot - 1:
-            time.sleep(0.1)
-        base = rig.watch.count
-        cpu0 = {b.pid: cpu_seconds(b.pid) for b in rig.beats}
-        deadline = slot + 30
-        while rig.watch.count - base < n and time.time() < deadline:
-            time.sleep(0.02)
-        time.sleep(0.5)
-        cpu = {b.pid: cpu_seconds(b.pid) - cpu0[b.pid] for b in rig.beats}
-        msgs = [m for m in rig.watch.messages()[base:] if m.slot == slot]
-        by_pid = Counter(m.pid for m in msgs)
-        received = sorted(m.received for m in msgs)
-        return {"scenario": "burst", "kind": kind, "entries": n, "standbys": standbys,
-                "sent": len(msgs), "distinct": len({m.entry for m in msgs}),
+        for index in range(bursts):
+            while time.time() < slot - 1:
+                time.sleep(0.1)
+            base = rig.watch.count
+            cpu0 = {b.pid: cpu_seconds(b.pid) for b in rig.beats}
+            deadline = slot + 30
+            while rig.watch.count - base < n and time.time() < deadline:
+                time.sleep(0.02)
+            time.sleep(0.5)
+            cpu = {b.pid: cpu_seconds(b.pid) - cpu0[b.pid] for b in rig.beats}
+            msgs = [m for m in rig.watch.messages()[base:] if m.slot == slot]
+            by_pid = Counter(m.pid for m in msgs)
+            received = sorted(m.received for m in msgs)
+            rows.append({
+                "scenario": "burst", "kind": kind, "entries": n, "standbys": standbys,
+                "burst": index + 1, "sent": len(msgs), "distinct": len({m.entry for m in msgs}),
                 "first_s": round(received[0] - slot, 3) if received else None,
                 "last_s": round(received[-1] - slot, 3) if received else None,
                 "by_leader": by_pid.get(leader.pid, 0),
                 "rescued": len(msgs) - by_pid.get(leader.pid, 0),
                 "cpu_leader_s": round(cpu[leader.pid], 2),
                 "cpu_standbys_s": [round(cpu[b.pid], 2) for b in rig.beats[1:]],
-                "watch_period_s": rig.watch.period, "load": load()}
+                "watch_period_s": rig.watch.period, "load": load()})
+            slot += BURST_EVERY
+    return rows
 
 
 def rabbit(n: int, every: float, seconds: float) -> dict[str, Any]:
@@ -254,6 +264,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--standbys", type=int, default=2)
     parser.add_argument("--at", type=int, default=550)
+    parser.add_argument("--bursts", type=int, default=1, help="burst: bursts in a row")
     args = parser.parse_args()
     save({"scenario": "env", **versions()})
     todo = ["steady", "burst", "rabbit", "kill"] if args.what == "all" else [args.what]
@@ -263,7 +274,8 @@ def main() -> None:
                 save(steady(kind, args.entries or 2000, args.every, args.seconds))
         elif what == "burst":
             for kind in (args.kinds or "fast,batched").split(","):
-                save(burst(kind, args.entries or 10_000, args.standbys))
+                for row in burst(kind, args.entries or 10_000, args.standbys, args.bursts):
+                    save(row)
         elif what == "rabbit":
             save(rabbit(args.entries or 2000, args.every, args.seconds))
         elif what == "kill":

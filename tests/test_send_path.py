@@ -115,8 +115,37 @@ def test_a_claim_refused_runs_none_of_its_commands_and_a_retried_grant_runs_them
         assert refused[0] is not None and refused[0].slot_ms == 2000
         assert client.lrange("q", 0, -1) == [b"payload"]
         assert ledger.load()["a"].state == "s"
+        # the grant wrote its own 'sent' event (the caller writes none), once for both calls
+        sent = [e for e in ledger.history() if e["event"] == "sent"]
+        assert [(e["entry"], e["slot"], e["epoch"]) for e in sent] == [("a", "2000", str(epoch))]
     finally:
         scheduler.close()
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast", "batched"])
+def test_a_chunks_sends_are_one_log_record_whose_lines_are_the_per_send_lines(
+        redis_server, key_prefix, caplog, fast):
+    from celery_leaderbeat.roles.batch import CHUNK
+
+    caplog.set_level(logging.INFO, logger="celery_leaderbeat.sends")
+    n = CHUNK + 50
+    app = make_app(redis_server.url_for(0 if fast else 1), key_prefix,
+                   {f"e{i}": {"task": NOOP, "schedule": 0.5} for i in range(n)},
+                   leaderbeat_redis_url=redis_server.url_for(0))
+    broker = redis_server.client(db=0 if fast else 1)
+    scheduler = Scheduler(app=app)
+    try:
+        tick_until(scheduler, lambda: broker.llen("celery") >= n)
+        assert scheduler._enqueuer is not None and scheduler._enqueuer.fast is fast
+    finally:
+        scheduler.close()
+    records = [r.getMessage() for r in caplog.records if r.name == "celery_leaderbeat.sends"]
+    lines = [line for record in records for line in record.split("\n")]
+    # a batch of 150 due goes in a chunk of 100 and one of 50: one record each
+    assert max(len(record.split("\n")) for record in records) == CHUNK
+    assert sorted(lines) == sorted(
+        f"Scheduler: Sending due task {m['headers']['leaderbeat_entry']} ({NOOP}) "
+        f"for slot {m['headers']['leaderbeat_slot']}" for m in messages(broker, "celery"))
 
 
 def test_routes_priorities_and_the_global_key_prefix_land_where_kombu_puts_them(

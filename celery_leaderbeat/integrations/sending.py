@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -13,8 +14,9 @@ from ..timing.slots import to_ms
 from .parts import Parts
 
 logger = logging.getLogger(__name__)
-#: one INFO line per send, in stock beat's words; a logger of its own so a busy
-#: schedule can quiet it alone (``logging.getLogger("celery_leaderbeat.sends")``)
+#: one INFO line per send, in stock beat's words (a chunk's lines in one record); a
+#: logger of its own so a busy schedule can quiet it alone
+#: (``logging.getLogger("celery_leaderbeat.sends")``)
 send_logger = logging.getLogger("celery_leaderbeat.sends")
 
 #: idle time (s) before the next due slot below which a leader prepares no messages
@@ -91,13 +93,23 @@ class Sending(Parts):
 
     def _say_sending(self, entry: Any, slot: datetime, epoch: int,
                      task_id: str | None = None) -> None:
-        """Stock beat's INFO line for a send (a chunk sender says it for each slot too)."""
+        """Stock beat's INFO line for a send."""
         if send_logger.isEnabledFor(logging.INFO):
-            # epoch 0 is a standby's rescue; a task id of its own, a trigger or backfill
-            how = (" (rescue: a standby sends a slot the leader had not claimed)" if epoch == 0
-                   else f" (requested, task id {task_id})" if task_id else "")
             send_logger.info("Scheduler: Sending due task %s (%s) for slot %s%s",
-                             entry.name, entry.task, slot.isoformat(), how)
+                             entry.name, entry.task, slot.isoformat(), _how(epoch, task_id))
+
+    def _say_sending_chunk(self, sends: Sequence[tuple[Any, datetime]], epoch: int) -> None:
+        """A chunk's sends as one INFO record whose lines are the per-send lines, in order.
+
+        The logging machinery costs more than a line's text (a record, its caller's
+        frame, a lock, a flush): one record per chunk of up to a hundred sends,
+        instead of one per send, was about a fifth of the send path's CPU.
+        """
+        if sends and send_logger.isEnabledFor(logging.INFO):
+            how = _how(epoch, None)
+            send_logger.info("\n".join([
+                f"Scheduler: Sending due task {entry.name} ({entry.task}) "
+                f"for slot {slot.isoformat()}{how}" for entry, slot in sends]))
 
     def _note_sent(self, entry: Any, slot: datetime) -> None:
         """What a sent slot changes in the entry (a chunk sender calls it for each slot too)."""
@@ -105,3 +117,11 @@ class Sending(Parts):
         entry.total_run_count += 1
         if getattr(entry, "leaderbeat_once", False) and self._dynamic is not None:
             self._dynamic.ran(entry, to_ms(slot))
+
+
+def _how(epoch: int, task_id: str | None) -> str:
+    """What a send line adds: epoch 0 is a standby's rescue; a task id of its own, a
+    trigger or backfill."""
+    if epoch == 0:
+        return " (rescue: a standby sends a slot the leader had not claimed)"
+    return f" (requested, task id {task_id})" if task_id else ""

@@ -221,12 +221,15 @@ def run_batch(due: Sequence[tuple[Tracked, Plan]], gate: Gate, send: Send | Chun
             if not gate.may_send():
                 fenced = True
                 break
-            wanted = [(t.name, slot) for t, slot, op, _ in chunk
-                      if op == Op.CLAIM and not memory.covers(t.name, to_ms(slot))]
+            # each slot in ms once: a burst does this bookkeeping for every message
+            slots_ms = [to_ms(slot) for _, slot, _, _ in chunk]
+            wanted = [(t.name, slot) for (t, slot, op, _), ms in zip(chunk, slots_ms)
+                      if op == Op.CLAIM and not memory.covers(t.name, ms)]
             commands = dict(zip(wanted, sender.prepare(wanted)))
-            items = [ClaimItem(t.name, to_ms(slot), op, to_ms(t.clock.fire_time(slot)),
-                               to_ms(prev), t.fingerprint, commands.get((t.name, slot)) or ())
-                     for t, slot, op, prev in chunk]
+            items = [ClaimItem(t.name, ms, op, ms if fire is slot else to_ms(fire), to_ms(prev),
+                               t.fingerprint, commands.get((t.name, slot)) or ())
+                     for (t, slot, op, prev), ms in zip(chunk, slots_ms)
+                     for fire in [t.clock.fire_time(slot)]]
             writing, pending = pending, []  # written by the claim call, even when refused
             outcome.events += writing
             with _shield() as stopping:  # a stop signal waits until this chunk is out
@@ -244,9 +247,10 @@ def run_batch(due: Sequence[tuple[Tracked, Plan]], gate: Gate, send: Send | Chun
                 except Exception:
                     backlog.extend(writing)  # may not have been written: written again later
                     raise
-                granted = [(t.name, slot) for (t, slot, op, _), result in zip(chunk, results)
+                granted = [(t.name, slot) for (t, slot, op, _), ms, result
+                           in zip(chunk, slots_ms, results)
                            if result is None and op == Op.CLAIM
-                           and not memory.covers(t.name, to_ms(slot))]
+                           and not memory.covers(t.name, ms)]
                 enqueued = {(c[0].name, c[1]) for c, item, result in zip(chunk, items, results)
                             if result is None and item.enqueue and replicated}
                 sender.enqueued([g for g in granted if g in enqueued])
@@ -255,8 +259,8 @@ def run_batch(due: Sequence[tuple[Tracked, Plan]], gate: Gate, send: Send | Chun
                 if to_send and replicated and not fenced:
                     sent = dict(zip(to_send, sender.send_many(to_send, gate.may_send)))
                 fenced = fenced or (replicated and len(sent) < len(to_send))
-                for (tracked, slot, op, _), result in zip(chunk, results):
-                    name, slot_ms = tracked.name, to_ms(slot)
+                for (tracked, slot, op, _), slot_ms, result in zip(chunk, slots_ms, results):
+                    name = tracked.name
                     if result is None:
                         position[name] = max(position[name], slot)
                         pending += deferred.pop(name, ())
@@ -264,10 +268,10 @@ def run_batch(due: Sequence[tuple[Tracked, Plan]], gate: Gate, send: Send | Chun
                             continue
                         if memory.covers(name, slot_ms):  # granted again after a lost reply
                             pending.append(_already_sent(memory, name, slot_ms, gate.detail))
-                        elif (name, slot) in enqueued:  # granted and enqueued in one step
-                            memory.note(name, slot_ms)
+                        elif (name, slot) in enqueued:  # granted and enqueued in one step:
+                            memory.note(name, slot_ms)  # the claim wrote its 'sent' event
                             outcome.sent += 1
-                            pending.append(Event(name, slot_ms, "sent", gate.detail))
+                            outcome.events.append(Event(name, slot_ms, "sent", gate.detail))
                         elif not replicated:
                             pending.append(Event(name, slot_ms, "unsent", "not replicated"))
                         elif (name, slot) not in sent:

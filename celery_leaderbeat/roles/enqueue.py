@@ -298,14 +298,16 @@ class ChunkSender:
         """The claim script granted and enqueued these: Celery's after_task_publish, once each."""
         s = self.enqueuer.scheduler
         after = bool(signals.after_task_publish.receivers)
+        said: list[tuple[Any, datetime]] = []
         for name, slot in slots:
             captured = self._held.pop((name, slot), None)
             found = self._entry(name)
             if found is not None:
-                s._say_sending(found[0], slot, self.epoch)
+                said.append((found[0], slot))
                 s._note_sent(found[0], slot)
                 if captured is not None and after:
                     signals.after_task_publish.send(sender=found[0].task, **captured.after)
+        s._say_sending_chunk(said, self.epoch)
 
     def send_many(self, slots: Sequence[tuple[str, datetime]],
                   may_send: Callable[[], bool] = lambda: True) -> list[bool]:
@@ -314,6 +316,14 @@ class ChunkSender:
         Shorter than ``slots`` when ``may_send`` said no before the rest reached the
         broker (the lease ran out): the answer covers only what was settled.
         """
+        said: list[tuple[Any, datetime]] = []  # the chunk's send lines: one record, at the end
+        try:
+            return self._publish(slots, may_send, said)
+        finally:
+            self.enqueuer.scheduler._say_sending_chunk(said, self.epoch)
+
+    def _publish(self, slots: Sequence[tuple[str, datetime]], may_send: Callable[[], bool],
+                 said: list[tuple[Any, datetime]]) -> list[bool]:
         ok = [False] * len(slots)
         if self.enqueuer.redis:  # their final commands, in one pipeline after the claim
             self._hold([s for s in slots if s not in self._held])
@@ -323,7 +333,7 @@ class ChunkSender:
         s = self.enqueuer.scheduler
         results = send_many(s, [(found[0], slot, found[1]) for _, found, slot in todo],
                             self.epoch, producer=self.enqueuer.producer, may_send=may_send,
-                            say=lambda entry, slot: s._say_sending(entry, slot, self.epoch),
+                            say=lambda entry, slot: said.append((entry, slot)),
                             publish_one=self._publish_one) if todo else []
         for (i, found, slot), sent in zip(todo, results):
             ok[i] = sent
@@ -344,7 +354,7 @@ class ChunkSender:
         for i, captured in held.items():
             again = self._entry(slots[i][0])
             if ok[i] and again is not None:
-                s._say_sending(again[0], slots[i][1], self.epoch)
+                said.append((again[0], slots[i][1]))
                 s._note_sent(again[0], slots[i][1])
                 if after:
                     signals.after_task_publish.send(sender=again[0].task, **captured.after)

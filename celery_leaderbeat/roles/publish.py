@@ -20,6 +20,7 @@ from celery.beat import BeatLazyFunc
 from kombu import Producer
 
 from ..timing.slots import slot_id
+from .frames import Gathered
 
 logger = logging.getLogger(__name__)
 
@@ -112,7 +113,11 @@ def batched(producer: Any) -> Iterator[None]:
 
 
 class _Stopped(Exception):
-    """``may_send`` said no before the batch was flushed: nothing of it goes out."""
+    """``may_send`` said no before the batch was flushed: nothing more of it goes out."""
+
+    def __init__(self, settled: int = 0) -> None:
+        super().__init__("stopped")
+        self.settled = settled  # slots written before (gathered frames that had to go early)
 
 
 def send_many(scheduler: Any, slots: Sequence[tuple[Any, datetime, str]], epoch: int,
@@ -130,18 +135,23 @@ def send_many(scheduler: Any, slots: Sequence[tuple[Any, datetime, str]], epoch:
     out): when it says no, the batch is discarded and the answer is empty. A
     failed flush answers False for every message of the batch (kombu cannot
     tell which ones Redis ran: "delivery is uncertain", so they are recorded
-    unsent, the way a failed publish is).
+    unsent, the way a failed publish is). On py-amqp the chunk's publish frames
+    are written in one socket write at the end (:class:`~.frames.Gathered`), with
+    the same rules as a batch.
     """
     ok = [False] * len(slots)
     try:
         if callable(producer):  # made on first use: connecting can fail like a publish
             producer = producer()
         producer = producer if producer is not None else scheduler.producer
-        with batched(producer):
+        with batched(producer), Gathered(producer) as gathered:
+            # kombu's batch or gathered frames: nothing reaches the broker before the end
+            deferred = batches(producer) or gathered.active
             for i, (entry, slot, overlap) in enumerate(slots):
-                if not batches(producer) and not may_send():
+                if not deferred and not may_send():
                     return ok[:i]  # published one by one: stop where the lease ran out
                 say(entry, slot)
+                gathered.at = i
                 try:
                     if publish_one is None:
                         publish(scheduler, entry, slot, epoch, overlap, producer=producer)
@@ -151,10 +161,10 @@ def send_many(scheduler: Any, slots: Sequence[tuple[Any, datetime, str]], epoch:
                 except Exception:  # this message only: logged with its traceback, unsent
                     logger.exception("leaderbeat: could not send %s for slot %s",
                                      entry.name, slot.isoformat())
-            if batches(producer) and not may_send():
-                raise _Stopped
-    except _Stopped:
-        return []
+            if deferred and not may_send():
+                raise _Stopped(gathered.settled)
+    except _Stopped as stopped:
+        return ok[:stopped.settled]  # what went out before (gathered frames written early)
     except Exception:
         logger.exception("leaderbeat: a batch of %d message(s) could not be sent "
                          "(no broker connection, or the flush failed); recorded unsent", len(slots))

@@ -465,19 +465,30 @@ def _calls(events: Sequence[Event], items: Sequence[ClaimItem]
 def _enqueue_section(items: Sequence[ClaimItem], keys: list[Any]) -> list[Any]:
     """The claim script's trailing ARGV: each item's broker commands, keys added to ``keys``.
 
-    Per item in order: its number of commands, then (command, index into KEYS,
-    argument) for each; last, the length of the section before that number.
+    Per item in order: its commands as one word ('l' for LPUSH, 'e' for PEXPIRE, each
+    followed by its key's index into KEYS; '' for none), then each command's argument;
+    last, the length of the section. Two arguments a message, not four: redis-py packs
+    every argument on its own, a fair part of a chunk's CPU.
     """
     at: dict[str, int] = {}
     section: list[Any] = []
     for item in items:
-        section.append(len(item.enqueue))
-        for name, key, arg in item.enqueue:
+        word = []
+        for name, key, _ in item.enqueue:
             if key not in at:
                 keys.append(key)
                 at[key] = len(keys)  # Lua counts KEYS from 1
-            section += [name, at[key], arg]
+            if name not in _COMMAND_LETTERS:
+                raise ValueError(f"claim item {item.name!r}: broker command {name!r} is not "
+                                 f"supported by the claim script (only lpush and pexpire)")
+            word.append(_COMMAND_LETTERS[name] + str(at[key]))
+        section.append("".join(word))
+        section += [arg for _, _, arg in item.enqueue]
     return section + [len(section)]
+
+
+#: the claim script's letter for each broker command it runs
+_COMMAND_LETTERS = {"lpush": "l", "pexpire": "e"}
 
 
 def _lead_result(reply: Any) -> SlotState | None | str:

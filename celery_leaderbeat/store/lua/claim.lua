@@ -70,12 +70,14 @@
 -- Claim and enqueue in one step (optional: only when KEYS has more than ten keys):
 -- KEYS[11 ..]       the broker's keys (queue lists) the commands below write
 -- ARGV[#ARGV]       L, the length of the enqueue section, which ends just before it and
---                   follows the claims; for each claim in order: c, its number of broker
---                   commands, then c groups of three: 'lpush' or 'pexpire', an index into
---                   KEYS (11 or more), the argument (the message payload, or ms)
+--                   follows the claims; for each claim in order: its broker commands as
+--                   one word ('' for none): 'l' (LPUSH) or 'e' (PEXPIRE), each followed by
+--                   an index into KEYS (11 or more), e.g. 'l11' or 'l11e12'; then one
+--                   argument per command, in order (the message payload, or ms)
 --   A granted 'claim' that has commands runs them here, in this atomic step, and is
---   stored sent ('s'), never claimed: a slot is granted and enqueued, or neither. A
---   retry that finds exactly that sent value answers 1 again and runs nothing twice.
+--   stored sent ('s'), never claimed: a slot is granted and enqueued, or neither; its
+--   'sent' event is written to the history here too (the caller sends none). A retry
+--   that finds exactly that sent value answers 1 again and runs or writes nothing twice.
 -- A 'claim' of a paused entry's slot advances past it instead (state 'k') and
 -- answers 2: the slot is skipped, and resuming does not replay it.
 -- Events are written first and unfenced: they say what already happened (the
@@ -143,12 +145,11 @@ if #KEYS > 10 then
   enq = claims_end + 1
   local j = enq
   while j < #ARGV do  -- checked before anything is written: a script is not rolled back
-    for k = j + 1, j + 3 * tonumber(ARGV[j]), 3 do
-      if ARGV[k] ~= 'lpush' and ARGV[k] ~= 'pexpire' then
-        return redis.error_reply('claim.lua: broker command ' .. ARGV[k] .. ' is not supported')
-      end
+    local rest, c = string.gsub(ARGV[j], '[le]%d+', '')
+    if rest ~= '' then
+      return redis.error_reply('claim.lua: broker commands ' .. ARGV[j] .. ' not supported')
     end
-    j = j + 1 + 3 * tonumber(ARGV[j])
+    j = j + 1 + c
   end
 end
 local marked = 0
@@ -296,11 +297,12 @@ local out = {1, now_ms, marked, generation}
 for i = claims_at, claims_end, 6 do
   local name, slot, op, fire = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2], tonumber(ARGV[i + 3])
   local prev, fp = ARGV[i + 4], ARGV[i + 5]
-  local cmds, ncmds = 0, 0
+  local spec, cmds, ncmds = '', 0, 0
   if enq then
-    ncmds = tonumber(ARGV[enq])
+    spec = ARGV[enq]
     cmds = enq + 1
-    enq = cmds + 3 * ncmds
+    ncmds = select(2, string.gsub(spec, '[le]', ''))
+    enq = cmds + ncmds
   end
   local state = states[op]
   if op == 'claim' and ncmds > 0 then
@@ -394,13 +396,19 @@ for i = claims_at, claims_end, 6 do
         redis.call('HSET', KEYS[4], name .. '|' .. s_slot, stored)
       end
       redis.call('HSET', KEYS[2], name, slot_text .. '|' .. epoch .. '|' .. state .. suffix)
-      for j = cmds, cmds + 3 * ncmds - 1, 3 do
-        local cmd, key = ARGV[j], KEYS[tonumber(ARGV[j + 1])]
-        if cmd == 'lpush' then
-          redis.call('LPUSH', key, ARGV[j + 2])
+      local j = cmds
+      for cmd, key in string.gmatch(spec, '([le])(%d+)') do
+        if cmd == 'l' then
+          redis.call('LPUSH', KEYS[tonumber(key)], ARGV[j])
         else
-          redis.call('PEXPIRE', key, ARGV[j + 2])
+          redis.call('PEXPIRE', KEYS[tonumber(key)], ARGV[j])
         end
+        j = j + 1
+      end
+      if ncmds > 0 then  -- enqueued: its 'sent' event is written here, not by the caller
+        redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[5], '*', 'event', 'sent', 'entry', name,
+                   'slot', slot_text, 'node', node, 'epoch', epoch,
+                   'detail', mode == 'rescue' and 'rescued' or '')
       end
       result = 1
     end

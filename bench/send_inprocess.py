@@ -1,0 +1,145 @@
+"""The send path in one process: CPU seconds of a leader's ticks, optionally profiled.
+
+    python bench/send_inprocess.py steady [--seconds 30] [--profile]   # 2,000 every 5 s, fast path
+    python bench/send_inprocess.py burst [--profile]    # a warm burst of 10,000 on one cron
+    python bench/send_inprocess.py rabbit [--seconds 30] [--profile]  # steady, RabbitMQ broker
+
+The scheduler ticks in this process against a redis-server of its own (its
+state, and the broker for steady and burst; RabbitMQ is the one on
+127.0.0.1:5672, with a queue of the run's own). Send lines go to a log file at
+INFO, as a beat's would. Prints CPU seconds of the process (``time.process_time``)
+for the measured window and, with ``--profile``, the cProfile shares that
+docs/benchmarks.md quotes ("Where the time goes now"). Not part of the test suite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import logging
+import pstats
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from celery import Celery
+
+from celery_leaderbeat.scheduler import Scheduler
+from celery_leaderbeat.timing.schedules import cron
+from tests.support.beat import NOOP
+from tests.support.redis_server import RedisServer
+
+AMQP = "amqp://guest:guest@127.0.0.1:5672//"
+
+
+def shares(stats: pstats.Stats) -> dict[str, float]:
+    """Seconds of the profile in each part of the send path, and the ticks' total."""
+    raw: Any = stats.stats  # type: ignore[attr-defined]
+
+    def cum(path: str, fn: str) -> float:
+        return sum(v[3] for k, v in raw.items() if path in k[0] and k[2] == fn)
+
+    def own(fn: str) -> float:
+        return sum(v[2] for k, v in raw.items() if k[2] == fn)
+
+    return {
+        "ticks": cum("celery_leaderbeat/scheduler.py", "tick"),
+        "redis-py packing": cum("redis/connection.py", "pack"),
+        "building messages": cum("roles/messages.py", "build"),
+        "kombu Producer.publish": sum(v[3] for k, v in raw.items()
+                                      if "kombu/messaging.py" in k[0] and k[2] == "publish"
+                                      and k[1] > 200),
+        "py-amqp properties": cum("amqp/serialization.py", "_serialize_properties"),
+        "socket writes": own("<method 'sendall' of '_socket.socket' objects>"),
+        "socket reads (wall)": own("<method 'recv' of '_socket.socket' objects>"),
+        "run_batch's own": sum(v[2] for k, v in raw.items() if "roles/batch.py" in k[0]
+                               and k[2] in ("run_batch", "<listcomp>", "<setcomp>")),
+        "after the grant (enqueued)": cum("roles/enqueue.py", "enqueued"),
+        "planning (pop_due)": cum("roles/agenda.py", "pop_due"),
+        "send lines": cum("integrations/sending.py", "_say_sending_chunk"),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("what", choices=["steady", "burst", "rabbit"])
+    parser.add_argument("--seconds", type=float, default=30.0)
+    parser.add_argument("--profile", action="store_true")
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="lb-send-inprocess-"))
+    logging.basicConfig(filename=str(work / "beat.log"), level=logging.INFO,
+                        format="[%(asctime)s: %(levelname)s/%(processName)s] %(message)s")
+    server = RedisServer(workdir=work / "redis")
+    rabbit = args.what == "rabbit"
+    queue = f"lb-send-inprocess-{uuid.uuid4().hex[:8]}"
+    if args.what == "burst":
+        schedule = {f"e{i}": {"task": NOOP, "schedule": cron("*/10 * * * * *"), "args": [f"e{i}"]}
+                    for i in range(10_000)}
+    else:
+        schedule = {f"e{i}": {"task": NOOP, "schedule": 5.0, "args": [f"e{i}"]}
+                    for i in range(2000)}
+    app = Celery("bench")
+    app.conf.update(broker_url=AMQP if rabbit else server.url_for(0), leaderbeat_key_prefix="b",
+                    beat_schedule=schedule, timezone="UTC", beat_max_loop_interval=1,
+                    task_default_queue=queue,
+                    **({"leaderbeat_redis_url": server.url_for(0)} if rabbit else {}))
+    import kombu
+
+    client, amqp = server.client(), kombu.Connection(AMQP)
+
+    def enqueued() -> int:
+        if not rabbit:
+            return int(client.llen(queue))
+        try:  # nobody consumes: the queue's depth is what was enqueued
+            return int(kombu.Queue(queue, channel=amqp.default_channel)
+                       .queue_declare(passive=True).message_count)
+        except amqp.channel_errors:  # not declared yet
+            amqp.close()
+            return 0
+
+    scheduler = Scheduler(app=app)
+    try:
+        warm_until = time.monotonic() + 8  # elected, first sends, messages prepared
+        while time.monotonic() < warm_until or (args.what == "burst" and enqueued() < 10_000):
+            time.sleep(min(scheduler.tick(), 0.05))
+        n0, cpu0, t0 = enqueued(), time.process_time(), time.monotonic()
+        profile = cProfile.Profile() if args.profile else None
+        if profile:
+            profile.enable()
+        if args.what == "burst":  # the next burst, warm
+            while enqueued() < n0 + 10_000:
+                delay = scheduler.tick()
+                if enqueued() < n0 + 10_000:
+                    time.sleep(min(delay, 0.05))
+        else:
+            while time.monotonic() < t0 + args.seconds:
+                time.sleep(min(scheduler.tick(), 1.0))
+        if profile:
+            profile.disable()
+        cpu, sent = time.process_time() - cpu0, enqueued() - n0
+        print(f"{args.what}: {sent} sent, {cpu:.3f} CPU s, {1000 * cpu / max(sent, 1):.4f} "
+              f"CPU s per 1,000 sends{' (profiled)' if profile else ''}")
+        if profile:
+            parts = shares(pstats.Stats(profile))
+            ticks = parts.pop("ticks")
+            print(f"  the ticks: {ticks:.3f} s of the profile")
+            for name, seconds in parts.items():
+                if seconds:
+                    print(f"  {name}: {seconds:.3f} s ({100 * seconds / ticks:.0f} %)")
+    finally:
+        scheduler.close()
+        if rabbit:
+            kombu.Queue(queue, channel=amqp.channel()).delete()
+        amqp.close()
+        server.close()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

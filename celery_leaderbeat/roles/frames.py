@@ -1,0 +1,117 @@
+"""On RabbitMQ (py-amqp), a chunk's messages reach the socket in one write.
+
+py-amqp writes every message's frames with a ``sendall`` of its own: a system
+call per message, about a fifth of a RabbitMQ send's CPU. While a chunk is
+published, :class:`Gathered` puts a frame writer of its own on the
+connection (``Connection.frame_writer`` is a settable property): one made by
+py-amqp's own ``method_framing.frame_writer`` over a buffer, so the frames
+are byte for byte py-amqp's. Only ``Basic.Publish`` frames are kept; any other
+frame (a queue's first declaration, which then waits for its answer; a
+heartbeat) first writes what was kept, so the order on the wire stays. What
+was kept is written at the end in one ``transport.write``.
+
+Nothing of a chunk counts as sent before that write returned: a failed write
+raises (the whole chunk is recorded unsent, as a failed kombu batch is), and
+an exception raised inside discards what was kept. Where anything is not as
+expected (a client library other than py-amqp, no settable frame writer,
+publisher confirms, which wait for each message's answer, a connection not
+made yet) messages are written one by one, as before.
+"""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import Any
+
+
+class _Kept:
+    """Stands in for py-amqp's transport in a frame writer: keeps what it would write."""
+
+    def __init__(self) -> None:
+        self.parts: list[bytes] = []
+
+    def write(self, data: Any) -> None:
+        self.parts.append(bytes(data))  # a view of the writer's own buffer, reused: copied
+
+
+def _client(producer: Any) -> Any:
+    """The py-amqp connection under ``producer`` when its frames can be gathered, else None."""
+    try:
+        import amqp
+        from amqp import method_framing
+    except ImportError:
+        return None
+    kombu_conn = getattr(producer, "__connection__", None)  # set by Producer.revive
+    if kombu_conn is None or not kombu_conn.connected:  # never connect from here
+        return None
+    client = getattr(producer.channel, "connection", None)
+    writer = getattr(type(client), "frame_writer", None)
+    if (not isinstance(client, amqp.Connection) or not isinstance(writer, property)
+            or writer.fset is None or getattr(client, "confirm_publish", True)
+            or not callable(getattr(method_framing, "frame_writer", None))
+            or not callable(getattr(client.transport, "write", None))):
+        return None
+    return client
+
+
+class Gathered:
+    """Within ``with Gathered(producer) as gathered:``, publish frames go out in one write.
+
+    ``gathered.active`` says whether frames are being kept; ``gathered.settled`` is
+    how many of the chunk's slots were on the wire when kept frames had to go early
+    (set ``gathered.at`` to a slot's index before publishing it).
+    """
+
+    def __init__(self, producer: Any) -> None:
+        self.producer = producer
+        self.client: Any = None
+        self.active = False
+        self.at = 0  # the index of the slot being published
+        self.settled = 0  # slots before this index are written (kept frames went early)
+        self._kept = _Kept()
+        self._failed: BaseException | None = None
+
+    def __enter__(self) -> Gathered:  # noqa: PYI034 - typing.Self is Python 3.11+
+        client = _client(self.producer)
+        if client is None:
+            return self
+        from amqp import method_framing, spec
+
+        original = client.frame_writer
+        keep = method_framing.frame_writer(client, self._kept)
+        publish = spec.Basic.Publish
+
+        def write_frame(type_: int, channel: int, method_sig: Any, args: Any,
+                        content: Any) -> Any:
+            if type_ == 1 and method_sig == publish:
+                return keep(type_, channel, method_sig, args, content)
+            self.settled = self.at  # what was kept must precede this frame
+            self._write()
+            return original(type_, channel, method_sig, args, content)
+
+        self.client, self._original = client, original
+        client.frame_writer = write_frame
+        self.active = True
+        return self
+
+    def _write(self) -> None:
+        parts, self._kept.parts = self._kept.parts, []
+        if parts:
+            try:
+                self.client.transport.write(b"".join(parts))
+            except BaseException as exc:
+                self._failed = exc  # the chunk fails as a whole, even if kombu retries on
+                raise
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if self.client is None:
+            return
+        self.client.frame_writer = self._original
+        self.active = False
+        if exc_type is not None:
+            self._kept.parts.clear()
+            return
+        if self._failed is not None:
+            raise self._failed
+        self._write()

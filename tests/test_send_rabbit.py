@@ -1,0 +1,218 @@
+"""On RabbitMQ (py-amqp) a chunk's messages reach the socket in one write, and the same
+rules as a kombu batch hold: nothing counts as sent before that write, a write that
+fails leaves the whole chunk unsent, and a lease lost before it sends nothing.
+
+Each test has queues of its own on the RabbitMQ at 127.0.0.1:5672 (deleted after).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Iterator
+from datetime import datetime, timezone
+
+import kombu
+import pytest
+from celery import Celery
+
+from celery_leaderbeat.roles.publish import publish
+from celery_leaderbeat.scheduler import Scheduler
+from tests.support.beat import NOOP
+
+AMQP = "amqp://guest:guest@127.0.0.1:5672//"
+UTC = timezone.utc
+SLOTS = [datetime(2020, 1, 1, 0, 0, s, tzinfo=UTC) for s in (0, 7, 14)]
+
+
+@pytest.fixture
+def queues() -> Iterator[dict[str, str]]:
+    """Queue names of this test's own: the default queue, a routed one, an entry's own."""
+    try:
+        with kombu.Connection(AMQP, connect_timeout=3) as conn:
+            conn.ensure_connection(max_retries=1)
+    except Exception as exc:
+        if os.environ.get("CI") == "true":
+            raise
+        pytest.skip(f"RabbitMQ not reachable at {AMQP}: {exc}")
+    tag = uuid.uuid4().hex[:8]
+    names = {"default": f"lb-send-{tag}", "routed": f"lb-send-routed-{tag}",
+             "own": f"lb-send-own-{tag}"}
+    yield names
+    with kombu.Connection(AMQP) as conn:
+        for name in names.values():
+            kombu.Queue(name, channel=conn.channel()).delete()
+
+
+def make_scheduler(state_url: str, prefix: str, queues: dict[str, str],
+                   **settings) -> Scheduler:
+    entries = {}
+    for i in (1, 2):  # two entries per shape: the second's message is built from the first
+        entries[f"plain-{i}"] = {"task": NOOP, "schedule": 60.0, "args": [i, "é" * i]}
+        entries[f"urgent-{i}"] = {"task": NOOP, "schedule": 60.0, "args": [i],
+                                  "options": {"priority": 7}}
+        entries[f"routed-{i}"] = {"task": "proj.routed", "schedule": 60.0, "args": [i]}
+        entries[f"own-{i}"] = {"task": NOOP, "schedule": 60.0, "kwargs": {"i": i},
+                               "options": {"queue": queues["own"], "headers": {"h": "x"}}}
+    app = Celery("proj")
+    app.conf.update(broker_url=AMQP, leaderbeat_redis_url=state_url,
+                    leaderbeat_key_prefix=prefix, timezone="UTC", beat_schedule=entries,
+                    task_default_queue=queues["default"],
+                    task_routes={"proj.routed": {"queue": queues["routed"]}}, **settings)
+    return Scheduler(app=app)
+
+
+def drain(queues: dict[str, str]) -> dict[tuple[str, str], tuple]:
+    """Every message in the test's queues by (entry, slot): what a consumer sees of it."""
+    out = {}
+    with kombu.Connection(AMQP) as conn:
+        channel = conn.default_channel
+        for queue in queues.values():
+            try:
+                while (message := channel.basic_get(queue, no_ack=True)) is not None:
+                    props = dict(message.properties)
+                    props.pop("delivery_tag", None)
+                    out[(message.headers["leaderbeat_entry"],
+                         message.headers["leaderbeat_slot"])] = (
+                        queue, message.headers, props, message.body, message.content_type,
+                        message.content_encoding)
+            except conn.channel_errors:  # not declared: nothing was sent to it
+                channel = conn.channel()
+    return out
+
+
+class SocketWrites:
+    """Counts the writes to the producer connection's socket (wraps its sendall)."""
+
+    def __init__(self, sender) -> None:
+        client = sender.enqueuer.producer().channel.connection
+        self.transport = client.transport
+        self.real = self.transport._write
+        self.count = 0
+
+        def counted(data):
+            self.count += 1
+            return self.real(data)
+
+        self.transport._write = counted
+
+
+def test_a_chunk_goes_out_in_one_socket_write_as_apply_async_would_publish_it(
+        redis_server, key_prefix, queues):
+    scheduler = make_scheduler(redis_server.url, key_prefix, queues)
+    try:
+        assert scheduler.lease.try_acquire()
+        epoch = scheduler.lease.credentials()[1]
+        sender = scheduler._chunk_sender(epoch)
+        names = list(scheduler.schedule)
+        names = [n for n in names if not n.startswith("celery.")]
+        # the first chunk connects and declares the queues (py-amqp waits for each answer)
+        assert sender.send_many([(n, SLOTS[0]) for n in names]) == [True] * len(names)
+        writes = SocketWrites(sender)
+        assert sender.send_many([(n, SLOTS[1]) for n in names]) == [True] * len(names)
+        assert writes.count == 1
+        ours = drain(queues)
+        with scheduler.app.producer_or_acquire() as producer:  # Celery's, one by one
+            for slot in SLOTS[:2]:
+                for name in names:
+                    publish(scheduler, scheduler.schedule[name], slot, epoch, producer=producer)
+        celerys = drain(queues)
+    finally:
+        scheduler.close()
+    assert len(ours) == 2 * len(names)
+    assert ours == celerys
+
+
+def test_a_failed_write_leaves_the_whole_chunk_unsent_and_the_next_chunk_reconnects(
+        redis_server, key_prefix, queues):
+    scheduler = make_scheduler(redis_server.url, key_prefix, queues)
+    try:
+        assert scheduler.lease.try_acquire()
+        sender = scheduler._chunk_sender(scheduler.lease.credentials()[1])
+        names = [n for n in scheduler.schedule if not n.startswith("celery.")]
+        assert sender.send_many([(n, SLOTS[0]) for n in names]) == [True] * len(names)
+        client = sender.enqueuer.producer().channel.connection
+
+        def socket_closes() -> bool:  # asked just before the chunk's one write
+            client.transport.sock.shutdown(socket.SHUT_RDWR)
+            return True
+
+        assert sender.send_many([(n, SLOTS[1]) for n in names], socket_closes) == (
+            [False] * len(names))
+        assert sender.send_many([(n, SLOTS[2]) for n in names]) == [True] * len(names)
+        arrived = drain(queues)
+    finally:
+        scheduler.close()
+    slots = sorted({slot for _, slot in arrived})
+    assert slots == [SLOTS[0].isoformat(), SLOTS[2].isoformat()]
+    assert len(arrived) == 2 * len(names)
+
+
+def test_a_lease_lost_before_the_write_sends_nothing_of_the_chunk(
+        redis_server, key_prefix, queues):
+    scheduler = make_scheduler(redis_server.url, key_prefix, queues)
+    try:
+        assert scheduler.lease.try_acquire()
+        sender = scheduler._chunk_sender(scheduler.lease.credentials()[1])
+        names = [n for n in scheduler.schedule if not n.startswith("celery.")]
+        assert sender.send_many([(n, SLOTS[0]) for n in names]) == [True] * len(names)
+        asked = []
+
+        def lease_gone() -> bool:
+            asked.append(1)
+            return False
+
+        assert sender.send_many([(n, SLOTS[1]) for n in names], lease_gone) == []
+        assert asked == [1]
+        arrived = drain(queues)
+    finally:
+        scheduler.close()
+    assert {slot for _, slot in arrived} == {SLOTS[0].isoformat()}
+
+
+def test_with_publisher_confirms_each_message_is_written_and_confirmed_on_its_own(
+        redis_server, key_prefix, queues):
+    """A confirm waits for the broker's answer after each publish: frames kept back
+    would never be answered."""
+    scheduler = make_scheduler(redis_server.url, key_prefix, queues,
+                               broker_transport_options={"confirm_publish": True})
+    try:
+        assert scheduler.lease.try_acquire()
+        sender = scheduler._chunk_sender(scheduler.lease.credentials()[1])
+        names = [n for n in scheduler.schedule if not n.startswith("celery.")]
+        assert sender.send_many([(n, SLOTS[0]) for n in names]) == [True] * len(names)
+        writes = SocketWrites(sender)
+        assert sender.send_many([(n, SLOTS[1]) for n in names]) == [True] * len(names)
+        arrived = drain(queues)
+    finally:
+        scheduler.close()
+    assert writes.count >= len(names)  # one or more each, never one for the chunk
+    assert len(arrived) == 2 * len(names)
+
+
+@pytest.mark.parametrize("lease_kept", [True, False], ids=["lease kept", "lease lost"])
+def test_a_queue_declared_mid_chunk_writes_what_was_kept_first_and_the_answer_says_so(
+        redis_server, key_prefix, queues, lease_kept):
+    """A queue's first declaration waits for RabbitMQ's answer: the frames kept before it
+    are written first. Had the lease been lost by the end, the answer covers exactly
+    what was written before (nothing after)."""
+    scheduler = make_scheduler(redis_server.url, key_prefix, queues)
+    try:
+        assert scheduler.lease.try_acquire()
+        sender = scheduler._chunk_sender(scheduler.lease.credentials()[1])
+        plain = [n for n in scheduler.schedule if n.startswith("plain-")]
+        assert sender.send_many([(n, SLOTS[0]) for n in plain]) == [True] * len(plain)
+        drain(queues)
+        # plain entries first (their queue declared), then an entry of a queue not yet declared
+        names = [*plain, "own-1", "own-2"]
+        answer = sender.send_many([(n, SLOTS[1]) for n in names], lambda: lease_kept)
+        arrived = drain(queues)
+    finally:
+        scheduler.close()
+    if lease_kept:
+        assert answer == [True] * len(names)
+        assert {entry for entry, _ in arrived} == set(names)
+    else:
+        assert answer == [True] * len(plain)  # written when own-1's queue was declared
+        assert {entry for entry, _ in arrived} == set(plain)
