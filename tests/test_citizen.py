@@ -224,7 +224,7 @@ def test_docs_architecture_names_every_redis_key_the_code_builds():
     keys = Keys("p")
     names = [getattr(keys, n) for n in ("leader", "epoch", "slots", "overtaken", "definitions",
                                         "progress", "generation", "paused", "requests",
-                                        "backfilled", "nodes",
+                                        "backfilled", "lost", "nodes",
                                         "history", "events", "entries", "entries_meta",
                                         "entries_changed", "entries_removed")]
     names += [keys.run("<task id>"), keys.alive("<task id>"), keys.overlap("<entry>")]
