@@ -12,6 +12,7 @@ broker apart, so killing the leaderbeat Redis does not lose the evidence.
 
 from __future__ import annotations
 
+import itertools
 import time
 from datetime import datetime, timedelta
 
@@ -91,7 +92,7 @@ def slot_times(messages) -> dict[str, list[datetime]]:
 
 def gaps(slots: list[datetime], step: float) -> list[tuple[datetime, datetime]]:
     """Pairs of consecutive slots further apart than one step."""
-    return [(a, b) for a, b in zip(slots, slots[1:]) if (b - a) > timedelta(seconds=step * 1.01)]
+    return [(a, b) for a, b in itertools.pairwise(slots) if (b - a) > timedelta(seconds=step * 1.01)]
 
 
 @pytest.fixture
@@ -144,7 +145,7 @@ def test_three_beats_send_every_slot_of_every_entry_exactly_once(tmp_path, serve
     for entry, slots in by_entry.items():
         assert len(slots) >= 6
         assert gaps(slots, 1.0) == [], f"{entry} missed a slot in steady state"
-        assert all((b - a) == timedelta(seconds=1) for a, b in zip(slots, slots[1:]))
+        assert all((b - a) == timedelta(seconds=1) for a, b in itertools.pairwise(slots))
     leaders = {m.epoch for m in messages}
     assert len(leaders) == 1, "one leader, one epoch, in steady state"
 

@@ -19,6 +19,7 @@ import pytest
 from celery_leaderbeat.timing.slots import slot_id
 from tests.support.beat import BeatCluster, beat_env
 from tests.support.beatapp import make_app
+from tests.support.rabbitmq import require_rabbitmq
 from tests.support.worker import WorkerProcess, executed, wait_until
 
 pytestmark = pytest.mark.slow
@@ -86,14 +87,7 @@ def test_acks_late_and_a_worker_killed_mid_task_the_redelivery_runs_it_once_more
 
     state, results = make_redis_server(), make_redis_server()
     queue = f"lb-guard-{uuid.uuid4().hex[:8]}"
-    amqp = "amqp://guest:guest@127.0.0.1:5672//"
-    try:
-        with kombu.Connection(amqp, connect_timeout=3) as conn:
-            conn.ensure_connection(max_retries=1)
-    except Exception as exc:
-        if __import__("os").environ.get("CI") == "true":
-            raise
-        pytest.skip(f"RabbitMQ not reachable at {amqp}: {exc}")
+    amqp = require_rabbitmq()
     # lease ttl 3 s: the dead run's liveness lapses 3 s after the kill (default 10 s)
     env = guarded_env(tmp_path, broker_url=amqp, state_url=state.url, record_url=results.url,
                       prefix=key_prefix,

@@ -348,7 +348,7 @@ def test_a_guarded_run_whose_record_expired_while_it_runs_is_not_run_again(
     _guard(redis_client, keys, "start", "t2", "w1")
     redis_client.delete(keys.run("t2"))  # guard_expires passed; the run still renews
     again = _guard(redis_client, keys, "start", "t2", "w2")
-    assert [x.decode() if isinstance(x, bytes) else x for x in again][0] == "duplicate"
+    assert next(x.decode() if isinstance(x, bytes) else x for x in again) == "duplicate"
 
 
 def test_prune_drops_only_old_state_of_entries_nobody_schedules(node, redis_client):

@@ -7,7 +7,7 @@ Each test has queues of its own on the RabbitMQ at 127.0.0.1:5672 (deleted after
 
 from __future__ import annotations
 
-import os
+import contextlib
 import socket
 import uuid
 from collections.abc import Iterator
@@ -20,8 +20,9 @@ from celery import Celery
 from celery_leaderbeat.roles.publish import publish
 from celery_leaderbeat.scheduler import Scheduler
 from tests.support.beat import NOOP
+from tests.support.rabbitmq import AMQP_URL as AMQP
+from tests.support.rabbitmq import require_rabbitmq
 
-AMQP = "amqp://guest:guest@127.0.0.1:5672//"
 UTC = timezone.utc
 SLOTS = [datetime(2020, 1, 1, 0, 0, s, tzinfo=UTC) for s in (0, 7, 14)]
 
@@ -29,13 +30,7 @@ SLOTS = [datetime(2020, 1, 1, 0, 0, s, tzinfo=UTC) for s in (0, 7, 14)]
 @pytest.fixture
 def queues() -> Iterator[dict[str, str]]:
     """Queue names of this test's own: the default queue, a routed one, an entry's own."""
-    try:
-        with kombu.Connection(AMQP, connect_timeout=3) as conn:
-            conn.ensure_connection(max_retries=1)
-    except Exception as exc:
-        if os.environ.get("CI") == "true":
-            raise
-        pytest.skip(f"RabbitMQ not reachable at {AMQP}: {exc}")
+    require_rabbitmq(AMQP)
     tag = uuid.uuid4().hex[:8]
     names = {"default": f"lb-send-{tag}", "routed": f"lb-send-routed-{tag}",
              "own": f"lb-send-own-{tag}"}
@@ -61,6 +56,23 @@ def make_scheduler(state_url: str, prefix: str, queues: dict[str, str],
                     task_default_queue=queues["default"],
                     task_routes={"proj.routed": {"queue": queues["routed"]}}, **settings)
     return Scheduler(app=app)
+
+
+@contextlib.contextmanager
+def leading(state_url: str, prefix: str, queues: dict[str, str],
+            **settings) -> Iterator[tuple[Scheduler, object, list[str]]]:
+    """A scheduler that holds the lease, its chunk sender, and the schedule's own entries
+    after a first chunk went out (it connects and declares the queues: py-amqp waits
+    for each answer). Closed after."""
+    scheduler = make_scheduler(state_url, prefix, queues, **settings)
+    try:
+        assert scheduler.lease.try_acquire()
+        sender = scheduler._chunk_sender(scheduler.lease.credentials()[1])
+        names = [n for n in scheduler.schedule if not n.startswith("celery.")]
+        assert sender.send_many([(n, SLOTS[0]) for n in names]) == [True] * len(names)
+        yield scheduler, sender, names
+    finally:
+        scheduler.close()
 
 
 def drain(queues: dict[str, str]) -> dict[tuple[str, str], tuple]:
@@ -126,12 +138,7 @@ def test_a_chunk_goes_out_in_one_socket_write_as_apply_async_would_publish_it(
 
 def test_a_failed_write_leaves_the_whole_chunk_unsent_and_the_next_chunk_reconnects(
         redis_server, key_prefix, queues):
-    scheduler = make_scheduler(redis_server.url, key_prefix, queues)
-    try:
-        assert scheduler.lease.try_acquire()
-        sender = scheduler._chunk_sender(scheduler.lease.credentials()[1])
-        names = [n for n in scheduler.schedule if not n.startswith("celery.")]
-        assert sender.send_many([(n, SLOTS[0]) for n in names]) == [True] * len(names)
+    with leading(redis_server.url, key_prefix, queues) as (_, sender, names):
         client = sender.enqueuer.producer().channel.connection
 
         def socket_closes() -> bool:  # asked just before the chunk's one write
@@ -142,8 +149,6 @@ def test_a_failed_write_leaves_the_whole_chunk_unsent_and_the_next_chunk_reconne
             [False] * len(names))
         assert sender.send_many([(n, SLOTS[2]) for n in names]) == [True] * len(names)
         arrived = drain(queues)
-    finally:
-        scheduler.close()
     slots = sorted({slot for _, slot in arrived})
     assert slots == [SLOTS[0].isoformat(), SLOTS[2].isoformat()]
     assert len(arrived) == 2 * len(names)
@@ -151,12 +156,7 @@ def test_a_failed_write_leaves_the_whole_chunk_unsent_and_the_next_chunk_reconne
 
 def test_a_lease_lost_before_the_write_sends_nothing_of_the_chunk(
         redis_server, key_prefix, queues):
-    scheduler = make_scheduler(redis_server.url, key_prefix, queues)
-    try:
-        assert scheduler.lease.try_acquire()
-        sender = scheduler._chunk_sender(scheduler.lease.credentials()[1])
-        names = [n for n in scheduler.schedule if not n.startswith("celery.")]
-        assert sender.send_many([(n, SLOTS[0]) for n in names]) == [True] * len(names)
+    with leading(redis_server.url, key_prefix, queues) as (_, sender, names):
         asked = []
 
         def lease_gone() -> bool:
@@ -166,8 +166,6 @@ def test_a_lease_lost_before_the_write_sends_nothing_of_the_chunk(
         assert sender.send_many([(n, SLOTS[1]) for n in names], lease_gone) == []
         assert asked == [1]
         arrived = drain(queues)
-    finally:
-        scheduler.close()
     assert {slot for _, slot in arrived} == {SLOTS[0].isoformat()}
 
 
@@ -175,18 +173,11 @@ def test_with_publisher_confirms_each_message_is_written_and_confirmed_on_its_ow
         redis_server, key_prefix, queues):
     """A confirm waits for the broker's answer after each publish: frames kept back
     would never be answered."""
-    scheduler = make_scheduler(redis_server.url, key_prefix, queues,
-                               broker_transport_options={"confirm_publish": True})
-    try:
-        assert scheduler.lease.try_acquire()
-        sender = scheduler._chunk_sender(scheduler.lease.credentials()[1])
-        names = [n for n in scheduler.schedule if not n.startswith("celery.")]
-        assert sender.send_many([(n, SLOTS[0]) for n in names]) == [True] * len(names)
+    with leading(redis_server.url, key_prefix, queues,
+                 broker_transport_options={"confirm_publish": True}) as (_, sender, names):
         writes = SocketWrites(sender)
         assert sender.send_many([(n, SLOTS[1]) for n in names]) == [True] * len(names)
         arrived = drain(queues)
-    finally:
-        scheduler.close()
     assert writes.count >= len(names)  # one or more each, never one for the chunk
     assert len(arrived) == 2 * len(names)
 

@@ -21,6 +21,8 @@ import tempfile
 
 import pytest
 
+from tests.support.rabbitmq import require_rabbitmq
+
 from .amqp import AMQP_URL
 from .harness import SOAK_KINDS, ChaosRun, seed_from_env
 from .soakschedule import soak_schedule
@@ -64,15 +66,7 @@ def test_chaos_short(tmp_path, capsys):
 @pytest.mark.skipif(not os.environ.get("LEADERBEAT_SOAK"),
                     reason="set LEADERBEAT_SOAK=<seconds> for the chaos soak")
 def test_chaos_soak(tmp_path, capsys):
-    import kombu
-
-    try:
-        with kombu.Connection(AMQP_URL, connect_timeout=3) as conn:
-            conn.ensure_connection(max_retries=1)
-    except Exception as exc:
-        if os.environ.get("CI") == "true":
-            raise
-        pytest.skip(f"RabbitMQ not reachable at {AMQP_URL}: {exc}")
+    require_rabbitmq(AMQP_URL)
     run_chaos(tmp_path, capsys, nodes=5, duration=float(os.environ["LEADERBEAT_SOAK"]),
               workers=3, broker="amqp", guard=True, schedule=soak_schedule(), settings={},
               kinds=SOAK_KINDS, gap=(5.0, 7.0), steady=25.0)
