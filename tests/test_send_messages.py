@@ -221,6 +221,36 @@ def test_a_leader_prepares_messages_in_idle_time_before_their_first_slot(redis_s
         scheduler.close()
 
 
+def test_a_leader_goes_on_preparing_at_once_while_entries_are_left_and_idle_time_remains(
+        redis_server, key_prefix, monkeypatch):
+    """One slice per tick (here one entry: no time at all a slice); the tick asks to be
+    called again at once until every entry is prepared, then sleeps until its slot."""
+    from celery_leaderbeat.integrations import sending
+
+    monkeypatch.setattr(sending, "WARM_MAX", 0.0)  # each slice stops after one entry
+    app = make_app(redis_server.url_for(0), None, key_prefix, "")
+    app.conf.beat_schedule = {f"e{i}": {"task": NOOP, "schedule": crontab_far(), "args": [i]}
+                              for i in range(20)}
+    scheduler = Scheduler(app=app)
+    try:
+        unfinished = []  # the delay of each tick that left entries to prepare
+        for _ in range(100):
+            delay = scheduler.tick()
+            if scheduler._warmed is not None:
+                break
+            if scheduler._warming is not None:
+                unfinished.append(delay)
+        assert scheduler._warmed is not None
+        messages = scheduler._enqueuer.messages
+        assert all(messages._parts[f"e{i}"].ready for i in range(20))
+        assert len(unfinished) >= 19  # one entry a slice: the work was spread over ticks
+        assert set(unfinished) == {0.0}  # each asked to be called again at once
+        assert delay > sending.WARM_MIN  # done: it sleeps until its next wake-up
+        assert scheduler.tick() > sending.WARM_MIN  # and stays idle once all is prepared
+    finally:
+        scheduler.close()
+
+
 def crontab_far():
     from celery.schedules import crontab
 

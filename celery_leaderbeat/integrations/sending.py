@@ -34,9 +34,11 @@ class Sending(Parts):
     def _warm(self, delay: float, epoch: int) -> float:
         """A leader with ``delay`` s to spare prepares messages of entries not sent yet.
 
-        Uses at most half the idle time (and :data:`WARM_MAX`); returns what is
-        left of ``delay``, so the next due slot is not late for it. Done again
-        only when the schedule changes or another epoch leads.
+        Uses at most half the idle time (and :data:`WARM_MAX`) in one tick, so the
+        next due slot is not late for it; returns what is left of ``delay``, or 0
+        while entries are left to prepare and idle time remains (the next tick goes
+        on at once: a sparse schedule's one long wait is used, not one slice of it).
+        Done again only when the schedule changes or another epoch leads.
         """
         if delay < WARM_MIN or self._warmed == (self._schedule_version, epoch):
             return delay
@@ -62,7 +64,8 @@ class Sending(Parts):
         except Exception as exc:  # noqa: BLE001 - only a head start: the sends build what is missing
             logger.debug("leaderbeat: could not prepare messages ahead: %r", exc)
             self._warmed, self._warming = (self._schedule_version, epoch), None
-        return max(0.0, delay - (time.monotonic() - started))
+        left = max(0.0, delay - (time.monotonic() - started))
+        return 0.0 if self._warming is not None and left >= WARM_MIN else left
 
     def _chunk_sender(self, epoch: int) -> Any:
         """A batch's sender: claim and enqueue in one step where exact, else kombu batches."""
