@@ -22,6 +22,7 @@ from celery_leaderbeat.scheduler import Scheduler
 from celery_leaderbeat.store.ledger import ClaimItem, Op
 from celery_leaderbeat.timing.slots import to_ms
 from tests.support.beat import NOOP
+from tests.support.queues import take_messages
 
 UTC = timezone.utc
 SLOTS = [datetime(2020, 1, 1, tzinfo=UTC), datetime(2020, 1, 1, 0, 0, 7, tzinfo=UTC)]
@@ -128,18 +129,8 @@ def test_messages_on_another_transport_are_what_apply_async_publishes(redis_serv
     scheduler = Scheduler(app=app)
 
     def drain() -> dict:
-        out = {}
         with app.connection_for_write() as conn:
-            channel = conn.default_channel
-            for queue in ("celery", "other", "mine"):
-                while (message := channel.basic_get(queue, no_ack=True)) is not None:
-                    props = dict(message.properties)
-                    props.pop("delivery_tag", None)
-                    out[(message.headers["leaderbeat_entry"],
-                         message.headers["leaderbeat_slot"])] = (
-                        queue, message.headers, props, message.body, message.content_type,
-                        message.content_encoding, message.delivery_info)
-        return out
+            return take_messages(conn, ("celery", "other", "mine"), delivery_info=True)
 
     try:
         send_through_chunks(scheduler)

@@ -20,6 +20,7 @@ from celery import Celery
 from celery_leaderbeat.roles.publish import publish
 from celery_leaderbeat.scheduler import Scheduler
 from tests.support.beat import NOOP
+from tests.support.queues import take_messages
 from tests.support.rabbitmq import AMQP_URL as AMQP
 from tests.support.rabbitmq import require_rabbitmq
 
@@ -77,21 +78,8 @@ def leading(state_url: str, prefix: str, queues: dict[str, str],
 
 def drain(queues: dict[str, str]) -> dict[tuple[str, str], tuple]:
     """Every message in the test's queues by (entry, slot): what a consumer sees of it."""
-    out = {}
     with kombu.Connection(AMQP) as conn:
-        channel = conn.default_channel
-        for queue in queues.values():
-            try:
-                while (message := channel.basic_get(queue, no_ack=True)) is not None:
-                    props = dict(message.properties)
-                    props.pop("delivery_tag", None)
-                    out[(message.headers["leaderbeat_entry"],
-                         message.headers["leaderbeat_slot"])] = (
-                        queue, message.headers, props, message.body, message.content_type,
-                        message.content_encoding)
-            except conn.channel_errors:  # not declared: nothing was sent to it
-                channel = conn.channel()
-    return out
+        return take_messages(conn, queues.values())
 
 
 class SocketWrites:

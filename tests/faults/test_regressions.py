@@ -318,33 +318,36 @@ def test_a_standby_with_a_newer_definition_does_not_rescue_while_the_leader_is_s
         assert world.rescues_of_another_definition() == []
 
 
+def rolling_deploy_with_c_stalled_at(server, label: str) -> list[str]:
+    """A rolling deploy, three nodes: b alone sees an entry's new definition (x: every 2 s
+    -> every 6 s) and c misses the change; a crashes and a step-down makes b lead (writing
+    the new definition); a second makes c lead with the old one, the call at ``label``
+    answering late. What breaks the invariants once it settles ([] when nothing)."""
+    with three_nodes(server) as world:
+        seam = world.sim.seam
+        world.run(7.0)
+        assert world.sim.leader() == "a"
+        seam.aim("EVALSHA[entries]", LATE, node="c")  # c frozen 11 s from its next refresh
+        world.change_schedule("b")
+        world.sim.crash("a")
+        cluster = cli(world)
+        cluster.step_down()  # a's lease released: b leads, planning the new definition
+        world.run(2.5)
+        seam.aim(label, LATE, node="c")
+        cluster.step_down()  # b lets go: c leads, planning the old definition
+        world.run(2.0)
+        assert len(seam.injected()) == 2
+        return world.settle_and_check()
+
+
 def test_a_standby_does_not_rescue_under_the_previous_leaders_definition(empty_redis, caplog):
     """Found by the model: a leader elected with an older definition than the previous
     leader's (a rolling deploy), then stalled: a standby rescued under the newer one. The
     cause was a stale fingerprint: Celery's ``merge_inplace`` updates an entry object in
     place, and the fingerprint was cached per object."""
     caplog.set_level(logging.ERROR)
-    world = World(empty_redis)
-    seam = world.sim.seam
-    try:
-        for node in ("a", "b", "c"):
-            world.sim.start(node)
-        world.run(7.0)
-        assert world.sim.leader() == "a"
-        seam.aim("EVALSHA[entries]", LATE, node="c")  # c frozen 11 s from its next refresh
-        world.change_schedule("b")  # x: every 2 s -> every 6 s, on b only
-        world.sim.crash("a")
-        cli = Cluster(world.sim.app("cli"))
-        world.clis.append(cli)
-        cli.step_down()  # a's lease released: b leads, planning the new definition
-        world.run(2.5)
-        seam.aim("LeaderGate.claim", LATE, node="c")  # c's first claim as leader answers late
-        cli.step_down()  # b lets go: c leads, planning the old definition
-        world.run(2.0)
-        assert len(seam.injected()) == 2
-        assert world.settle_and_check() == []
-    finally:
-        world.close()
+    # c's first claim as leader answers late
+    assert rolling_deploy_with_c_stalled_at(empty_redis, "LeaderGate.claim") == []
 
 
 def test_no_rescue_before_the_newest_leader_marked_the_definitions_as_its_own(
@@ -353,27 +356,8 @@ def test_no_rescue_before_the_newest_leader_marked_the_definitions_as_its_own(
     fingerprints stored are still the previous leader's, which it does not plan. No
     standby rescues until the newest leader has marked the definitions with its epoch."""
     caplog.set_level(logging.ERROR)
-    world = World(empty_redis)
-    seam = world.sim.seam
-    try:
-        for node in ("a", "b", "c"):
-            world.sim.start(node)
-        world.run(7.0)
-        assert world.sim.leader() == "a"
-        seam.aim("EVALSHA[entries]", LATE, node="c")  # c does not see the change
-        world.change_schedule("b")  # x: every 2 s -> every 6 s, on b only
-        world.sim.crash("a")
-        cli = Cluster(world.sim.app("cli"))
-        world.clis.append(cli)
-        cli.step_down()  # a's lease released: b leads, writing the new definition
-        world.run(2.5)
-        seam.aim("ledger.Ledger.load_with_definitions", LATE, node="c")  # c's election read
-        cli.step_down()  # b lets go: c leads, planning the old definition, and stalls
-        world.run(2.0)
-        assert len(seam.injected()) == 2
-        assert world.settle_and_check() == []
-    finally:
-        world.close()
+    # c's read at its election answers late
+    assert rolling_deploy_with_c_stalled_at(empty_redis, "ledger.Ledger.load_with_definitions") == []
 
 
 def test_a_backfill_queued_while_the_leader_is_stopped_skips_slots_rescued_meanwhile(
