@@ -84,7 +84,10 @@ def wait_leader(client_of: Any, beats: list[BeatProcess], other_than: int | None
 def finish(row: dict[str, Any], work: Path, name: str, always: bool = False
            ) -> dict[str, Any]:
     row["load_end"] = load()
-    if always or row.get("slots_twice") or row.get("unrecorded"):
+    problem = row.get("slots_twice") or row.get("unrecorded")
+    if problem:  # kept under a name of its own: a later run of the same number must not
+        name = f"{name}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"  # overwrite it
+    if always or problem:
         row["logs"] = keep_logs(work, name)
     shutil.rmtree(work, ignore_errors=True)
     return row
