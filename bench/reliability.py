@@ -13,7 +13,7 @@ ttl 10 s, rescue_after 2 s). The Sentinel set (tests/deployments/sentinel.py)
 marks a master down after 1 s (``down-after-milliseconds 1000``), so a
 failover fits a short run. Results go to bench/results/reliability-<scenario>.json;
 the logs of a run that shows a duplicate or an unrecorded slot are kept under
-bench/results/reliability-logs/.
+bench/results/reliability-logs/<scenario>-<run>-<UTC time>/ (never overwritten).
 """
 
 # ruff: noqa: I001 - _harness is imported first: it puts the repository on sys.path
