@@ -12,13 +12,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from docutils import nodes
-from docutils.statemachine import StringList
-from sphinx.util import logging
-from sphinx.util.docutils import SphinxDirective
-
-logger = logging.getLogger(__name__)
-
 #: defaults that are derived when unset (``None`` in DEFAULTS and not "unset")
 DERIVED = {
     "redis_url": "the broker URL, when the broker is Redis",
@@ -140,18 +133,26 @@ def drift() -> list[str]:
     return said
 
 
-class SettingsTable(SphinxDirective):
-    has_content = False
-
-    def run(self) -> list[nodes.Node]:
-        for sentence in drift():
-            logger.warning(sentence, location=self.get_location())
-        container = nodes.container()
-        self.state.nested_parse(StringList(settings_table(), source="config.py"),
-                                self.content_offset, container)
-        return container.children
-
-
 def setup(app: Any) -> dict[str, Any]:
+    """Register the directive (Sphinx is imported here, so the functions above can be
+    used, and tested, without it)."""
+    from docutils import nodes
+    from docutils.statemachine import StringList
+    from sphinx.util import logging
+    from sphinx.util.docutils import SphinxDirective
+
+    logger = logging.getLogger(__name__)
+
+    class SettingsTable(SphinxDirective):
+        has_content = False
+
+        def run(self) -> list[nodes.Node]:
+            for sentence in drift():
+                logger.warning(sentence, location=self.get_location())
+            container = nodes.container()
+            self.state.nested_parse(StringList(settings_table(), source="config.py"),
+                                    self.content_offset, container)
+            return container.children
+
     app.add_directive("leaderbeat-settings", SettingsTable)
     return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}
