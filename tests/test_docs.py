@@ -25,7 +25,7 @@ DOCS_URL = "https://github.com/celery-leaderbeat/celery-leaderbeat/blob/main/doc
 
 #: the terms the glossary must define; a README that uses one links it there
 TERMS = ("leader", "standby", "slot", "lease", "epoch", "rescue", "catch-up", "anchor",
-         "phase", "chunk", "margin", "generation", "floor")
+         "phase", "chunk", "margin", "generation", "floor", "claim")
 
 #: [text](target) and reference-style "[name]: target" links
 LINK = re.compile(r"\]\(([^)\s]+)\)|^\s*\[[^\]]+\]:\s*(\S+)", re.M)
