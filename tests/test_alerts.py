@@ -38,10 +38,10 @@ def test_every_metric_an_alert_uses_is_one_a_beat_exports():
     assert used <= exported_names(), used - exported_names()
 
 
-def test_every_alert_has_a_runbook_line_in_the_readme():
+def test_every_alert_has_a_runbook_line_in_the_operations_docs():
     alerts = re.findall(r"- alert: (\w+)", RULES.read_text())
-    readme = (RULES_DIR.parents[1] / "README.md").read_text()
-    section = readme[readme.index("\n## Alerts"):]
+    page = (RULES_DIR.parents[1] / "docs" / "operations" / "metrics.md").read_text()
+    section = page[page.index("\n## Alerts"):]
     assert len(alerts) == 7
     assert [a for a in alerts if f"`{a}`" not in section] == []
 
