@@ -391,10 +391,10 @@ def _is_redis_url(value: Any) -> bool:
 
 def _unknown_setting(name: str) -> str:
     """The problem of an unknown ``leaderbeat_<name>``: the nearest names, else all."""
-    known = ["leaderbeat_" + k for k in sorted(DEFAULTS)]
-    hint = did_you_mean(f"leaderbeat_{name}", known)
-    return (f"leaderbeat_{name} is not a setting of celery_leaderbeat; "
-            + (f"did you mean {hint}?" if hint else f"the settings are: {', '.join(known)}"))
+    hint = did_you_mean(name, DEFAULTS, prefix="leaderbeat_")
+    return (f"leaderbeat_{name} is not a setting of celery_leaderbeat; " + (
+        f"did you mean {hint}?" if hint else
+        f"the settings are: {', '.join('leaderbeat_' + k for k in sorted(DEFAULTS))}"))
 
 
 def _unknown_settings(conf: Any) -> list[str]:

@@ -95,7 +95,8 @@ class RolledBackError(LeaderbeatError):
     generation: int = 0
 
 
-def did_you_mean(word: str, known: Iterable[str]) -> str:
-    """The known names closest to ``word``, quoted and joined ('' when none is close)."""
+def did_you_mean(word: str, known: Iterable[str], prefix: str = "") -> str:
+    """The known names closest to ``word``, quoted and joined ('' when none is close);
+    ``prefix`` is put before each (names compared without the prefix they share)."""
     close = difflib.get_close_matches(word, list(known), n=3, cutoff=0.6)
-    return " or ".join(repr(name) for name in close)
+    return " or ".join(repr(prefix + name) for name in close)

@@ -76,6 +76,8 @@ class CommandError(click.ClickException):
     def __init__(self, message: str, *, as_json: bool = False) -> None:
         super().__init__(message)
         self.as_json = as_json
+        # shown after the command's context is gone: its --no-color is read now
+        self.no_color = _no_color()
 
     def show(self, file: IO[Any] | None = None) -> None:
         if self.as_json:
@@ -83,8 +85,11 @@ class CommandError(click.ClickException):
                                              "kind": KINDS[self.exit_code],
                                              "message": self.message}}))
         else:
-            click.echo(f"{_style('leaderbeat:', fg='red', bold=True)} {self.message}",
-                       err=True, color=False if _no_color() else None)
+            prefix = "leaderbeat:"
+            if not self.no_color:
+                prefix = click.style(prefix, fg="red", bold=True)
+            click.echo(f"{prefix} {self.message}", err=True,
+                       color=False if self.no_color else None)
 
 
 class Unhealthy(CommandError):
