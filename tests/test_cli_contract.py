@@ -20,6 +20,7 @@ from click.testing import CliRunner
 from celery_leaderbeat import __version__
 from celery_leaderbeat.config import Config
 from celery_leaderbeat.ops.cli import leaderbeat
+from celery_leaderbeat.ops.cli_types import Moment
 from celery_leaderbeat.ops.cluster import Cluster
 from celery_leaderbeat.store.keys import Keys
 from tests.support.redis_binary import free_port as unused_port
@@ -87,6 +88,20 @@ def test_backfill_refuses_a_from_later_than_its_to(run):
     assert done.exit_code == 64, done.output
     assert "--from 2026-12-02T00:00:00+00:00 is after --to 2026-12-01T00:00:00+00:00" in \
         done.output
+
+
+@pytest.mark.parametrize(("text", "through", "expected"), [
+    ("2026-12-01T04:00:00Z", False, datetime(2026, 12, 1, 4, tzinfo=timezone.utc)),
+    ("2026-12-01T05:00+0100", False, datetime(2026, 12, 1, 4, tzinfo=timezone.utc)),
+    ("2026-12-01 04:00", False, datetime(2026, 12, 1, 4, tzinfo=timezone.utc)),
+    ("2026-12-01T04:00:00.25Z", False,
+     datetime(2026, 12, 1, 4, 0, 0, 250_000, timezone.utc)),
+    # the end of a range given to the second covers that whole second
+    ("2026-12-01T04:00:00Z", True, datetime(2026, 12, 1, 4, 0, 0, 999_999, timezone.utc)),
+    ("2026-12-01T04:00:00.250Z", True, datetime(2026, 12, 1, 4, 0, 0, 250_000, timezone.utc)),
+])
+def test_the_datetime_option_takes_z_offsets_and_fractions(text, through, expected):
+    assert Moment(through=through).convert(text, None, None) == expected
 
 
 def test_edit_with_nothing_to_change_is_a_usage_error(run):

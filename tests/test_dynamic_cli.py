@@ -71,7 +71,7 @@ def test_a_one_off_entry_is_added_with_at(app, run):
     assert run("add", "both", TASK, "60", "--at", "2030-01-05T09:00+00:00").exit_code == 64
     zulu = run("add", "zulu", TASK, "--at", "2030-01-05T08:00:00.250Z")
     assert zulu.exit_code == 0, zulu.output
-    assert Entry.get(app, "zulu").at == datetime(2030, 1, 5, 8, tzinfo=timezone.utc)
+    assert Entry.get(app, "zulu").at == datetime(2030, 1, 5, 8, 0, 0, 250_000, timezone.utc)
 
 
 def test_errors_are_one_line_with_the_usual_exit_codes(app, run):

@@ -217,8 +217,9 @@ def trigger(ctx: click.Context, name: str, note: str, as_json: bool) -> None:
     click.argument("name"),
     click.option("--from", "start", type=Moment(), required=True,
                  help="ISO 8601 date-time (Z or an offset; UTC when it has none)."),
-    click.option("--to", "end", type=Moment(), required=True,
-                 help="ISO 8601 date-time, not before --from."),
+    click.option("--to", "end", type=Moment(through=True), required=True,
+                 help="ISO 8601 date-time, not before --from; to the second: through "
+                      "the end of that second."),
     click.option("--max", "limit", type=click.IntRange(min=1), default=BACKFILL_MAX,
                  show_default=True, help="Refuse to send more slots than this."),
     click.option("--yes", is_flag=True, help="Send without asking."),
@@ -230,8 +231,8 @@ def backfill(ctx: click.Context, name: str, start: datetime, end: datetime, limi
 
     With no leader, the request waits until a beat leads (and this says so)."""
     if start > end:
-        raise click.BadParameter(f"--from {start.isoformat()} is after --to "
-                                 f"{end.isoformat()}: --from must not be later",
+        raise click.BadParameter(f"--from {moment_text(start)} is after --to "
+                                 f"{moment_text(end)}: --from must not be later",
                                  param_hint="'--from' / '--to'")
     cluster = cluster_of(ctx)
     never, sent, horizon = cluster.backfill_slots(name, start, end)

@@ -93,22 +93,32 @@ class CommandError(click.ClickException):
 
 
 class Unhealthy(CommandError):
+    """A health check failed (1)."""
+
     exit_code = UNHEALTHY
 
 
 class UsageFailure(CommandError):
+    """The command was used wrongly (64)."""
+
     exit_code = USAGE
 
 
 class DataFailure(CommandError):
+    """The entry or slots named are not what the command needs (65)."""
+
     exit_code = DATA
 
 
 class Unavailable(CommandError):
+    """The store cannot be reached (69)."""
+
     exit_code = UNAVAILABLE
 
 
 class ConfigFailure(CommandError):
+    """A setting is invalid, or the store refused the credentials (78)."""
+
     exit_code = CONFIG
 
 
@@ -127,8 +137,8 @@ class ClickUsage(UsageFailure):
 
 
 _BY_CODE: dict[int, type[CommandError]] = {
-    code: cls for cls in (Unhealthy, UsageFailure, DataFailure, Unavailable, CommandError,
-                          ConfigFailure) for code in [cls.exit_code]}
+    cls.exit_code: cls for cls in (Unhealthy, UsageFailure, DataFailure, Unavailable,
+                                   CommandError, ConfigFailure)}
 
 
 def fail(code: int, message: str) -> CommandError:

@@ -19,29 +19,40 @@ else:
 
 #: a UTC offset written without a colon (+0100), which Python 3.10's fromisoformat refuses
 _BARE_OFFSET = re.compile(r"([+-])(\d\d)(\d\d)$")
-#: a fraction of a second of any length (3.10 takes only 3 or 6 digits); dropped anyway
-_FRACTION = re.compile(r"(\d\d:\d\d:\d\d)[.,]\d+")
+#: a fraction of a second of any length (Python 3.10 takes only 3 or 6 digits)
+_FRACTION = re.compile(r"(\d\d:\d\d:\d\d)[.,](\d+)")
 
 
 def parse_moment(text: str) -> datetime:
     """An ISO 8601 date-time, the same on every Python from 3.10: a trailing ``Z``,
-    ``+01:00`` and ``+0100`` are offsets; fractions of a second are dropped (slots are
-    whole seconds to people). Naive when ``text`` has no offset. Raises ValueError."""
+    ``+01:00`` and ``+0100`` are offsets, a fraction of a second has any number of
+    digits. Naive when ``text`` has no offset. Raises ValueError."""
     value = text.strip()
     if value[-1:] in ("Z", "z"):
         value = value[:-1] + "+00:00"
     if "T" in value or " " in value:
-        value = _FRACTION.sub(r"\1", _BARE_OFFSET.sub(r"\1\2:\3", value))
-    return datetime.fromisoformat(value).replace(microsecond=0)
+        value = _BARE_OFFSET.sub(r"\1\2:\3", value)
+        value = _FRACTION.sub(lambda m: f"{m[1]}.{m[2][:6].ljust(6, '0')}", value)
+    return datetime.fromisoformat(value)
+
+
+def has_fraction(text: str) -> bool:
+    """Does ``text`` give a fraction of a second?"""
+    return _FRACTION.search(text) is not None
 
 
 class Moment(ParamType):
-    """An ISO 8601 date-time; without an offset it is UTC (or refused, ``offset=True``)."""
+    """An ISO 8601 date-time; without an offset it is UTC (or refused, ``offset=True``).
+
+    ``through=True`` (the end of a range): a time given to the second means the end of
+    that second, so a slot at 04:00:00.250 is in a range to 04:00:00, as people read
+    the tables (times there are to the second)."""
 
     name = "datetime"
 
-    def __init__(self, *, offset: bool = False) -> None:
+    def __init__(self, *, offset: bool = False, through: bool = False) -> None:
         self.offset = offset
+        self.through = through
 
     def convert(self, value: Any, param: click.Parameter | None,
                 ctx: click.Context | None) -> datetime:
@@ -57,6 +68,8 @@ class Moment(ParamType):
                 self.fail(f"{value!r} needs a UTC offset (like 2027-01-05T09:00+01:00 or "
                           "2027-01-05T08:00Z)", param, ctx)
             moment = moment.replace(tzinfo=timezone.utc)
+        if self.through and not has_fraction(str(value)):
+            moment = moment.replace(microsecond=999_999)
         return moment
 
     def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
