@@ -30,6 +30,7 @@ from ..store.redbeat import read_redbeat
 from ..timing.policy import CATCHUP_MODES
 from .cli_group import DATA, command, emit, fail, moment_text, table
 from .cli_types import Json, Moment, Schedule, Zone
+from .cluster import Cluster
 
 #: how the messages name an entry defined at run time
 RUNTIME = "runtime entry"
@@ -122,12 +123,18 @@ def _apply(entry: Entry, *, args: list[Any] | None, kwargs: dict[str, Any] | Non
         entry.at, entry.schedule = at, None
 
 
+#: where an entry of each other kind is changed
+CHANGED_IN = {"beat_schedule entry": "the app's configuration",
+              "django-celery-beat entry": "the Django admin (or its PeriodicTask rows)"}
+
+
 def _not_runtime(app: Any, name: str) -> EntryNotFound:
-    """No runtime entry ``name``: said with the nearest runtime names, and what ``name``
-    is when the app's ``beat_schedule`` has it."""
-    if name in (app.conf.beat_schedule or {}) or name.startswith("celery."):
-        return EntryNotFound(name, "among the runtime entries: it is a beat_schedule entry "
-                                   "(change it in the app's configuration)")
+    """No runtime entry ``name``: said with the nearest runtime names, or what ``name``
+    is when another kind of entry has it."""
+    kind = Cluster(app).kind_of(name)
+    if kind in CHANGED_IN:
+        return EntryNotFound(name, f"among the runtime entries: it is a {kind} (change it "
+                                   f"in {CHANGED_IN[kind]})")
     return EntryNotFound(name, "among the runtime entries (see: leaderbeat entries)",
                          [e.name for e in Entry.all(app)])
 

@@ -122,6 +122,18 @@ class Cluster:
             entries = {**database_rows(self.app, base), **entries}
         return entries, options
 
+    def kind_of(self, name: str) -> str | None:
+        """What defines ``name``: 'beat_schedule entry', 'runtime entry' (or 'runtime
+        entry (disabled)'), 'django-celery-beat entry'; None when nothing does."""
+        if name in (self.app.conf.beat_schedule or {}) or name.startswith("celery."):
+            return "beat_schedule entry"
+        stored = self.store.entries.get(name)
+        if stored is not None:
+            return "runtime entry" + ("" if stored.enabled else " (disabled)")
+        if name in self.schedule()[0]:
+            return "django-celery-beat entry"
+        return None
+
     def check_entry(self, name: str) -> None:
         """Raise :class:`EntryNotFound` (with the nearest names) unless ``name`` is an entry
         of ``beat_schedule``, of the database, a runtime entry, or has state in the store."""
@@ -343,12 +355,11 @@ class Cluster:
         return self.store.admin.reset()
 
     def _not_backfillable(self, name: str) -> str:
-        stored = self.store.entries.get(name)
-        if stored is not None:
+        kind = self.kind_of(name)
+        if kind is not None:
             kinds = "beat_schedule" + (" and django-celery-beat" if self.config.base_scheduler
                                        is not None else "")
-            return (f"entry {name!r} is a runtime entry{'' if stored.enabled else ' (disabled)'}"
-                    f": backfill knows the slots of {kinds} entries only")
+            return f"entry {name!r} is a {kind}: backfill knows the slots of {kinds} entries only"
         return (f"entry {name!r} is no longer scheduled (only its state is left in "
                 f"{self.store.admin.where}): its slots are unknown")
 
