@@ -7,22 +7,29 @@ periodic task is claimed in Redis before it is sent, so it is enqueued once.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from ._version import __version__
+
+if TYPE_CHECKING:  # what a type checker sees; at run time they are imported on first use
+    from .scheduler import Scheduler
+    from .store.dynamic import Entry
+    from .timing.schedules import cron
 
 __all__ = ["Entry", "Scheduler", "__version__", "cron"]
 
+#: the lazily imported names and their modules: importing the package must not import
+#: celery.beat (a worker that never runs beat loads this package for its guard)
+_LAZY = {"Scheduler": ".scheduler", "Entry": ".store.dynamic", "cron": ".timing.schedules"}
 
-def __getattr__(name: str):  # lazy: importing the package must not import celery.beat
-    if name == "Scheduler":
-        from .scheduler import Scheduler
 
-        return Scheduler
-    if name == "Entry":
-        from .store.dynamic import Entry
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
 
-        return Entry
-    if name == "cron":
-        from .timing.schedules import cron
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-        return cron
-    raise AttributeError(name)
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import ConfigurationError
+from .errors import ConfigurationError, did_you_mean
 from .timing.policy import catchup_problems
 
 logger = logging.getLogger(__name__)
@@ -116,11 +116,7 @@ class Config:
     def from_app(cls, app: Any) -> Config:
         """Read and validate every ``leaderbeat_*`` setting of a Celery app."""
         conf = app.conf
-        problems = [
-            f"leaderbeat_{name} is not a setting of celery_leaderbeat "
-            f"(known: {', '.join('leaderbeat_' + k for k in sorted(DEFAULTS))})"
-            for name in _unknown_settings(conf)
-        ]
+        problems = [_unknown_setting(name) for name in _unknown_settings(conf)]
         raw = {}
         for name, default in DEFAULTS.items():
             value = conf.get(f"leaderbeat_{name}")
@@ -391,6 +387,14 @@ def _seconds(value: Any) -> Any:
 
 def _is_redis_url(value: Any) -> bool:
     return isinstance(value, str) and value.split("://", 1)[0] in REDIS_SCHEMES
+
+
+def _unknown_setting(name: str) -> str:
+    """The problem of an unknown ``leaderbeat_<name>``: the nearest names, else all."""
+    hint = did_you_mean(name, DEFAULTS, prefix="leaderbeat_")
+    return (f"leaderbeat_{name} is not a setting of celery_leaderbeat; " + (
+        f"did you mean {hint}?" if hint else
+        f"the settings are: {', '.join('leaderbeat_' + k for k in sorted(DEFAULTS))}"))
 
 
 def _unknown_settings(conf: Any) -> list[str]:

@@ -46,11 +46,12 @@ class EntryOptions:
 
 
 def split_entries(
-    schedule: Mapping[str, Any], config: Config,
+    schedule: Mapping[str, Any], config: Config, kind: str = "beat_schedule entry",
 ) -> tuple[dict[str, dict[str, Any]], dict[str, EntryOptions]]:
     """Split each entry into what Celery builds an entry from, and our options.
 
-    Every problem in every entry is collected and raised together.
+    Every problem in every entry is collected and raised together, each naming the
+    entry as ``kind`` (a runtime entry is checked here too).
     """
     from .timing.schedules import parse_entry_schedule  # late: schedules imports celery
 
@@ -59,18 +60,18 @@ def split_entries(
     options: dict[str, EntryOptions] = {}
     for name, raw in (schedule or {}).items():
         if not isinstance(raw, Mapping):
-            problems.append(f"beat_schedule entry {name!r}={raw!r} must be a dict")
+            problems.append(f"{kind} {name!r}={raw!r} must be a dict")
             continue
         entry = dict(raw)
         ours = dict(entry.pop("leaderbeat", None) or {})
         if isinstance(entry.get("options"), Mapping) and "leaderbeat" in entry["options"]:
             entry["options"] = dict(entry["options"])
             ours.update(entry["options"].pop("leaderbeat") or {})
-        parsed = _entry_options(name, ours, config, problems)
+        parsed = _entry_options(name, ours, config, problems, kind)
         if "task" not in entry:
-            problems.append(f"beat_schedule entry {name!r} has no 'task'")
+            problems.append(f"{kind} {name!r} has no 'task'")
         if "schedule" not in entry:
-            problems.append(f"beat_schedule entry {name!r} has no 'schedule'")
+            problems.append(f"{kind} {name!r} has no 'schedule'")
         else:
             try:
                 entry["schedule"] = parse_entry_schedule(
@@ -119,9 +120,9 @@ def _policy(config: Config, ours: Mapping[str, Any]) -> CatchupPolicy:
 
 
 def _entry_options(name: str, ours: dict[str, Any], config: Config,
-                   problems: list[str]) -> EntryOptions | None:
+                   problems: list[str], kind: str) -> EntryOptions | None:
     before = len(problems)
-    where = f"beat_schedule entry {name!r}: leaderbeat option"
+    where = f"{kind} {name!r}: leaderbeat option"
     for key in sorted(set(ours) - set(ENTRY_OPTIONS)):
         problems.append(f"{where} {key!r} is unknown (known: {', '.join(ENTRY_OPTIONS)})")
     problems += catchup_problems(ours.get("catchup", config.catchup),

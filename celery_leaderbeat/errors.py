@@ -1,6 +1,22 @@
-"""The exceptions celery_leaderbeat raises: one small hierarchy."""
+"""The exceptions celery_leaderbeat raises: one small hierarchy.
+
+    LeaderbeatError
+    ├── ConfigurationError      a setting or an entry definition breaks a rule
+    ├── EntryNotFound           no entry of that name (also a LookupError)
+    ├── EntryExists             an entry of that name exists (also a LookupError)
+    ├── BackfillRefused         a backfill's slots cannot be told (also a LookupError)
+    ├── LeaseLostError          another node leads now
+    ├── NotReplicatedError      a claim was not replicated in time
+    ├── RedisAuthError          Redis refused the credentials
+    ├── RolledBackError         Redis holds older state than this node has seen
+    └── ScriptError             a Lua script answered an unknown code
+"""
 
 from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+from typing import Any
 
 
 class LeaderbeatError(Exception):
@@ -21,6 +37,32 @@ class ConfigurationError(LeaderbeatError):
         super().__init__(text)
 
 
+class EntryNotFound(LeaderbeatError, LookupError):
+    """No entry of that name where it was looked for; ``str()`` says where, and the
+    nearest known names."""
+
+    def __init__(self, name: str, where: str = "", known: Iterable[str] = ()) -> None:
+        self.name = name
+        #: the names it was looked among (for a "did you mean")
+        self.known = sorted(known)
+        hint = did_you_mean(name, self.known)
+        super().__init__(f"no entry {name!r}{' ' + where if where else ''}"
+                         + (f"; did you mean {hint}?" if hint else ""))
+
+
+class EntryExists(LeaderbeatError, LookupError):
+    """An entry of that name exists already (refused a create)."""
+
+    def __init__(self, name: str, detail: str = "") -> None:
+        self.name = name
+        super().__init__(f"entry {name!r} exists{': ' + detail if detail else ''}")
+
+
+class BackfillRefused(LeaderbeatError, LookupError):
+    """The slots a backfill would send cannot be told: the entry's schedule or phase is
+    not found (a LookupError, as ``Cluster.backfill_slots`` callers catch)."""
+
+
 class LeaseLostError(LeaderbeatError):
     """The leader key no longer holds this node's token: another node leads now."""
 
@@ -34,7 +76,7 @@ class NotReplicatedError(LeaderbeatError):
     """A claim was not acknowledged by ``leaderbeat_min_replicas`` replicas in time."""
 
     #: what the claim call answered per item (granted or why not), when it got that far
-    results: list | None = None
+    results: list[Any] | None = None
 
 
 class RedisAuthError(LeaderbeatError):
@@ -51,3 +93,10 @@ class RolledBackError(LeaderbeatError):
 
     #: the generation Redis holds now
     generation: int = 0
+
+
+def did_you_mean(word: str, known: Iterable[str], prefix: str = "") -> str:
+    """The known names closest to ``word``, quoted and joined ('' when none is close);
+    ``prefix`` is put before each (names compared without the prefix they share)."""
+    close = difflib.get_close_matches(word, list(known), n=3, cutoff=0.6)
+    return " or ".join(repr(prefix + name) for name in close)

@@ -67,23 +67,29 @@ def test_a_one_off_entry_is_added_with_at(app, run):
     assert result.exit_code == 0, result.output
     assert "once at 2030-01-05T09:00:00+01:00" in result.output
     assert Entry.get(app, "once").at == datetime(2030, 1, 5, 8, tzinfo=timezone.utc)
-    assert run("add", "naive", TASK, "--at", "2030-01-05T09:00").exit_code == 2
-    assert run("add", "both", TASK, "60", "--at", "2030-01-05T09:00+00:00").exit_code == 2
+    assert run("add", "naive", TASK, "--at", "2030-01-05T09:00").exit_code == 64
+    assert run("add", "both", TASK, "60", "--at", "2030-01-05T09:00+00:00").exit_code == 64
+    zulu = run("add", "zulu", TASK, "--at", "2030-01-05T08:00:00.250Z")
+    assert zulu.exit_code == 0, zulu.output
+    assert Entry.get(app, "zulu").at == datetime(2030, 1, 5, 8, 0, 0, 250_000, timezone.utc)
 
 
 def test_errors_are_one_line_with_the_usual_exit_codes(app, run):
     bad = run("add", "bad", TASK, "61 * * * *")
-    assert bad.exit_code == 3 and "'bad'" in bad.output and "61" in bad.output
+    assert bad.exit_code == 65 and "entry 'bad'" in bad.output and "61" in bad.output
     assert Entry.get(app, "bad") is None
     static = run("add", "nightly", TASK, "60")
-    assert static.exit_code == 3 and "static beat_schedule entry" in static.output
+    assert static.exit_code == 65 and "static beat_schedule entry" in static.output
     assert run("add", "x", TASK, "60").exit_code == 0
     exists = run("add", "x", TASK, "30")
-    assert exists.exit_code == 5 and "exists" in exists.output
-    for command in ("edit", "remove", "enable", "disable"):
+    assert exists.exit_code == 65 and "runtime entry 'x' exists" in exists.output
+    for command in ("enable", "remove", "disable"):
         unknown = run(command, "nope")
-        assert unknown.exit_code == 4 and "no dynamic entry 'nope'" in unknown.output
-    assert run("add", "y", TASK, "60", "--kwargs", "[1]").exit_code == 2
+        assert unknown.exit_code == 65, unknown.output
+        assert "no entry 'nope' among the runtime entries" in unknown.output
+    unknown = run("edit", "nope", "--queue", "q")
+    assert unknown.exit_code == 65 and "no entry 'nope'" in unknown.output
+    assert run("add", "y", TASK, "60", "--kwargs", "[1]").exit_code == 64
 
 
 def test_status_shows_where_each_entry_comes_from(app, run):

@@ -73,7 +73,7 @@ def test_health_answers_for_the_deployment_and_for_this_node(cluster):
     assert cli(env, "health").returncode == 1
     state.kill()
     down = cli(env, "health", "--node")
-    assert down.returncode == 2 and "Redis unreachable" in down.stderr
+    assert down.returncode == 69 and "Redis unreachable" in down.stderr
     assert "Traceback" not in down.stderr
 
 
@@ -153,11 +153,11 @@ def test_unknown_entries_bad_urls_and_unconfirmed_resets_get_one_line_and_their_
         cluster):
     env, beats, _, _, state = cluster
     unknown = cli(env, "pause", "nope")
-    assert unknown.returncode == 4 and "no entry 'nope'" in unknown.stderr
+    assert unknown.returncode == 65 and "no entry 'nope'" in unknown.stderr
     bad = cli({**env, "LB_REDIS_URL": "http://nowhere"}, "status")
-    assert bad.returncode == 3 and "leaderbeat_redis_url" in bad.stderr
+    assert bad.returncode == 78 and "leaderbeat_redis_url" in bad.stderr
     refused = cli(env, "reset")
-    assert refused.returncode == 5 and "--yes" in refused.stderr
+    assert refused.returncode == 64 and "--yes" in refused.stderr
     for done in (unknown, bad, refused):
         assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
     assert state.client().exists("{" + env["LB_PREFIX"] + "}:slots")

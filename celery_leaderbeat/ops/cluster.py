@@ -14,10 +14,11 @@ from __future__ import annotations
 import socket
 import time
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, TypedDict, cast
 
 from ..config import Config
 from ..entries import EntryOptions, split_entries
+from ..errors import BackfillRefused, EntryNotFound
 from ..roles.requests import Request, submit
 from ..store.base import Store
 from ..store.ledger import STATE_NAMES
@@ -27,12 +28,68 @@ from ..timing.slots import clock_for, from_ms, slot_id, to_ms
 
 #: a node not seen for this many renew intervals is shown as gone
 GONE_AFTER_RENEWS = 3
-#: a node gone for this long is removed from the registry
-FORGET_AFTER = 3600.0
 
 
-class UnknownEntry(LookupError):
-    """The entry is neither in ``beat_schedule`` nor in the store."""
+class Leader(TypedDict):
+    """The lease holder."""
+
+    node: str
+    epoch: int
+    lease_ms_left: int
+    #: the lease's fencing token (``node|epoch``); ``--json`` leaves it out
+    token: str
+
+
+class EntryRow(TypedDict):
+    """One entry as ``status`` shows it (times are ISO strings, UTC)."""
+
+    entry: str
+    #: static (beat_schedule), dynamic, dynamic (disabled), database (django-celery-beat), -
+    source: str
+    configured: bool
+    last_slot: str | None
+    state: str | None
+    epoch: int | None
+    task_id: str | None
+    #: the node that claimed the last slot
+    rescued_by: str | None
+    run: str | None
+    next_due: str | None
+    paused: dict[str, Any] | None
+
+
+class NodeRow(TypedDict, total=False):
+    """One registered beat: what it wrote (host, pid, version, clock_skew, ...), and how
+    long ago."""
+
+    node: str
+    role: str | None
+    seen_ago: float | None
+    gone: bool
+    host: str
+    pid: int
+    version: str
+    clock_skew: float | None
+    epoch: int | None
+    last_seen: float
+    instance: str
+    following_since: float | None
+
+
+class _EventBase(TypedDict):
+    id: str
+    time: str
+
+
+class HistoryEvent(_EventBase, total=False):
+    """One history event; which fields it has depends on ``event``."""
+
+    event: str
+    entry: str
+    slot: str
+    node: str
+    epoch: str
+    detail: str
 
 
 class Cluster:
@@ -47,12 +104,13 @@ class Cluster:
 
     # -- reading ---------------------------------------------------------------------------
 
-    def leader(self) -> dict[str, Any] | None:
+    def leader(self) -> Leader | None:
+        """The node holding the lease, or None."""
         token, ms_left = self.store.lease.holder()
         if not token:
             return None
         node, epoch = token.rsplit("|", 1)
-        return {"node": node, "epoch": int(epoch), "lease_ms_left": ms_left, "token": token}
+        return Leader(node=node, epoch=int(epoch), lease_ms_left=int(ms_left), token=token)
 
     def schedule(self) -> tuple[dict[str, Any], dict[str, EntryOptions]]:
         """``beat_schedule``, plus the rows of a django-celery-beat base scheduler."""
@@ -64,37 +122,55 @@ class Cluster:
             entries = {**database_rows(self.app, base), **entries}
         return entries, options
 
+    def kind_of(self, name: str) -> str | None:
+        """What defines ``name``: 'beat_schedule entry', 'runtime entry' (or 'runtime
+        entry (disabled)'), 'django-celery-beat entry'; None when nothing does."""
+        if name in (self.app.conf.beat_schedule or {}) or name.startswith("celery."):
+            return "beat_schedule entry"
+        stored = self.store.entries.get(name)
+        if stored is not None:
+            return "runtime entry" + ("" if stored.enabled else " (disabled)")
+        if name in self.schedule()[0]:
+            return "django-celery-beat entry"
+        return None
+
     def check_entry(self, name: str) -> None:
+        """Raise :class:`EntryNotFound` (with the nearest names) unless ``name`` is an entry
+        of ``beat_schedule``, of the database, a runtime entry, or has state in the store."""
         schedule, _ = self.schedule()
-        if (name not in schedule and name not in self.ledger.load([name])
-                and self.store.entries.get(name) is None):
-            known = ", ".join(sorted(schedule)) or "none"
-            raise UnknownEntry(f"no entry {name!r} in beat_schedule or in Redis (known: {known})")
+        if (name in schedule or name in self.ledger.load([name])
+                or self.store.entries.get(name) is not None):
+            return
+        kinds = "beat_schedule, the runtime entries"
+        if self.config.base_scheduler is not None:
+            kinds += ", the django-celery-beat table"
+        known = {*schedule, *self.store.entries.all(), *self.ledger.load()}
+        raise EntryNotFound(name, f"in {kinds} or the slots in {self.store.admin.where}",
+                            known)
 
     def paused(self) -> dict[str, dict[str, Any]]:
         return self.store.admin.paused()
 
-    def entries(self) -> list[dict[str, Any]]:
+    def entries(self) -> list[EntryRow]:
         """Every entry (configured or left in Redis): last slot, state, run, next due, paused."""
         schedule, options = self.schedule()
         static = set(schedule)
         dynamic = self.dynamic_entries()
         schedule, options = {**dynamic[0], **schedule}, {**dynamic[1], **options}
         stored, paused = self.ledger.load(), self.paused()
-        rows = []
+        rows: list[EntryRow] = []
         for name in sorted(set(schedule) | set(stored)):
             state = stored.get(name)
-            row: dict[str, Any] = {"entry": name, "source": self._source(name, static, dynamic),
-                                   "configured": name in schedule or name.startswith("celery."),
-                                   "last_slot": None, "state": None, "epoch": None,
-                                   "task_id": None, "run": None, "next_due": None,
-                                   "paused": paused.get(name)}
+            row = EntryRow(entry=name, source=self._source(name, static, dynamic),
+                           configured=name in schedule or name.startswith("celery."),
+                           last_slot=None, state=None, epoch=None, task_id=None,
+                           rescued_by=None, run=None, next_due=None, paused=paused.get(name))
             if state is not None:
                 last = from_ms(state.slot_ms)
                 sent = state.state not in ("a", "k")
-                row.update(last_slot=last.isoformat(), state=STATE_NAMES.get(state.state),
-                           epoch=state.epoch, rescued_by=state.node,
-                           task_id=slot_id(self.config.key_prefix, name, last) if sent else None)
+                row["last_slot"], row["state"] = last.isoformat(), STATE_NAMES.get(state.state)
+                row["epoch"], row["rescued_by"] = state.epoch, state.node
+                row["task_id"] = slot_id(self.config.key_prefix, name, last) if sent else None
             if name in schedule:
                 opts = options.get(name) or EntryOptions.defaults(self.config)
                 clock = clock_for(schedule[name]["schedule"], name=name,
@@ -104,14 +180,14 @@ class Cluster:
             rows.append(row)
         runs = self._runs([row["task_id"] for row in rows if row["task_id"]])
         for row in rows:
-            row["run"] = runs.get(row["task_id"])
+            row["run"] = runs.get(row["task_id"] or "")
         return rows
 
     def dynamic_entries(self) -> tuple[dict[str, Any], dict[str, EntryOptions]]:
         """The enabled dynamic entries, as :meth:`schedule` gives the static ones."""
         from ..store.dynamic import Entry  # late: it imports celery.schedules
 
-        raw = {}
+        raw: dict[str, Any] = {}
         every = self.store.entries.all()
         self._dynamic_names = set(every)
         for name, stored in every.items():
@@ -139,31 +215,28 @@ class Cluster:
                           f"started on {run.worker}, lost")
                 for task_id, run in self.store.guard.runs(task_ids).items()}
 
-    def nodes(self, *, forget: bool = True) -> list[dict[str, Any]]:
-        """Every registered beat; long-gone ones are removed from the registry."""
+    def nodes(self) -> list[NodeRow]:
+        """Every registered beat, gone ones marked; it only reads (the leader's
+        housekeeping removes records of nodes long gone)."""
         now = time.time()
         gone_after = GONE_AFTER_RENEWS * self.config.renew_interval
-        rows, forgotten = [], []
+        rows: list[NodeRow] = []
         for node_id, info in sorted(self.ledger.nodes().items()):
             seen = info.get("last_seen")
             ago = None if seen is None else round(now - seen, 1)
-            if forget and ago is not None and ago > FORGET_AFTER:
-                forgotten.append(node_id)
-                continue
             gone = ago is None or ago > gone_after
-            rows.append(dict(info, node=node_id, seen_ago=ago, gone=gone,
-                             role=f"gone (was {info.get('role')})" if gone else info.get("role")))
-        if forgotten:
-            self.store.admin.forget_nodes(forgotten)
+            role = f"gone (was {info.get('role')})" if gone else info.get("role")
+            rows.append(cast(NodeRow, {**info, "node": node_id, "seen_ago": ago, "gone": gone,
+                                       "role": role}))
         return rows
 
-    def history(self, count: int, entry: str | None = None) -> list[dict[str, Any]]:
+    def history(self, count: int, entry: str | None = None) -> list[HistoryEvent]:
         rows = self.ledger.history(count if entry is None else max(count * 20, 1000))
         if entry is not None:
             rows = [row for row in rows if row.get("entry") == entry][-count:]
         return [_readable(row) for row in rows]
 
-    def follow(self, last_id: str = "$", block_ms: int = 1000) -> tuple[str, list[dict[str, Any]]]:
+    def follow(self, last_id: str = "$", block_ms: int = 1000) -> tuple[str, list[HistoryEvent]]:
         """History events after ``last_id`` (blocks up to ``block_ms``)."""
         last_id, rows = self.store.admin.follow(last_id, block_ms)
         return last_id, [_readable(row) for row in rows]
@@ -171,21 +244,21 @@ class Cluster:
     def node_health(self, host: str | None = None) -> tuple[bool, str]:
         """Is this host's beat a live leader or a healthy standby? (ok, one line of reason)."""
         host = host or socket.gethostname()
-        mine = [row for row in self.nodes(forget=False) if row.get("host") == host]
+        mine = [row for row in self.nodes() if row.get("host") == host]
         if not mine:
             return False, f"no beat on host {host} is registered in {self.store.admin.where}"
-        row = min(mine, key=lambda r: r["seen_ago"] if r["seen_ago"] is not None else 1e9)
-        if row["gone"]:
-            return False, (f"{row['node']} last seen {row['seen_ago']} s ago (more than "
+        row = min(mine, key=lambda r: r.get("seen_ago") or 1e9)
+        if row.get("gone"):
+            return False, (f"{row.get('node')} last seen {row.get('seen_ago')} s ago (more than "
                            f"{GONE_AFTER_RENEWS} renew intervals): not running or cannot reach Redis")
         skew = row.get("clock_skew")
         if skew is not None and abs(skew) > self.config.max_clock_skew:
-            return False, (f"{row['node']} clock is {skew:+.3f} s off Redis TIME, beyond "
+            return False, (f"{row.get('node')} clock is {skew:+.3f} s off Redis TIME, beyond "
                            f"leaderbeat_max_clock_skew={self.config.max_clock_skew}")
         leader = self.leader()
-        if leader and leader["node"] == row["node"]:
-            return True, f"{row['node']} leads (epoch {leader['epoch']})"
-        return True, (f"{row['node']} is a healthy standby (seen {row['seen_ago']} s ago); "
+        if leader and leader["node"] == row.get("node"):
+            return True, f"{leader['node']} leads (epoch {leader['epoch']})"
+        return True, (f"{row.get('node')} is a healthy standby (seen {row.get('seen_ago')} s ago); "
                       f"leader: {leader['node'] if leader else 'none'}")
 
     def leads_here(self, host: str | None = None) -> bool:
@@ -194,11 +267,11 @@ class Cluster:
         if leader is None:
             return False
         info = self.ledger.nodes().get(leader["node"]) or {}
-        return info.get("host") == (host or socket.gethostname())
+        return bool(info.get("host") == (host or socket.gethostname()))
 
     # -- acting ----------------------------------------------------------------------------
 
-    def step_down(self) -> dict[str, Any] | None:
+    def step_down(self) -> Leader | None:
         """Release the current leader's lease: a standby takes over at once (fenced)."""
         leader = self.leader()
         if leader is None:
@@ -207,7 +280,9 @@ class Cluster:
                                               "step-down (celery leaderbeat step-down)")
         return leader if released else None
 
-    def wait_for_leader(self, other_than: str, timeout: float) -> tuple[dict[str, Any] | None, float]:
+    def wait_for_leader(self, other_than: str, timeout: float) -> tuple[Leader | None, float]:
+        """The next leader (a token other than ``other_than``) within ``timeout`` s, and
+        how long it took."""
         started = time.monotonic()
         while time.monotonic() - started < timeout:
             leader = self.leader()
@@ -242,7 +317,7 @@ class Cluster:
         self.check_entry(name)
         schedule, options = self.schedule()
         if name not in schedule:
-            raise UnknownEntry(f"entry {name!r} is not in beat_schedule: its slots are unknown")
+            raise BackfillRefused(self._not_backfillable(name))
         opts = options.get(name) or EntryOptions.defaults(self.config)
         clock = clock_for(schedule[name]["schedule"], name=name, tz=opts.tz or self.app.timezone,
                           jitter=opts.jitter)
@@ -252,13 +327,15 @@ class Cluster:
             # an interval's slots are anchor + k x every: the phase is the stored last slot
             stored = self.ledger.load([name]).get(name)
             if stored is None:
-                raise UnknownEntry(f"entry {name!r} has no slot in Redis: its phase is unknown")
+                raise BackfillRefused(f"entry {name!r} has no slot in {self.store.admin.where} "
+                                      "yet: the phase of its interval is unknown")
             anchor = from_ms(stored.slot_ms)
             s = anchor + -((anchor - start) // clock.every) * clock.every
         while s <= end and len(slots) <= 100_000:
             slots.append(s)
             s = clock.next_after(s)
-        done, horizon = set(), None
+        done: set[int] = set()
+        horizon: datetime | None = None
         for row in self.store.admin.all_history():
             if horizon is None:
                 horizon = from_ms(int(row["id"].split("-")[0]))
@@ -277,6 +354,15 @@ class Cluster:
         """Delete this app's state (lease, claims, history, nodes, pauses), not its entries."""
         return self.store.admin.reset()
 
+    def _not_backfillable(self, name: str) -> str:
+        kind = self.kind_of(name)
+        if kind is not None:
+            kinds = "beat_schedule" + (" and django-celery-beat" if self.config.base_scheduler
+                                       is not None else "")
+            return f"entry {name!r} is a {kind}: backfill knows the slots of {kinds} entries only"
+        return (f"entry {name!r} is no longer scheduled (only its state is left in "
+                f"{self.store.admin.where}): its slots are unknown")
+
     def _note(self, name: str, event: str, detail: str) -> None:
         self.store.admin.note({"event": event, "entry": name, "detail": detail,
                                "node": f"cli@{socket.gethostname()}"})
@@ -285,9 +371,9 @@ class Cluster:
 _MS = from_ms(1) - from_ms(0)
 
 
-def _readable(row: dict[str, str]) -> dict[str, Any]:
+def _readable(row: dict[str, str]) -> HistoryEvent:
     when = datetime.fromtimestamp(int(row["id"].split("-")[0]) / 1000, timezone.utc)
     out: dict[str, Any] = dict(row, time=when.isoformat(timespec="milliseconds"))
     if row.get("slot"):
         out["slot"] = from_ms(int(row["slot"])).isoformat()
-    return out
+    return cast(HistoryEvent, out)

@@ -133,7 +133,7 @@ def describe(p: Planned) -> str:
 
 def apply(app: Any, planned: list[Planned]) -> tuple[int, int, int]:
     """Create the planned entries: (imported, already there, skipped)."""
-    from ..store.entry_store import EntryExists
+    from ..errors import EntryExists
 
     done = there = skipped = 0
     for p in planned:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ScriptError
+from ..errors import EntryExists, EntryNotFound, ScriptError
 from .connection import ERRORS
 from .events import ENTRIES
 from .keys import Keys
@@ -72,12 +72,8 @@ class Changes:
     removed: list[str]
 
 
-class EntryExists(LookupError):
-    """A create refused: an entry of that name is stored."""
-
-
-class EntryUnknown(LookupError):
-    """An update refused: no entry of that name is stored."""
+#: an update refused: no entry of that name is stored (the name this module always used)
+EntryUnknown = EntryNotFound
 
 
 class EntryStore:
@@ -101,9 +97,9 @@ class EntryStore:
                            "" if anchor_ms is None else str(anchor_ms), definition, REMOVED_CAP)
         code = int(reply[0])
         if code == 2:
-            raise EntryExists(name)
+            raise EntryExists(name, "a runtime entry of that name is stored")
         if code == 3:
-            raise EntryUnknown(name)
+            raise EntryNotFound(name, "among the runtime entries")
         if code not in (0, 1):
             raise ScriptError(f"entries.lua answered {reply!r} to a save")
         if code == 1:

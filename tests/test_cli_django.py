@@ -1,0 +1,47 @@
+"""``celery leaderbeat`` on a django-celery-beat site: a row is named as what it is."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.support.beat import NOOP, REPO_ROOT
+from tests.support.postgres import postgres_database
+
+pytestmark = pytest.mark.slow
+
+pytest.importorskip("django_celery_beat", reason="needs the django extra")
+
+from tests.support.djangosite.testing import SETTINGS, add, every, migrated
+
+APP = "tests.support.djangosite"
+
+
+@pytest.fixture
+def env(monkeypatch, make_redis_server, key_prefix):
+    with postgres_database("lbcli") as name:
+        monkeypatch.setenv("LB_DJANGO_DB", name)
+        monkeypatch.setenv("DJANGO_SETTINGS_MODULE", SETTINGS)
+        with migrated(name):
+            state = make_redis_server()
+            yield {"LB_DJANGO_DB": name, "LB_BROKER_URL": state.url_for(1),
+                   "LB_REDIS_URL": state.url, "LB_PREFIX": key_prefix,
+                   "DJANGO_SETTINGS_MODULE": SETTINGS}
+
+
+def cli(env: dict, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "celery", "-A", APP, "leaderbeat", *args],
+                          cwd=REPO_ROOT, env={**os.environ, **env, "PYTHONPATH": str(REPO_ROOT)},
+                          capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_a_runtime_command_given_a_django_row_names_it_a_django_celery_beat_entry(env):
+    add("nightly-report", task=NOOP, interval=every(3600))
+    done = cli(env, "disable", "nightly-report")
+    assert done.returncode == 65, done.stderr
+    assert "it is a django-celery-beat entry (change it in the Django admin" in done.stderr
+    paused = cli(env, "pause", "nightly-reprot")
+    assert paused.returncode == 65 and "did you mean 'nightly-report'?" in paused.stderr
