@@ -2,7 +2,8 @@
 
 Run any number of ``celery beat -S celery_leaderbeat.Scheduler`` processes:
 one leads through a fenced Redis lease, and every scheduled slot of every
-periodic task is claimed in Redis before it is sent, so it is enqueued once.
+periodic task is claimed in Redis before it is sent, and Redis grants each
+slot once.
 """
 
 from __future__ import annotations
