@@ -44,14 +44,20 @@ SCRIPT = r"""
 })();
 """
 
-STYLE = """
-:root { color-scheme: light dark; --ok: #1a7f37; --bad: #cf222e; --dim: #6e7781; }
+#: the standalone page's frame (the Django admin has its own)
+FRAME_STYLE = """
+:root { color-scheme: light dark; }
 body { font: 14px/1.45 system-ui, sans-serif; margin: 0; }
 header { display: flex; justify-content: space-between; padding: .6em 1.2em;
          border-bottom: 1px solid #8884; }
 header nav a { margin-right: 1.2em; font-weight: 600; }
 .mode { color: var(--dim); }
 main { padding: 0 1.2em 2em; }
+"""
+
+#: the view's own parts, in both
+STYLE = """
+:root { --ok: #1a7f37; --bad: #cf222e; --dim: #6e7781; }
 table { border-collapse: collapse; margin: .5em 0 1em; }
 th, td { text-align: left; padding: .25em .8em .25em 0; border-bottom: 1px solid #8883;
          vertical-align: top; }

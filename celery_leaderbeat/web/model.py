@@ -81,8 +81,18 @@ class ClusterView:
 
     def overview(self) -> dict[str, Any]:
         """Leader and lease, nodes, and the store's health, as ``/api/cluster`` gives them."""
-        return {"leader": public(self.cluster.leader()), "nodes": self.nodes(),
-                "store": self.store_health()}
+        leader = public(self.cluster.leader())
+        if leader is not None:
+            leader["since"] = self.leading_since(leader["epoch"])
+        return {"leader": leader, "nodes": self.nodes(), "store": self.store_health()}
+
+    def leading_since(self, epoch: int, look_back: int = 1000) -> str | None:
+        """When the leader of ``epoch`` was elected, from the newest ``look_back`` events;
+        None when its election is older than those."""
+        for event in reversed(self.cluster.history(look_back)):
+            if event.get("event") == "elected" and event.get("epoch") == str(epoch):
+                return event["time"]
+        return None
 
     def nodes(self) -> list[NodeRow]:
         return self.cluster.nodes()

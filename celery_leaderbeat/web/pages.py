@@ -27,8 +27,13 @@ DONE = {"pause": "Paused: its slots are skipped until it is resumed.",
 
 
 def esc(value: Any) -> str:
-    """Any value as HTML text (None as '-')."""
+    """Any value as HTML text; none (None or empty) as '-'."""
     return "-" if value is None or value == "" else html.escape(str(value), quote=True)
+
+
+def attr(value: Any) -> str:
+    """Any value as an HTML attribute's value (quotes escaped; None as empty)."""
+    return "" if value is None else html.escape(str(value), quote=True)
 
 
 class Links(Protocol):
@@ -62,7 +67,7 @@ def when(iso: str | None) -> str:
     moment = datetime.fromisoformat(iso)
     delta = (moment - datetime.now(timezone.utc)).total_seconds()
     ago = f"in {_span(delta)}" if delta > 0 else f"{_span(-delta)} ago"
-    return (f'<time datetime="{esc(iso)}" title="{esc(ago)}">'
+    return (f'<time datetime="{attr(iso)}" title="{attr(ago)}">'
             f'{esc(moment.replace(microsecond=0).isoformat())}</time>')
 
 
@@ -77,7 +82,7 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[str]], cls: str = "") 
     """Rows of cells already HTML (escape before)."""
     head = "".join(f"<th>{esc(h)}</th>" for h in headers)
     body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
-    return (f'<table class="{esc(cls)}"><thead><tr>{head}</tr></thead>'
+    return (f'<table class="{attr(cls)}"><thead><tr>{head}</tr></thead>'
             f"<tbody>{body}</tbody></table>")
 
 
@@ -117,7 +122,7 @@ def _role(node: dict[str, Any]) -> str:
 def step_down_form(links: Links, viewer: Viewer) -> str:
     if not viewer.may("step-down"):
         return ""
-    return (f'<h2>Step down</h2><form method="post" action="{esc(links.action("step-down"))}"'
+    return (f'<h2>Step down</h2><form method="post" action="{attr(links.action("step-down"))}"'
             ' class="action" id="step-down-form">' + _csrf(viewer)
             + '<label>Note <input name="note" maxlength="500"></label> '
             '<button type="submit" id="step-down">Step down the leader</button>'
@@ -132,10 +137,10 @@ def entries_live(page: Page, links: Links, query: str, state: str) -> str:
     for row in page.entries:
         paused = row["paused"]
         rows.append([
-            f'<a href="{esc(links.entry(row["entry"]))}">{esc(row["entry"])}</a>'
+            f'<a href="{attr(links.entry(row["entry"]))}">{esc(row["entry"])}</a>'
             + ("" if row["configured"] else " <small>(not configured)</small>"),
             esc(row["source"]), when(row["next_due"]), when(row["last_slot"]),
-            f'<span class="state {esc(row["state"])}">{esc(row["state"])}</span>',
+            f'<span class="state {attr(row["state"])}">{esc(row["state"])}</span>',
             esc(row["rescued_by"]), esc(row["run"]),
             (f'<span class="paused">paused</span> {esc(paused.get("note"))}' if paused
              else "")])
@@ -150,7 +155,7 @@ def entries_live(page: Page, links: Links, query: str, state: str) -> str:
 def _pager(page: Page, links: Links, query: str, state: str) -> str:
     def link(offset: int, text: str, rel: str) -> str:
         return (f'<a rel="{rel}" href="'
-                f'{esc(links.entries(offset=offset, limit=page.limit, q=query, state=state))}">'
+                f'{attr(links.entries(offset=offset, limit=page.limit, q=query, state=state))}">'
                 f"{text}</a>")
     parts = []
     if page.offset > 0:
@@ -161,10 +166,10 @@ def _pager(page: Page, links: Links, query: str, state: str) -> str:
 
 
 def entries_filter(links: Links, query: str, state: str, limit: int) -> str:
-    options = "".join(f'<option value="{esc(s)}"{" selected" if s == state else ""}>'
-                      f"{esc(s)}</option>" for s in ("", *STATE_FILTERS))
-    return (f'<form method="get" action="{esc(links.entries())}" class="filter">'
-            f'<label>Name contains <input name="q" value="{esc(query) if query else ""}">'
+    options = "".join(f'<option value="{attr(s)}"{" selected" if s == state else ""}>'
+                      f"{esc(s) if s else 'any'}</option>" for s in ("", *STATE_FILTERS))
+    return (f'<form method="get" action="{attr(links.entries())}" class="filter">'
+            f'<label>Name contains <input name="q" value="{attr(query)}">'
             f'</label> <label>Outcome <select name="state">{options}</select></label> '
             f'<input type="hidden" name="limit" value="{limit}">'
             '<button type="submit">Filter</button></form>')
@@ -184,7 +189,7 @@ def entry_live(detail: dict[str, Any]) -> str:
                          f'{esc(paused.get("by"))})') if paused else '<span id="paused">no</span>')]
     dl = "".join(f"<dt>{esc(k)}</dt><dd>{v}</dd>" for k, v in facts)
     slots = table(["slot", "outcome", "why / detail", "sent by", "epoch", "recorded"], (
-        [when(s["slot"]), f'<span class="state {esc(s["outcome"])}">{esc(s["outcome"])}</span>',
+        [when(s["slot"]), f'<span class="state {attr(s["outcome"])}">{esc(s["outcome"])}</span>',
          esc(s["detail"]), esc(s["node"]), esc(s["epoch"]), when(s["time"])]
         for s in detail["slots"]), "slots")
     events = history_table(reversed(detail["history"]), show_entry=False)
@@ -203,7 +208,7 @@ def history_table(rows: Iterable[Mapping[str, Any]], show_entry: bool = True) ->
 
 def entry_forms(name: str, links: Links, viewer: Viewer) -> str:
     """The actions on one entry this viewer may take; none in read-only mode."""
-    hidden = _csrf(viewer) + f'<input type="hidden" name="name" value="{esc(name)}">'
+    hidden = _csrf(viewer) + f'<input type="hidden" name="name" value="{attr(name)}">'
     forms = {
         "pause": '<label>Note <input name="note" maxlength="500"></label> '
                  '<button type="submit" id="pause">Pause</button>',
@@ -215,15 +220,15 @@ def entry_forms(name: str, links: Links, viewer: Viewer) -> str:
                     '<label>Note <input name="note" maxlength="500"></label> '
                     '<button type="submit" id="backfill">Backfill</button>',
     }
-    shown = [f'<form method="post" action="{esc(links.action(action))}" class="action" '
+    shown = [f'<form method="post" action="{attr(links.action(action))}" class="action" '
              f'id="{action}-form">{hidden}{fields}</form>'
              for action, fields in forms.items() if viewer.may(action)]
     return ("<h2>Act</h2>" + "".join(shown)) if shown else ""
 
 
 def _csrf(viewer: Viewer) -> str:
-    return (f'<input type="hidden" name="{esc(viewer.csrf_field)}" '
-            f'value="{esc(viewer.csrf_token)}">')
+    return (f'<input type="hidden" name="{attr(viewer.csrf_field)}" '
+            f'value="{attr(viewer.csrf_token)}">')
 
 
 def message(done: str) -> str:
@@ -238,16 +243,16 @@ def document(title: str, body: str, *, base: str, live_url: str, every_ms: int,
     """A whole page of the standalone view; the script polls ``live_url``."""
     mode = ("actions enabled" + (f", signed in as {esc(viewer.name)}" if viewer.name else "")
             if viewer.may("pause") else "read-only")
-    nav = "".join(f'<a href="{esc(base)}{path}">{label}</a>' for path, label in
+    nav = "".join(f'<a href="{attr(base)}{path}">{label}</a>' for path, label in
                   (("/", "Cluster"), ("/entries", "Entries"), ("/history", "History")))
     return (f'<!doctype html><html lang="en"><head><meta charset="utf-8">'
             f'<meta name="viewport" content="width=device-width, initial-scale=1">'
             f"<title>{esc(title)} · leaderbeat</title>"
-            f'<link rel="stylesheet" href="{esc(base)}/static/web.css"></head>'
+            f'<link rel="stylesheet" href="{attr(base)}/static/web.css"></head>'
             f'<body><header><nav>{nav}</nav><span class="mode">{mode}</span></header>'
-            f'<main data-live="{esc(live_url)}" data-every="{every_ms}">'
+            f'<main data-live="{attr(live_url)}" data-every="{every_ms}">'
             f"<h1>{esc(title)}</h1>{body}</main>"
-            f'<script src="{esc(base)}/static/web.js" defer></script></body></html>')
+            f'<script src="{attr(base)}/static/web.js" defer></script></body></html>')
 
 
 def live(content: str) -> str:

@@ -34,7 +34,7 @@ from ..ops.cluster import Cluster
 from ..store.base import STORE_ERRORS
 from . import assets, pages
 from .actions import ACTIONS, ActionRefused, Operator, run
-from .model import ClusterView
+from .model import ClusterView, public
 
 StartResponse = Callable[..., Any]
 
@@ -203,13 +203,13 @@ class WebApp:
         if path == "/static/web.js":
             return 200, "text/javascript; charset=utf-8", assets.SCRIPT.encode(), []
         if path == "/static/web.css":
-            return 200, "text/css; charset=utf-8", assets.STYLE.encode(), []
+            return 200, "text/css; charset=utf-8", (assets.FRAME_STYLE + assets.STYLE).encode(), []
         raise HTTPError(404, f"no file {path}")
 
     def _api_get(self, request: Request, who: str) -> Any:
         view, path, query = self.view, request.path[len("/api"):], request.query
         if path == "/cluster":
-            return self._overview()
+            return self.view.overview()
         if path == "/status":
             return view.page(*_paging(query), query.get("q", ""), query.get("state", "")
                              ).as_json()
@@ -219,7 +219,7 @@ class WebApp:
             return view.cluster.history(_int(query, "count", 50, 1, 10_000),
                                         query.get("entry") or None)
         if path == "/health":
-            leader = self._overview()["leader"]
+            leader = public(self.view.cluster.leader())
             return {"healthy": leader is not None, "leader": leader,
                     "reason": (f"{leader['node']} leads (epoch {leader['epoch']})" if leader
                                else "no beat holds the lease")}
@@ -228,47 +228,23 @@ class WebApp:
                 raise HTTPError(403, "read-only: this view was started without actions")
             return {"csrf": self.csrf_token(who), "field": "csrf", "header": "X-CSRF-Token"}
         if path.startswith("/entries/"):
-            return self._entry(unquote(path[len("/entries/"):]))
+            return entry_or_404(self.view, unquote(path[len("/entries/"):]))
         raise HTTPError(404, f"no API {request.path}")
-
-    def _overview(self) -> dict[str, Any]:
-        overview = self.view.overview()
-        leader = overview["leader"]
-        if leader is not None:
-            leader["since"] = leading_since(self.view.cluster, leader["epoch"])
-        return overview
-
-    def _entry(self, name: str) -> dict[str, Any]:
-        try:
-            return self.view.entry(name)
-        except EntryNotFound as exc:
-            raise HTTPError(404, str(exc)) from None
 
     def _page(self, request: Request, who: str) -> str:
         """A whole page, or with ``?_live=1`` only its live part."""
-        path, query, links = request.path, request.query, Links(request.base)
-        viewer = self.viewer(who)
+        path, query = request.path, request.query
         if path == "/":
-            kind, title = "cluster", "Cluster"
-            content, above, below = pages.cluster_live(self._overview()), "", \
-                pages.step_down_form(links, viewer)
-        elif path == "/entries":
-            kind, title = "entries", "Entries"
-            (offset, limit), q, state = _paging(query), query.get("q", ""), query.get("state", "")
-            content = pages.entries_live(self.view.page(offset, limit, q, state), links, q,
-                                         state)
-            above, below = pages.entries_filter(links, q, state, limit), ""
+            kind, name = "cluster", ""
+        elif path in ("/entries", "/history"):
+            kind, name = path[1:], ""
         elif path.startswith("/entries/"):
-            name = unquote(path[len("/entries/"):])
-            kind, title = "entry", name
-            content, above = pages.entry_live(self._entry(name)), ""
-            below = pages.entry_forms(name, links, viewer)
-        elif path == "/history":
-            kind, title, above, below = "history", "History", "", ""
-            content = pages.history_table(reversed(self.view.cluster.history(
-                _int(query, "count", 200, 1, 10_000), query.get("entry") or None)))
+            kind, name = "entry", unquote(path[len("/entries/"):])
         else:
             raise HTTPError(404, f"no page {path}")
+        viewer = self.viewer(who)
+        title, content, above, below = parts(self.view, kind, name, query,
+                                             Links(request.base), viewer)
         if query.get("_live"):
             return content
         live_url = request.base + path + pages.query_string(**{**query, "_live": "1"})
@@ -311,7 +287,7 @@ class WebApp:
         page = (f'<!doctype html><html lang="en"><head><meta charset="utf-8">'
                 f'<title>{status} · leaderbeat</title></head><body>'
                 f'<p class="error" id="error">{pages.esc(message)}</p>'
-                f'<p><a href="{pages.esc(request.base or "")}/">Back to the cluster</a></p>'
+                f'<p><a href="{pages.attr(request.base)}/">Back to the cluster</a></p>'
                 "</body></html>")
         return "text/html; charset=utf-8", page.encode()
 
@@ -325,13 +301,31 @@ def make_wsgi_app(app: Any, *, enable_actions: bool = False, token: str | None =
     return WebApp(cluster or Cluster(app), enable_actions=enable_actions, token=token)
 
 
-def leading_since(cluster: Cluster, epoch: int, look_back: int = 1000) -> str | None:
-    """When the leader of ``epoch`` was elected, from the newest ``look_back`` events;
-    None when its election is older than those."""
-    for event in reversed(cluster.history(look_back)):
-        if event.get("event") == "elected" and event.get("epoch") == str(epoch):
-            return event["time"]
-    return None
+def parts(view: ClusterView, kind: str, name: str, query: dict[str, str], links: Any,
+          viewer: pages.Viewer) -> tuple[str, str, str, str]:
+    """A page's title, its live part, and what goes above and below that (filters,
+    forms); ``kind`` is cluster, entries, entry (``name``) or history."""
+    if kind == "cluster":
+        return ("Cluster", pages.cluster_live(view.overview()), "",
+                pages.step_down_form(links, viewer))
+    if kind == "entries":
+        (offset, limit), q, state = _paging(query), query.get("q", ""), query.get("state", "")
+        return ("Entries",
+                pages.entries_live(view.page(offset, limit, q, state), links, q, state),
+                pages.entries_filter(links, q, state, limit), "")
+    if kind == "entry":
+        return (name, pages.entry_live(entry_or_404(view, name)), "",
+                pages.entry_forms(name, links, viewer))
+    rows = view.cluster.history(_int(query, "count", 200, 1, 10_000),
+                                query.get("entry") or None)
+    return "History", pages.history_table(reversed(rows)), "", ""
+
+
+def entry_or_404(view: ClusterView, name: str) -> dict[str, Any]:
+    try:
+        return view.entry(name)
+    except EntryNotFound as exc:
+        raise HTTPError(404, str(exc)) from None
 
 
 def _same(given: str, expected: str) -> bool:
