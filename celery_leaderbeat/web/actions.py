@@ -17,9 +17,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from ..errors import LeaderbeatError
+from ..errors import BackfillRefused, LeaderbeatError
 from ..ops.cluster import Cluster
-from .model import public
 
 #: the actions a page may ask for
 ACTIONS = ("pause", "resume", "trigger", "backfill", "step-down")
@@ -102,7 +101,10 @@ def _backfill(cluster: Cluster, operator: Operator, name: str, form: Mapping[str
     if start > end:
         raise ActionRefused(f"from {start.isoformat()} is after to {end.isoformat()}: "
                             "from must not be later")
-    never, sent, horizon = cluster.backfill_slots(name, start, end)
+    try:
+        never, sent, horizon = cluster.backfill_slots(name, start, end)
+    except BackfillRefused as exc:
+        raise ActionRefused(str(exc), 409) from None
     if horizon is None or horizon > start:
         raise ActionRefused(f"the history only reaches back to "
                             f"{horizon.isoformat() if horizon else 'nothing'}: what was sent "
@@ -139,4 +141,4 @@ def _audit(cluster: Cluster, operator: Operator, action: str, name: str, note: s
                                         + (f": {note}" if note else "")})
 
 
-__all__ = ["ACTIONS", "ActionRefused", "Operator", "public", "run"]
+__all__ = ["ACTIONS", "ActionRefused", "Operator", "run"]
