@@ -62,7 +62,7 @@ table { border-collapse: collapse; margin: .5em 0 1em; }
 th, td { text-align: left; padding: .25em .8em .25em 0; border-bottom: 1px solid #8883;
          vertical-align: top; }
 th { font-weight: 600; }
-.leader { font-size: 1.15em; }
+.lead { font-size: 1.15em; }
 .ok { color: var(--ok); } .bad { color: var(--bad); }
 .role.gone, .state.missed, .state.unsent, .state.error { color: var(--bad); }
 .role.leader, .state.sent { color: var(--ok); }

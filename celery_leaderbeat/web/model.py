@@ -49,6 +49,8 @@ class Definitions:
     static: frozenset[str]
     dynamic: frozenset[str]
     dynamic_all: frozenset[str]
+    #: every configured name and every name with a slot in the store, sorted
+    names: tuple[str, ...]
     built_at: float
 
 
@@ -116,21 +118,22 @@ class ClusterView:
     def page(self, offset: int = 0, limit: int = 50, query: str = "", state: str = ""
              ) -> Page:
         """Entries ``offset`` to ``offset + limit`` of those whose name contains ``query``
-        (and whose last slot is in ``state``, or that are paused), sorted by name."""
-        definitions = self.definitions()
-        stored, paused = self.cluster.ledger.load(), self.cluster.paused()
-        names = sorted(set(definitions.schedule) | set(stored))
+        (and whose last slot is in ``state``, or that are paused), sorted by name.
+
+        Only the page's slots are read, unless ``state`` filters on them (then all)."""
+        definitions, paused = self.definitions(), self.cluster.paused()
+        names: list[str] | tuple[str, ...] = definitions.names
         if query:
             folded = query.casefold()
             names = [n for n in names if folded in n.casefold()]
         if state == "paused":
             names = [n for n in names if n in paused]
         elif state:
-            names = [n for n in names if n in stored
-                     and STATE_NAMES.get(stored[n].state) == state]
-        chosen = names[offset:offset + limit]
-        rows = self.rows(chosen, definitions, {n: stored[n] for n in chosen if n in stored},
-                         paused)
+            every = self.cluster.ledger.load()
+            names = [n for n in names
+                     if n in every and STATE_NAMES.get(every[n].state) == state]
+        chosen = list(names[offset:offset + limit])
+        rows = self.rows(chosen, definitions, self.cluster.ledger.load(chosen), paused)
         return Page(public(self.cluster.leader()), rows, len(names), offset, limit)
 
     def entry(self, name: str) -> dict[str, Any]:
@@ -220,8 +223,10 @@ class ClusterView:
                            if name in (cluster.app.conf.beat_schedule or {}))
         dynamic, dynamic_options = cluster.dynamic_entries()
         dynamic_all = frozenset(cluster.store.entries.names())
-        return Definitions({**dynamic, **schedule}, {**dynamic_options, **options}, static,
-                           frozenset(dynamic), dynamic_all, time.monotonic())
+        every = {**dynamic, **schedule}
+        names = tuple(sorted({*every, *cluster.ledger.load()}))
+        return Definitions(every, {**dynamic_options, **options}, static, frozenset(dynamic),
+                           dynamic_all, names, time.monotonic())
 
 
 #: how each event reads as a slot's outcome: (event, the detail's start) -> outcome

@@ -91,12 +91,12 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[str]], cls: str = "") 
 def cluster_live(overview: dict[str, Any]) -> str:
     leader, store = overview["leader"], overview["store"]
     if leader:
-        lead = (f'<p class="leader ok">Leader <strong id="leader-node">{esc(leader["node"])}'
+        lead = (f'<p class="lead ok">Leader <strong id="leader-node">{esc(leader["node"])}'
                 f'</strong>, epoch <strong id="leader-epoch">{esc(leader["epoch"])}</strong>, '
                 f'lease <span id="lease-left">{leader["lease_ms_left"] / 1000:.1f}</span> s left'
                 f'; leading since {when(leader.get("since"))}</p>')
     else:
-        lead = ('<p class="leader bad"><strong id="leader-node">No leader</strong>: no beat '
+        lead = ('<p class="lead bad"><strong id="leader-node">No leader</strong>: no beat '
                 "holds the lease; nothing is sent until one does.</p>")
     nodes = table(["node", "role", "version", "host", "pid", "last heartbeat", "clock skew"], (
         [esc(n.get("node")), _role(n), esc(n.get("version")), esc(n.get("host")),
@@ -147,7 +147,7 @@ def entries_live(page: Page, links: Links, query: str, state: str) -> str:
     first = page.offset + 1 if page.entries else 0
     summary = (f'<p class="summary" id="entries-summary">Entries {first}–'
                f'{page.offset + len(page.entries)} of {page.total}</p>')
-    grid = table(["entry", "source", "next slot", "last slot", "outcome", "claimed by",
+    grid = table(["entry", "source", "next slot", "last slot", "outcome", "rescued by",
                   "run", "paused"], rows, "entries")
     return summary + grid + _pager(page, links, query, state)
 
@@ -182,7 +182,7 @@ def entry_live(detail: dict[str, Any]) -> str:
     paused = row["paused"]
     facts = [("source", esc(row["source"])), ("next slot", when(row["next_due"])),
              ("last slot", when(row["last_slot"])), ("its outcome", esc(row["state"])),
-             ("claimed by", esc(row["rescued_by"])), ("epoch", esc(row["epoch"])),
+             ("rescued by", esc(row["rescued_by"])), ("epoch", esc(row["epoch"])),
              ("task id", esc(row["task_id"])), ("run", esc(row["run"])),
              ("paused", (f'<span class="paused" id="paused">yes</span>: '
                          f'{esc(paused.get("note"))} (at {esc(paused.get("at"))}, from '

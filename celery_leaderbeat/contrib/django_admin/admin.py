@@ -54,11 +54,10 @@ def cluster_view() -> ClusterView:
     global _view
     with _view_lock:
         if _view is None:
+            from celery import current_app
+
             named = getattr(settings, "LEADERBEAT_ADMIN_CELERY_APP", None)
-            if named:
-                app = import_string(named.replace(":", "."))
-            else:
-                from celery import current_app as app
+            app = import_string(named.replace(":", ".")) if named else current_app
             _view = ClusterView(StoreCluster(app))
         return _view
 
