@@ -16,7 +16,6 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -181,8 +180,8 @@ def test_pause_resume_trigger_and_step_down_clicked_on_the_pages_take_effect(
     audits = [e["detail"] for e in history(cluster, "audit")]
     assert audits == ["pause by alice via web: vendor outage", "resume by alice via web",
                       "trigger by alice via web: rerun for finance",
-                      f"step-down by alice via web: {before['node']} (epoch "
-                      f"{before['epoch']}): draining host"]
+                      (f"step-down by alice via web: {before['node']} (epoch "
+                      f"{before['epoch']}): draining host")]
 
 
 def submit(browser: Any, action: str, note: str | None = None) -> None:
@@ -248,3 +247,27 @@ def test_ten_thousand_entries_render_a_page_at_a_time(tmp_path, redis_server, ke
           f"{in_browser} ms as Chromium saw it")
     # generous: the target is 200 ms; this machine is shared
     assert sorted(timings)[len(timings) // 2] < 1000
+
+
+def test_the_django_admin_pages_update_live_and_act_in_the_browser(
+        tmp_path, redis_server, key_prefix, browser, monkeypatch):
+    pytest.importorskip("django_celery_beat", reason="needs the django extra")
+    from tests.support.webhttp import ADMIN_PASSWORD, admin_site
+    from tests.test_web_admin_site import celery_app
+
+    monkeypatch.setitem(celery_app.conf, "leaderbeat_redis_url", redis_server.url)
+    monkeypatch.setitem(celery_app.conf, "leaderbeat_key_prefix", key_prefix)
+    cluster = Cluster(celery_app)
+    with admin_site(tmp_path, redis_server.url, key_prefix) as base:
+        browser.get(base + "/admin/login/?next=/admin/leaderbeat_admin/cluster/entries/")
+        browser.find_element("name", "username").send_keys("operator")
+        browser.find_element("name", "password").send_keys(ADMIN_PASSWORD)
+        browser.find_element("css selector", "input[type=submit]").click()
+        wait_until(lambda: "Entries 1–1 of 1" in text_of(browser, "entries-summary"), 15,
+                   "the entries page in the admin")
+        browser.find_element("link text", "nightly report").click()
+        submit(browser, "pause", note="month end")
+        assert cluster.paused()["nightly report"]["note"] == "month end"
+        wait_until(lambda: text_of(browser, "live-status").startswith("live: updated"), 10,
+                   "the script polls the page's live part")
+        shoot(browser, "admin")
