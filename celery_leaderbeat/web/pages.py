@@ -10,7 +10,7 @@ the same markup under their own paths.
 from __future__ import annotations
 
 import html
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Protocol
@@ -51,7 +51,8 @@ class Viewer:
     """What the person looking may do: act (and the CSRF field that proves the form is
     this site's), and what they are called."""
 
-    can_act: Any  # a callable action -> bool, or a bool for every action
+    #: may this viewer take ``action``? (or one bool for every action)
+    can_act: Callable[[str], bool] | bool
     csrf_field: str = "csrf"
     csrf_token: str = ""
     name: str = ""
