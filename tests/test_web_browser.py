@@ -192,7 +192,9 @@ def submit(browser: Any, action: str, note: str | None = None) -> None:
         field.clear()
         field.send_keys(note)
     form.find_element("id", action).click()
-    wait_until(lambda: browser.find_element("id", "done"), 15, f"{action} done")
+    # the page it leads to, not the one it left (which may show an earlier action's note)
+    wait_until(lambda: browser.current_url.endswith(f"?done={action}")
+               and browser.find_element("id", "done"), 15, f"{action} done")
 
 
 FORGED = ('data:text/html,<form id="f" method="post" action="{url}/actions/pause">'

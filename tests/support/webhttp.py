@@ -149,7 +149,7 @@ def admin_site(directory: Any, redis_url: str, prefix: str) -> Iterator[str]:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     log = open(directory / "runserver.log", "wb")  # noqa: SIM115 - closed below
-    server = subprocess.Popen([sys.executable, "-m", "django", "runserver", "--noreload",
+    server = subprocess.Popen([sys.executable, "-m", "django", "runserver", "--noreload", "--insecure",
                                f"127.0.0.1:{port}"], cwd=REPO_ROOT, env=env, stdout=log,
                               stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
