@@ -21,7 +21,7 @@ from celery_leaderbeat.errors import ConfigurationError
 from celery_leaderbeat.ops.cluster import Cluster
 from celery_leaderbeat.store.dynamic import Entry
 from celery_leaderbeat.web import make_wsgi_app
-from celery_leaderbeat.web.model import ClusterView
+from celery_leaderbeat.web.model import ClusterView, slots_of
 from tests.support.beat import NOOP, REPO_ROOT, beat_env
 from tests.support.webhttp import ask, basic, serving
 
@@ -98,6 +98,18 @@ def test_actions_need_the_token_and_the_csrf_token_of_the_page(app):
         assert done.status == 303
         assert done.headers["Location"] == "/entries/job-00001?done=pause"
     assert cluster.paused()["job-00001"]["note"] == "deploy freeze"
+
+
+def test_without_a_token_only_requests_to_an_address_are_answered(app):
+    """A page of another site whose name it rebinds to 127.0.0.1 cannot read the view."""
+    with serving(make_wsgi_app(app)) as url:
+        port = url.rsplit(":", 1)[1]
+        rebound = ask(url + "/api/status", headers={"Host": f"evil.example:{port}"})
+        assert rebound.status == 403 and "start it with a token" in rebound.body
+        assert ask(url + "/api/status", headers={"Host": f"localhost:{port}"}).status == 200
+    with serving(make_wsgi_app(app, token=TOKEN)) as url:
+        by_name = ask(url + "/api/status", auth=ALICE, headers={"Host": "beat-host:8400"})
+        assert by_name.status == 200
 
 
 def test_actions_without_a_token_cannot_be_enabled(app):
@@ -197,6 +209,25 @@ def test_a_page_of_rows_is_what_status_shows_for_those_entries(app):
     assert comparable(view.page(1, 2).entries) == expected[1:3]
     assert comparable(view.page(0, 50, state="paused").entries) == [expected[1]]
     assert comparable(view.page(0, 50, query="RUNTIME").entries) == [expected[3]]
+
+
+def test_each_slot_reads_as_its_last_event_with_who_sent_it_and_why():
+    def event(n: int, kind: str, slot: str, detail: str = "", node: str = "a") -> dict:
+        return {"id": f"{n}-0", "time": f"t{n}", "event": kind, "entry": "e", "slot": slot,
+                "node": node, "epoch": "1", "detail": detail}
+
+    history = [event(1, "sent", "s1"), event(2, "sent", "s2", "rescued", "b"),
+               event(3, "missed", "s3", "outside the catch-up window (3600 s)"),
+               event(4, "skipped", "s4", "paused"), event(5, "sent", "s4", "backfill r1"),
+               event(6, "sent", "s5", "recovered"), event(7, "unsent", "s6", "lease expired"),
+               {"id": "8-0", "time": "t8", "event": "audit", "entry": "e",
+                "detail": "pause by alice via web"}]
+    slots = {s["slot"]: (s["outcome"], s["detail"], s["node"]) for s in slots_of(history)}
+    assert slots == {"s1": ("sent", "", "a"), "s2": ("rescued", "rescued", "b"),
+                     "s3": ("missed", "outside the catch-up window (3600 s)", "a"),
+                     "s4": ("backfilled", "backfill r1", "a"), "s5": ("recovered", "recovered", "a"),
+                     "s6": ("unsent", "lease expired", "a")}
+    assert [s["slot"] for s in slots_of(history)] == ["s6", "s5", "s4", "s3", "s2", "s1"]
 
 
 def test_ten_thousand_entries_are_shown_a_page_at_a_time(shared_redis, key_prefix):

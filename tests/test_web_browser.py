@@ -169,6 +169,21 @@ def test_pause_resume_trigger_and_step_down_clicked_on_the_pages_take_effect(
         wait_until(lambda: history(cluster, "triggered", "tick", resumed_at), 10,
                    "the leader sends the trigger")
 
+        # the slots skipped while paused were never sent: backfill sends them now
+        skipped = sorted(e["slot"] for e in history(cluster, "skipped", "tick", paused_at)
+                         if e.get("detail") == "paused")
+        backfill = browser.find_element("id", "backfill-form")
+        backfill.find_element("name", "from").send_keys(skipped[0])
+        backfill.find_element("name", "to").send_keys(skipped[-1])
+        submit(browser, "backfill", note="make up the pause")
+        sent = wait_until(lambda: {e["slot"] for e in history(cluster, "sent", "tick", resumed_at)
+                                   if e.get("detail", "").startswith("backfill")} == set(skipped)
+                          and True, 10, "the leader sends the skipped slots")
+        assert sent
+        wait_until(lambda: browser.find_element(
+            "css selector", "table.slots").text.count("backfilled") == len(skipped), 5,
+            "the entry's slots show them backfilled")
+
         before = cluster.leader()
         browser.get(signed_in + "/")
         submit(browser, "step-down", note="draining host")
@@ -180,6 +195,8 @@ def test_pause_resume_trigger_and_step_down_clicked_on_the_pages_take_effect(
     audits = [e["detail"] for e in history(cluster, "audit")]
     assert audits == ["pause by alice via web: vendor outage", "resume by alice via web",
                       "trigger by alice via web: rerun for finance",
+                      (f"backfill by alice via web: {len(skipped)} slot(s) {skipped[0]} .. "
+                      f"{skipped[-1]}: make up the pause"),
                       (f"step-down by alice via web: {before['node']} (epoch "
                       f"{before['epoch']}): draining host")]
 

@@ -12,7 +12,12 @@ SCRIPT = r"""
   var main = document.querySelector("[data-live]");
   var live = document.getElementById("live");
   if (!main || !live) { return; }
-  var url = main.getAttribute("data-live");
+  // absolute, and without the user:password@ a page opened that way carries (fetch
+  // refuses such URLs; the browser sends the credentials it holds for this site)
+  var target = new URL(main.getAttribute("data-live"), window.location.href);
+  target.username = "";
+  target.password = "";
+  var url = target.href;
   var every = parseInt(main.getAttribute("data-every"), 10) || 2000;
   var status = document.createElement("p");
   status.id = "live-status";

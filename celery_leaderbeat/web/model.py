@@ -147,7 +147,13 @@ class ClusterView:
             definitions = self.definitions(fresh=True)
         row = self.rows([name], definitions, stored, self.cluster.paused())[0]
         history = self.cluster.history(ENTRY_HISTORY, name)
-        return {"entry": row, "slots": slots_of(history), "history": history}
+        slots = slots_of(history)
+        if row["state"] == "claimed" and row["last_slot"] not in {s["slot"] for s in slots}:
+            # claimed and not yet confirmed sent: the store knows it, the history not yet
+            slots.insert(0, {"slot": row["last_slot"], "outcome": "claimed", "events": [],
+                             "detail": "claimed; not confirmed sent yet",
+                             "node": row["rescued_by"], "epoch": row["epoch"], "time": None})
+        return {"entry": row, "slots": slots, "history": history}
 
     def rows(self, names: list[str], definitions: Definitions, stored: dict[str, SlotState],
              paused: dict[str, dict[str, Any]]) -> list[EntryRow]:

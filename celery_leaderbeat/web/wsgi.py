@@ -22,6 +22,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hmac
+import ipaddress
 import json
 import secrets
 import time
@@ -159,8 +160,17 @@ class WebApp:
     # -- who is asking -------------------------------------------------------------------
 
     def _authenticate(self, request: Request) -> str:
-        """The operator's name; 401 when a token is set and the request does not carry it."""
+        """The operator's name; 401 when a token is set and the request does not carry it.
+
+        Without a token, only a request addressed to an IP address or localhost is
+        answered: a page of another site that rebinds its own host name to 127.0.0.1
+        cannot read this one."""
         if self.token is None:
+            host = request.header("Host") or request.environ.get("SERVER_NAME", "")
+            if not _addressed_by_ip(host):
+                raise HTTPError(403, f"without a token this view answers only requests to an "
+                                     f"IP address or localhost, not to {host!r}: open it by "
+                                     "address, or start it with a token")
             return "anonymous"
         kind, _, credential = request.header("Authorization").partition(" ")
         if kind.lower() == "bearer" and _same(credential.strip(), self.token):
@@ -326,6 +336,19 @@ def entry_or_404(view: ClusterView, name: str) -> dict[str, Any]:
         return view.entry(name)
     except EntryNotFound as exc:
         raise HTTPError(404, str(exc)) from None
+
+
+def _addressed_by_ip(host: str) -> bool:
+    """Is ``host`` (a Host header: name, IPv4 or [IPv6], maybe a port) an IP or localhost?"""
+    name = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+    name = name.strip("[]").split("]")[0]
+    if name.lower() in ("localhost", ""):
+        return True
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
 
 
 def _same(given: str, expected: str) -> bool:
