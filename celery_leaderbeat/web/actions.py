@@ -4,9 +4,11 @@ Each acts through :class:`~celery_leaderbeat.ops.cluster.Cluster`, as the CLI do
 an existing entry named by the page (never a task, never arguments), and answers what
 the CLI's ``--json`` prints. Before it acts, each writes an ``audit`` event into the
 history: who asked, for what, through which view, and their note (the time is the
-event's). Written first, so an action whose reply is lost is still on record; an
-audit event whose action then failed says so in the event after it (``paused``,
-``resumed``, ``triggered`` ... are Cluster's and the leader's own, as for the CLI).
+event's). Written first, so a request is on record even when the action's reply is
+lost. What was done is recorded by the events that follow, the same as for the CLI
+(``paused``, ``resumed``, ``released``; ``triggered`` and backfilled ``sent`` by the
+leader): an audit event with none after it is a request that failed or never reached
+the store.
 """
 
 from __future__ import annotations
