@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -72,9 +73,13 @@ class Page:
 class ClusterView:
     """The reads behind every page; one per web app, shared by its threads."""
 
-    def __init__(self, cluster: Cluster, definitions_every: float = DEFINITIONS_EVERY) -> None:
+    def __init__(self, cluster: Cluster, definitions_every: float = DEFINITIONS_EVERY,
+                 after_rebuild: Callable[[], None] | None = None) -> None:
+        """``after_rebuild`` runs in the background thread when it is done (Django's
+        admin closes that thread's database connection with it)."""
         self.cluster = cluster
         self.definitions_every = definitions_every
+        self.after_rebuild = after_rebuild
         self._definitions: Definitions | None = None
         self._lock = threading.Lock()
         self._rebuilding = False
@@ -221,6 +226,8 @@ class ClusterView:
         finally:
             with self._lock:
                 self._rebuilding = False
+            if self.after_rebuild is not None:
+                self.after_rebuild()
 
     def _build(self) -> Definitions:
         cluster = self.cluster

@@ -15,6 +15,7 @@ from urllib.parse import quote
 from django.conf import settings
 from django.contrib import admin
 from django.core.exceptions import PermissionDenied
+from django.db import connections
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
 from django.middleware.csrf import get_token
 from django.template import engines
@@ -58,7 +59,9 @@ def cluster_view() -> ClusterView:
 
             named = getattr(settings, "LEADERBEAT_ADMIN_CELERY_APP", None)
             app = import_string(named.replace(":", ".")) if named else current_app
-            _view = ClusterView(StoreCluster(app))
+            # the definitions are rebuilt in a thread of their own, which reads
+            # django-celery-beat's table: its connection is closed when it is done
+            _view = ClusterView(StoreCluster(app), after_rebuild=connections.close_all)
         return _view
 
 
