@@ -100,6 +100,45 @@ def test_actions_need_the_token_and_the_csrf_token_of_the_page(app):
     assert cluster.paused()["job-00001"]["note"] == "deploy freeze"
 
 
+def test_mounted_under_a_path_every_link_and_form_stays_under_it(app):
+    view = make_wsgi_app(app, enable_actions=True, token=TOKEN)
+
+    def mounted(environ, start_response):
+        path = environ["PATH_INFO"]
+        if not path.startswith("/ops/leaderbeat"):
+            start_response("404 Not Found", [("Content-Type", "text/plain")])
+            return [b"the main application"]
+        environ = {**environ, "SCRIPT_NAME": "/ops/leaderbeat",
+                   "PATH_INFO": path[len("/ops/leaderbeat"):]}
+        return view(environ, start_response)
+
+    with serving(mounted) as url:
+        page = ask(url + "/ops/leaderbeat/entries/job-00001", auth=ALICE).body
+        links = re.findall(r'(?:href|action|src|data-live)="([^"]+)"', page)
+        assert links and all(link.startswith("/ops/leaderbeat/") for link in links), links
+        assert ask(url + "/ops/leaderbeat/static/web.js", auth=ALICE).status == 200
+        done = ask(url + "/ops/leaderbeat/actions/resume", method="POST", auth=ALICE,
+                   form={"name": "job-00001", "csrf": csrf_of(page)})
+        assert done.headers["Location"] == "/ops/leaderbeat/entries/job-00001?done=resume"
+
+
+def test_the_entries_show_each_schedule_as_people_read_it(shared_redis, key_prefix):
+    from celery.schedules import crontab
+
+    from celery_leaderbeat import cron
+
+    app = make_app(shared_redis.url, key_prefix, n=1, extra={
+        "cleanup": {"task": NOOP, "schedule": crontab(minute="*/5")},
+        "report": {"task": NOOP, "schedule": cron("0 3 * * *")}})
+    with serving(make_wsgi_app(app)) as url:
+        rows = {r["entry"]: r["schedule"] for r in ask(url + "/api/status").json()["entries"]}
+        page = ask(url + "/entries").body
+        entry = ask(url + "/api/entries/report").json()
+    assert rows == {"cleanup": "crontab: */5 * * * * (m/h/dM/MY/d)", "job-00000": "every 60 s",
+                    "report": "cron: '0 3 * * *'"}
+    assert "<td>every 60 s</td>" in page and entry["schedule"] == "cron: '0 3 * * *'"
+
+
 def test_without_a_token_only_requests_to_an_address_are_answered(app):
     """A page of another site whose name it rebinds to 127.0.0.1 cannot read the view."""
     with serving(make_wsgi_app(app)) as url:

@@ -16,8 +16,10 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
+
+from celery.schedules import schedule as celery_schedule
 
 from ..entries import EntryOptions
 from ..ops.cluster import Cluster, EntryRow, HistoryEvent, Leader, NodeRow
@@ -54,6 +56,23 @@ class Definitions:
     names: tuple[str, ...]
     built_at: float
 
+    def schedule_text(self, name: str) -> str | None:
+        """``name``'s schedule as people read it; None when it is not configured here."""
+        entry = self.schedule.get(name)
+        return None if entry is None else schedule_text(entry["schedule"])
+
+
+def schedule_text(value: Any) -> str:
+    """A ``beat_schedule`` schedule as people read it: ``every 60 s``, ``crontab: ...``."""
+    if type(value) is celery_schedule:  # its subclasses (solar ...) say more as text
+        value = value.run_every
+    if isinstance(value, timedelta):
+        return f"every {value.total_seconds():g} s"
+    if isinstance(value, (int, float)):
+        return f"every {value:g} s"
+    text = str(value)
+    return text[1:-1] if text.startswith("<") and text.endswith(">") else text
+
 
 @dataclass(frozen=True)
 class Page:
@@ -64,9 +83,14 @@ class Page:
     total: int
     offset: int
     limit: int
+    #: each entry's schedule, as people read it (None: not configured here)
+    schedules: dict[str, str | None]
 
     def as_json(self) -> dict[str, Any]:
-        return {"leader": self.leader, "entries": self.entries, "total": self.total,
+        """``status --json`` for this page: its rows (each with its ``schedule`` too),
+        and where the page lies in the whole."""
+        rows = [{**row, "schedule": self.schedules.get(row["entry"])} for row in self.entries]
+        return {"leader": self.leader, "entries": rows, "total": self.total,
                 "offset": self.offset, "limit": self.limit}
 
 
@@ -139,7 +163,8 @@ class ClusterView:
                      if n in every and STATE_NAMES.get(every[n].state) == state]
         chosen = list(names[offset:offset + limit])
         rows = self.rows(chosen, definitions, self.cluster.ledger.load(chosen), paused)
-        return Page(public(self.cluster.leader()), rows, len(names), offset, limit)
+        return Page(public(self.cluster.leader()), rows, len(names), offset, limit,
+                    {name: definitions.schedule_text(name) for name in chosen})
 
     def entry(self, name: str) -> dict[str, Any]:
         """One entry's row, and its newest history events (oldest first), grouped by slot.
@@ -158,7 +183,8 @@ class ClusterView:
             slots.insert(0, {"slot": row["last_slot"], "outcome": "claimed", "events": [],
                              "detail": "claimed; not confirmed sent yet",
                              "node": row["rescued_by"], "epoch": row["epoch"], "time": None})
-        return {"entry": row, "slots": slots, "history": history}
+        return {"entry": row, "schedule": definitions.schedule_text(name), "slots": slots,
+                "history": history}
 
     def rows(self, names: list[str], definitions: Definitions, stored: dict[str, SlotState],
              paused: dict[str, dict[str, Any]]) -> list[EntryRow]:

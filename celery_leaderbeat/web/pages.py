@@ -140,7 +140,8 @@ def entries_live(page: Page, links: Links, query: str, state: str) -> str:
         rows.append([
             f'<a href="{attr(links.entry(row["entry"]))}">{esc(row["entry"])}</a>'
             + ("" if row["configured"] else " <small>(not configured)</small>"),
-            esc(row["source"]), when(row["next_due"]), when(row["last_slot"]),
+            esc(row["source"]), esc(page.schedules.get(row["entry"])), when(row["next_due"]),
+            when(row["last_slot"]),
             f'<span class="state {attr(row["state"])}">{esc(row["state"])}</span>',
             esc(row["rescued_by"]), esc(row["run"]),
             (f'<span class="paused">paused</span> {esc(paused.get("note"))}' if paused
@@ -148,7 +149,7 @@ def entries_live(page: Page, links: Links, query: str, state: str) -> str:
     first = page.offset + 1 if page.entries else 0
     summary = (f'<p class="summary" id="entries-summary">Entries {first}–'
                f'{page.offset + len(page.entries)} of {page.total}</p>')
-    grid = table(["entry", "source", "next slot", "last slot", "outcome", "rescued by",
+    grid = table(["entry", "source", "schedule", "next slot", "last slot", "outcome", "rescued by",
                   "run", "paused"], rows, "entries")
     return summary + grid + _pager(page, links, query, state)
 
@@ -181,7 +182,8 @@ def entries_filter(links: Links, query: str, state: str, limit: int) -> str:
 def entry_live(detail: dict[str, Any]) -> str:
     row = detail["entry"]
     paused = row["paused"]
-    facts = [("source", esc(row["source"])), ("next slot", when(row["next_due"])),
+    facts = [("source", esc(row["source"])), ("schedule", esc(detail["schedule"])),
+             ("next slot", when(row["next_due"])),
              ("last slot", when(row["last_slot"])), ("its outcome", esc(row["state"])),
              ("rescued by", esc(row["rescued_by"])), ("epoch", esc(row["epoch"])),
              ("task id", esc(row["task_id"])), ("run", esc(row["run"])),
