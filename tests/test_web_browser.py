@@ -157,7 +157,6 @@ def test_pause_resume_trigger_and_step_down_clicked_on_the_pages_take_effect(
         wait_until(lambda: [e for e in history(cluster, "skipped", "tick", paused_at)
                             if e.get("detail") == "paused"], 10, "the leader skips a paused slot")
         wait_until(lambda: text_of(browser, "paused") == "yes", 5, "the page says paused")
-        shoot(browser, "entry")
 
         submit(browser, "resume")
         assert "tick" not in cluster.paused()
@@ -183,6 +182,7 @@ def test_pause_resume_trigger_and_step_down_clicked_on_the_pages_take_effect(
         wait_until(lambda: browser.find_element(
             "css selector", "table.slots").text.count("backfilled") == len(skipped), 5,
             "the entry's slots show them backfilled")
+        shoot(browser, "entry")
 
         before = cluster.leader()
         browser.get(signed_in + "/")
