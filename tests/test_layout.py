@@ -8,9 +8,10 @@ The layers, lowest first (a module may import its own layer and the ones below):
 - ``store/``: the store's interfaces and the Redis store (connection, keys, Lua scripts,
   lease, ledger, events, requests, entries, the guard's records, the CLI's admin)
 - ``roles/``: leader, standby and what they share
-- ``ops/`` and ``integrations/``: the command line, the cluster view, telemetry; the
-  gate around another scheduler, the worker guard
+- ``ops/``, ``integrations/`` and ``web/``: the command line, the cluster view,
+  telemetry; the gate around another scheduler, the worker guard; the web view
 - ``scheduler``: the Celery glue
+- ``contrib/``: the web view in other projects' interfaces (Django's admin)
 - the public face: the package itself and the ``guard``/``cluster`` re-exports
 - ``demo/``: the failover demo, built on all of it
 
@@ -39,8 +40,9 @@ LAYERS: list[set[str]] = [
     {"config", "entries"},
     {"store"},
     {"roles"},
-    {"ops", "integrations"},
+    {"ops", "integrations", "web"},
     {"scheduler"},
+    {"contrib"},
     {"__init__", "guard", "cluster"},
     {"demo"},
 ]

@@ -282,4 +282,5 @@ def reset(ctx: click.Context, yes: bool, as_json: bool) -> None:
           + "running beats start afresh"])
 
 
+from ..web import cli as _web_cli  # noqa: F401 - registers `web` on the group
 from . import cli_entries  # noqa: F401 - registers the entry commands on the group

@@ -1,0 +1,1 @@
+"""Optional integrations with other projects' user interfaces."""
