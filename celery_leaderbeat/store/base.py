@@ -78,6 +78,8 @@ class LeaseStore(Protocol):
     highest_epoch: int  #: the highest epoch seen: a new lease's epoch is above it
     clock_skew: float | None  #: seconds this node's clock is ahead of the store's
     vanished_while_held: bool  #: the store lost the lease while this node held it
+    led_last: bool  #: this node held the lease last, as far as it knows
+    held_back: bool  #: the last attempt was refused: the store lost writes, another led last
     on_renew: Callable[[float | None], None]  #: told how long each heartbeat renewal took
     on_generation: Callable[[int], None]  #: told the state generation each acquire read
 
@@ -85,8 +87,9 @@ class LeaseStore(Protocol):
     def ttl_ms(self) -> int: ...
     @property
     def lost(self) -> bool: ...
-    def try_acquire(self) -> bool:
-        """Take the lease if nobody holds it; a new, higher epoch."""
+    def try_acquire(self, *, despite_loss: bool = False) -> bool:
+        """Take the lease if nobody holds it; a new, higher epoch. After the store lost
+        writes, only the node that led last, or one ``despite_loss``."""
     def renew(self, token: str | None = None) -> None:
         """Extend this node's lease; raise LeaseLostError when it is no longer held."""
     def release(self, reason: str = "released") -> bool:
