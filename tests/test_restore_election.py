@@ -27,6 +27,8 @@ from contextlib import contextmanager
 
 import pytest
 
+from celery_leaderbeat.config import Config
+from celery_leaderbeat.roles.standby import loss_grace
 from celery_leaderbeat.store.keys import Keys
 from tests.support.beat import BeatCluster, beat_env
 from tests.support.recorder import Message, Recorder
@@ -126,3 +128,46 @@ def test_redis_restored_from_an_older_snapshot_the_node_that_led_wins_and_carrie
             assert all(b.alive for b in cluster)
     print(f"{how}: (elected, first send) s after Redis answered: "
           + ", ".join(f"({e:.2f}, {f:.2f})" for e, f in measured))
+
+
+def test_the_node_that_led_killed_as_redis_is_restored_a_standby_leads_after_the_grace(
+        tmp_path, make_redis_server, key_prefix):
+    """The one case the grace slows: Redis lost writes and the node that led is gone too.
+    A standby holds back for the grace (renew interval + 2 standby polls, 5.3 s with
+    the defaults), then leads."""
+    state = make_redis_server("--enable-debug-command", "yes")
+    broker = make_redis_server()
+    schedule = {f"e{i}": {"task": NOOP, "every": 1, "args": [f"e{i}"]} for i in range(10)}
+    env = beat_env(tmp_path, broker_url=broker.url, redis_url=state.url, prefix=key_prefix,
+                   schedule=schedule)
+    snapshot = tmp_path / "snapshot.rdb"
+    grace = loss_grace(Config.from_values({"redis_url": state.url}))
+    with draining(broker.client()) as recorder, BeatCluster(3, env, tmp_path) as cluster:
+        deadline = time.monotonic() + 60
+        while len(recorder.messages) < 30:
+            assert time.monotonic() < deadline, "no leader sent 30 messages within 60 s"
+            time.sleep(0.1)
+        state.client().save()
+        shutil.copy(state.dir / "dump.rdb", snapshot)
+        time.sleep(12)  # past the lease ttl: the lease in the snapshot has expired
+        led = leader_pid(state.client(), key_prefix)
+        next(b for b in cluster if b.pid == led).kill()
+        up = put_back(state, snapshot, "reload")
+        deadline = time.monotonic() + 30
+        while not (elected := [e for e in events_since(state.client(), key_prefix, up - 0.5)
+                               if e["event"] == "elected"]):
+            assert time.monotonic() < deadline, "no standby led within 30 s"
+            time.sleep(0.05)
+        first = None
+        while first is None and time.monotonic() < deadline:
+            first = next((m for m in list(recorder.messages) if m.received > up), None)
+            time.sleep(0.05)
+    took = elected[0]["at"] - up
+    print(f"the node that led killed at the restore: a standby elected {took:.2f} s, first "
+          f"send {first.received - up if first else float('nan'):.2f} s after Redis answered "
+          f"(grace {grace:.2f} s)")
+    assert int(elected[0]["node"].split(":")[-2]) != led
+    # held back for the grace from its first attempt (within a poll of Redis answering),
+    # then elected at its next poll
+    assert grace - 0.2 <= took <= grace + 3.0, took
+    assert first is not None and sender(first) != led
