@@ -141,7 +141,8 @@ def test_the_node_that_led_killed_as_redis_is_restored_a_standby_leads_after_the
     env = beat_env(tmp_path, broker_url=broker.url, redis_url=state.url, prefix=key_prefix,
                    schedule=schedule)
     snapshot = tmp_path / "snapshot.rdb"
-    grace = loss_grace(Config.from_values({"redis_url": state.url}))
+    grace = loss_grace(Config.from_values({"redis_url": state.url, "key_prefix": key_prefix,
+                                           "node_id": "test"}))
     with draining(broker.client()) as recorder, BeatCluster(3, env, tmp_path) as cluster:
         deadline = time.monotonic() + 60
         while len(recorder.messages) < 30:
