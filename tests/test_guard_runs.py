@@ -79,7 +79,9 @@ def test_a_worker_cut_off_from_redis_past_the_ttl_is_superseded_and_its_run_chan
     env = guarded_env(tmp_path, state_url=state.url, **common)
     slot = datetime(2026, 12, 1, 9, 0, tzinfo=timezone.utc)
     keys, client = Keys(key_prefix), state.client()
-    rows = lambda: executed(results.client())
+
+    def rows() -> list[dict]:
+        return executed(results.client())
 
     # one queue per worker: the re-send must reach the worker that can reach Redis
     with WorkerProcess(cut_env, tmp_path / "cut.log", name="cut", concurrency=1,

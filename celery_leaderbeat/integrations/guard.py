@@ -274,7 +274,10 @@ class _Run:
 
     def finish(self, detail: str) -> None:
         try:
-            self.guard.store().finish(self.record, self.token, detail)
+            if not self.guard.store().finish(self.record, self.token, detail):
+                logger.warning("leaderbeat guard: %s ended (%s) after it was superseded; "
+                               "the run that started it again keeps the slot's record",
+                               self.what, detail)
         except STORE_ERRORS as exc:  # never mask the task's own outcome
             logger.warning("leaderbeat guard: could not record %s finished (%s); its "
                            "liveness lapses after the lease ttl", self.what, exc)
