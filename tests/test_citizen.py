@@ -229,8 +229,8 @@ def test_docs_architecture_names_every_redis_key_the_code_builds():
                                         "progress", "generation", "paused", "requests",
                                         "backfilled", "lost", "nodes",
                                         "history", "events", "entries", "entries_meta",
-                                        "entries_changed", "entries_removed")]
-    names += [keys.run("<task id>"), keys.alive("<task id>"), keys.overlap("<entry>")]
+                                        "entries_changed", "entries_removed", "guard_fence")]
+    names += [keys.run("<run id>"), keys.alive("<run id>"), keys.overlap("<entry>")]
     built = {n for n, v in vars(Keys).items() if isinstance(v, property) and n != "tag"}
     built |= {n for n, v in vars(Keys).items() if callable(v) and not n.startswith("_")}
     assert len(names) == len(built), sorted(built)  # a new key is added to this test too

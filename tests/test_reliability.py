@@ -324,19 +324,22 @@ def test_a_backfill_skips_slots_due_before_redis_lost_writes(node, redis_client)
     assert skipped == [BACKFILL_REFUSALS["lost"]]
 
 
-def _guard(client: Any, keys: Keys, mode: str, task: str, worker: str, detail: str = "") -> Any:
+def _guard(client: Any, keys: Keys, mode: str, task: str, worker: str, detail: str = "",
+           token: int = 0) -> Any:
     scripts = Scripts(client)
-    return scripts.guard(keys=[keys.run(task), keys.alive(task), keys.overlap("e"), keys.history],
+    return scripts.guard(keys=[keys.run(task), keys.alive(task), keys.overlap("e"), keys.history,
+                               keys.guard_fence],
                          args=[mode, task, worker, 600_000, 5_000, "allow", 100, "e", 1000, 1,
-                               detail])
+                               detail, token, 0])
 
 
 def test_a_guarded_run_still_alive_after_redis_lost_its_keys_is_not_run_again(
         redis_client, key_prefix):
     keys = Keys(key_prefix)
-    assert _guard(redis_client, keys, "start", "t1", "w1")[0] in (b"run", "run")
+    started = _guard(redis_client, keys, "start", "t1", "w1")
+    assert started[0] in (b"run", "run")
     redis_client.delete(keys.run("t1"), keys.alive("t1"))  # an outage longer than the lease
-    _guard(redis_client, keys, "renew", "t1", "w1")  # the running worker renews
+    _guard(redis_client, keys, "renew", "t1", "w1", token=int(started[2]))  # the worker renews
     again = _guard(redis_client, keys, "start", "t1", "w2")
     assert [x.decode() if isinstance(x, bytes) else x for x in again] == \
         ["duplicate", "running on w1"]

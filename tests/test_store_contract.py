@@ -271,21 +271,48 @@ def _run(task_id: str, worker: str, overlap: str = "allow") -> GuardRun:
 
 def test_a_guarded_slot_runs_once_while_alive_and_never_after_it_finished(backend):
     w1, w2 = backend.make("w1").guard, backend.make("w2").guard
-    assert w1.start(_run("t1", "w1")) == ("run", "")
-    decision, why = w2.start(_run("t1", "w2"))
+    decision, why, token = w1.start(_run("t1", "w1"))
+    assert (decision, why) == ("run", "") and token > 0
+    decision, why, _ = w2.start(_run("t1", "w2"))
     assert decision == "duplicate" and "w1" in why
     assert tuple(w2.runs(["t1", "t2"])["t1"]) == ("started", "w1", True)
-    w1.finish(_run("t1", "w1"), "ok")
+    assert w1.finish(_run("t1", "w1"), token, "ok")
     assert w2.start(_run("t1", "w2"))[0] == "duplicate"
     assert w2.runs(["t1"])["t1"].state == "finished"
 
 
 def test_an_entry_with_overlap_skip_does_not_start_while_another_run_is_alive(backend):
     guard = backend.make("w").guard
-    assert guard.start(_run("t1", "w1", "skip"))[0] == "run"
-    assert guard.start(_run("t2", "w2", "skip")) == ("overlap", "t1")
-    guard.finish(_run("t1", "w1", "skip"), "ok")
+    decision, _, token = guard.start(_run("t1", "w1", "skip"))
+    assert decision == "run"
+    assert guard.start(_run("t2", "w2", "skip"))[:2] == ("overlap", "t1")
+    guard.finish(_run("t1", "w1", "skip"), token, "ok")
     assert guard.start(_run("t2", "w2", "skip"))[0] == "run"
+
+
+def test_each_retry_of_a_slot_is_a_run_of_its_own_started_once(backend):
+    w1, w2 = backend.make("w1").guard, backend.make("w2").guard
+    first = GuardRun("t1", "e", 1000, 1, "allow", "w1")
+    retry = GuardRun("t1", "e", 1000, 1, "allow", "w1", retry=1)
+    decision, _, token = w1.start(first)
+    assert decision == "run"
+    assert w1.finish(first, token, "retrying")
+    decision, _, retry_token = w1.start(retry)
+    assert decision == "run" and retry_token > token
+    assert w2.start(GuardRun("t1", "e", 1000, 1, "allow", "w2", retry=1))[0] == "duplicate"
+
+
+def test_a_run_superseded_by_a_later_start_can_neither_renew_nor_finish_it(backend):
+    w1, w2 = backend.make("w1").guard, backend.make("w2").guard
+    run = _run("t1", "w1")
+    _, _, first = w1.start(run)
+    w2.start(_run("t1", "w2"))  # still alive: a duplicate, nothing changes
+    assert w1.renew(run, first)
+    # the first run's token is no longer the one the record holds: as after its
+    # liveness lapsed and another delivery started the slot again under a new token
+    assert not w1.renew(run, first + 10**15) and not w1.finish(run, first - 1, "ok")
+    assert w2.runs(["t1"])["t1"].state == "started"
+    assert w1.finish(run, first, "ok")
 
 
 def test_a_step_down_releases_only_the_lease_held_under_that_token(backend):

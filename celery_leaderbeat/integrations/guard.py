@@ -8,12 +8,19 @@ that gap: with ``leaderbeat_guard = True`` on the workers' app, a worker records
 the slot as started in Redis, atomically (``guard.lua``), before the task body
 runs; any later delivery of the same slot is acknowledged without running and
 recorded ``skipped``/``duplicate``. Messages without leaderbeat headers run as
-always. The rule for a redelivery after a crash: a slot whose run *finished*, or
-whose run is *still alive* (its liveness, renewed every ttl/3 while it runs,
-has not lapsed) is a duplicate; a slot recorded started whose liveness lapsed
-died with its worker before it could finish, and runs again (``started``/
-``rerun``). A body that ended in the instant between its last line and the
-finish record is the one case that can run twice.
+always. Each Celery retry of a slot is a run of its own (the run id is the task
+id and the retry number): a duplicated retry message runs once, and the next
+retry still runs. The rule for a redelivery after a crash: a run that
+*finished*, or is *still alive* (its liveness, renewed every ttl/3 while it
+runs, has not lapsed) is a duplicate; a run recorded started whose liveness
+lapsed is taken for dead with its worker and runs again (``started``/``rerun``).
+Redis cannot tell a dead worker from one cut off from Redis for longer than the
+lease ttl: that run goes on while the slot runs again. Every start hands out a
+fencing token higher than any before it; only the run holding the record's token
+may renew or finish it, so the cut-off run, back in touch, changes nothing and
+learns it was superseded (:func:`current_run` ``.still_ours()`` is False; its
+``token`` lets a store refuse its writes). A body that ended in the instant
+between its last line and the finish record can also run twice.
 
 The hook: Celery signals cannot cancel a task (receivers' exceptions are logged
 and swallowed), and ``before_start`` must be defined on the task's class before
@@ -54,6 +61,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from contextvars import ContextVar
 from datetime import datetime
 from typing import Any
 
@@ -65,7 +73,7 @@ from ..config import Config
 from ..errors import ConfigurationError
 from ..store.base import STORE_ERRORS, GuardRun, GuardStore, Store
 from ..store.redis_store import connect
-from ..timing.slots import to_ms
+from ..timing.slots import from_ms, to_ms
 
 logger = logging.getLogger(__name__)
 
@@ -110,27 +118,23 @@ class Guard:
         task.run = run
 
     def call(self, task: Any, body: Callable[..., Any], args: Any, kwargs: Any) -> Any:
-        """Run ``body`` unless this delivery repeats a slot that ran, or overlaps one."""
-        request = task.request
-        entry, slot = header(request, "leaderbeat_entry"), header(request, "leaderbeat_slot")
-        if entry is None or slot is None or request.retries:
-            return body(*args, **kwargs)  # not ours, or Celery's own retry of a started run
-        run = _Run(self, str(request.id), str(entry), str(slot),
-                   header(request, "leaderbeat_epoch"),
-                   header(request, "leaderbeat_overlap") or "allow")
+        """Run ``body`` unless this delivery repeats a run that ran, or overlaps one."""
+        run = self._run_of(task.request)
+        if run is None:
+            return body(*args, **kwargs)  # not a leaderbeat message
         try:
             decision, why = run.decide()
         except STORE_ERRORS as exc:
-            logger.warning("leaderbeat guard: Redis unreachable (%s); running %s slot %s "
-                           "unguarded", exc, entry, slot)
+            logger.warning("leaderbeat guard: Redis unreachable (%s); running %s unguarded",
+                           exc, run.what)
             return body(*args, **kwargs)
         if decision != "run":
-            logger.info("leaderbeat guard: not running %s slot %s (%s: %s)",
-                        entry, slot, decision, why)
+            logger.info("leaderbeat guard: not running %s (%s: %s)", run.what, decision, why)
             raise Ignore(f"leaderbeat: {decision} ({why})")
         keeper = _Keeper(run, self.config.lease_ttl / 3)
         keeper.start()
         detail = "ok"
+        current = _CURRENT.set(run.public)
         try:
             return body(*args, **kwargs)
         except Retry:
@@ -140,22 +144,95 @@ class Guard:
             detail = f"failed: {type(exc).__name__}"
             raise
         finally:
+            _CURRENT.reset(current)
             keeper.stop()
             run.finish(detail)
 
+    def _run_of(self, request: Any) -> _Run | None:
+        """The guarded run this delivery asks for; None for a message without our headers.
+
+        Each retry is a run of its own (Celery's retry message keeps the slot's task id
+        and headers): a duplicated delivery of retry k runs once, and retry k+1 still
+        runs. A retry continues its slot's run, so it is never held back by overlap.
+        """
+        entry, slot = header(request, "leaderbeat_entry"), header(request, "leaderbeat_slot")
+        if entry is None or slot is None:
+            return None
+        retry = int(request.retries or 0)
+        overlap = "allow" if retry else header(request, "leaderbeat_overlap") or "allow"
+        return _Run(self, GuardRun(str(request.id), str(entry), _slot_ms(str(slot)),
+                                   _or_empty(header(request, "leaderbeat_epoch")), overlap,
+                                   f"{socket.gethostname()}:{os.getpid()}", retry))
+
+
+class CurrentRun:
+    """The guarded run the calling task is: what :func:`current_run` returns.
+
+    ``token`` fences the slot's runs: each run the guard starts gets a higher one.
+    A store the task writes to can refuse a write carrying a token lower than one it
+    has seen, which stops a run that was taken for dead (its worker cut off from
+    Redis for longer than the lease ttl) and whose slot started again elsewhere.
+    """
+
+    def __init__(self, run: _Run) -> None:
+        self._run = run
+        record = run.record
+        self.task_id: str = record.task_id
+        self.entry: str = record.entry
+        self.slot: datetime = from_ms(record.slot_ms)
+        self.retry: int = record.retry
+
+    @property
+    def token(self) -> int:
+        """This run's fencing token (a positive integer, rising from run to run)."""
+        return self._run.token
+
+    def still_ours(self) -> bool:
+        """Ask Redis whether the slot's run is still this one (one round trip).
+
+        True: Redis holds this run's token, and its liveness was renewed by this call.
+        False: the slot started again under a higher token (this run was taken for dead),
+        or Redis did not answer, so this run cannot know; act as though superseded.
+        """
+        return self._run.confirm()
+
+    def __repr__(self) -> str:
+        return (f"<CurrentRun {self.entry} slot {self.slot.isoformat()} retry {self.retry} "
+                f"token {self.token}>")
+
+
+_CURRENT: ContextVar[CurrentRun | None] = ContextVar("leaderbeat_guard_run", default=None)
+
+
+def current_run() -> CurrentRun | None:
+    """The guarded run of the task calling it, or None when it runs unguarded.
+
+    None: the guard is off in this worker, the message carries no leaderbeat
+    headers, or Redis did not answer when the task started (the guard runs it then).
+    """
+    return _CURRENT.get()
+
 
 class _Run:
-    """One guarded run of one slot."""
+    """One guarded run of one slot (its first delivery that works, or one retry)."""
 
-    def __init__(self, guard: Guard, task_id: str, entry: str, slot: str, epoch: Any,
-                 overlap: str) -> None:
+    def __init__(self, guard: Guard, record: GuardRun) -> None:
         self.guard = guard
-        self.record = GuardRun(task_id, entry, _slot_ms(slot),
-                               "" if epoch is None else epoch, overlap,
-                               f"{socket.gethostname()}:{os.getpid()}")
+        self.record = record
+        self.token = 0
+        #: Redis said the slot started again under another token: never renewed again
+        self.superseded = False
+        self.public = CurrentRun(self)
+
+    @property
+    def what(self) -> str:
+        retry = f" retry {self.record.retry}" if self.record.retry else ""
+        return f"{self.record.entry} slot {from_ms(self.record.slot_ms).isoformat()}{retry}"
 
     def start(self, *, will_ask_again: bool = False) -> tuple[str, str]:
-        return self.guard.store().start(self.record, will_ask_again=will_ask_again)
+        decision, why, self.token = self.guard.store().start(self.record,
+                                                             will_ask_again=will_ask_again)
+        return decision, why
 
     def decide(self) -> tuple[str, str]:
         """Start, or say why not. A delivery that finds the slot "running" waits.
@@ -176,20 +253,43 @@ class _Run:
             time.sleep(1.0)
             waited += 1.0
 
-    def renew(self) -> None:
-        self.guard.store().renew(self.record)
+    def renew(self) -> bool:
+        """Renew the liveness; False once superseded. Redis errors propagate."""
+        if self.superseded:
+            return False
+        if not self.guard.store().renew(self.record, self.token):
+            self.superseded = True
+            logger.warning("leaderbeat guard: %s started again elsewhere while this worker "
+                           "could not reach Redis for longer than the lease ttl; this run "
+                           "goes on, superseded (current_run().still_ours() is False)",
+                           self.what)
+        return not self.superseded
+
+    def confirm(self) -> bool:
+        """True when Redis confirms this run still holds its slot (and renews it)."""
+        try:
+            return self.renew()
+        except STORE_ERRORS:
+            return False
 
     def finish(self, detail: str) -> None:
         try:
-            self.guard.store().finish(self.record, detail)
+            if not self.guard.store().finish(self.record, self.token, detail):
+                logger.warning("leaderbeat guard: %s ended (%s) after it was superseded; "
+                               "the run that started it again keeps the slot's record",
+                               self.what, detail)
         except STORE_ERRORS as exc:  # never mask the task's own outcome
-            logger.warning("leaderbeat guard: could not record %s slot %s finished (%s); its "
-                           "liveness lapses after the lease ttl", self.record.entry,
-                           self.record.slot_ms, exc)
+            logger.warning("leaderbeat guard: could not record %s finished (%s); its "
+                           "liveness lapses after the lease ttl", self.what, exc)
 
 
 class _Keeper(threading.Thread):
-    """Renews a run's liveness (and overlap lock) while its task body runs."""
+    """Renews a run's liveness (and overlap lock) while its task body runs.
+
+    Stops once Redis says the run was superseded. Says once when the liveness may
+    have lapsed (no renewal confirmed for a lease ttl): a redelivery can then start
+    the slot again while this run goes on.
+    """
 
     def __init__(self, run: _Run, interval: float) -> None:
         super().__init__(name=f"leaderbeat-guard-{run.record.task_id[:8]}", daemon=True)
@@ -198,12 +298,23 @@ class _Keeper(threading.Thread):
         self._stop_event = threading.Event()
 
     def run(self) -> None:
+        confirmed, warned = time.monotonic(), False
+        ttl = self.run_.guard.config.lease_ttl
         while not self._stop_event.wait(self.interval):
+            started = time.monotonic()
             try:
-                self.run_.renew()
+                if not self.run_.renew():
+                    return
+                confirmed, warned = started, False
             except STORE_ERRORS as exc:
                 logger.warning("leaderbeat guard: could not renew the liveness of %s (%s)",
-                               self.run_.record.task_id, exc)
+                               self.run_.what, exc)
+                if not warned and time.monotonic() - confirmed > ttl:
+                    warned = True
+                    logger.warning("leaderbeat guard: the liveness of %s has lapsed (Redis "
+                                   "unreachable for more than the lease ttl, %.1f s): a "
+                                   "redelivery may start the slot again while this run goes "
+                                   "on", self.run_.what, ttl)
 
     def stop(self) -> None:
         self._stop_event.set()
@@ -273,6 +384,10 @@ def offer_step() -> None:
     for app in list(_get_active_apps()):
         add_step(app)
     connect_on_app_finalize(add_step)
+
+
+def _or_empty(epoch: Any) -> Any:
+    return "" if epoch is None else epoch
 
 
 def _slot_ms(slot: str) -> int:

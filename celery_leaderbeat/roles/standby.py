@@ -23,6 +23,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
+from ..config import Config
 from ..errors import LeaseLostError
 from ..store.base import STORE_ERRORS
 from ..store.events import ENTRIES, RELEASED
@@ -41,6 +42,18 @@ _EARLY_RETRY = 0.1
 _EARLY_RETRY_CAP = 0.5
 
 
+def loss_grace(config: Config) -> float:
+    """Seconds a standby holds back once Redis lost writes and nobody holds the lease.
+
+    The node that led finds its lease gone at its next claim or heartbeat renewal
+    (every ``renew_interval``) and tries again within a ``standby_poll``: it knows what
+    it sent, so it carries on where Redis lost track. A standby elected instead would
+    start every entry again after a margin. Only a loss makes anyone wait: a crashed
+    leader's lease expires and a standby takes it at its next poll as ever.
+    """
+    return config.renew_interval + 2 * config.standby_poll
+
+
 class Standby:
     """The standing-by half of one beat process."""
 
@@ -54,6 +67,8 @@ class Standby:
         self._unknown_checked = 0.0
         self._next_attempt = 0.0  # monotonic: when to try for the lease again
         self._head_start_until = 0.0  # monotonic: last-leader goes first after an outage
+        #: monotonic: Redis lost writes and nobody led; the node that led goes first until then
+        self._loss_wait_until: float | None = None
         self._retry_at = 0.0
         self._early_retry = _EARLY_RETRY  # the next wait after a "not yet"
         self._pubsub: Any = None
@@ -104,7 +119,7 @@ class Standby:
             return False
         now = time.monotonic()
         if now >= self._next_attempt and now >= self._head_start_until:
-            if node.lease.try_acquire():
+            if self._try_to_lead(now):
                 return True
             self._next_attempt = now + config.standby_poll
         ledger = node.ledger
@@ -119,6 +134,24 @@ class Standby:
             del node.backlog[:len(events)]
         self._rescue(version)
         self._wait(self._timeout())
+        return False
+
+    def _try_to_lead(self, now: float) -> bool:
+        """One attempt at the lease. Redis lost writes and nobody leads: the node that led
+        goes first; this one holds back for :func:`loss_grace` from the first such answer,
+        then takes the lease (the node that led is gone too, or cut off)."""
+        lease = self.node.lease
+        if lease.try_acquire(despite_loss=self._loss_wait_until is not None
+                             and now >= self._loss_wait_until):
+            self._loss_wait_until = None
+            return True
+        if not lease.held_back:
+            self._loss_wait_until = None
+        elif self._loss_wait_until is None:
+            self._loss_wait_until = now + loss_grace(self.node.config)
+            logger.warning("leaderbeat: Redis holds older state than standby %s has seen and "
+                           "nobody leads; the node that led goes first (this one waits up to "
+                           "%.1f s)", self.node.config.node_id, loss_grace(self.node.config))
         return False
 
     def _clock_ok(self) -> bool:

@@ -78,6 +78,8 @@ class LeaseStore(Protocol):
     highest_epoch: int  #: the highest epoch seen: a new lease's epoch is above it
     clock_skew: float | None  #: seconds this node's clock is ahead of the store's
     vanished_while_held: bool  #: the store lost the lease while this node held it
+    led_last: bool  #: this node held the lease last, as far as it knows
+    held_back: bool  #: the last attempt was refused: the store lost writes, another led last
     on_renew: Callable[[float | None], None]  #: told how long each heartbeat renewal took
     on_generation: Callable[[int], None]  #: told the state generation each acquire read
 
@@ -85,8 +87,9 @@ class LeaseStore(Protocol):
     def ttl_ms(self) -> int: ...
     @property
     def lost(self) -> bool: ...
-    def try_acquire(self) -> bool:
-        """Take the lease if nobody holds it; a new, higher epoch."""
+    def try_acquire(self, *, despite_loss: bool = False) -> bool:
+        """Take the lease if nobody holds it; a new, higher epoch. After the store lost
+        writes, only the node that led last, or one ``despite_loss``."""
     def renew(self, token: str | None = None) -> None:
         """Extend this node's lease; raise LeaseLostError when it is no longer held."""
     def release(self, reason: str = "released") -> bool:
@@ -216,6 +219,20 @@ class GuardRun:
     epoch: Any  #: the fencing epoch the slot was sent under ("" when the message has none)
     overlap: str  #: ``allow``, or ``skip``: no start while another run of the entry is alive
     worker: str  #: ``host:pid`` of the worker running it
+    retry: int = 0  #: Celery's retry number: each retry of a slot is a run of its own
+
+    @property
+    def run_id(self) -> str:
+        """What makes two deliveries one run: the slot's task id, and the retry number."""
+        return self.task_id if not self.retry else f"{self.task_id}~{self.retry}"
+
+
+class GuardDecision(NamedTuple):
+    """What the guard said to a delivery: run it (under ``token``), or why not."""
+
+    decision: str  #: ``run``, ``duplicate`` or ``overlap``
+    why: str
+    token: int = 0  #: ``run``: the run's fencing token, above every token handed out before
 
 
 class RunRecord(NamedTuple):
@@ -229,15 +246,18 @@ class RunRecord(NamedTuple):
 class GuardStore(Protocol):
     """The worker guard's records: each slot's run starts at most once."""
 
-    def start(self, run: GuardRun, *, will_ask_again: bool = False) -> tuple[str, str]:
-        """Start ``run`` or say why not, atomically: ``("run", "" or "rerun")``,
+    def start(self, run: GuardRun, *, will_ask_again: bool = False) -> GuardDecision:
+        """Start ``run`` or say why not, atomically: ``("run", "" or "rerun", token)``,
         ``("duplicate", why)`` (finished, or still alive), ``("overlap", holder)``. A run
         recorded started whose liveness lapsed died with its worker: it may run again.
         ``will_ask_again``: a "running" answer is not written to the history yet."""
-    def renew(self, run: GuardRun) -> None:
-        """Keep ``run`` alive for another lease ttl (and its entry's overlap lock)."""
-    def finish(self, run: GuardRun, detail: str) -> None:
-        """Record ``run`` finished (``detail``: its outcome); it never runs again."""
+    def renew(self, run: GuardRun, token: int) -> bool:
+        """Keep the run started under ``token`` alive for another lease ttl (and its entry's
+        overlap lock). False, changing nothing: the slot started again under another token
+        (this run was taken for dead), so it is no longer this run's."""
+    def finish(self, run: GuardRun, token: int, detail: str) -> bool:
+        """Record the run started under ``token`` finished (``detail``: its outcome); it
+        never runs again. False: superseded (as for renew); recorded in the history only."""
     def runs(self, task_ids: list[str]) -> dict[str, RunRecord]:
         """The record of each run the guard knows of, by task id."""
 

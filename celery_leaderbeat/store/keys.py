@@ -115,13 +115,19 @@ class Keys:
         """Sorted set, capped: removed dynamic entry name -> the version of its removal."""
         return self._key("entries:removed")
 
-    def run(self, task_id: str) -> str:
-        """String, PX ``guard_expires``: ``<state>|<worker>`` of a guarded slot's run."""
-        return self._key(f"run:{task_id}")
+    def run(self, run_id: str) -> str:
+        """String, PX ``guard_expires``: ``<state>|<token>|<worker>`` of a guarded run
+        (``run_id``: the slot's task id, ``~<k>`` added for its k-th retry)."""
+        return self._key(f"run:{run_id}")
 
-    def alive(self, task_id: str) -> str:
-        """String, PX lease: set while a guarded run is running, renewed by its worker."""
-        return self._key(f"alive:{task_id}")
+    def alive(self, run_id: str) -> str:
+        """String, PX lease: ``<token>|<worker>`` while a guarded run runs, renewed by its worker."""
+        return self._key(f"alive:{run_id}")
+
+    @property
+    def guard_fence(self) -> str:
+        """Counter: the last run token the worker guard handed out (fences a slot's runs)."""
+        return self._key("guard:fence")
 
     def overlap(self, entry: str) -> str:
         """String, PX lease: the task id of the entry's run still running (overlap 'skip')."""

@@ -28,6 +28,9 @@ from .scripts import Scripts, status, text
 
 logger = logging.getLogger(__name__)
 
+#: acquire.lua's pttl in a refusal for a loss of writes (Redis answers -2 for no key)
+LOSS = -3
+
 
 class Lease:
     """This node's view of the leader lease."""
@@ -59,6 +62,14 @@ class Lease:
         #: data (restarted empty, an older snapshot) while this node led, so no other node
         #: can have sent a later slot than those it remembers sending
         self.vanished_while_held = False
+        #: as far as this node knows, it held the lease last: it acquired it, and no attempt
+        #: since found another holder. After Redis lost writes it goes first (acquire.lua)
+        self.led_last = False
+        #: the highest state generation an acquire attempt read (standbys learn it so)
+        self.highest_generation = 0
+        #: the last attempt was refused because Redis lost writes and this node did not
+        #: lead last: it holds back while the node that led takes the lease again
+        self.held_back = False
 
     def observe_epoch(self, epoch: int | None) -> None:
         """Note an epoch seen elsewhere (a holder's token, a stored slot state)."""
@@ -94,16 +105,29 @@ class Lease:
         deadline = started + self.config.lease_ttl - self.config.safety_margin
         self._valid_until = max(self._valid_until, deadline)
 
-    def try_acquire(self) -> bool:
-        """Take the lease if it is free. Returns whether this node now leads."""
+    def try_acquire(self, *, despite_loss: bool = False) -> bool:
+        """Take the lease if it is free. Returns whether this node now leads.
+
+        Redis holding older state than this node has seen (a lower generation) and no
+        lease: only the node that led last takes it at once; the others are refused
+        (``held_back``) unless ``despite_loss`` (they have held back long enough).
+        A reply that never comes changes nothing here: the next attempt asks again.
+        """
         started = self.clock()
         reply = self.scripts.acquire(
             keys=[self.keys.leader, self.keys.epoch, self.keys.history, self.keys.generation],
             args=[self.config.node_id, self.ttl_ms, self.config.history_length,
-                  self.highest_epoch])
+                  self.highest_epoch, self.highest_generation,
+                  "1" if self.led_last or despite_loss else "0"])
         acquired = status(reply, "acquire") == 1
         self._measured(started, reply[-2], reply[-1])
-        self.on_generation(int(reply[-3]))
+        generation = int(reply[-3])
+        self.on_generation(generation)
+        self.held_back = not acquired and not reply[1] and int(reply[2]) == LOSS
+        if self.held_back:
+            return False
+        self.highest_generation = max(self.highest_generation, generation)
+        self.led_last = acquired
         if not acquired:
             self.observe_epoch(_epoch_of(reply[1]))
             # another node leads: what this node sent before its lease vanished is no longer

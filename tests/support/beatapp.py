@@ -143,3 +143,39 @@ def sleepy(self: Any, seconds: float = 1.0) -> None:
     time.sleep(seconds)
     client.rpush("executed", json.dumps({**base, "phase": "end", "at": time.time()}))
     client.close()
+
+
+@app.task(name="tests.support.beatapp.retrying", bind=True)
+def retrying(self: Any, times: int = 1, countdown: float = 1.0) -> None:
+    """Record a row (with its retry number), then retry until it has retried ``times``."""
+    import redis
+
+    headers = self.request.headers or {}
+    client = redis.Redis.from_url(os.environ["LB_RECORD_URL"])
+    client.rpush("executed", json.dumps({
+        "entry": headers.get("leaderbeat_entry", getattr(self.request, "leaderbeat_entry", None)),
+        "id": self.request.id, "retries": self.request.retries, "pid": os.getpid()}))
+    client.close()
+    if self.request.retries < times:
+        raise self.retry(countdown=countdown, max_retries=times)
+
+
+@app.task(name="tests.support.beatapp.fenced", bind=True)
+def fenced(self: Any, seconds: float = 1.0) -> None:
+    """Like ``sleepy``, with the guard's run: its token, and at the end ``still_ours()``."""
+    import time
+
+    import redis
+
+    from celery_leaderbeat.guard import current_run
+
+    run = current_run()
+    client = redis.Redis.from_url(os.environ["LB_RECORD_URL"])
+    base = {"id": self.request.id, "hostname": self.request.hostname, "pid": os.getpid(),
+            "token": run.token if run else None}
+    client.rpush("executed", json.dumps({**base, "phase": "start", "at": time.time()}))
+    time.sleep(seconds)
+    ours = run.still_ours() if run else None
+    client.rpush("executed", json.dumps({**base, "phase": "end", "at": time.time(),
+                                         "still_ours": ours}))
+    client.close()
