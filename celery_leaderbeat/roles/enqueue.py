@@ -205,6 +205,12 @@ class Enqueuer:
             publish(self.scheduler, entry, slot, epoch, overlap, producer=self._capturing())
         except Captured as captured:
             return captured
+        except Exception:
+            # kombu's retries may have closed the producer's channel (an error such as
+            # WRONGTYPE on a queue key is taken for a lost connection): the next message
+            # gets a new one, so this failure stays this message's
+            self._drop_capturing()
+            raise
         raise RuntimeError("kombu published without its batch: claim and enqueue is unsafe")
 
     def build(self, entry: Any, slot: datetime, epoch: int, overlap: str) -> Captured:
@@ -242,6 +248,14 @@ class Enqueuer:
             conn = self.scheduler.app.connection_for_write()
             self._out = (conn, DeclaringOnce(conn, auto_declare=False))
         return self._out[1]
+
+    def _drop_capturing(self) -> None:
+        conn, self._conn, self._producer = self._conn, None, None
+        if conn is not None:
+            try:
+                conn.release()
+            except Exception as exc:  # noqa: BLE001 - already broken: a new one is made when needed
+                logger.debug("leaderbeat: could not release a failed capture connection: %r", exc)
 
     def close(self) -> None:
         if self._conn is not None:
