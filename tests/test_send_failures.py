@@ -40,22 +40,44 @@ def failed_slots(caplog: pytest.LogCaptureFixture, name: str) -> list[str]:
             if r.getMessage().startswith(prefix)]
 
 
-@pytest.mark.parametrize("fast", [True, False], ids=["claim and enqueue", "batched"])
+def sends_while_bad(scheduler: Scheduler, caplog: pytest.LogCaptureFixture, broker,
+                    late: bool) -> None:
+    """Tick until the bad entry failed three slots; ``late``: its key turns bad after its
+    first message was sent (its shape built), else before any was built."""
+    if not late:
+        broker.set("badq", "not a list")  # as a user's stray SET on a queue's name
+    deadline = time.monotonic() + 20
+    while len(failed_slots(caplog, "bad")) < 3:
+        assert time.monotonic() < deadline, "the bad entry's failures were never said"
+        time.sleep(min(scheduler.tick(), 0.1))
+        if late and broker.type("badq") == b"list":
+            broker.delete("badq")
+            broker.set("badq", "not a list")
+
+
+CLAIM_SCRIPT_STOPS = pytest.mark.xfail(strict=True, reason=(
+    "the claim script stops at the refused LPUSH: the claim is taken for Redis "
+    "unreachable and the bad slot is said sent"))
+
+
+@pytest.mark.parametrize(("fast", "late"), [
+    pytest.param(True, False, id="claim and enqueue, bad from the start"),
+    pytest.param(False, False, id="batched, bad from the start"),
+    pytest.param(True, True, id="claim and enqueue, bad once built", marks=CLAIM_SCRIPT_STOPS),
+    pytest.param(False, True, id="batched, bad once built"),
+])
 def test_a_queue_key_of_the_wrong_type_fails_only_its_own_entry_slot_after_slot(
-        redis_server, key_prefix, caplog, fast):
+        redis_server, key_prefix, caplog, fast, late):
     # fast: leaderbeat's state on the broker's database; batched: on another database
     app = make_app(redis_server.url_for(0), None if fast else redis_server.url_for(1),
                    key_prefix)
     broker = redis_server.client(db=0)
-    broker.set("badq", "not a list")  # as a user's stray SET on a queue's name
     caplog.set_level(logging.INFO, logger="celery_leaderbeat")
     scheduler = Scheduler(app=app)
     try:
-        deadline = time.monotonic() + 30
-        while len(failed_slots(caplog, "bad")) < 3:
-            assert time.monotonic() < deadline, "the bad entry's slots never came"
-            time.sleep(min(scheduler.tick(), 0.1))
+        sends_while_bad(scheduler, caplog, broker, late)
         assert scheduler._enqueuer is not None and scheduler._enqueuer.fast is fast
+        unsent = {h["entry"] for h in scheduler.ledger.history(500) if h["event"] == "unsent"}
     finally:
         scheduler.close()
     sent: dict[str, set[str]] = {name: set() for name in HEALTHY}
@@ -67,6 +89,7 @@ def test_a_queue_key_of_the_wrong_type_fails_only_its_own_entry_slot_after_slot(
     for name in HEALTHY:
         assert set(failed) <= sent[name], name
         assert failed_slots(caplog, name) == []
-    causes = [repr(r.exc_info[1]) for r in caplog.records
+    assert unsent == {"bad"}  # what reached the queue is not recorded unsent
+    causes = [str(r.exc_info[1]) for r in caplog.records
               if r.exc_info and r.getMessage().startswith("leaderbeat: could not send bad")]
     assert len(causes) == len(failed) and all("WRONGTYPE" in c for c in causes), causes
