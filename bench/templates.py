@@ -1,4 +1,4 @@
-"""What a leader keeps to build messages: at N runtime entries with options of their own, then churned.
+"""What a leader keeps to build messages: N runtime entries with options of their own, churned.
 
     python bench/templates.py [--entries 15000] [--cycles 3] [--churn 5000] [--tracemalloc]
 

@@ -194,7 +194,7 @@ class Messages:
         self._parts: dict[str, _Part | None] = {}
         self._tasks: dict[str, Any] = {}
         self._keys: dict[Any, Any] = {}  # shape keys, one tuple each
-        self._uses: dict[Any, int] = {}  # shape key -> parts that have it (the shape goes with the last)
+        self._uses: dict[Any, int] = {}  # shape key -> how many parts have it
         self._empty_reprs: dict[Any, str] = {}
         amqp = self.app.amqp
         self._argsrepr_max = amqp.argsrepr_maxsize
