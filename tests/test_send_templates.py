@@ -137,3 +137,26 @@ def test_a_shape_stays_while_an_entry_has_it_and_goes_with_the_last(redis_server
         assert kept(scheduler) == needed(scheduler) == ({"celery.backend_cleanup"}, 1)
     finally:
         scheduler.close()
+
+
+def test_task_look_ups_are_bounded_by_the_tasks_of_live_entries(redis_server, key_prefix):
+    """Entries sent by task name, a name of their own each: the names of tasks no entry
+    sends any more are not kept for ever (they are trimmed once they outnumber the
+    live entries twice over, plus a margin)."""
+    def schedule(cycle: int) -> dict:
+        return {f"s{cycle}-{i}": {"task": f"proj.task{cycle}-{i}", "schedule": HOUR}
+                for i in range(60)}
+
+    app = make_app(redis_server.url, key_prefix, schedule(0))
+    scheduler = Scheduler(app=app)
+    try:
+        prepared(scheduler, set(schedule(0)))
+        for cycle in range(1, 7):
+            scheduler.merge_inplace(schedule(cycle))
+            scheduler.install_default_entries(scheduler.schedule)
+            prepared(scheduler, set(schedule(cycle)))
+            tasks = scheduler._enqueuer.messages._tasks
+            assert {e.task for e in scheduler.schedule.values()} <= set(tasks)
+            assert len(tasks) <= 2 * len(scheduler.schedule) + 64, f"cycle {cycle}"
+    finally:
+        scheduler.close()
