@@ -30,6 +30,7 @@ class Sending(Parts):
 
     _warming: Any = None  # (schedule version, epoch, iterator of (entry, overlap)) being warmed
     _warmed: Any = None  # (schedule version, epoch) whose entries are all prepared
+    _kept: Any = None  # (enqueuer, schedule version) its messages were last bounded by
 
     def _warm(self, delay: float, epoch: int) -> float:
         """A leader with ``delay`` s to spare prepares messages of entries not sent yet.
@@ -72,7 +73,23 @@ class Sending(Parts):
         if self._enqueuer is None or not self._enqueuer.checked:
             said = self._enqueuer is not None  # an unreachable broker is said once
             self._enqueuer = Enqueuer(self, self._connect().client, quiet=said)
+        self._keep_messages(self._enqueuer)
         return self._enqueuer.bind(epoch)
+
+    def _keep_messages(self, enqueuer: Enqueuer) -> None:
+        """After a schedule change, the kept messages are bounded by the entries scheduled now.
+
+        Only the entries the change touched are looked at when it is known name by
+        name; every kept entry otherwise.
+        """
+        kept, version = self._kept, self._schedule_version
+        if kept is not None and kept[0] is enqueuer and kept[1] == version:
+            return
+        names = self._changed_since(kept[1]) if kept is not None and kept[0] is enqueuer else None
+        default, options = self.lb_config.overlap, self._entry_options
+        enqueuer.messages.keep(
+            self.schedule, lambda n: options[n].overlap if n in options else default, names)
+        self._kept = (enqueuer, version)
 
     def _send_slot(self, name: str, slot: datetime, epoch: int,
                    task_id: str | None = None) -> bool:

@@ -205,6 +205,12 @@ class Enqueuer:
             publish(self.scheduler, entry, slot, epoch, overlap, producer=self._capturing())
         except Captured as captured:
             return captured
+        except Exception:
+            # kombu's retries may have closed the producer's channel (an error such as
+            # WRONGTYPE on a queue key is taken for a lost connection): the next message
+            # gets a new one, so this failure stays this message's
+            self._drop_capturing()
+            raise
         raise RuntimeError("kombu published without its batch: claim and enqueue is unsafe")
 
     def build(self, entry: Any, slot: datetime, epoch: int, overlap: str) -> Captured:
@@ -226,15 +232,26 @@ class Enqueuer:
         prefix = self._capturing().channel.global_keyprefix or ""
         return tuple((name, prefix + str(args[0]), args[1]) for name, args in captured.commands)
 
-    def run(self, captured: Sequence[Captured]) -> None:
-        """Run captured commands through kombu's own client (its key prefix applies)."""
+    def run(self, captured: Sequence[Captured]) -> list[Exception | None]:
+        """Run captured commands through kombu's own client (its key prefix applies).
+
+        Returns each message's error, None where all its commands ran: a command
+        Redis refuses (WRONGTYPE on a queue key) fails its own message, not the
+        others in the pipeline. Raises when the reply never came (which ran is unknown).
+        """
         channel = self._capturing().channel
         with channel.conn_or_acquire() as client:
             pipe = client.pipeline(transaction=False)
             for c in captured:
                 for name, args in c.commands or ():
                     getattr(pipe, name)(*args)
-            pipe.execute()
+            replies = iter(pipe.execute(raise_on_error=False))
+        out: list[Exception | None] = []
+        for c in captured:
+            errors = [r for r in [next(replies) for _ in c.commands or ()]
+                      if isinstance(r, Exception)]
+            out.append(errors[0] if errors else None)
+        return out
 
     def producer(self) -> Any:
         """The batched path's producer: its own connection, each queue declared once."""
@@ -242,6 +259,14 @@ class Enqueuer:
             conn = self.scheduler.app.connection_for_write()
             self._out = (conn, DeclaringOnce(conn, auto_declare=False))
         return self._out[1]
+
+    def _drop_capturing(self) -> None:
+        conn, self._conn, self._producer = self._conn, None, None
+        if conn is not None:
+            try:
+                conn.release()
+            except Exception as exc:  # noqa: BLE001 - already broken: a new one is made when needed
+                logger.debug("leaderbeat: could not release a failed capture connection: %r", exc)
 
     def close(self) -> None:
         if self._conn is not None:
@@ -342,12 +367,7 @@ class ChunkSender:
         if len(results) < len(todo):  # stopped: nothing from the first unsettled one on
             return ok[:todo[len(results)][0]]
         if held and may_send():
-            try:
-                self.enqueuer.run(list(held.values()))
-                for i in held:
-                    ok[i] = True
-            except Exception:
-                logger.exception("leaderbeat: %d routed message(s) could not be sent", len(held))
+            self._run(held, slots, ok)
         elif held:
             return ok[:min(held)]
         after = bool(signals.after_task_publish.receivers)
@@ -359,6 +379,20 @@ class ChunkSender:
                 if after:
                     signals.after_task_publish.send(sender=again[0].task, **captured.after)
         return ok
+
+    def _run(self, held: dict[int, Captured], slots: Sequence[tuple[str, datetime]],
+             ok: list[bool]) -> None:
+        """Run the held messages' commands in one pipeline; ``ok[i]`` for each one that ran."""
+        try:
+            errors = self.enqueuer.run(list(held.values()))
+        except Exception:  # no reply: none is said sent (recorded unsent, "publish failed")
+            logger.exception("leaderbeat: %d routed message(s) could not be sent", len(held))
+            return
+        for i, error in zip(held, errors):
+            ok[i] = error is None
+            if error is not None:
+                logger.error("leaderbeat: could not send %s for slot %s", slots[i][0],
+                             slots[i][1].isoformat(), exc_info=error)
 
     def _publish_one(self, entry: Any, slot: datetime, overlap: str, producer: Any) -> None:
         self.enqueuer.publish_one(entry, slot, self.epoch, overlap, producer)

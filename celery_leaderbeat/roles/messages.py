@@ -33,7 +33,7 @@ import json
 import logging
 import os
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import datetime, timezone
 from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import Any
@@ -194,6 +194,7 @@ class Messages:
         self._parts: dict[str, _Part | None] = {}
         self._tasks: dict[str, Any] = {}
         self._keys: dict[Any, Any] = {}  # shape keys, one tuple each
+        self._uses: dict[Any, int] = {}  # shape key -> how many parts have it
         self._empty_reprs: dict[Any, str] = {}
         amqp = self.app.amqp
         self._argsrepr_max = amqp.argsrepr_maxsize
@@ -342,8 +343,45 @@ class Messages:
         part = self._parts.get(entry.name)
         if part is not None and part.same(entry, overlap):
             return part
-        self._parts[entry.name] = part = self._new_part(entry, overlap)
+        part = self._new_part(entry, overlap)
+        if part is not None:  # counted before the old part goes: it may share the shape
+            self._uses[part.shape_key] = self._uses.get(part.shape_key, 0) + 1
+        self._drop(entry.name)
+        self._parts[entry.name] = part
         return part
+
+    def _drop(self, name: str) -> None:
+        """Forget entry ``name``'s part, and its shape if no other part has it."""
+        part = self._parts.pop(name, None)
+        if part is None:
+            return
+        key = part.shape_key
+        left = self._uses[key] - 1
+        if left:
+            self._uses[key] = left
+        else:
+            del self._uses[key]
+            self._shapes.pop(key, None)
+            self._keys.pop(key, None)
+
+    def keep(self, live: Mapping[str, Any], overlap: Callable[[str], str],
+             names: Iterable[str] | None = None) -> None:
+        """Keep what the entries scheduled now need: ``live`` (name -> entry).
+
+        The part of an entry removed or defined anew goes, and with the last part
+        of a shape, the shape: what is kept is bounded by the schedule, not by every
+        entry it ever had. ``names``: the only entries that may have changed (None:
+        any of them). ``overlap(name)`` is an entry's overlap policy.
+        """
+        for name in list(self._parts) if names is None else names:
+            if name not in self._parts:
+                continue
+            part, entry = self._parts[name], live.get(name)
+            if entry is None or part is None or not part.same(entry, overlap(name)):
+                self._drop(name)
+        if len(self._tasks) > 2 * len(self._parts) + 64:  # tasks no entry sends any more
+            used = {p.task for p in self._parts.values() if p is not None}
+            self._tasks = {t: v for t, v in self._tasks.items() if t in used}
 
     def _new_part(self, entry: Any, overlap: str) -> _Part | None:
         args, kwargs = entry.args or (), entry.kwargs or {}

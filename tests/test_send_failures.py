@@ -1,0 +1,95 @@
+"""One message that cannot be sent fails alone: the entries after it are sent.
+
+A queue key of the wrong type (a string where kombu keeps a list) makes every
+publish to that queue fail with WRONGTYPE. Stock beat logs that one entry's
+failure at each of its slots and goes on sending the others; so must we, on the
+claim-and-enqueue path and on the batched one, slot after slot.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+import pytest
+from celery import Celery
+
+from celery_leaderbeat.scheduler import Scheduler
+from tests.support.beat import NOOP
+
+HEALTHY = ("e0", "e1", "e2")
+
+
+def make_app(broker_url: str, state_url: str | None, prefix: str) -> Celery:
+    # every second, so that a few slots pass in a short test (Celery's 300 s beat loop is
+    # irrelevant: the test calls tick itself)
+    schedule = {name: {"task": NOOP, "schedule": 1.0, "args": [name]} for name in HEALTHY}
+    schedule["bad"] = {"task": NOOP, "schedule": 1.0, "options": {"queue": "badq"}}
+    app = Celery("proj")
+    app.conf.update(broker_url=broker_url, leaderbeat_key_prefix=prefix, timezone="UTC",
+                    beat_schedule=schedule)
+    if state_url:
+        app.conf.leaderbeat_redis_url = state_url
+    return app
+
+
+def failed_slots(caplog: pytest.LogCaptureFixture, name: str) -> list[str]:
+    prefix = f"leaderbeat: could not send {name} for slot "
+    return [r.getMessage()[len(prefix):] for r in caplog.records
+            if r.getMessage().startswith(prefix)]
+
+
+def sends_while_bad(scheduler: Scheduler, caplog: pytest.LogCaptureFixture, broker,
+                    late: bool) -> None:
+    """Tick until the bad entry failed three slots; ``late``: its key turns bad after its
+    first message was sent (its shape built), else before any was built."""
+    if not late:
+        broker.set("badq", "not a list")  # as a user's stray SET on a queue's name
+    deadline = time.monotonic() + 20
+    while len(failed_slots(caplog, "bad")) < 3:
+        assert time.monotonic() < deadline, "the bad entry's failures were never said"
+        time.sleep(min(scheduler.tick(), 0.1))
+        if late and broker.type("badq") == b"list":
+            broker.delete("badq")
+            broker.set("badq", "not a list")
+
+
+CLAIM_SCRIPT_STOPS = pytest.mark.xfail(strict=True, reason=(
+    "the claim script stops at the refused LPUSH: the claim is taken for Redis "
+    "unreachable and the bad slot is said sent"))
+
+
+@pytest.mark.parametrize(("fast", "late"), [
+    pytest.param(True, False, id="claim and enqueue, bad from the start"),
+    pytest.param(False, False, id="batched, bad from the start"),
+    pytest.param(True, True, id="claim and enqueue, bad once built", marks=CLAIM_SCRIPT_STOPS),
+    pytest.param(False, True, id="batched, bad once built"),
+])
+def test_a_queue_key_of_the_wrong_type_fails_only_its_own_entry_slot_after_slot(
+        redis_server, key_prefix, caplog, fast, late):
+    # fast: leaderbeat's state on the broker's database; batched: on another database
+    app = make_app(redis_server.url_for(0), None if fast else redis_server.url_for(1),
+                   key_prefix)
+    broker = redis_server.client(db=0)
+    caplog.set_level(logging.INFO, logger="celery_leaderbeat")
+    scheduler = Scheduler(app=app)
+    try:
+        sends_while_bad(scheduler, caplog, broker, late)
+        assert scheduler._enqueuer is not None and scheduler._enqueuer.fast is fast
+        unsent = {h["entry"] for h in scheduler.ledger.history(500) if h["event"] == "unsent"}
+    finally:
+        scheduler.close()
+    sent: dict[str, set[str]] = {name: set() for name in HEALTHY}
+    for raw in broker.lrange("celery", 0, -1):
+        headers = json.loads(raw)["headers"]
+        sent[headers["leaderbeat_entry"]].add(headers["leaderbeat_slot"])
+    failed = failed_slots(caplog, "bad")
+    # every slot at which the bad entry failed, and none of its neighbours' failed
+    for name in HEALTHY:
+        assert set(failed) <= sent[name], name
+        assert failed_slots(caplog, name) == []
+    assert unsent == {"bad"}  # what reached the queue is not recorded unsent
+    causes = [str(r.exc_info[1]) for r in caplog.records
+              if r.exc_info and r.getMessage().startswith("leaderbeat: could not send bad")]
+    assert len(causes) == len(failed) and all("WRONGTYPE" in c for c in causes), causes
