@@ -7,6 +7,7 @@ made through the ``Entry`` API while the beats run, as an application would.
 
 from __future__ import annotations
 
+import itertools
 import time
 from datetime import datetime, timedelta, timezone
 
@@ -69,6 +70,12 @@ def test_a_killed_leaders_runtime_entries_are_rescued_by_a_standby_like_static_o
         time.sleep(1.0)  # every beat has taken the one-off in
         killed_at = time.time()
         beat_by_pid(cluster, leader_pid(token)).kill()
+        # saved while nobody leads: no leader ever reads them before their first slot
+        gap_once = Entry("gap-once", NOOP, at=datetime.fromtimestamp(time.time() + 1.0,
+                                                                      timezone.utc))
+        gap_once.save(app)
+        gap_new = Entry("gap-new", NOOP, 1)
+        gap_new.save(app)
         follow(recorder, TTL + POLL + 3,
                until=lambda: leader_token(client, key_prefix) not in (None, token))
         follow(recorder, 4)  # the new leader's own slots
@@ -84,9 +91,15 @@ def test_a_killed_leaders_runtime_entries_are_rescued_by_a_standby_like_static_o
         assert late and late[-1] <= RESCUED_WITHIN, (name, late[-5:], logs[-3000:])
         assert any(m.epoch == 0 for m in after_kill if m.entry == name), \
             f"no standby rescued {name} while nobody led"
-    once = [m for m in messages if m.entry == "once"]
-    assert len(once) == 1, f"the one-off was sent {len(once)} times"
-    assert once[0].lateness <= RESCUED_WITHIN, (once[0].lateness, once[0].epoch)
+    for name in ("once", "gap-once"):
+        once = [m for m in messages if m.entry == name]
+        assert len(once) == 1, f"the one-off {name} was sent {len(once)} times"
+        assert once[0].lateness <= RESCUED_WITHIN, (name, once[0].lateness, once[0].epoch)
+    new = [m for m in messages if m.entry == "gap-new"]
+    assert new and min(datetime.fromisoformat(m.slot) for m in new) \
+        == gap_new.anchor + timedelta(seconds=1), "the new entry did not start at its save"
+    assert gaps(slot_times(messages, "gap-new"), 1.0) == []
+    assert max(m.lateness for m in new) <= RESCUED_WITHIN, sorted(m.lateness for m in new)
 
 
 def test_an_edited_interval_is_in_force_within_a_second_of_the_save_anchored_at_the_save(
@@ -112,9 +125,9 @@ def test_an_edited_interval_is_in_force_within_a_second_of_the_save_anchored_at_
     assert v2, "the edited definition never ran"
     # the new interval counts from the save (by Redis TIME, which stores the anchor)
     assert v2[0] == edit.anchor + timedelta(seconds=1.5), (v2[0], edit.anchor)
-    assert all(b - a == timedelta(seconds=1.5) for a, b in zip(v2, v2[1:]))
-    first = [m for m in messages if m.entry == "edited" and m.kwargs.get("v") == 2
-             and datetime.fromisoformat(m.slot) == v2[0]][0]
+    assert all(b - a == timedelta(seconds=1.5) for a, b in itertools.pairwise(v2))
+    first = next(m for m in messages if m.entry == "edited" and m.kwargs.get("v") == 2
+             and datetime.fromisoformat(m.slot) == v2[0])
     assert first.lateness <= IN_FORCE_WITHIN, first.lateness
     toggled = slot_times(messages, "toggled")
     assert toggled and toggled[0] == enable.anchor + timedelta(seconds=2), (toggled, enable.anchor)

@@ -4,12 +4,16 @@
 -- KEYS[2] meta hash: 'version' (bumped by every change), 'floor' (changes before it forgotten)
 -- KEYS[3] changed zset: live name -> version of its last change
 -- KEYS[4] removed zset: removed name -> version of its removal (capped, see ARGV)
+-- KEYS[5] slots hash (claim.lua's): an enabled entry saved with no slot state gets its
+--         first one here, "<anchor>|0|a", in the same step as the save: a standby can
+--         rescue its first slot even when the leader died before reading the save
 -- ARGV[1] mode: 'save', 'delete', 'finish' or 'changes'
 -- save:    ARGV[2] name  ARGV[3] how: 'upsert', 'create' (refused if it exists) or 'update'
 --          (refused if it does not)  ARGV[4] fingerprint of the whole definition
 --          ARGV[5] timing fingerprint (what decides the slots)  ARGV[6] enabled '1'/'0'
 --          ARGV[7] anchor (ms) to keep instead of now, or ''  ARGV[8] definition JSON
---          ARGV[9] removed-zset cap
+--          ARGV[9] removed-zset cap  ARGV[10] a one-off's slot less 1 ms, or '': its first
+--          slot state is the earlier of that and the anchor
 -- delete:  ARGV[2] name  ARGV[3] cap
 -- finish:  ARGV[2] name  ARGV[3] fingerprint  ARGV[4] slot (ms): a one-off entry ran
 -- changes: ARGV[2] the version the caller has seen
@@ -69,6 +73,11 @@ if mode == 'save' then
                                                  '|') .. '\n' .. ARGV[8])
   redis.call('ZADD', KEYS[3], version, name)
   redis.call('ZREM', KEYS[4], name)
+  if enabled == '1' and KEYS[5] then
+    local first = anchor
+    if (ARGV[10] or '') ~= '' then first = math.min(anchor, tonumber(ARGV[10])) end
+    redis.call('HSETNX', KEYS[5], name, string.format('%d|0|a', first))
+  end
   return {1, version, anchor}
 elseif mode == 'delete' then
   local name = ARGV[2]
