@@ -18,7 +18,10 @@
 -- finish:  ARGV[2] name  ARGV[3] fingerprint  ARGV[4] slot (ms): a one-off entry ran
 -- changes: ARGV[2] the version the caller has seen
 -- The anchor (the moment an entry's slots are counted from) is Redis TIME when the
--- entry is created, its timing changes, or it is enabled again; otherwise kept.
+-- entry is created, its timing changes, or it is enabled again, rounded up to the whole
+-- second; otherwise kept. On whole seconds, entries saved one by one share their slots'
+-- instants as beat_schedule entries do (anchored together at a leader's start): a
+-- leader sends them in one batch a second, not one small batch per millisecond.
 -- A save whose fingerprint and enabled flag equal the stored ones changes nothing
 -- (not even the anchor: an import run twice keeps the first run's phase).
 -- Returns save:    {1, version, anchor_ms} saved, {0, version, anchor_ms} unchanged,
@@ -53,8 +56,7 @@ if mode == 'save' then
   local name, how, fp, timing, enabled, keep = ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7]
   local cur = redis.call('HGET', KEYS[1], name)
   local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  local anchor = now
+  local anchor = (tonumber(t[1]) + (tonumber(t[2]) > 0 and 1 or 0)) * 1000
   if cur then
     if how == 'create' then return {2} end
     local f = head(cur)
