@@ -138,13 +138,32 @@ def window(rig: Rig, seconds: float) -> dict[str, Any]:
 # -- static ------------------------------------------------------------------------------------
 
 def static(n: int, every: float, seconds: float) -> dict[str, Any]:
+    """The same entries in beat_schedule: the steady costs, then the leader SIGKILLed."""
     with Rig("leaderbeat", entries(n, every, prefix="d"), settings=SETTINGS) as rig:
         for _ in range(3):
             rig.start_beat()
         wait_leader(rig)
         rig.watch.wait_count(n, timeout=every * 3 + 60)  # one full round sent
         time.sleep(every / 2)
-        return window(rig, seconds)
+        row = window(rig, seconds)
+        leader = leader_pid(rig)
+        next(b for b in rig.beats if b.pid == leader).kill()
+        killed_at = time.time()
+        wait_leader(rig, other_than=leader)
+        elected_at = time.time()
+        time.sleep(5)
+        sent = parse_all(rig)
+    row.update(gap_lateness(sent, killed_at, elected_at))
+    return row
+
+
+def gap_lateness(sent: list[Sent], killed_at: float, elected_at: float) -> dict[str, Any]:
+    """How late the slots due while nobody led were sent: rescued, or by the next leader."""
+    late = sorted(s.received - s.slot for s in sent if killed_at <= s.slot <= elected_at)
+    return {"elected_after_kill_s": round(elected_at - killed_at, 2), "gap_slots": len(late),
+            "gap_slots_late_p50_s": round(late[len(late) // 2], 3) if late else None,
+            "gap_slots_late_worst_s": round(late[-1], 3) if late else None,
+            "gap_slots_over_rescue_plus_1": sum(x > RESCUE_AFTER + 1 for x in late)}
 
 
 # -- runtime -----------------------------------------------------------------------------------
@@ -260,6 +279,9 @@ def verdict(ops: list[Op], sent: list[Sent], killed_at: float, elected_at: float
             if not in_gap:  # its first slot came due while a leader led, or in the gap
                 rescued = killed_at <= expected <= elected_at
                 edit_late["rescued" if rescued else "led"].append(first - expected)
+    out.update(gap_lateness(sent, killed_at, elected_at))
+    led = sorted(s.received - s.slot for s in sent if s.slot < killed_at - 1)
+    out["led_slots_late_p99_s"] = round(led[len(led) * 99 // 100], 3) if led else None
     out["once_worst_late_s"] = round(max(once_late), 3) if once_late else None
     out["once_late_over_rescue_plus_1"] = sum(x > RESCUE_AFTER + 1 for x in once_late)
     for key, late in edit_late.items():  # first slot due while a leader led / nobody led
