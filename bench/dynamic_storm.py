@@ -7,7 +7,8 @@ Two runs on this machine, each with three real beats (Celery's default 300 s loo
 leaderbeat's default 10 s lease and 2 s rescue_after):
 
 - ``static``: the same number of entries in ``beat_schedule``, at the same interval:
-  the leader's CPU per 1,000 sends and the standbys' CPU share, for comparison.
+  the leader's CPU per 1,000 sends and the standbys' CPU share, for comparison; then
+  the leader SIGKILLed a second before a burst, and how late that burst was sent.
 - ``runtime``: the entries saved through the ``Entry`` API before the beats start;
   a quiet stretch (the steady cost per send), then the storm: interval edits (each
   new interval anchored at its save), argument edits, disables, enables of disabled
