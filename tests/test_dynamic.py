@@ -113,13 +113,14 @@ def test_only_a_timing_change_or_a_re_enable_moves_the_anchor(app, store):
     assert store.get("e").anchor_ms == anchor  # new arguments keep the phase
     Entry("e", TASK, 60, kwargs={"changed": True}, enabled=False).save(app)
     assert store.get("e").anchor_ms == anchor
-    time.sleep(0.01)  # anchors are Redis TIME in ms
+    time.sleep(1.0)  # anchors are Redis TIME rounded up to the whole second
     Entry("e", TASK, 60, kwargs={"changed": True}).save(app)
     re_enabled = store.get("e").anchor_ms
     assert re_enabled > anchor
-    time.sleep(0.01)
+    time.sleep(1.0)
     Entry("e", TASK, 30, kwargs={"changed": True}).save(app)
     assert store.get("e").anchor_ms > re_enabled
+    assert anchor % 1000 == re_enabled % 1000 == store.get("e").anchor_ms % 1000 == 0
     assert store.get("e").timing != Entry("e", TASK, 60).timing()
 
 

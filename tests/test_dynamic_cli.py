@@ -99,7 +99,9 @@ def test_status_shows_where_each_entry_comes_from(app, run):
     rows = {r["entry"]: r for r in json.loads(run("status", "--json").output)["entries"]}
     assert rows["nightly"]["source"] == "static"
     assert rows["dyn"]["source"] == "dynamic" and rows["dyn"]["next_due"]
-    assert "off" not in rows  # disabled and never ran: nothing to show
+    # disabled and never ran: its first slot state (its anchor) only, no run
+    assert rows["off"]["source"] == "dynamic (disabled)" and rows["off"]["task_id"] is None
+    assert rows["off"]["state"] == rows["dyn"]["state"] != "sent"
     plain = run("status").output
     assert "dyn" in plain and "dynamic" in plain and "static" in plain
 

@@ -228,3 +228,29 @@ def test_a_save_among_many_entries_is_taken_in_by_name_not_by_reading_every_entr
     finally:
         first.close()
         second.close()
+
+
+def test_an_edit_prepares_the_edited_entrys_message_and_leaves_the_others_alone(
+        redis_server, key_prefix):
+    """Idle-time preparation after a change looks at the entries it touched, not the whole
+    schedule again: a storm of edits must not cost a walk over every entry at every tick."""
+    app = make_app(redis_server.url_for(0), redis_server.url_for(0), key_prefix, {})
+    for i in range(200):
+        Entry(f"d{i}", NOOP, 3600, args=[i]).save(app)
+    scheduler = Scheduler(app=app)
+    try:
+        run([scheduler], 10, until=lambda: scheduler.role == LEADER
+            and len(scheduler.schedule) > 200 and scheduler._warmed is not None)
+        messages = scheduler._enqueuer.messages
+        looked_at: list[str] = []
+        part = messages._part
+        messages._part = lambda entry, overlap: (looked_at.append(entry.name),
+                                                 part(entry, overlap))[1]
+        Entry("d7", NOOP, 3600, args=["edited"]).save(app)
+        run([scheduler], 5, until=lambda: list(scheduler.schedule["d7"].args) == ["edited"]
+            and scheduler._warmed == (scheduler._schedule_version,
+                                      scheduler.lease.credentials()[1]))
+        assert looked_at == ["d7"]
+        assert messages._parts["d7"].ready and messages._parts["d7"].args == ["edited"]
+    finally:
+        scheduler.close()

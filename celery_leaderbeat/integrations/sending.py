@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -39,7 +40,9 @@ class Sending(Parts):
         next due slot is not late for it; returns what is left of ``delay``, or 0
         while entries are left to prepare and idle time remains (the next tick goes
         on at once: a sparse schedule's one long wait is used, not one slice of it).
-        Done again only when the schedule changes or another epoch leads.
+        Done again when the schedule changes (only for the entries the change touched,
+        when it is known name by name: a storm of run-time edits must not walk the
+        whole schedule at every tick) or another epoch leads.
         """
         if delay < WARM_MIN or self._warmed == (self._schedule_version, epoch):
             return delay
@@ -53,11 +56,7 @@ class Sending(Parts):
             sender = self._chunk_sender(epoch)
             key = (self._schedule_version, epoch)
             if self._warming is None or self._warming[0] != key:
-                default = self.lb_config.overlap
-                options = self._entry_options
-                entries = [(e, options[n].overlap if n in options else default)
-                           for n, e in self.schedule.items()]
-                self._warming = (key, iter(entries))
+                self._warming = (key, self._to_warm(epoch))
             if sender.enqueuer.messages.warm(self._warming[1], epoch,
                                              started + min(delay / 2, WARM_MAX),
                                              time.monotonic):
@@ -67,6 +66,25 @@ class Sending(Parts):
             self._warmed, self._warming = (self._schedule_version, epoch), None
         left = max(0.0, delay - (time.monotonic() - started))
         return 0.0 if self._warming is not None and left >= WARM_MIN else left
+
+    def _to_warm(self, epoch: int) -> Iterator[tuple[Any, str]]:
+        """The entries left to prepare under ``epoch``: after a change known name by name,
+        what was left before it and the entries it touched; else the whole schedule."""
+        done = self._warming[0] if self._warming is not None else self._warmed
+        left: Iterator[tuple[Any, str]] = self._warming[1] if self._warming is not None \
+            else iter(())
+        changed = self._changed_since(done[0]) if done is not None and done[1] == epoch \
+            else None
+        return itertools.chain(left, self._entries_named(sorted(changed))) \
+            if changed is not None else self._entries_named(list(self.schedule))
+
+    def _entries_named(self, names: list[str]) -> Iterator[tuple[Any, str]]:
+        """(entry, overlap) of each of ``names`` still scheduled when its turn comes."""
+        default, options = self.lb_config.overlap, self._entry_options
+        for name in names:
+            entry = self.schedule.get(name)
+            if entry is not None:
+                yield entry, options[name].overlap if name in options else default
 
     def _chunk_sender(self, epoch: int) -> Any:
         """A batch's sender: claim and enqueue in one step where exact, else kombu batches."""

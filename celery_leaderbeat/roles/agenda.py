@@ -12,7 +12,7 @@ from __future__ import annotations
 import heapq
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import datetime, timedelta, timezone, tzinfo
 from typing import Any, NamedTuple
 
@@ -75,6 +75,8 @@ class Loaded(NamedTuple):
     #: this process knows was settled (restored, or started again: Redis lost writes)
     anchors: list[ClaimItem]
     unsent: list[Unsent]  # slots claimed under another epoch, never confirmed sent
+    #: run-time entries planned from their anchor in the entry store (see ``anchored``)
+    runtime: frozenset[str] = frozenset()
 
 
 #: builds the slot clock of one entry: (name, schedule, zone, jitter) -> clock
@@ -99,7 +101,8 @@ def load(schedule: Mapping[str, Any], stored: Mapping[str, SlotState], *, start:
          definitions: Mapping[str, str] | None = None,
          remembered: Callable[[str], int | None] = lambda name: None,
          trust_memory: bool = False, rolled_back: bool = False,
-         trusted_epoch: int | None = None) -> Loaded:
+         trusted_epoch: int | None = None, anchored: Collection[str] = (),
+         runtime: Collection[str] = ()) -> Loaded:
     """Track every entry of ``schedule`` from its stored last slot, else from ``start``.
 
     ``epoch`` is the leader's own: a claimed or unsent slot of any other epoch
@@ -116,6 +119,13 @@ def load(schedule: Mapping[str, Any], stored: Mapping[str, SlotState], *, start:
     every entry with state starts from ``start`` too, except one stored under
     ``trusted_epoch`` (the leader's own, when another node reported the loss:
     what this leader wrote is still there).
+
+    ``runtime`` names the entries defined at run time: their phase is the entry
+    store's (the save, by Redis TIME), the same on every node. ``anchored`` are those
+    whose state in ``stored`` is that anchor, not Redis's (none stored yet, or an older
+    one): the leader writes it as it is, with no margin, so a standby can rescue from
+    it. A run-time entry whose definition changed and whose timing did not keeps its
+    phase: only the leader's fingerprint is written.
     """
     tracked: dict[str, Tracked] = {}
     anchors: list[ClaimItem] = []
@@ -145,6 +155,13 @@ def load(schedule: Mapping[str, Any], stored: Mapping[str, SlotState], *, start:
         elif state is None:
             anchors.append(ClaimItem(name, to_ms(start), Op.ANCHOR, fingerprint=fp))
             last = start
+        elif name in anchored:
+            anchors.append(ClaimItem(name, state.slot_ms, Op.REANCHOR, fingerprint=fp))
+            last = from_ms(state.slot_ms)
+        elif name in runtime and definitions is not None and stored_fp and fp \
+                and stored_fp != fp:
+            anchors.append(ClaimItem(name, 0, Op.DEFINE, fingerprint=fp))
+            last = from_ms(state.slot_ms)
         elif definitions is not None and stored_fp and fp and stored_fp != fp:
             anchors.append(ClaimItem(name, to_ms(start), Op.REANCHOR, fingerprint=fp))
             last = max(start, from_ms(state.slot_ms))
@@ -153,7 +170,8 @@ def load(schedule: Mapping[str, Any], stored: Mapping[str, SlotState], *, start:
             if state.state in (CLAIMED, UNSENT) and state.epoch != epoch:
                 unsent.append(Unsent(name, last, state.state == CLAIMED, state.claimed_ms))
         tracked[name] = Tracked(name, clock, opts, last, fp)
-    return Loaded(tracked, anchors, unsent)
+    return Loaded(tracked, anchors, unsent, frozenset(n for n in tracked if n in runtime)
+                  if len(tracked) < len(runtime) else frozenset(n for n in runtime if n in tracked))
 
 
 #: slots listed one by one in :func:`margin_slots` (older ones are counted, not listed)

@@ -1,8 +1,9 @@
 """How a running beat follows the entries defined at run time.
 
-The scheduler calls :meth:`DynamicSchedule.refresh` on every tick (the leader
-and the standbys wake at least every ``leaderbeat_standby_poll``, 1 s by
-default); at most every :data:`POLL` seconds it asks the store what changed
+The scheduler calls :meth:`DynamicSchedule.refresh` on every tick (a standby
+wakes on the ``entries`` notice every save publishes, and at least every
+``leaderbeat_standby_poll``, 1 s by default; a leader with run-time entries at
+least every :data:`LEADER_LOOK`); at most every :data:`POLL` seconds it asks the store what changed
 since the version it has seen: one script call that answers with the version
 alone when nothing changed, else with only the changed entries. Each one is
 checked with start-up's rules and put into (or taken out of) the scheduler's
@@ -45,6 +46,9 @@ logger = logging.getLogger(__name__)
 
 #: seconds between two looks at the store's version (each look is one script call)
 POLL = 0.1
+#: seconds a leader with run-time entries sleeps at most: Celery's loop sleeps what a tick
+#: returns, deaf to the events channel, and a change must be in force within a second
+LEADER_LOOK = 0.5
 
 
 class DynamicSchedule:
@@ -164,12 +168,12 @@ def reanchor(stored: Mapping[str, SlotState], anchors: Mapping[str, SlotState],
     """Slot states to plan from: a dynamic entry's starts at its anchor when older.
 
     ``anchors`` holds each dynamic entry's anchor as a slot state (built once per
-    change). An entry with no stored state is left to the leader's own anchoring
-    (from now, written to Redis, so standbys can rescue it) unless it is in
-    ``exact``: an imported entry (its phase from elsewhere) or a one-off whose time
-    is already past. In memory only: the next claim is what Redis keeps. With
-    ``names`` (a change of a few entries) only those are looked at: the cost
-    follows the change, not the schedule.
+    change). An entry with no stored state starts at its anchor too when it is in
+    ``exact`` (every entry the store holds: its anchor is Redis TIME at the save, or
+    an imported entry's last run elsewhere, the same on every node). The leader
+    writes a state planned this way to Redis (``agenda.load``'s ``anchored``), so a
+    standby rescues from it. With ``names`` (a change of a few entries) only those
+    are looked at: the cost follows the change, not the schedule.
     """
     if not anchors:
         return stored

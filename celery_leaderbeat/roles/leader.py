@@ -22,6 +22,7 @@ from ..timing.slots import from_ms, to_ms
 from .agenda import Agenda, Loaded, Tracked, Unsent, adopt_refused_anchors, margin_slots
 from .batch import CHUNK, LeaderGate, report_unsent, run_batch, say_capped_once
 from .degraded import Outage
+from .dynamic_schedule import LEADER_LOOK
 from .node import Node, utcnow
 from .requests import WAKE, carry_out
 
@@ -262,7 +263,8 @@ class Leader:
         finally:
             self.agenda.push_all(due)
             self._record_broken()
-        return min(self.delay(), self.node.config.standby_poll)
+        poll = self.node.config.standby_poll
+        return min(self.delay(), min(poll, LEADER_LOOK) if node.anchors() else poll)
 
     def _publish_definitions(self, tracked: dict[str, Tracked], stored: dict[str, str],
                              names: Collection[str] | None = None) -> None:
@@ -457,6 +459,11 @@ def _say_anchored(loaded: Any) -> None:
     lost its data this is the only trace. Unknown state is "start from now", never "never
     ran"; a slot this node remembers sending is never sent again."""
     total = len(loaded.tracked)
+    runtime = [item.name for item in loaded.anchors
+               if item.name in loaded.runtime and item.op in (Op.REANCHOR, Op.DEFINE)]
+    if runtime:  # their phase is the save's, as the entry store says: nothing to warn of
+        logger.debug("leaderbeat: %d run-time entries start at their anchor in the entry "
+                     "store: %s", len(runtime), ", ".join(runtime[:10]))
     for op, said in ((Op.ANCHOR, ("had no slot state in Redis (new entries, or Redis lost its "
                       "data); they start from now, without catch-up")),
                      (Op.REANCHOR, "have a changed definition; they start again from now"),
@@ -466,7 +473,8 @@ def _say_anchored(loaded: Any) -> None:
                      (Op.ROLLED_BACK, ("had a slot state older than a slot this node sent "
                       "(Redis went back to an older snapshot or a lagging replica); they start "
                       "from now, without catch-up, like entries with no state"))):
-        names = [item.name for item in loaded.anchors if item.op == op]
+        names = [item.name for item in loaded.anchors if item.op == op
+                 and not (item.op == Op.REANCHOR and item.name in loaded.runtime)]
         if names:
             log = logger.info if op == Op.ANCHOR else logger.warning
             log("leaderbeat: %d of %d entries %s: %s", len(names), total, said,

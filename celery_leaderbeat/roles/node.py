@@ -86,13 +86,16 @@ class Node:
             schedule = {name: schedule[name] for name in only if name in schedule}
         else:
             self._forget_unscheduled(schedule)
-        stored = reanchor(stored, self.anchors(), self.exact(), only)
-        return load(schedule, stored, start=start, tz=self.tz, options=self.options(),
+        runtime = self.anchors()
+        planned = reanchor(stored, runtime, self.exact(), only)
+        anchored = [name for name, state in planned.items() if state is not stored.get(name)] \
+            if planned is not stored else ()
+        return load(schedule, planned, start=start, tz=self.tz, options=self.options(),
                     default=EntryOptions.defaults(self.config), epoch=epoch,
                     clock_of=self.clock_of, fingerprint_of=self.fingerprint_of,
                     definitions=definitions, remembered=self.sent.newest_known,
                     trust_memory=trust_memory, rolled_back=rolled_back,
-                    trusted_epoch=trusted_epoch)
+                    trusted_epoch=trusted_epoch, anchored=anchored, runtime=runtime)
 
     def fingerprint_of(self, name: str, entry: Any, tz: tzinfo, jitter: float | None) -> str:
         """The fingerprint of an entry's definition, computed once per definition: Celery's

@@ -31,6 +31,7 @@ from ..store.ledger import ANCHOR, ClaimItem, Event, Op
 from ..timing.slots import Plan, from_ms, to_ms
 from .agenda import Agenda, Tracked
 from .batch import RescueGate, run_batch
+from .dynamic_schedule import POLL
 from .node import Node, utcnow
 
 logger = logging.getLogger(__name__)
@@ -78,6 +79,7 @@ class Standby:
         #: rescue claims whose reply was lost, and when they were asked (monotonic)
         self._inflight: tuple[list[ClaimItem], float] | None = None
         self._report_again_at = 0.0  # monotonic: when to report a loss not dealt with again
+        self._look_again = 0.0  # monotonic: an entries notice came; look at the store by then
 
     # -- what the scheduler tells it ---------------------------------------------------
 
@@ -183,7 +185,9 @@ class Standby:
                 self._update(changed, version)
             else:
                 self._load(version)
-        elif self._unknown and time.monotonic() - self._unknown_checked >= self.node.config.rescue_after:
+        # asked whatever else changes: in a storm of run-time edits the version moves on
+        # every tick, and an entry left unknown would never be rescued
+        if self._unknown and time.monotonic() - self._unknown_checked >= self.node.config.rescue_after:
             self._recheck_unknown()
         if self._inflight is not None:
             self._settle_inflight()
@@ -327,8 +331,11 @@ class Standby:
         if losses := self._losses(stored, self.node.schedule()):
             self._report_lost(losses)
         loaded = self.node.track(stored, start=utcnow(), epoch=None)
-        self.agenda = Agenda({n: t for n, t in loaded.tracked.items() if n in stored})
-        self._unknown = set(loaded.tracked) - set(stored)
+        # a run-time entry's phase is the entry store's, known before any slot state (the
+        # leader writes it as its first state): followed from the start
+        self.agenda = Agenda({n: t for n, t in loaded.tracked.items()
+                              if n in stored or n in loaded.runtime})
+        self._unknown = set(loaded.tracked) - set(stored) - loaded.runtime
         self._unknown_checked = time.monotonic()
         self._version = version
         self._differs.clear()
@@ -342,7 +349,7 @@ class Standby:
             self._report_lost(losses)
         loaded = self.node.track(stored, start=utcnow(), epoch=None, only=ordered)
         for name in ordered:
-            if name in loaded.tracked and name in stored:
+            if name in loaded.tracked and (name in stored or name in loaded.runtime):
                 self.agenda.add(loaded.tracked[name])
                 self._unknown.discard(name)
             else:
@@ -363,7 +370,7 @@ class Standby:
             return
         if losses := self._losses(found, found):
             self._report_lost(losses)
-        loaded = self.node.track(found, start=utcnow(), epoch=None)
+        loaded = self.node.track(found, start=utcnow(), epoch=None, only=sorted(found))
         for name, tracked in loaded.tracked.items():
             if name in found and name in self._unknown:
                 self.agenda.add(tracked)
@@ -378,6 +385,8 @@ class Standby:
         if self.agenda is not None:
             rescue = self.agenda.delay(time.time() - self.node.config.rescue_after, poll)
             left = min(left, max(rescue, self._retry_at - now))
+        if self._look_again > now:
+            left = min(left, self._look_again - now)
         return max(0.01, left)
 
     def _wait(self, timeout: float) -> None:
@@ -392,7 +401,10 @@ class Standby:
                 self._head_start_until = 0.0  # whoever went first has let go: try now
                 return
             if data == ENTRIES:
-                return  # an entry changed: the next tick takes it in
+                # an entry changed: the next tick takes it in, or, when the last look
+                # was too recent, the one after it, within a look's interval
+                self._look_again = time.monotonic() + POLL
+                return
 
     def close(self) -> None:
         # Dropped, not closed: on SIGTERM close() runs inside the signal handler, on

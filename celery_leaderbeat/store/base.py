@@ -195,9 +195,12 @@ class EntryDefinitions(Protocol):
     """The run-time entries: every save atomic and versioned, read by change."""
 
     def save(self, name: str, *, fingerprint: str, timing: str, enabled: bool,
-             definition: str, how: str = "upsert", anchor_ms: int | None = None) -> Saved:
+             definition: str, how: str = "upsert", anchor_ms: int | None = None,
+             first_ms: int | None = None) -> Saved:
         """Store one definition (``how``: upsert, create or update; EntryExists and
-        EntryUnknown refuse the last two); an unchanged one changes nothing."""
+        EntryUnknown refuse the last two); an unchanged one changes nothing. An enabled
+        entry with no slot state gets its first one (its anchor, or ``first_ms`` when
+        earlier: a one-off's slot less 1 ms), so a standby can rescue from it."""
     def delete(self, name: str) -> bool:
         """Remove one entry; False when none was stored (a repeated delete too)."""
     def finish(self, name: str, fingerprint: str, slot_ms: int) -> bool:

@@ -113,7 +113,8 @@ class Entry:
         definition = self.to_json(config, static=app.conf.beat_schedule or {})
         saved = _store(app).save(self.name, definition=definition, enabled=self.enabled,
                                  fingerprint=fingerprint(definition), timing=self.timing(),
-                                 how=how, anchor_ms=None if anchor is None else to_ms(anchor))
+                                 how=how, anchor_ms=None if anchor is None else to_ms(anchor),
+                                 first_ms=None if self.at is None else to_ms(self.at) - 1)
         self.version, self.anchor = saved.version, from_ms(saved.anchor_ms)
         return saved.changed
 

@@ -88,13 +88,19 @@ class EntryStore:
     def _call(self, *args: Any) -> Any:
         k = self.keys
         return self._script(keys=[k.entries, k.entries_meta, k.entries_changed,
-                                  k.entries_removed], args=list(args))
+                                  k.entries_removed, k.slots], args=list(args))
 
     def save(self, name: str, *, fingerprint: str, timing: str, enabled: bool,
-             definition: str, how: str = "upsert", anchor_ms: int | None = None) -> Saved:
-        """Store one definition atomically (see ``lua/entries.lua`` for ``how``)."""
+             definition: str, how: str = "upsert", anchor_ms: int | None = None,
+             first_ms: int | None = None) -> Saved:
+        """Store one definition atomically (see ``lua/entries.lua`` for ``how``).
+
+        An enabled entry with no slot state gets its first one, at its anchor (or
+        ``first_ms``, a one-off's slot less 1 ms, when earlier), in the same step.
+        """
         reply = self._call("save", name, how, fingerprint, timing, "1" if enabled else "0",
-                           "" if anchor_ms is None else str(anchor_ms), definition, REMOVED_CAP)
+                           "" if anchor_ms is None else str(anchor_ms), definition, REMOVED_CAP,
+                           "" if first_ms is None else str(first_ms))
         code = int(reply[0])
         if code == 2:
             raise EntryExists(name, "a runtime entry of that name is stored")

@@ -4,17 +4,24 @@
 -- KEYS[2] meta hash: 'version' (bumped by every change), 'floor' (changes before it forgotten)
 -- KEYS[3] changed zset: live name -> version of its last change
 -- KEYS[4] removed zset: removed name -> version of its removal (capped, see ARGV)
+-- KEYS[5] slots hash (claim.lua's): an enabled entry saved with no slot state gets its
+--         first one here, "<anchor>|0|a", in the same step as the save: a standby can
+--         rescue its first slot even when the leader died before reading the save
 -- ARGV[1] mode: 'save', 'delete', 'finish' or 'changes'
 -- save:    ARGV[2] name  ARGV[3] how: 'upsert', 'create' (refused if it exists) or 'update'
 --          (refused if it does not)  ARGV[4] fingerprint of the whole definition
 --          ARGV[5] timing fingerprint (what decides the slots)  ARGV[6] enabled '1'/'0'
 --          ARGV[7] anchor (ms) to keep instead of now, or ''  ARGV[8] definition JSON
---          ARGV[9] removed-zset cap
+--          ARGV[9] removed-zset cap  ARGV[10] a one-off's slot less 1 ms, or '': its first
+--          slot state is the earlier of that and the anchor
 -- delete:  ARGV[2] name  ARGV[3] cap
 -- finish:  ARGV[2] name  ARGV[3] fingerprint  ARGV[4] slot (ms): a one-off entry ran
 -- changes: ARGV[2] the version the caller has seen
 -- The anchor (the moment an entry's slots are counted from) is Redis TIME when the
--- entry is created, its timing changes, or it is enabled again; otherwise kept.
+-- entry is created, its timing changes, or it is enabled again, rounded up to the whole
+-- second; otherwise kept. On whole seconds, entries saved one by one share their slots'
+-- instants as beat_schedule entries do (anchored together at a leader's start): a
+-- leader sends them in one batch a second, not one small batch per millisecond.
 -- A save whose fingerprint and enabled flag equal the stored ones changes nothing
 -- (not even the anchor: an import run twice keeps the first run's phase).
 -- Returns save:    {1, version, anchor_ms} saved, {0, version, anchor_ms} unchanged,
@@ -49,8 +56,7 @@ if mode == 'save' then
   local name, how, fp, timing, enabled, keep = ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7]
   local cur = redis.call('HGET', KEYS[1], name)
   local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  local anchor = now
+  local anchor = (tonumber(t[1]) + (tonumber(t[2]) > 0 and 1 or 0)) * 1000
   if cur then
     if how == 'create' then return {2} end
     local f = head(cur)
@@ -69,6 +75,11 @@ if mode == 'save' then
                                                  '|') .. '\n' .. ARGV[8])
   redis.call('ZADD', KEYS[3], version, name)
   redis.call('ZREM', KEYS[4], name)
+  if enabled == '1' and KEYS[5] then
+    local first = anchor
+    if (ARGV[10] or '') ~= '' then first = math.min(anchor, tonumber(ARGV[10])) end
+    redis.call('HSETNX', KEYS[5], name, string.format('%d|0|a', first))
+  end
   return {1, version, anchor}
 elseif mode == 'delete' then
   local name = ARGV[2]

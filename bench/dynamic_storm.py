@@ -1,0 +1,365 @@
+"""A storm of run-time entry changes under three beats, the leader SIGKILLed mid-storm.
+
+    nice python bench/dynamic_storm.py [--entries 10000] [--every 25] [--storm 120]
+                                       [--changes 2000] [--once 500]
+
+Two runs on this machine, each with three real beats (Celery's default 300 s loop,
+leaderbeat's default 10 s lease and 2 s rescue_after):
+
+- ``static``: the same number of entries in ``beat_schedule``, at the same interval:
+  the leader's CPU per 1,000 sends and the standbys' CPU share, for comparison; then
+  the leader SIGKILLed a second before a burst, and how late that burst was sent.
+- ``runtime``: the entries saved through the ``Entry`` API before the beats start;
+  a quiet stretch (the steady cost per send), then the storm: interval edits (each
+  new interval anchored at its save), argument edits, disables, enables of disabled
+  entries, removals and one-offs due 2-12 s after their save, at an even pace; the
+  leader SIGKILLed half-way through.
+
+Every operation's new definition carries its own argument, so each message says
+which definition it was sent under. Checked from the broker: every one-off sent
+exactly once and within ``rescue_after`` + 1 s of its time; every edit in force
+within 1 s of its save (no slot of the old definition after save + 1 s; an edited
+interval's first slot at the save's anchor + the new interval); nothing of a
+disabled or removed entry after save + 1 s. Edits saved while nobody leads (the
+kill to the next election) are counted apart: a standby rescues only slots of the
+definition the leader wrote, so they are in force from the next election. CPU
+from /proc. A row goes to bench/results/dynamic.jsonl. Not part of the test suite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import random
+import sys
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _harness import NOOP, Rig, cpu_seconds, entries, load, rss_mib
+from celery import Celery
+
+from celery_leaderbeat import Entry
+
+RESULTS = Path(__file__).resolve().parent / "results" / "dynamic.jsonl"
+RESCUE_AFTER = 2.0  # leaderbeat's default
+SEEN_WITHIN = 1.0  # the documented promise for a change
+#: Celery's own default loop (the harness shortens it for the scheduler comparison)
+SETTINGS = {"beat_max_loop_interval": 300}
+
+
+@dataclass
+class Sent:
+    entry: str
+    slot: float
+    tag: Any  # the second argument: which definition (operation) it was sent under
+    epoch: int
+    received: float
+
+
+@dataclass
+class Op:
+    kind: str  # interval, args, disable, enable, remove, once
+    name: str
+    tag: int
+    saved: float  # wall time the save returned
+    anchor: float = 0.0  # Redis TIME of the save (Entry.anchor)
+    every: float = 0.0
+    at: float = 0.0
+    led: bool = True  # a leader led at the save and a second later
+
+
+@dataclass
+class Run:
+    rig: Rig
+    app: Celery
+    sent: list[Sent] = field(default_factory=list)
+
+
+def api_app(url: str) -> Celery:
+    app = Celery("bench")
+    app.conf.update(leaderbeat_redis_url=url, leaderbeat_key_prefix="bench", timezone="UTC")
+    return app
+
+
+def parse_all(rig: Rig) -> list[Sent]:
+    out = []
+    for received, raw in list(rig.watch.raw):
+        data = json.loads(raw)
+        headers = data.get("headers") or {}
+        args = json.loads(base64.b64decode(data["body"]))[0]
+        slot = headers.get("leaderbeat_slot")
+        if slot is None:
+            continue
+        out.append(Sent(headers.get("leaderbeat_entry"), datetime.fromisoformat(slot).timestamp(),
+                        args[1] if len(args) > 1 else None,
+                        int(headers.get("leaderbeat_epoch") or 0), received))
+    return out
+
+
+def leader_pid(rig: Rig) -> int | None:
+    raw = rig.state.client().get("{bench}:leader")
+    return int(raw.decode().split("|")[0].split(":")[-2]) if raw else None
+
+
+def wait_leader(rig: Rig, other_than: int | None = None, timeout: float = 60) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pid = leader_pid(rig)
+        if pid is not None and pid != other_than:
+            return pid
+        time.sleep(0.05)
+    raise AssertionError("no leader")
+
+
+def cpu_of(rig: Rig) -> dict[int, float]:
+    return {b.pid: cpu_seconds(b.pid) for b in rig.beats if b.alive}
+
+
+def window(rig: Rig, seconds: float) -> dict[str, Any]:
+    """Leader CPU per 1,000 sends and the standbys' CPU share over ``seconds``."""
+    leader = leader_pid(rig)
+    cpu0, sent0, t0 = cpu_of(rig), rig.watch.count, time.monotonic()
+    time.sleep(seconds)
+    cpu1, sent1, wall = cpu_of(rig), rig.watch.count, time.monotonic() - t0
+    sends = sent1 - sent0
+    standby = [(cpu1[p] - cpu0[p]) / wall for p in cpu1 if p != leader and p in cpu0]
+    return {"seconds": round(wall, 1), "sends": sends,
+            "leader_cpu_per_1000": round(1000 * (cpu1[leader] - cpu0[leader]) / max(sends, 1), 4),
+            "standby_cpu_share": [round(s, 4) for s in standby],
+            "leader_rss_mib": round(rss_mib(leader), 1) if leader else None}
+
+
+# -- static ------------------------------------------------------------------------------------
+
+def static(n: int, every: float, seconds: float) -> dict[str, Any]:
+    """The same entries in beat_schedule: the steady costs, then the leader SIGKILLed."""
+    with Rig("leaderbeat", entries(n, every, prefix="d"), settings=SETTINGS) as rig:
+        for _ in range(3):
+            rig.start_beat()
+        wait_leader(rig)
+        rig.watch.wait_count(n, timeout=every * 3 + 60)  # one full round sent
+        time.sleep(every / 2)
+        row = window(rig, seconds)
+        leader = leader_pid(rig)
+        # killed a second before the next burst: its slots fall due while nobody leads
+        last = max(s.slot for s in parse_all(rig))
+        time.sleep(max(0.0, last + every - 1.0 - time.time()))
+        next(b for b in rig.beats if b.pid == leader).kill()
+        killed_at = time.time()
+        wait_leader(rig, other_than=leader)
+        elected_at = time.time()
+        time.sleep(5)
+        sent = parse_all(rig)
+    row.update(gap_lateness(sent, killed_at, elected_at))
+    return row
+
+
+def gap_lateness(sent: list[Sent], killed_at: float, elected_at: float) -> dict[str, Any]:
+    """How late the slots due while nobody led were sent: rescued, or by the next leader."""
+    late = sorted(s.received - s.slot for s in sent if killed_at <= s.slot <= elected_at)
+    return {"elected_after_kill_s": round(elected_at - killed_at, 2), "gap_slots": len(late),
+            "gap_slots_late_p50_s": round(late[len(late) // 2], 3) if late else None,
+            "gap_slots_late_worst_s": round(late[-1], 3) if late else None,
+            "gap_slots_over_rescue_plus_1": sum(x > RESCUE_AFTER + 1 for x in late)}
+
+
+# -- runtime -----------------------------------------------------------------------------------
+
+def plan_ops(n: int, changes: int, once: int, rng: random.Random) -> list[str]:
+    kinds = (["interval"] * (changes // 2) + ["args"] * (changes // 5)
+             + ["disable"] * (changes // 10) + ["remove"] * (changes // 10))
+    kinds += ["enable"] * (changes - len(kinds)) + ["once"] * once
+    rng.shuffle(kinds)
+    return kinds
+
+
+def storm(run: Run, n: int, every: float, seconds: float, changes: int, once: int,
+          rng: random.Random) -> tuple[list[Op], float, float, dict[str, Any]]:
+    """The storm; returns the operations, the kill and election times, and the CPU of the
+    first half (the first leader) and of the second (the next)."""
+    names = [f"d{i}" for i in range(n)]
+    rng.shuffle(names)
+    fresh = iter(names)  # each operation on an entry of its own
+    disabled: list[tuple[str, float]] = []
+    ops: list[Op] = []
+    kinds = plan_ops(n, changes, once, rng)
+    pace = seconds / len(kinds)
+    start = time.monotonic()
+    killed_at = elected_at = 0.0
+    first = cpu0 = None
+    sent0 = run.rig.watch.count
+    leader = leader_pid(run.rig)
+    for k, kind in enumerate(kinds):
+        while time.monotonic() < start + k * pace:
+            time.sleep(0.002)
+        if not killed_at and k >= len(kinds) // 2:
+            cpu0 = cpu_seconds(leader)
+            first = {"leader_cpu_s": cpu0, "sends": run.rig.watch.count - sent0,
+                     "wall": time.monotonic() - start, "rss": rss_mib(leader),
+                     "standby_cpu": {p: c for p, c in cpu_of(run.rig).items() if p != leader}}
+            next(b for b in run.rig.beats if b.pid == leader).kill()
+            killed_at = time.time()
+        if killed_at and not elected_at and (pid := leader_pid(run.rig)) not in (None, leader):
+            elected_at, leader = time.time(), pid
+        if kind == "enable" and disabled and disabled[0][1] < time.time() - 5:
+            ops.append(save(run.app, Op("enable", disabled.pop(0)[0], k, 0.0), every))
+            continue
+        name = next(fresh)
+        op = save(run.app, Op("args" if kind == "enable" else kind,
+                              f"once{k}" if kind == "once" else name, k, 0.0), every, rng)
+        ops.append(op)
+        if kind == "disable":
+            disabled.append((name, time.time()))
+    return ops, killed_at, elected_at, {"first": first}
+
+
+def save(app: Celery, op: Op, every: float, rng: random.Random | None = None) -> Op:
+    args = [op.name, op.tag]
+    if op.kind == "interval":
+        op.every = rng.choice([every - 5, every + 5]) if rng else every
+        entry = Entry(op.name, NOOP, op.every, args=args)
+    elif op.kind in ("args", "enable"):
+        op.every = every
+        entry = Entry(op.name, NOOP, every, args=args)
+    elif op.kind == "disable":
+        entry = Entry(op.name, NOOP, every, args=[op.name], enabled=False)
+    elif op.kind == "once":
+        op.at = time.time() + (rng.uniform(2, 12) if rng else 5)
+        entry = Entry(op.name, NOOP, at=datetime.fromtimestamp(op.at, timezone.utc), args=args)
+    else:
+        Entry.get(app, op.name).delete(app)
+        op.saved = time.time()
+        return op
+    entry.save(app)
+    op.saved = time.time()
+    op.anchor = entry.anchor.timestamp() if entry.anchor else op.saved
+    return op
+
+
+def verdict(ops: list[Op], sent: list[Sent], killed_at: float, elected_at: float,
+            end: float) -> dict[str, Any]:
+    by_entry: dict[str, list[Sent]] = defaultdict(list)
+    for s in sent:
+        by_entry[s.entry].append(s)
+    gap = (killed_at - SEEN_WITHIN, elected_at + SEEN_WITHIN)
+    out: dict[str, Any] = defaultdict(int)
+    once_late: list[float] = []
+    edit_late: dict[str, list[float]] = {"led": [], "rescued": []}
+    enabled_again = {op.name: op.saved for op in ops if op.kind == "enable"}
+    for op in ops:
+        mine = by_entry.get(op.name, [])
+        in_gap = gap[0] <= op.saved <= gap[1]
+        if op.kind == "once":
+            got = [s for s in mine if s.tag == op.tag]
+            out["once"] += 1
+            out["once_not_exactly_once"] += len(got) != 1
+            if got:
+                once_late.append(max(s.received - op.at for s in got))
+            continue
+        until = enabled_again.get(op.name, end) if op.kind == "disable" else end
+        old = [s for s in mine if s.tag != op.tag and op.saved + SEEN_WITHIN < s.slot < until]
+        if op.kind in ("disable", "remove"):
+            out[f"{op.kind}_checked"] += 1
+            out[f"{op.kind}_sent_after"] += bool(old)
+            continue
+        new = sorted(s.slot for s in mine if s.tag == op.tag)
+        if not new or new[0] + 1 > end:
+            continue
+        key = "gap_" if in_gap else ""
+        out[f"{key}{op.kind}_checked"] += 1
+        out[f"{key}{op.kind}_old_after_1s"] += bool(old)
+        if op.kind in ("interval", "enable"):
+            expected = op.anchor + op.every
+            off = new[0] - expected
+            out[f"{key}{op.kind}_not_at_save_plus_interval"] += abs(off) > 0.002
+            first = min(s.received for s in mine if s.tag == op.tag)
+            if not in_gap:  # its first slot came due while a leader led, or in the gap
+                rescued = killed_at <= expected <= elected_at
+                edit_late["rescued" if rescued else "led"].append(first - expected)
+    out.update(gap_lateness(sent, killed_at, elected_at))
+    led = sorted(s.received - s.slot for s in sent if s.slot < killed_at - 1)
+    out["led_slots_late_p99_s"] = round(led[len(led) * 99 // 100], 3) if led else None
+    out["once_worst_late_s"] = round(max(once_late), 3) if once_late else None
+    out["once_late_over_rescue_plus_1"] = sum(x > RESCUE_AFTER + 1 for x in once_late)
+    for key, late in edit_late.items():  # first slot due while a leader led / nobody led
+        out[f"edit_first_slot_{key}_n"] = len(late)
+        out[f"edit_first_slot_{key}_worst_late_s"] = round(max(late), 3) if late else None
+    return dict(out)
+
+
+def runtime(n: int, every: float, seconds: float, changes: int, once: int,
+            quiet: float) -> dict[str, Any]:
+    rng = random.Random(7)
+    row: dict[str, Any] = {}
+    with Rig("leaderbeat", {}, settings=SETTINGS) as rig:
+        run = Run(rig, api_app(rig.state.url))
+        t0 = time.perf_counter()
+        for i in range(n):
+            Entry(f"d{i}", NOOP, every, args=[f"d{i}", -1]).save(run.app)
+        row["seed_s"] = round(time.perf_counter() - t0, 1)
+        for _ in range(3):
+            rig.start_beat()
+        wait_leader(rig)
+        rig.watch.wait_count(n, timeout=every * 3 + 60)
+        time.sleep(every / 2)
+        row["quiet"] = window(rig, quiet)
+        ops, killed_at, elected_at, cpu = storm(run, n, every, seconds, changes, once, rng)
+        first = cpu["first"]
+        leader = wait_leader(rig, timeout=30)
+        cpu_l0, sent0, t_l0 = cpu_seconds(leader), rig.watch.count, time.monotonic()
+        time.sleep(15)  # the last one-offs come due; the next leader's own sends
+        row["storm_first_leader"] = {
+            "sends": first["sends"], "seconds": round(first["wall"], 1),
+            "leader_cpu_per_1000": round(1000 * first["leader_cpu_s"] / max(first["sends"], 1), 4),
+            "leader_rss_mib": round(first["rss"], 1)}
+        row["storm_next_leader_after"] = {
+            "sends": rig.watch.count - sent0, "seconds": round(time.monotonic() - t_l0, 1),
+            "leader_cpu_per_1000": round(1000 * (cpu_seconds(leader) - cpu_l0)
+                                         / max(rig.watch.count - sent0, 1), 4),
+            "leader_rss_mib": round(rss_mib(leader), 1)}
+        row["elected_after_kill_s"] = round(elected_at - killed_at, 2)
+        end = time.time()
+        sent = parse_all(rig)
+    row["ops"] = dict(Counter(op.kind for op in ops))
+    row["check"] = verdict(ops, sent, killed_at, elected_at, end)
+    row["duplicates"] = len(sent) - len({(s.entry, s.slot) for s in sent})
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--entries", type=int, default=10_000)
+    parser.add_argument("--every", type=float, default=25.0)
+    parser.add_argument("--storm", type=float, default=120.0)
+    parser.add_argument("--changes", type=int, default=2000)
+    parser.add_argument("--once", type=int, default=500)
+    parser.add_argument("--quiet", type=float, default=30.0)
+    parser.add_argument("--static-seconds", type=float, default=45.0)
+    parser.add_argument("--skip-static", action="store_true")
+    parser.add_argument("--skip-runtime", action="store_true")
+    args = parser.parse_args()
+    row: dict[str, Any] = {"scenario": "storm", "entries": args.entries, "every": args.every,
+                           "load0": load()}
+    if not args.skip_static:
+        row["static"] = static(args.entries, args.every, args.static_seconds)
+        print(json.dumps(row["static"]), flush=True)
+    if not args.skip_runtime:
+        row["runtime"] = runtime(args.entries, args.every, args.storm, args.changes, args.once,
+                                 args.quiet)
+    row["load1"] = load()
+    row["at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    RESULTS.parent.mkdir(exist_ok=True)
+    with RESULTS.open("a") as out:
+        out.write(json.dumps(row) + "\n")
+    print(json.dumps(row, indent=1))
+
+
+if __name__ == "__main__":
+    main()
