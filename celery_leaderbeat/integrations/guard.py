@@ -54,7 +54,6 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from datetime import datetime
 from typing import Any
 
 from celery import bootsteps
@@ -65,6 +64,7 @@ from ..config import Config
 from ..errors import ConfigurationError
 from ..store.base import STORE_ERRORS, GuardRun, GuardStore, Store
 from ..store.redis_store import connect
+from ..timing.iso import from_iso
 from ..timing.slots import to_ms
 
 logger = logging.getLogger(__name__)
@@ -277,6 +277,6 @@ def offer_step() -> None:
 
 def _slot_ms(slot: str) -> int:
     try:
-        return to_ms(datetime.fromisoformat(slot))
+        return to_ms(from_iso(slot))
     except ValueError:
         return 0

@@ -28,6 +28,7 @@ import click
 
 from ..integrations.guard import offer_step
 from ..store.connection import describe
+from ..timing.iso import from_iso
 from .cli_group import (
     NO_LEADER,
     REFUSED,
@@ -199,7 +200,7 @@ def trigger(ctx: click.Context, name: str, note: str, as_json: bool) -> None:
 
 def _when(value: str) -> datetime:
     try:
-        moment = datetime.fromisoformat(value)
+        moment = from_iso(value)
     except ValueError:
         raise click.BadParameter(f"{value!r} is not an ISO date-time (like 2026-12-01T04:00)")
     return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)

@@ -22,6 +22,7 @@ import click
 from ..store.dynamic import Entry, encode_schedule
 from ..store.entry_store import EntryExists, EntryUnknown
 from ..store.redbeat import read_redbeat
+from ..timing.iso import from_iso
 from .cli_group import (
     REFUSED,
     UNKNOWN_ENTRY,
@@ -54,7 +55,7 @@ def _at(value: str | None) -> datetime | None:
     if value is None:
         return None
     try:
-        moment = datetime.fromisoformat(value)
+        moment = from_iso(value)
     except ValueError:
         raise click.BadParameter(f"--at {value!r} is not an ISO date-time") from None
     if moment.tzinfo is None:
