@@ -19,12 +19,11 @@ import pytest
 from celery import Celery
 
 from celery_leaderbeat.ops.health import Health
+from celery_leaderbeat.ops.metrics import Metrics
 from tests.support.beat import NOOP, BeatProcess, beat_env
 from tests.support.redis_binary import free_port
 
-pytest.importorskip("prometheus_client")
-
-from celery_leaderbeat.ops.metrics import Metrics  # noqa: E402 - needs prometheus_client
+pytest.importorskip("prometheus_client")  # the metrics port needs it (config.py)
 
 ONE_STEP = "one_step" if kombu.VERSION[:2] == (5, 7) else "batched"
 
