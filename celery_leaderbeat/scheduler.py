@@ -31,6 +31,7 @@ from .integrations.lifecycle import LEADER, STANDBY, Lifecycle, _collector_pause
 from .integrations.schedule import ScheduleState
 from .integrations.sending import Sending
 from .integrations.trouble import Trouble
+from .ops.health import Health
 from .ops.telemetry import Telemetry
 from .roles.dynamic_schedule import DynamicSchedule
 from .roles.enqueue import Enqueuer
@@ -129,8 +130,13 @@ class Scheduler(ScheduleState, Sending, Trouble, Lifecycle, beat.Scheduler):
         self._pid = os.getpid()
         config = self.lb_config
         store = connect(config)
-        if self._telemetry.serve(config.metrics_port):
-            logger.info("leaderbeat: metrics on http://0.0.0.0:%d/metrics", config.metrics_port)
+        # liveness: the main loop back by its planned wake-up plus one ttl (the heartbeat's
+        # rule); readiness: Redis answers too (ops/health.py)
+        health = Health(lambda: self._wake_by, config.lease_ttl,
+                        ticks_failing=lambda: self._redis_failures > 0)
+        if self._telemetry.serve(config.metrics_port, health, lambda: self._enqueuer):
+            logger.info("leaderbeat: metrics on http://0.0.0.0:%d/metrics, probes on /healthz "
+                        "and /readyz", config.metrics_port)
         lease = store.lease
         lease.on_renew = lambda seconds: self._telemetry.metrics.renewed(seconds)
         self._node = Node(config=config, keys=self.keys, store=store, lease=lease,

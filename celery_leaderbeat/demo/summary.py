@@ -16,6 +16,8 @@ from datetime import datetime, timezone
 from itertools import pairwise
 from typing import Any
 
+from ..timing.iso import from_iso
+
 
 @dataclass(frozen=True)
 class Rhythm:
@@ -46,7 +48,7 @@ def slot_ms(iso: str | None) -> int | None:
     """The ``leaderbeat_slot`` header (ISO time) as epoch milliseconds."""
     if not iso:
         return None
-    moment = datetime.fromisoformat(iso)
+    moment = from_iso(iso)
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=timezone.utc)
     return round(moment.timestamp() * 1000)

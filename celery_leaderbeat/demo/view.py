@@ -10,8 +10,9 @@ from __future__ import annotations
 import sys
 from collections import deque
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any, TextIO
+
+from ..timing.iso import from_iso
 
 try:
     from rich.console import Console, Group
@@ -141,7 +142,7 @@ class LiveView(PlainView):
 def _clock(iso: Any) -> str:
     """``2026-05-01T12:00:04.250000+00:00`` -> ``12:00:04.250`` (the slot's time of day)."""
     try:
-        moment = datetime.fromisoformat(str(iso))
+        moment = from_iso(str(iso))
     except ValueError:
         return str(iso)
     return moment.strftime("%H:%M:%S") + f".{moment.microsecond // 1000:03d}"

@@ -73,6 +73,7 @@ from ..config import Config
 from ..errors import ConfigurationError
 from ..store.base import STORE_ERRORS, GuardRun, GuardStore, Store
 from ..store.redis_store import connect
+from ..timing.iso import from_iso
 from ..timing.slots import from_ms, to_ms
 
 logger = logging.getLogger(__name__)
@@ -392,6 +393,6 @@ def _or_empty(epoch: Any) -> Any:
 
 def _slot_ms(slot: str) -> int:
     try:
-        return to_ms(datetime.fromisoformat(slot))
+        return to_ms(from_iso(slot))
     except ValueError:
         return 0

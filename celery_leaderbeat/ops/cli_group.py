@@ -28,6 +28,7 @@ from ..errors import (
     did_you_mean,
 )
 from ..store.base import STORE_ERRORS, STORE_REFUSED
+from ..timing.iso import from_iso
 from .cluster import Cluster
 
 OK = 0
@@ -249,7 +250,7 @@ def moment_text(value: str | datetime | None) -> str:
     """A time for people: ISO 8601 to the second (JSON keeps the stored precision)."""
     if value is None:
         return "-"
-    moment = datetime.fromisoformat(value) if isinstance(value, str) else value
+    moment = from_iso(value) if isinstance(value, str) else value
     return moment.replace(microsecond=0).isoformat()
 
 

@@ -5,40 +5,28 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import click
 
+from ..timing.iso import from_iso, has_fraction_of_second
+
 if TYPE_CHECKING:  # generic in the click type-checked against; not at run time in click 8.1
     ParamType = click.ParamType[Any, Any]
 else:
     ParamType = click.ParamType
 
-#: a UTC offset written without a colon (+0100), which Python 3.10's fromisoformat refuses
-_BARE_OFFSET = re.compile(r"([+-])(\d\d)(\d\d)$")
-#: a fraction of a second of any length (Python 3.10 takes only 3 or 6 digits)
-_FRACTION = re.compile(r"(\d\d:\d\d:\d\d)[.,](\d+)")
-
-
 def parse_moment(text: str) -> datetime:
-    """An ISO 8601 date-time, the same on every Python from 3.10: a trailing ``Z``,
-    ``+01:00`` and ``+0100`` are offsets, a fraction of a second has any number of
-    digits. Naive when ``text`` has no offset. Raises ValueError."""
-    value = text.strip()
-    if value[-1:] in ("Z", "z"):
-        value = value[:-1] + "+00:00"
-    if "T" in value or " " in value:
-        value = _BARE_OFFSET.sub(r"\1\2:\3", value)
-        value = _FRACTION.sub(lambda m: f"{m[1]}.{m[2][:6].ljust(6, '0')}", value)
-    return datetime.fromisoformat(value)
+    """An ISO 8601 date-time, the same on every Python from 3.10 (see ``from_iso``).
+    Raises ValueError."""
+    return from_iso(text)
 
 
 def has_fraction(text: str) -> bool:
     """Does ``text`` give a fraction of a second?"""
-    return _FRACTION.search(text) is not None
+    return has_fraction_of_second(text)
 
 
 class Moment(ParamType):

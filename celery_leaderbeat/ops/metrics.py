@@ -15,13 +15,24 @@ a port nothing is imported and :class:`NullMetrics` does nothing.
 - ``leaderbeat_redis_last_answer_timestamp_seconds`` (gauge: Unix time Redis last answered
   this process: a lease renewal, or a tick whose Redis calls all succeeded; 0 until then)
 - ``leaderbeat_tick_seconds`` (histogram: one scheduler tick)
+- ``leaderbeat_send_path{path, reason}`` (gauge, 1 for the path in use: ``one_step``, claim
+  and enqueue in one step, or ``batched``, sent after the claim, ``reason`` saying why; no
+  series until this process first sends a chunk, nor behind ``leaderbeat_base_scheduler``)
+
+The same port serves the probes ``/healthz`` (liveness) and ``/readyz`` (readiness) of
+:mod:`celery_leaderbeat.ops.health`. They need no more than the standard library, but the
+port itself needs prometheus-client: a port set without it is a configuration error at
+start-up (config.py), so probes and metrics are installed together.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
+
+from .health import Health, application
+from .health import serve as serve_http
 
 ENV_PORT = "LEADERBEAT_METRICS_PORT"
 
@@ -56,10 +67,49 @@ class NullMetrics:
     def keep_entries(self, names: Iterable[str]) -> None: ...
 
 
+#: the chunk sender a scheduler uses (``roles.enqueue.Enqueuer``), None before its first chunk
+SendPath = Callable[[], Any]
+
+
+def send_path_labels(enqueuer: Any) -> tuple[str, str] | None:
+    """(path, reason) of ``enqueuer``: ``one_step``, or ``batched`` and why; None without one.
+
+    Reads the enqueuer's ``fast`` (claim and enqueue in one step) and, when it has one,
+    its ``reason`` (why not); an enqueuer that could not reach the broker to check
+    (``checked`` False) sends batched until it can.
+    """
+    if enqueuer is None:
+        return None
+    if getattr(enqueuer, "fast", False):
+        return "one_step", ""
+    reason = getattr(enqueuer, "reason", None)
+    if not reason and not getattr(enqueuer, "checked", True):
+        reason = "the broker could not be reached to check"
+    return "batched", str(reason or "")
+
+
+class _SendPathCollector:
+    """``leaderbeat_send_path``, read from the scheduler at each scrape."""
+
+    def __init__(self, enqueuer: SendPath) -> None:
+        self._enqueuer = enqueuer
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        family = GaugeMetricFamily(
+            "leaderbeat_send_path", "how this process sends a chunk: one_step (claim and "
+            "enqueue in one step) or batched (after the claim), and why", labels=["path", "reason"])
+        labels = send_path_labels(self._enqueuer())
+        if labels is not None:
+            family.add_metric(list(labels), 1)
+        yield family
+
+
 class Metrics(NullMetrics):
     """The real thing, on a registry of its own (several schedulers in one test process)."""
 
-    def __init__(self) -> None:
+    def __init__(self, send_path: SendPath | None = None) -> None:
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
         self.registry = CollectorRegistry()
@@ -81,13 +131,29 @@ class Metrics(NullMetrics):
         self._tick = Histogram("leaderbeat_tick_seconds", "one scheduler tick", registry=r)
         self._redis_answered = Gauge("leaderbeat_redis_last_answer_timestamp_seconds",
                                      "Unix time Redis last answered this process", registry=r)
+        if send_path is not None:
+            r.register(_SendPathCollector(send_path))
         self._server: Any = None
+        self.health: Health | None = None
         self._labelled: dict[str, set[str]] = {}  # entry -> states it has a series for
 
-    def serve(self, port: int) -> None:
-        from prometheus_client import start_http_server
+    def serve(self, port: int, health: Health | None = None) -> None:
+        """``/metrics``, and ``/healthz`` and ``/readyz`` from ``health``, on ``port``."""
+        from prometheus_client import make_wsgi_app
 
-        self._server = start_http_server(port, registry=self.registry)
+        self.health = health
+        metrics = make_wsgi_app(self.registry)
+        if health is None:
+            self._server = serve_http(metrics, port)
+        else:
+            self._server = serve_http(application(health, metrics), port)
+
+    def close(self) -> None:
+        """Stop serving (tests: several schedulers in one process)."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
 
     def leading(self, leader: bool, epoch: int | None) -> None:
         self._is_leader.set(1 if leader else 0)
@@ -116,14 +182,20 @@ class Metrics(NullMetrics):
     def renewed(self, seconds: float | None) -> None:
         if seconds is None:
             self._renew_failures.inc()
+            if self.health is not None:
+                self.health.unanswered()
         else:
             self._renew.observe(seconds)
             self._redis_answered.set_to_current_time()
+            if self.health is not None:
+                self.health.answered()
 
     def clock_skew(self, seconds: float | None) -> None:
         # called once per renew interval after a tick whose Redis calls all succeeded (a
         # standby's too, which renews nothing): Redis answers this process
         self._redis_answered.set_to_current_time()
+        if self.health is not None:
+            self.health.answered()
         if seconds is not None:
             self._skew.set(seconds)
 
@@ -131,10 +203,12 @@ class Metrics(NullMetrics):
         self._tick.observe(seconds)
 
 
-def start(port: int | None) -> NullMetrics:
-    """Metrics served on ``port``, or the null metrics when there is none."""
+def start(port: int | None, health: Health | None = None,
+          send_path: SendPath | None = None) -> NullMetrics:
+    """Metrics (and the probes of ``health``) served on ``port``, or the null metrics when
+    there is none."""
     if port is None:
         return NullMetrics()
-    metrics = Metrics()
-    metrics.serve(port)
+    metrics = Metrics(send_path)
+    metrics.serve(port, health)
     return metrics

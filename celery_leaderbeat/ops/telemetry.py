@@ -8,7 +8,8 @@ from typing import Any
 from .. import signals
 from ..store.ledger import Event
 from ..timing.slots import from_ms, slot_id
-from .metrics import Metrics, NullMetrics
+from .health import Health
+from .metrics import Metrics, NullMetrics, SendPath
 from .metrics import start as start_metrics
 
 _SLOT_SIGNALS = {"sent": signals.slot_sent, "missed": signals.slot_missed,
@@ -23,11 +24,12 @@ class Telemetry:
         self.prefix = prefix
         self.metrics: NullMetrics = NullMetrics()
 
-    def serve(self, port: int | None) -> bool:
-        """Start serving ``/metrics`` once; True when it started now."""
+    def serve(self, port: int | None, health: Health | None = None,
+              send_path: SendPath | None = None) -> bool:
+        """Start serving ``/metrics`` (and ``health``'s probes) once; True when it started now."""
         if port is None or isinstance(self.metrics, Metrics):
             return False
-        self.metrics = start_metrics(port)
+        self.metrics = start_metrics(port, health, send_path)
         return True
 
     def elected(self, node_id: str, epoch: int | None) -> None:

@@ -21,6 +21,7 @@ from typing import Any
 
 from ..errors import BackfillRefused, LeaderbeatError
 from ..ops.cluster import Cluster
+from ..timing.iso import from_iso
 
 #: the actions a page may ask for
 ACTIONS = ("pause", "resume", "trigger", "backfill", "step-down")
@@ -129,7 +130,7 @@ def _moment(form: Mapping[str, str], field: str) -> datetime:
     """An ISO 8601 field as an aware datetime (UTC when it names no offset)."""
     raw = form.get(field, "").strip()
     try:
-        moment = datetime.fromisoformat(raw.replace("Z", "+00:00").replace("z", "+00:00"))
+        moment = from_iso(raw)
     except ValueError:
         raise ActionRefused(f"{field} {raw!r} is not an ISO 8601 date-time "
                             "(e.g. 2026-01-31T09:00:00Z)") from None

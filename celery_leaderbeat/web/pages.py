@@ -16,6 +16,7 @@ from datetime import datetime, timezone
 from typing import Any, Protocol
 from urllib.parse import quote, urlencode
 
+from ..timing.iso import from_iso
 from .model import STATE_FILTERS, Page
 
 #: what a page says after an action it redirected from (``?done=<action>``)
@@ -65,7 +66,7 @@ def when(iso: str | None) -> str:
     """An ISO time as ``<time>``, to the second, with how long ago or ahead."""
     if not iso:
         return "-"
-    moment = datetime.fromisoformat(iso)
+    moment = from_iso(iso)
     delta = (moment - datetime.now(timezone.utc)).total_seconds()
     ago = f"in {_span(delta)}" if delta > 0 else f"{_span(-delta)} ago"
     return (f'<time datetime="{attr(iso)}" title="{attr(ago)}">'

@@ -30,9 +30,16 @@ def make_certificates(directory: Path) -> Certificates:
 
         pytest.skip("the openssl command is needed to make a throw-away CA")
     directory.mkdir(parents=True, exist_ok=True)
+    # the extensions Python 3.13's strict verification (VERIFY_X509_STRICT) requires: a CA
+    # with a key usage, leaves naming their issuer's key
     _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
-             "-subj", "/CN=leaderbeat test CA", "-keyout", "ca.key", "-out", "ca.crt", cwd=directory)
-    (directory / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+             "-subj", "/CN=leaderbeat test CA", "-addext", "basicConstraints=critical,CA:TRUE",
+             "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+             "-keyout", "ca.key", "-out", "ca.crt", cwd=directory)
+    (directory / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n"
+                                       "basicConstraints=CA:FALSE\n"
+                                       "authorityKeyIdentifier=keyid,issuer\n"
+                                       "subjectKeyIdentifier=hash\n")
     for name in ("server", "client"):
         _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN=leaderbeat {name}",
                  "-keyout", f"{name}.key", "-out", f"{name}.csr", cwd=directory)

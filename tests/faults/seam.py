@@ -166,6 +166,21 @@ class Seam:
         return [call for call in self.calls if call.fault is not None]
 
 
+def _qualname(frame: Any) -> str:
+    """The frame's function as ``Class.method``: ``co_qualname`` (Python 3.11+), or on 3.10
+    the module's class that defines the method (the labels name the defining class)."""
+    code = frame.f_code
+    qualname = getattr(code, "co_qualname", None)
+    if qualname:
+        return str(qualname)
+    for value in list(frame.f_globals.values()):
+        attr = value.__dict__.get(code.co_name) if isinstance(value, type) else None
+        function = getattr(attr, "fget", None) or getattr(attr, "__func__", None) or attr
+        if getattr(function, "__code__", None) is code:
+            return f"{value.__name__}.{code.co_name}"
+    return str(code.co_name)
+
+
 def call_site(command: str, args: tuple[Any, ...] = ()) -> str:
     """``COMMAND[script] innermost<caller<caller``: the three innermost package frames."""
     name = str(command).upper()
@@ -177,7 +192,7 @@ def call_site(command: str, args: tuple[Any, ...] = ()) -> str:
         module = frame.f_globals.get("__name__", "")
         if module.startswith(_PACKAGE) and module != f"{_PACKAGE}.store.scripts":
             short = module.rsplit(".", 1)[-1]  # module names are unique across the package
-            frames.append(f"{short}.{frame.f_code.co_qualname}")
+            frames.append(f"{short}.{_qualname(frame)}")
         frame = frame.f_back
     return f"{name} {'<'.join(frames) or '?'}"
 
