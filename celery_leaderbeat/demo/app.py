@@ -50,7 +50,7 @@ if os.environ.get("LBDEMO_PREFIX"):
     app.conf.leaderbeat_key_prefix = os.environ["LBDEMO_PREFIX"]
 
 
-@app.task(name=TASK_NAME, bind=True)
+@app.task(name=TASK_NAME, bind=True)  # type: ignore[untyped-decorator]  # Celery is untyped
 def record(self: Any, entry: str) -> None:
     """Append this run (entry, slot, epoch, task id, worker, start time) to the runs list."""
     started = time.time()  # first: lateness is measured to the start of the run

@@ -196,5 +196,6 @@ def db_time(slot: datetime) -> datetime:
 
     if getattr(settings, "USE_TZ", True):
         return slot
-    return dj_timezone.make_naive(slot, dj_timezone.get_default_timezone())
+    naive: datetime = dj_timezone.make_naive(slot, dj_timezone.get_default_timezone())
+    return naive
 

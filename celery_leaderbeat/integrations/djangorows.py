@@ -129,7 +129,7 @@ def _keeping_last_run_at(entry_class: type) -> type:
     from the stored value, so that every node computes the same one.
     """
 
-    class Entry(entry_class):  # type: ignore[misc, valid-type]
+    class Entry(entry_class):
         def __init__(self, model: Any, *args: Any, **kwargs: Any) -> None:
             model.leaderbeat_last_run_at = model.last_run_at
             super().__init__(model, *args, **kwargs)

@@ -245,8 +245,8 @@ class GateMixin(_Glue):
             self.adapter.housekeeping(self._leader)
         delay = super().tick()
         # wake just after the thread's next pass, to pick up what it read
-        wake = max(thread.next_pass + 0.05, time.monotonic() + 0.05) - time.monotonic()
-        return max(0.0, min(delay, wake))
+        wake: float = max(thread.next_pass + 0.05, time.monotonic() + 0.05) - time.monotonic()
+        return max(0.0, min(float(delay), wake))
 
     def _start_thread(self) -> Any:
         if self._gate_thread is not None and self._gate_thread_pid == os.getpid():

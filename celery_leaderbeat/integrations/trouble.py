@@ -58,8 +58,8 @@ class Trouble(Parts):
             self._step_down("lease could not be confirmed while Redis was unreachable")
         # capped at one standby poll (1 s): a leader that survived Redis restarting empty
         # is back within about a second of Redis answering, not a backoff step later
-        return min(0.25 * 2 ** min(self._redis_failures - 1, 6),
-                   max(0.25, self.lb_config.standby_poll))
+        backoff: float = 0.25 * 2 ** min(self._redis_failures - 1, 6)
+        return min(backoff, max(0.25, float(self.lb_config.standby_poll)))
 
     def _redis_back(self) -> None:
         logger.info("leaderbeat: Redis at %s answers again", describe(self.lb_config.redis_url))

@@ -72,7 +72,7 @@ def _sentinel_class() -> Any:
 
         def discover_master(self, service_name: str) -> Any:
             try:
-                return super().discover_master(service_name)
+                return super().discover_master(service_name)  # type: ignore[no-untyped-call]
             except MasterNotFoundError:
                 for sentinel in self.sentinels:
                     try:

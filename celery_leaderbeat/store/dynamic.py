@@ -47,7 +47,8 @@ class once(BaseSchedule):
         super().__init__()
 
     def remaining_estimate(self, last_run_at: datetime) -> timedelta:
-        return self.clocked_time - self.now()
+        left: timedelta = self.clocked_time - self.now()
+        return left
 
     def is_due(self, last_run_at: datetime) -> Any:
         raise NotImplementedError("celery_leaderbeat plans one-off entries itself")

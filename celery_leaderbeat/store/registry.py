@@ -6,6 +6,7 @@ import os
 import socket
 import time
 import uuid
+from typing import Any
 
 from .._version import __version__
 from ..errors import ConfigurationError
@@ -58,7 +59,7 @@ class Registration:
         ledger.unregister_node()
 
 
-def earliest_follower(nodes: dict[str, dict], *, now: float, fresh: float) -> float | None:
+def earliest_follower(nodes: dict[str, dict[str, Any]], *, now: float, fresh: float) -> float | None:
     """The earliest ``following_since`` of a node seen within ``fresh`` seconds, if any."""
     times = [float(info["following_since"]) for info in nodes.values()
              if info.get("following_since") is not None

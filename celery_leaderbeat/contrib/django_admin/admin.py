@@ -88,7 +88,7 @@ class AdminLinks:
 
 
 @admin.register(Cluster)
-class ClusterAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class ClusterAdmin(admin.ModelAdmin):
     """No rows to add or change: the changelist is the cluster page."""
 
     def has_add_permission(self, request: HttpRequest) -> bool:
@@ -117,11 +117,11 @@ class ClusterAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         ]
 
     def _base(self) -> str:
-        return reverse(f"{self.admin_site.name}:leaderbeat_admin_cluster_changelist")
+        return str(reverse(f"{self.admin_site.name}:leaderbeat_admin_cluster_changelist"))
 
     def _viewer(self, request: HttpRequest) -> pages.Viewer:
         def may(action: str) -> bool:
-            return request.user.has_perm(f"leaderbeat_admin.{ACTION_PERMISSIONS[action]}")
+            return bool(request.user.has_perm(f"leaderbeat_admin.{ACTION_PERMISSIONS[action]}"))
         return pages.Viewer(may, "csrfmiddlewaretoken", get_token(request),
                             request.user.get_username())
 
@@ -176,6 +176,6 @@ class ClusterAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 def _dcb() -> str | None:
     """django-celery-beat's periodic tasks in this admin, when it is installed."""
     try:
-        return reverse("admin:django_celery_beat_periodictask_changelist")
+        return str(reverse("admin:django_celery_beat_periodictask_changelist"))
     except Exception:  # noqa: BLE001 - not installed, or not in this admin site
         return None
