@@ -28,7 +28,7 @@ TERMS = ("leader", "standby", "slot", "lease", "epoch", "rescue", "catch-up", "a
          "phase", "chunk", "margin", "generation", "floor", "claim")
 
 #: [text](target) and reference-style "[name]: target" links
-LINK = re.compile(r"\]\(([^)\s]+)\)|^\s*\[[^\]]+\]:\s*(\S+)", re.M)
+LINK = re.compile(r"\]\(([^)\s]+)\)|^\s*\[[^\]]+\]:\s*(\S+)", re.MULTILINE)
 
 
 def links(text: str) -> list[str]:
@@ -37,7 +37,7 @@ def links(text: str) -> list[str]:
 
 def glossary_terms() -> set[str]:
     section = GLOSSARY[GLOSSARY.index("\n## Glossary"):]
-    return {m.strip() for m in re.findall(r"^### (.+)$", section, re.M)}
+    return {m.strip() for m in re.findall(r"^### (.+)$", section, re.MULTILINE)}
 
 
 def test_the_readme_is_at_most_300_lines():
@@ -59,13 +59,13 @@ def test_the_readme_has_no_relative_link():
 
 def test_the_readmes_in_page_links_name_its_own_headings():
     anchors = {re.sub(r"[^\w\- ]", "", h).strip().lower().replace(" ", "-")
-               for h in re.findall(r"^#+ (.+)$", README, re.M)}
+               for h in re.findall(r"^#+ (.+)$", README, re.MULTILINE)}
     assert [t for t in links(README) if t.startswith("#") and t[1:] not in anchors] == []
 
 
 def test_every_glossary_term_is_defined_and_every_term_the_readme_uses_links_to_it():
     assert [t for t in TERMS if t not in glossary_terms()] == []
-    used = [t for t in TERMS if re.search(rf"\b{re.escape(t)}", README, re.I)]
+    used = [t for t in TERMS if re.search(rf"\b{re.escape(t)}", README, re.IGNORECASE)]
     assert used, "the README uses none of the glossary's terms"
     linked = {t.split("#", 1)[1] for t in links(README) if t.startswith(DOCS_URL + "concepts.md#")}
     assert [t for t in used if t not in linked] == []
