@@ -138,12 +138,15 @@ class CronEngine:
         Answers are remembered (a pure function of ``t``): entries sharing this engine
         ask for the same instants.
         """
-        found = self._memo.get(t)
+        # Keyed by the UTC instant: two aware datetimes of one zone compare and hash by
+        # wall time, ignoring fold, so 01:00 EDT and 01:00 EST would share one answer.
+        instant = t.astimezone(UTC)
+        found = self._memo.get(instant)
         if found is None:
-            found = self._search(t)
+            found = self._search(instant)
             if len(self._memo) >= _MEMO:
                 self._memo.clear()
-            self._memo[t] = found
+            self._memo[instant] = found
         return found
 
     def _search(self, t: datetime) -> datetime:
