@@ -194,3 +194,20 @@ def test_remaining_estimate_after_a_run_in_the_second_pass_counts_to_the_next_ho
     schedule = cron("0 * * * *", tz=NEW_YORK, app=app, nowfun=lambda: second)
     assert schedule.remaining_estimate(first) == timedelta(0)  # 01:00 EST is due at 01:00 EST
     assert schedule.remaining_estimate(second) == timedelta(hours=1)  # then 02:00 EST
+
+
+# -- a skipped day ---------------------------------------------------------------------------
+# Samoa moved from -10 to +14 at 2011-12-30 10:00Z: the wall clock went from 29 December
+# 23:59:59 to 31 December 00:00, so all of 30 December does not exist there.
+
+def test_a_daily_time_on_a_skipped_day_fires_at_the_first_instant_after_it() -> None:
+    clock = clock_for(cron("0 12 * * *"), name="dst", tz=ZoneInfo("Pacific/Apia"))
+    fired = [clock.next_after(utc("2011-12-29 12:00"))]
+    while len(fired) < 3:
+        fired.append(clock.next_after(fired[-1]))
+    assert fired == [utc("2011-12-29 22:00"), utc("2011-12-30 10:00"), utc("2011-12-30 22:00")]
+
+
+def test_celery_beat_sends_a_daily_cron_once_for_a_skipped_day() -> None:
+    fired = beat_fires("0 12 * * *", "Pacific/Apia", utc("2011-12-29 12:00"), utc("2011-12-31 00:00"))
+    assert fired == ["22:00", "10:00", "22:00"]  # 12:00 on the 29th, 00:00 and 12:00 on the 31st
