@@ -12,6 +12,8 @@ from datetime import date, datetime, time, timedelta, timezone
 from zoneinfo import ZoneInfo
 
 import pytest
+from celery import Celery
+from celery.beat import ScheduleEntry
 from celery.schedules import crontab
 
 from celery_leaderbeat.timing.schedules import cron
@@ -148,3 +150,64 @@ def test_lord_howe_quarter_hours_fire_in_both_passes_of_the_repeat() -> None:
     fired = instants(cron("*/15 * * * *"), LORD_HOWE, date(2026, 4, 5), time(3))
     # 00:00..01:45 at +11, 01:30..02:45 at +10:30: every 15 real minutes, 14 of them.
     assert fired == hours("2026-04-04 13:00", 14, 15)
+
+
+# -- Celery's schedule contract over a repeated hour ---------------------------------------
+
+def beat_fires(expr: str, zone: str, start: datetime, end: datetime) -> list[str]:
+    """When Celery's beat sends ``cron(expr, tz=zone)``, asking ``is_due`` once a minute.
+
+    The entry is a real ``celery.beat.ScheduleEntry`` in an app on ``zone``; a due
+    entry is advanced as beat's ``reserve`` does (``next(entry)``), so ``last_run_at``
+    is the app's ``now()``: an aware time in the app's zone, ``fold`` set in the repeat.
+    """
+    app = Celery("dst", set_as_current=False)
+    app.conf.timezone = zone
+    clock = [start]
+    schedule = cron(expr, tz=zone, app=app, nowfun=lambda: clock[0].astimezone(app.timezone))
+    entry = ScheduleEntry(name="e", task="t", schedule=schedule, app=app,
+                          last_run_at=schedule.now())
+    fired = []
+    while clock[0] < end:
+        if entry.is_due().is_due:
+            fired.append(clock[0].strftime("%H:%M"))
+            entry = next(entry)
+        clock[0] += timedelta(minutes=1)
+    return fired
+
+
+def test_celery_beat_sends_an_hourly_cron_once_in_each_pass_of_the_repeated_hour() -> None:
+    fired = beat_fires("0 * * * *", NEW_YORK, utc("2026-11-01 03:30"), utc("2026-11-01 08:30"))
+    assert fired == ["04:00", "05:00", "06:00", "07:00", "08:00"]  # 01:00 EDT, 01:00 EST
+
+
+def test_celery_beat_sends_a_quarter_hourly_cron_every_15_real_minutes_over_fall_back() -> None:
+    fired = beat_fires("*/15 * * * *", NEW_YORK, utc("2026-11-01 04:50"), utc("2026-11-01 07:10"))
+    assert fired == [f"{h:02}:{m:02}" for h in (5, 6) for m in (0, 15, 30, 45)] + ["07:00"]
+
+
+def test_remaining_estimate_after_a_run_in_the_second_pass_counts_to_the_next_hour() -> None:
+    app = Celery("dst", set_as_current=False)
+    tz = ZoneInfo(NEW_YORK)
+    first, second = utc("2026-11-01 05:00").astimezone(tz), utc("2026-11-01 06:00").astimezone(tz)
+    assert (first.hour, first.fold, second.hour, second.fold) == (1, 0, 1, 1)
+    schedule = cron("0 * * * *", tz=NEW_YORK, app=app, nowfun=lambda: second)
+    assert schedule.remaining_estimate(first) == timedelta(0)  # 01:00 EST is due at 01:00 EST
+    assert schedule.remaining_estimate(second) == timedelta(hours=1)  # then 02:00 EST
+
+
+# -- a skipped day ---------------------------------------------------------------------------
+# Samoa moved from -10 to +14 at 2011-12-30 10:00Z: the wall clock went from 29 December
+# 23:59:59 to 31 December 00:00, so all of 30 December does not exist there.
+
+def test_a_daily_time_on_a_skipped_day_fires_at_the_first_instant_after_it() -> None:
+    clock = clock_for(cron("0 12 * * *"), name="dst", tz=ZoneInfo("Pacific/Apia"))
+    fired = [clock.next_after(utc("2011-12-29 12:00"))]
+    while len(fired) < 3:
+        fired.append(clock.next_after(fired[-1]))
+    assert fired == [utc("2011-12-29 22:00"), utc("2011-12-30 10:00"), utc("2011-12-30 22:00")]
+
+
+def test_celery_beat_sends_a_daily_cron_once_for_a_skipped_day() -> None:
+    fired = beat_fires("0 12 * * *", "Pacific/Apia", utc("2011-12-29 12:00"), utc("2011-12-31 00:00"))
+    assert fired == ["22:00", "10:00", "22:00"]  # 12:00 on the 29th, 00:00 and 12:00 on the 31st

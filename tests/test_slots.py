@@ -301,6 +301,20 @@ def test_any_other_schedule_falls_back_to_its_remaining_estimate_at_t() -> None:
     assert clock.next_after(at(3)) == at(10) and clock.next_after(at(10)) == at(20)
 
 
+def test_a_shared_plan_after_a_run_in_the_second_pass_of_a_repeated_hour_is_its_own() -> None:
+    """Entries on one schedule share plans; 01:00 EDT and 01:00 EST are different lasts."""
+    tz = ZoneInfo("America/New_York")
+    clock = clock_for(cron("0 * * * *"), name="e", tz=tz)
+    edt = datetime(2026, 11, 1, 5, 0, tzinfo=UTC).astimezone(tz)
+    est = datetime(2026, 11, 1, 6, 0, tzinfo=UTC).astimezone(tz)
+    assert (edt.hour, est.hour, est.fold) == (1, 1, 1)
+    now = datetime(2026, 11, 1, 6, 30, tzinfo=UTC)
+    kw = {"now": now, "since": now - timedelta(hours=3), "policy": CatchupPolicy()}
+    assert plan(clock, last=edt, **kw).send == (datetime(2026, 11, 1, 6, 0, tzinfo=UTC),)
+    after_est = plan(clock, last=est, **kw)
+    assert (after_est.send, after_est.next_due) == ((), datetime(2026, 11, 1, 7, 0, tzinfo=UTC))
+
+
 # -- properties --------------------------------------------------------------------------
 
 def _utc(*texts: str) -> list[datetime]:

@@ -19,11 +19,12 @@ whether its minute or hour field starts with ``*``, we by the hour field alone
 How ``next_after(t)`` stays cheap: with the UTC offset ``o`` at ``t``, the first
 naive match ``m`` after ``t + o`` gives the candidate instant ``m - o``. Offsets only
 change the answer through transitions within a few hours of ``t`` or of that
-candidate (no zone moves its clock by more than 3 hours), so the search walks from
-``t`` one constant-offset segment at a time, finds a transition exactly (by
-bisection on whole seconds) only where one is that close, and jumps over long
-stretches. Assumption, true of every IANA zone in use: at most one transition in
-any 12 hours.
+candidate (DST moves a clock by at most 3 hours), so the search walks from ``t`` one
+constant-offset segment at a time, finds a transition exactly (by bisection on whole
+seconds) only where one is that close, and jumps over long stretches, unless the
+clock moved forward by more than 6 hours before the jump's end (a zone that skipped
+a day, as Samoa did on 2011-12-30: its gap is then found and looked at). Assumption,
+true of every IANA zone in use: at most one transition in any 12 hours.
 """
 
 from __future__ import annotations
@@ -130,6 +131,20 @@ class CronEngine:
         end = (at + prev).replace(tzinfo=None)  # naive wall time where the repeat ends
         return end
 
+    def _leap(self, s: datetime, offset: timedelta, candidate: datetime) -> tuple[datetime, bool]:
+        """Where the search goes on from ``s`` when the candidate is far: (instant, True
+        when it is a transition whose gap must be looked at)."""
+        if self._offset(s + _NEAR) != offset:
+            return self._transition(s, s + _NEAR), True
+        jump = candidate - 2 * _NEAR
+        if self._offset(jump) - offset <= _NEAR:
+            # No transition near s, and none before the jump moves the wall clock past
+            # the match: only a transition near the candidate can matter.
+            return jump, False
+        # The clock moved forward by more than any DST shift (Samoa skipped 2011-12-30):
+        # the match may be in that gap, which jumping would step over.
+        return self._transition(s, jump), True
+
     # -- the search -------------------------------------------------------------
 
     def next_after(self, t: datetime) -> datetime:
@@ -138,12 +153,15 @@ class CronEngine:
         Answers are remembered (a pure function of ``t``): entries sharing this engine
         ask for the same instants.
         """
-        found = self._memo.get(t)
+        # Keyed by the UTC instant: two aware datetimes of one zone compare and hash by
+        # wall time, ignoring fold, so 01:00 EDT and 01:00 EST would share one answer.
+        instant = t.astimezone(UTC)
+        found = self._memo.get(instant)
         if found is None:
-            found = self._search(t)
+            found = self._search(instant)
             if len(self._memo) >= _MEMO:
                 self._memo.clear()
-            self._memo[t] = found
+            self._memo[instant] = found
         return found
 
     def _search(self, t: datetime) -> datetime:
@@ -159,11 +177,10 @@ class CronEngine:
             match = self._match(start, inclusive)
             candidate = (match - offset).replace(tzinfo=UTC)
             if candidate - s > 2 * _NEAR:
-                if self._offset(s + _NEAR) == offset:
-                    # No transition near s; only one near the candidate can matter.
-                    s, inclusive = candidate - 2 * _NEAR, False
+                boundary, at_transition = self._leap(s, offset, candidate)
+                if not at_transition:
+                    s, inclusive = boundary, False
                     continue
-                boundary = self._transition(s, s + _NEAR)
             elif self._offset(candidate) == offset:
                 return candidate
             else:

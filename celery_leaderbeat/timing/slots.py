@@ -27,7 +27,7 @@ import hashlib
 import uuid
 from collections import deque
 from dataclasses import dataclass
-from datetime import datetime, timedelta, tzinfo
+from datetime import datetime, timedelta, timezone, tzinfo
 from typing import Any, Protocol
 
 from celery.schedules import crontab, schedule, solar
@@ -64,6 +64,7 @@ _HEAD_LIMIT = 1000  # missed slots walked one by one before plan() jumps ahead
 # Fixed forever: changing it would change every task id of every deployment.
 _SLOT_NAMESPACE = uuid.UUID("5b0d6a52-3f0e-5c1a-9a43-6c6561646572")
 _NAMESPACE_BYTES = _SLOT_NAMESPACE.bytes
+UTC = timezone.utc
 
 
 class SlotClock(Protocol):
@@ -165,8 +166,9 @@ class _Due:
     estimated: bool = False
 
 
-#: plans of shared schedules, by (share key, last, now, since, policy); a burst of
-#: entries on one schedule plans once (a Plan is immutable: sharing it is safe)
+#: plans of shared schedules, by (share key, last, now, since, policy), the times as UTC
+#: instants; a burst of entries on one schedule plans once (a Plan is immutable: sharing
+#: it is safe)
 _plans: dict[tuple[Any, ...], Plan] = {}
 _PLANS_KEPT = 1024
 
@@ -188,7 +190,8 @@ def plan(
     share = getattr(clock, "share_key", None)
     if share is None:
         return _plan(clock, last=last, now=now, since=since, policy=policy)
-    key = (share, last, now, since, policy)
+    # UTC instants: aware datetimes of one zone compare by wall time, ignoring fold.
+    key = (share, last.astimezone(UTC), now.astimezone(UTC), since.astimezone(UTC), policy)
     found = _plans.get(key)
     if found is None:
         found = _plan(clock, last=last, now=now, since=since, policy=policy)
