@@ -160,7 +160,7 @@ class SolarClock(_Clock):
         return at
 
     def _event(self, start: datetime) -> datetime:
-        event = self._search(start).datetime().replace(tzinfo=UTC)
+        event: datetime = self._search(start).datetime().replace(tzinfo=UTC)
         return event.replace(microsecond=0) + timedelta(seconds=event.microsecond >= 500_000)
 
     def next_after(self, t: datetime) -> datetime:
@@ -184,7 +184,8 @@ class GenericClock(_Clock):
         remaining = pinned.remaining_estimate(t)
         # Whole milliseconds, as slots are stored; a schedule that says "due now" still
         # has to move on, by at least one.
-        return t + max(-(-remaining // _MS), 1) * _MS
+        after: datetime = t + max(-(-remaining // _MS), 1) * _MS
+        return after
 
 
 def clock_tz(tz: tzinfo | str) -> tzinfo:

@@ -132,7 +132,7 @@ class cron(BaseSchedule):
         self._engines: dict[tuple[str | None, Any], CronEngine] = {}
         super().__init__(nowfun=nowfun, app=app)
 
-    @property  # type: ignore[override]
+    @property
     def tz(self) -> tzinfo:
         """The zone the fields are read in: the cron's own, else the app's."""
         return self._zone if self._zone is not None else self.app.timezone
@@ -159,10 +159,11 @@ class cron(BaseSchedule):
     def remaining_estimate(self, last_run_at: datetime) -> timedelta:
         """Time from now until the first fire time after ``last_run_at``."""
         last = self.maybe_make_aware(last_run_at)
-        now = self.maybe_make_aware(self.now())
-        return self.engine().next_after(last) - now
+        now: datetime = self.maybe_make_aware(self.now())
+        left: timedelta = self.engine().next_after(last) - now
+        return left
 
-    def is_due(self, last_run_at: datetime) -> schedstate:  # type: ignore[override]
+    def is_due(self, last_run_at: datetime) -> schedstate:
         """``(due, seconds until the next check)``, like ``crontab.is_due``."""
         remaining = self.remaining_estimate(last_run_at).total_seconds()
         if remaining > 0:
