@@ -52,6 +52,10 @@ BACKFILL_REFUSALS = {
 
 #: what a claim of a paused entry's slot answers: skipped past, not granted
 PAUSED = "paused"
+#: what a leader's claim answers when it asks again for a slot it holds itself and the
+#: slot is stored sent under its epoch: enqueued by an earlier attempt of the claim (its
+#: reply was lost) or recorded sent; nothing ran again
+ENQUEUED = "enqueued"
 #: what a rescue answers when the rescuer's definition of the entry is not the leader's
 DIFFERS = "differs"
 #: what a claim answers while it is too early: a rescue before fire + rescue_after, a
@@ -161,7 +165,9 @@ class Ledger:
         """Leader: write ``events``, then claim ``items`` in order, in one call.
 
         Returns ``None`` per granted item, :data:`PAUSED` for a paused entry's slot
-        (skipped past, not granted), else the state that refused it. Raises
+        (skipped past, not granted), :data:`ENQUEUED` for this leader's own slot asked
+        again and already sent (enqueued by an attempt whose reply was lost), else the
+        state that refused it. Raises
         LeaseLostError (and grants nothing; the events are written all the same:
         they say what already happened) when ``token`` no longer leads, and
         NotReplicatedError when ``min_replicas`` replicas did not acknowledge.
@@ -496,6 +502,8 @@ def _lead_result(reply: Any) -> SlotState | None | str:
         return None
     if reply == 2:
         return PAUSED
+    if reply == 4:
+        return ENQUEUED
     if reply == 0:
         return EARLY
     if reply is None or reply is False:
