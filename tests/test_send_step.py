@@ -1,0 +1,201 @@
+"""The one-step path (claim and enqueue) under faults and routing changes, against real Redis.
+
+Faults are injected at named call sites through :mod:`tests.faults.seam`: a claim
+whose reply is lost ran in Redis all the same.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+from celery import Celery, signals
+
+import celery_leaderbeat.scheduler as scheduler_module
+from celery_leaderbeat.roles.enqueue import Enqueuer
+from celery_leaderbeat.scheduler import Scheduler
+from celery_leaderbeat.store.keys import Keys
+from celery_leaderbeat.store.redis_store import redis_store
+from tests.faults.seam import AFTER, Seam, faulty_client
+from tests.support.beat import NOOP
+
+#: a leader's claim of a chunk in a batch
+BATCH_CLAIM = "EVALSHA[claim] ledger.Ledger._call<ledger.Ledger.claim<batch.LeaderGate.claim"
+
+
+def make_app(broker_url: str, prefix: str, schedule: dict, **settings: Any) -> Celery:
+    app = Celery("proj", set_as_current=False)
+    app.conf.update(broker_url=broker_url, leaderbeat_key_prefix=prefix, beat_schedule=schedule,
+                    timezone="UTC", leaderbeat_standby_poll=0.2, **settings)
+    return app
+
+
+def tick_until(scheduler: Scheduler, condition: Any, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(min(scheduler.tick(), 0.1))
+
+
+def messages(client: Any, key: str) -> list[dict]:
+    return [json.loads(raw) for raw in client.lrange(key, 0, -1)]
+
+
+@contextmanager
+def faulted(monkeypatch: pytest.MonkeyPatch, seam: Seam) -> Iterator[None]:
+    """Schedulers made inside reach their Redis through ``seam``."""
+    def connect(config: Any) -> Any:
+        client = faulty_client(seam, config.node_id, config.redis_url, config.redis_options,
+                               config.socket_timeout)
+        return redis_store(client, Keys(config.key_prefix), config)
+
+    monkeypatch.setattr(scheduler_module, "connect", connect)
+    yield
+
+
+@contextmanager
+def published_signals() -> Iterator[tuple[list[str], list[str]]]:
+    """(entries before_task_publish fired for, entries after_task_publish fired for)."""
+    before: list[str] = []
+    after: list[str] = []
+
+    def on_before(headers: Any = None, **_: Any) -> None:
+        before.append(headers["leaderbeat_entry"])
+
+    def on_after(headers: Any = None, **_: Any) -> None:
+        after.append(headers["leaderbeat_entry"])
+
+    signals.before_task_publish.connect(on_before, weak=False)
+    signals.after_task_publish.connect(on_after, weak=False)
+    try:
+        yield before, after
+    finally:
+        signals.before_task_publish.disconnect(on_before)
+        signals.after_task_publish.disconnect(on_after)
+
+
+def slots_of(client: Any, key: str) -> list[str]:
+    return sorted(m["headers"]["leaderbeat_slot"] for m in messages(client, key))
+
+
+# -- after_task_publish when a claim's reply is lost ---------------------------------------
+
+def test_a_slot_enqueued_by_a_claim_whose_reply_was_lost_fires_after_task_publish_once(
+        redis_server, key_prefix, monkeypatch, caplog):
+    """The claim script enqueued the slot and wrote its 'sent' event; the reply was lost,
+    and the lease with it: the next leader (this node again, a new epoch) never asks for
+    that slot again. after_task_publish still fires for it, once."""
+    seam = Seam()
+    seam.aim(BATCH_CLAIM, AFTER, occurrence=1)
+    app = make_app(redis_server.url_for(0), key_prefix, {"a": {"task": NOOP, "schedule": 1.0}})
+    client = redis_server.client()
+    after: list[str] = []
+
+    def on_after(headers: Any = None, **_: Any) -> None:
+        after.append(headers["leaderbeat_slot"])
+
+    signals.after_task_publish.connect(on_after, weak=False)
+    try:
+        with faulted(monkeypatch, seam):
+            scheduler = Scheduler(app=app)
+            try:
+                tick_until(scheduler, lambda: seam.injected())
+                assert client.llen("celery") == 1  # the lost reply's slot went out
+                client.delete(Keys(key_prefix).leader)  # the lease is gone: no retry comes
+                tick_until(scheduler, lambda: client.llen("celery") >= 3, timeout=40)
+                history = scheduler.ledger.history(100)
+            finally:
+                scheduler.close()
+    finally:
+        signals.after_task_publish.disconnect(on_after)
+    epochs = {e["epoch"] for e in history if e.get("event") == "sent"}
+    assert len(epochs) == 2, "the slots after the lost reply must go out under a new epoch"
+    queued = slots_of(client, "celery")
+    assert len(set(queued)) == len(queued)
+    assert sorted(after) == queued  # once for every message that reached the broker
+
+
+# -- a claim retried with other broker commands than its first attempt ----------------------
+
+@pytest.fixture
+def flaky_build(monkeypatch: pytest.MonkeyPatch) -> dict[str, bool]:
+    """While ``flaky["failing"]``, building a message fails (the connection the messages are
+    built on dropped): the claim then carries no broker commands for it."""
+    flaky = {"failing": False}
+    real = Enqueuer.build
+
+    def build(self: Enqueuer, *args: Any, **kwargs: Any) -> Any:
+        if flaky["failing"]:
+            raise ConnectionError("the broker connection dropped")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Enqueuer, "build", build)
+    return flaky
+
+
+def run_with_lost_claim_reply(redis_server: Any, key_prefix: str, monkeypatch: Any,
+                              flaky: dict[str, bool], *, fail_first: bool
+                              ) -> tuple[list[str], list[str], list[dict]]:
+    """A leader whose first chunk claim ran but whose reply was lost; its build of messages
+    fails for the first attempt (``fail_first``) or for the retry. Returns the slots
+    queued, the slots after_task_publish fired for, and the history."""
+    seam = Seam()
+    seam.aim(BATCH_CLAIM, AFTER, occurrence=1)
+    app = make_app(redis_server.url_for(0), key_prefix, {"a": {"task": NOOP, "schedule": 1.0}})
+    client = redis_server.client()
+    after: list[str] = []
+
+    def on_after(headers: Any = None, **_: Any) -> None:
+        after.append(headers["leaderbeat_slot"])
+
+    signals.after_task_publish.connect(on_after, weak=False)
+    flaky["failing"] = fail_first
+    try:
+        with faulted(monkeypatch, seam):
+            scheduler = Scheduler(app=app)
+            try:
+                tick_until(scheduler, lambda: seam.injected())
+                flaky["failing"] = not fail_first
+                time.sleep(scheduler.tick())  # the retry
+                flaky["failing"] = False
+                tick_until(scheduler, lambda: len(scheduler.ledger.history(100)) >= 5)
+                history = scheduler.ledger.history(100)
+            finally:
+                scheduler.close()
+    finally:
+        signals.after_task_publish.disconnect(on_after)
+    return slots_of(client, "celery"), sorted(after), history
+
+
+def test_a_retried_claim_carrying_commands_its_first_attempt_lacked_sends_the_slot(
+        redis_server, key_prefix, monkeypatch, flaky_build, caplog):
+    """The first attempt claimed the slot without commands (its message could not be
+    built), and its reply was lost; the retry carries the commands. It is this leader's own
+    claim: granted again and enqueued, not refused as "already claimed" and lost."""
+    queued, after, history = run_with_lost_claim_reply(redis_server, key_prefix, monkeypatch,
+                                                       flaky_build, fail_first=True)
+    first = min(int(e["slot"]) for e in history if e.get("slot"))
+    assert not [e for e in history if "already claimed" in e.get("detail", "")]
+    sent = sorted(int(e["slot"]) for e in history if e.get("event") == "sent")
+    assert sent[0] == first and len(sent) == len(set(sent))
+    assert len(queued) == len(set(queued)) == len(sent)  # each slot queued once
+    assert after == queued
+
+
+def test_a_retried_claim_without_the_commands_its_first_attempt_ran_is_told_it_was_sent(
+        redis_server, key_prefix, monkeypatch, flaky_build, caplog):
+    """The first attempt enqueued the slot in the claim step, and its reply was lost; the
+    retry carries no commands (its message could not be built). It is answered "enqueued
+    before": nothing is refused or recorded skipped, the slot is queued once, and
+    after_task_publish fires once for it."""
+    queued, after, history = run_with_lost_claim_reply(redis_server, key_prefix, monkeypatch,
+                                                       flaky_build, fail_first=False)
+    assert not [e for e in history if e.get("event") == "skipped"]
+    sent = sorted(int(e["slot"]) for e in history if e.get("event") == "sent")
+    assert len(sent) == len(set(sent)) >= 2
+    assert len(queued) == len(set(queued)) == len(sent)
+    assert after == queued
