@@ -13,12 +13,14 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
+import redis
 from celery import Celery, signals
 
 import celery_leaderbeat.scheduler as scheduler_module
 from celery_leaderbeat.roles.enqueue import Enqueuer
 from celery_leaderbeat.scheduler import Scheduler
 from celery_leaderbeat.store.keys import Keys
+from celery_leaderbeat.store.ledger import ClaimItem, Op
 from celery_leaderbeat.store.redis_store import redis_store
 from tests.faults.seam import AFTER, Seam, faulty_client
 from tests.support.beat import NOOP
@@ -199,3 +201,37 @@ def test_a_retried_claim_without_the_commands_its_first_attempt_ran_is_told_it_w
     assert len(sent) == len(set(sent)) >= 2
     assert len(queued) == len(set(queued)) == len(sent)
     assert after == queued
+
+
+# -- a broker command that would fail inside the claim script ---------------------------
+
+@pytest.mark.parametrize("spoilt", ["queue", "history"])
+def test_a_claim_whose_write_would_fail_writes_nothing_and_once_mended_enqueues_once(
+        redis_server, key_prefix, spoilt):
+    """A key of the wrong type (the queue a message goes to, the history stream) fails a
+    write inside the claim script. Redis does not roll a script back: checked before the
+    first write, the claim writes nothing, says which key, and the slot is granted and
+    enqueued once the key is mended, never stored sent with no message."""
+    app = make_app(redis_server.url_for(0), key_prefix, {"a": {"task": NOOP, "schedule": 60.0}})
+    client = redis_server.client()
+    scheduler = Scheduler(app=app)
+    try:
+        ledger, lease = scheduler.ledger, scheduler.lease
+        assert lease.try_acquire()
+        token, epoch = lease.credentials()
+        key = {"queue": "q", "history": scheduler.keys.history}[spoilt]
+        client.delete(key)
+        client.hset(key, "not", "a list or stream")
+        generation = client.get(scheduler.keys.generation)
+        item = ClaimItem("a", 2000, Op.CLAIM, 2000, enqueue=(("lpush", "q", "payload"),))
+        with pytest.raises(redis.ResponseError, match=f"{key} holds a hash.*nothing was written"):
+            ledger.claim(token, epoch, [item])
+        assert "a" not in ledger.load()
+        assert client.get(scheduler.keys.generation) == generation
+        client.delete(key)  # mended
+        assert ledger.claim(token, epoch, [item]) == [None]
+        assert client.lrange("q", 0, -1) == [b"payload"]
+        assert ledger.load()["a"].state == "s"
+        assert [e["slot"] for e in ledger.history() if e["event"] == "sent"] == ["2000"]
+    finally:
+        scheduler.close()
