@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery, signals
+from kombu import Connection, Exchange, Queue
 
 import celery_leaderbeat.scheduler as scheduler_module
 from celery_leaderbeat.roles.enqueue import Enqueuer
@@ -235,3 +236,55 @@ def test_a_claim_whose_write_would_fail_writes_nothing_and_once_mended_enqueues_
         assert [e["slot"] for e in ledger.history() if e["event"] == "sent"] == ["2000"]
     finally:
         scheduler.close()
+
+
+# -- routing through an exchange, at send ---------------------------------------------
+
+def bind(broker_url: str, queue: Queue) -> None:
+    """A worker started with a new ``-Q``: its queue declared and bound, from its own
+    connection."""
+    with Connection(broker_url) as conn:
+        queue(conn.default_channel).declare()
+
+
+EVENTS = Exchange("events", type="topic")
+JOBS = Exchange("jobs", type="direct")
+ROUTINGS = {
+    # a topic exchange: the entry's queue is bound to it; a new queue bound later
+    "topic": (Queue("first", EVENTS, routing_key="beat.*"), Queue("second", EVENTS,
+                                                                   routing_key="beat.#"),
+              {"queue": "first", "routing_key": "beat.tick"}),
+    # a direct exchange: a second queue bound later with the same routing key
+    "direct": (Queue("first", JOBS, routing_key="beat"), Queue("second", JOBS, routing_key="beat"),
+               {"exchange": "jobs", "routing_key": "beat"}),
+}
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["one-step", "batched"])
+@pytest.mark.parametrize("kind", sorted(ROUTINGS))
+def test_a_queue_bound_later_to_the_entrys_exchange_receives_its_messages(
+        redis_server, key_prefix, kind, fast, caplog):
+    """kombu's Redis transport reads the exchange's bindings at every publish: a queue bound
+    after beat started its messages of that shape receives the next ones, as with stock
+    beat, on the one-step path and the batched one alike."""
+    first, second, options = ROUTINGS[kind]
+    broker_url = redis_server.url_for(0 if fast else 1)
+    schedule = {name: {"task": NOOP, "schedule": 1.0, "options": options} for name in "ab"}
+    app = make_app(broker_url, key_prefix, schedule, task_queues=[first],
+                   leaderbeat_redis_url=redis_server.url_for(0))
+    broker = redis_server.client(db=0 if fast else 1)
+    bind(broker_url, first)
+    scheduler = Scheduler(app=app)
+    try:
+        tick_until(scheduler, lambda: broker.llen("first") >= 4)  # shapes built and in use
+        assert scheduler._enqueuer is not None and scheduler._enqueuer.fast is fast
+        bind(broker_url, second)
+        bound = broker.llen("first")
+        tick_until(scheduler, lambda: broker.llen("first") >= bound + 4)
+    finally:
+        scheduler.close()
+    later = messages(broker, "first")[:broker.llen("first") - bound]  # LPUSH: newest first
+    ids = {m["headers"]["id"] for m in later}
+    assert ids and ids <= {m["headers"]["id"] for m in messages(broker, "second")}
+    # built from the kept shape, routed at send (not by apply_async every time)
+    assert "built by apply_async every time" not in caplog.text
