@@ -18,7 +18,7 @@ from celery import Celery, signals
 from kombu import Connection, Exchange, Queue
 
 import celery_leaderbeat.scheduler as scheduler_module
-from celery_leaderbeat.roles.enqueue import Enqueuer
+from celery_leaderbeat.roles.enqueue import Enqueuer, one_step_fallback
 from celery_leaderbeat.scheduler import Scheduler
 from celery_leaderbeat.store.keys import Keys
 from celery_leaderbeat.store.ledger import ClaimItem, Op
@@ -288,3 +288,51 @@ def test_a_queue_bound_later_to_the_entrys_exchange_receives_its_messages(
     assert ids and ids <= {m["headers"]["id"] for m in messages(broker, "second")}
     # built from the kept shape, routed at send (not by apply_async every time)
     assert "built by apply_async every time" not in caplog.text
+
+
+# -- whether a beat fell back from the one-step path, and why ----------------------------
+
+def test_one_step_fallback_says_whether_and_why_a_beat_sends_after_its_claims(
+        redis_server, key_prefix):
+    schedule = {"a": {"task": NOOP, "schedule": 60.0}}
+    fast = Scheduler(app=make_app(redis_server.url_for(0), key_prefix, schedule))
+    other_db = Scheduler(app=make_app(redis_server.url_for(1), key_prefix + "-db", schedule,
+                                      leaderbeat_redis_url=redis_server.url_for(0)))
+    off = Scheduler(app=make_app(redis_server.url_for(0), key_prefix + "-off", schedule,
+                                 leaderbeat_atomic_enqueue=False))
+
+    def noticed(**_: Any) -> None:
+        """A monitor's receiver."""
+
+    try:
+        assert one_step_fallback(fast) == "not checked yet (no chunk sent by this beat)"
+        for scheduler in (fast, other_db, off):
+            scheduler._chunk_sender(1)
+        assert one_step_fallback(fast) is None
+        assert "another Redis server or database" in one_step_fallback(other_db)
+        assert "leaderbeat_atomic_enqueue=False" in one_step_fallback(off)
+        signals.before_task_publish.connect(noticed, weak=False)
+        try:
+            assert "before_task_publish receiver is connected" in one_step_fallback(fast)
+        finally:
+            signals.before_task_publish.disconnect(noticed)
+        assert one_step_fallback(fast) is None
+    finally:
+        for scheduler in (fast, other_db, off):
+            scheduler.close()
+
+
+def test_a_kombu_outside_the_known_range_falls_back_and_names_the_range(
+        redis_server, key_prefix, monkeypatch):
+    import kombu
+
+    monkeypatch.setattr(kombu, "VERSION", (5, 8, 0))
+    monkeypatch.setattr(kombu, "__version__", "5.8.0")
+    app = make_app(redis_server.url_for(0), key_prefix, {"a": {"task": NOOP, "schedule": 60.0}})
+    scheduler = Scheduler(app=app)
+    try:
+        scheduler._chunk_sender(1)
+        assert one_step_fallback(scheduler) == (
+            "kombu 5.8.0 (the commands are known for kombu >=5.7,<5.8)")
+    finally:
+        scheduler.close()
