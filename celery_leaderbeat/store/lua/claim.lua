@@ -68,7 +68,9 @@
 --   op 'define'   (lead only) KEYS[6] entry -> fingerprint (nothing for an empty entry
 --                 name), and "|epoch" -> this leader's epoch: the leader wrote what it plans
 -- Claim and enqueue in one step (optional: only when KEYS has more than ten keys):
--- KEYS[11 ..]       the broker's keys (queue lists) the commands below write
+-- KEYS[11 ..]       the broker's keys (queue lists) the commands below write; the queues
+--                   of a message sent through an exchange are looked up by the caller
+--                   just before the call (roles/routing.py), as kombu does at publish
 -- ARGV[#ARGV]       L, the length of the enqueue section, which ends just before it and
 --                   follows the claims; for each claim in order: its broker commands as
 --                   one word ('' for none): 'l' (LPUSH) or 'e' (PEXPIRE), each followed by
@@ -107,16 +109,17 @@
 -- and not while the lease holder claimed something within ARGV[7] ms (answers 0).
 -- A value is "<slot_ms>|<epoch>|<state>", plus "|<node>|<claimed at ms>" for a standby's
 -- claim.
--- Asking again for the exact claim this caller already holds answers 1 again: a client
--- that lost the reply and retried must not take its grant for a refusal (the caller
--- remembers what it published and never publishes a slot twice).
+-- Asking again for the exact claim this caller already holds answers 1 again (a leader's
+-- 'claim': see above): a client that lost the reply and retried must not take its grant
+-- for a refusal (the caller remembers what it published and never publishes a slot twice).
 -- Returns an error (nothing written) when a key has the wrong type or a value cannot be read
 --         {0, holder_token or false, marked}   lead mode, not the leader: no claim granted
 --         {2, generation}   Redis went back to older state (see ARGV[10]): nothing written
 --         {2, generation, 1}  a node reported a loss of writes (KEYS[9] "|loss", lost.lua):
 --           nothing written; lead and rescue calls answer this until a leader's 'reset'
 --         {1, redis_now_ms, marked, generation, r1, r2, ...}  per claim: 1 granted,
---           4 this leader's own claim asked again, stored sent (enqueued earlier), 2 paused (skipped), 3 definition differs (rescue), 0 not late enough (rescue)
+--           4 this leader's own claim asked again and stored sent (enqueued before),
+--           2 paused (skipped), 3 definition differs (rescue), 0 not late enough (rescue)
 --           or too far ahead (lead), false no state (rescue), a backfill's reason (see
 --           'backfill'), else the stored value
 local mode = ARGV[1]
