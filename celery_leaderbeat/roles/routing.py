@@ -9,6 +9,9 @@ sent, with kombu's own exchange types, from bindings read once per chunk (one
 ``SMEMBERS`` per exchange a chunk's messages go through, none for Celery's usual
 route to a queue by name). Only direct and topic exchanges are routed here; a
 fanout's ``PUBLISH`` (and any other exchange type) goes through kombu itself.
+This uses parts of kombu's Redis channel that are not public API; it runs only
+on the kombu releases the Redis form of messages is used with
+(``enqueue.KOMBU_RANGE``).
 """
 
 from __future__ import annotations
@@ -17,7 +20,6 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from kombu.transport.virtual.base import UNDELIVERABLE_FMT, UndeliverableWarning
 from kombu.transport.virtual.exchange import DirectExchange, TopicExchange
 
 #: one broker command as kombu's ``PublishBatch.add`` receives it: name, (key, argument)
@@ -81,6 +83,10 @@ class Routes:
             found = []
         default = channel.deadletter_queue
         if not found and default is not None:
+            # kombu's own warning (its private module: imported where it is used, only on
+            # the kombu releases this path runs on)
+            from kombu.transport.virtual.base import UNDELIVERABLE_FMT, UndeliverableWarning
+
             warnings.warn(UndeliverableWarning(UNDELIVERABLE_FMT.format(
                 exchange=exchange, routing_key=routing_key)), stacklevel=2)
             channel._new_queue(default)
