@@ -241,13 +241,18 @@ class Enqueuer:
     def settle(self) -> None:
         """Say what a claim whose reply never came enqueued: its slots stored sent under its
         epoch reached the broker (the script ran), so ``after_task_publish`` fires and the
-        send lines are said for them, once. Read from the slots each entry holds now; when
-        that read fails too, asked again at the next batch. A slot a newer claim replaced
+        send lines are said for them, once. Read from the slots each entry holds now (at
+        the next batch, or idle-time preparation); when that read fails too, read again
+        the next time. A slot a newer claim replaced
         meanwhile cannot be told from the stored state, and gets no signal."""
         if not self.unanswered:
             return
         s = self.scheduler
-        stored = s.ledger.load(sorted({name for name, _, _, _ in self.unanswered}))
+        try:
+            stored = s.ledger.load(sorted({name for name, _, _, _ in self.unanswered}))
+        except Exception as exc:  # noqa: BLE001 - kept: read again when the next chunk is sent
+            logger.debug("leaderbeat: could not read what an unanswered claim enqueued: %r", exc)
+            return
         doubt, self.unanswered = self.unanswered, []
         node = getattr(s, "_node", None)
         went = []
