@@ -19,6 +19,7 @@ from kombu import Connection, Exchange, Queue
 
 import celery_leaderbeat.scheduler as scheduler_module
 from celery_leaderbeat.roles.enqueue import Enqueuer, one_step_fallback
+from celery_leaderbeat.roles.routing import Routes
 from celery_leaderbeat.scheduler import Scheduler
 from celery_leaderbeat.store.keys import Keys
 from celery_leaderbeat.store.ledger import ClaimItem, Op
@@ -336,3 +337,34 @@ def test_a_kombu_outside_the_known_range_falls_back_and_names_the_range(
             "kombu 5.8.0 (the commands are known for kombu >=5.7,<5.8)")
     finally:
         scheduler.close()
+
+
+@pytest.mark.parametrize("keyprefix", ["", "gk:"], ids=["no-prefix", "global-keyprefix"])
+def test_routes_at_send_give_the_keys_kombu_publishes_to(redis_server, keyprefix):
+    """For each routing key and priority, the commands a kept shape is routed to at send
+    write the very lists kombu's own publish writes (topic wildcards, priorities, the
+    global key prefix), and nothing more."""
+    options = {"global_keyprefix": keyprefix} if keyprefix else {}
+    client = redis_server.client()
+    exchange = Exchange("ev", type="topic")
+    bindings = {"q1": "a.*", "q2": "a.#", "q3": "#", "q4": "a.b.c", "q5": "*.b.*", "q6": "x.*"}
+    with Connection(redis_server.url_for(0), transport_options=options) as conn:
+        channel = conn.default_channel
+        for name, key in bindings.items():
+            Queue(name, exchange, routing_key=key)(channel).declare()
+        routes = Routes(lambda: channel)
+        producer = conn.Producer()
+        for routing_key in ["a.b", "a.b.c", "a", "x.y", "b", "a.b.c.d", "q.b.r"]:
+            for priority in (0, 5):
+                client.flushdb()
+                for name, key in bindings.items():  # flushed with the lists: bound again
+                    Queue(name, exchange, routing_key=key)(channel).declare()
+                producer.publish({"n": 1}, exchange=exchange, routing_key=routing_key,
+                                 priority=priority)
+                written = {k.decode() for k in client.keys("*")
+                           if client.type(k) == b"list"}
+                routes.fresh()
+                route = ("ev", routing_key, priority)
+                routed = {keyprefix + args[0] for name, args in routes.commands(route, "p")
+                          if name == "lpush"}
+                assert routed == written, (routing_key, priority)
