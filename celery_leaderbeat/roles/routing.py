@@ -7,7 +7,7 @@ receives the next message. A message built from a kept shape
 (:mod:`.messages`) is routed the same way: its queues are looked up when it is
 sent, with kombu's own exchange types, from bindings read once per chunk (one
 ``SMEMBERS`` per exchange a chunk's messages go through, none for Celery's usual
-route to a queue by name). Only direct and topic exchanges are routed here; a
+route to a queue by name); a route's queues are looked up once per chunk too. Only direct and topic exchanges are routed here; a
 fanout's ``PUBLISH`` (and any other exchange type) goes through kombu itself.
 This uses parts of kombu's Redis channel that are not public API; it runs only
 on the kombu releases the Redis form of messages is used with
@@ -40,10 +40,13 @@ class Routes:
     def __init__(self, channel: Callable[[], Any]) -> None:
         self.channel = channel
         self._tables: dict[str, list[tuple[str, ...]]] = {}
+        #: per route, its commands with the payload left out (None), until :meth:`fresh`
+        self._routed: dict[Route, list[tuple[str, str, Any]]] = {}
 
     def fresh(self) -> None:
         """Read bindings again for the next messages (a new chunk is about to be sent)."""
         self._tables.clear()
+        self._routed.clear()
 
     def route(self, envelope: dict[str, Any]) -> Route | None:
         """A message's route when it goes through an exchange routed here, else None
@@ -58,14 +61,21 @@ class Routes:
 
     def commands(self, route: Route, payload: str) -> list[Command]:
         """The commands kombu's ``_put`` gives ``payload`` for each queue ``route`` reaches now."""
+        routed = self._routed.get(route)
+        if routed is None:
+            routed = self._routed[route] = self._route(route)
+        return [(name, (key, payload if arg is None else arg)) for name, key, arg in routed]
+
+    def _route(self, route: Route) -> list[tuple[str, str, Any]]:
+        """``route``'s commands, each (name, key, argument), the payload left out (None)."""
         channel = self.channel()
         exchange, routing_key, priority = route
-        out: list[Command] = []
+        out: list[tuple[str, str, Any]] = []
         expires = channel._expires
         for queue in self.queues(exchange, routing_key):
-            out.append(("lpush", (channel._q_for_pri(queue, priority), payload)))
+            out.append(("lpush", channel._q_for_pri(queue, priority), None))
             if expires and queue in expires:
-                out += [("pexpire", (channel._q_for_pri(queue, step), expires[queue]))
+                out += [("pexpire", channel._q_for_pri(queue, step), expires[queue])
                         for step in channel.priority_steps]
         return out
 
