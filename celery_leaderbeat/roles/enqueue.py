@@ -236,6 +236,7 @@ class Enqueuer:
         granted slots after the claim, batched.
         """
         self.settle()
+        self.routes.fresh()  # this batch's messages are routed on bindings read from now
         return ChunkSender(self, epoch, fast=self.fast and epoch != 0)
 
     def settle(self) -> None:
@@ -377,7 +378,6 @@ class ChunkSender:
         enqueuer.unanswered = []
         if not self.fast or signals.before_task_publish.receivers:
             return [None] * len(slots)
-        enqueuer.routes.fresh()  # this chunk's messages are routed on bindings read now
         final = enqueuer.final
         commands = [final(c) if c is not None else None for c in self._hold(slots)]
         enqueuer.unanswered = [(name, slot, self.epoch, self._held.get((name, slot)))
@@ -433,7 +433,6 @@ class ChunkSender:
                  said: list[tuple[Any, datetime]]) -> list[bool]:
         ok = [False] * len(slots)
         if self.enqueuer.redis:  # their final commands, in one pipeline after the claim
-            self.enqueuer.routes.fresh()  # routed on bindings read now
             self._hold([s for s in slots if s not in self._held])
         held = {i: self._held.pop(s) for i, s in enumerate(slots) if s in self._held}
         todo = [(i, found, slots[i][1]) for i in range(len(slots)) if i not in held

@@ -5,9 +5,11 @@ kombu's Redis transport reads an exchange's bindings (the set
 worker started with a new ``-Q``, a second queue bound to a direct exchange)
 receives the next message. A message built from a kept shape
 (:mod:`.messages`) is routed the same way: its queues are looked up when it is
-sent, with kombu's own exchange types, from bindings read once per chunk (one
-``SMEMBERS`` per exchange a chunk's messages go through, none for Celery's usual
-route to a queue by name); a route's queues are looked up once per chunk too. Only direct and topic exchanges are routed here; a
+sent, with kombu's own exchange types, from bindings read once per batch (one
+``SMEMBERS`` per exchange a batch's messages go through, none for Celery's usual
+route to a queue by name; a burst is one or two batches, a tick's sends one): a
+queue bound later receives the next batch's messages. A route's queues are looked
+up once per batch too. Only direct and topic exchanges are routed here; a
 fanout's ``PUBLISH`` (and any other exchange type) goes through kombu itself.
 This uses parts of kombu's Redis channel that are not public API; it runs only
 on the kombu releases the Redis form of messages is used with
@@ -33,8 +35,9 @@ class Routes:
     """Routes messages of kept shapes as kombu's Redis channel would at publish.
 
     ``channel()`` is the kombu channel messages are built on. Bindings read are
-    kept until :meth:`fresh` (called once per chunk, before its messages are
-    built): a chunk is routed on one reading, as kombu would route a burst.
+    kept until :meth:`fresh` (called once per batch, before its messages are
+    built): one round trip a batch, not one a chunk for each of a burst's chunks
+    to wait for.
     """
 
     def __init__(self, channel: Callable[[], Any]) -> None:
@@ -44,7 +47,7 @@ class Routes:
         self._routed: dict[Route, list[tuple[str, str, Any]]] = {}
 
     def fresh(self) -> None:
-        """Read bindings again for the next messages (a new chunk is about to be sent)."""
+        """Read bindings again for the next messages (a new batch is about to be sent)."""
         self._tables.clear()
         self._routed.clear()
 
