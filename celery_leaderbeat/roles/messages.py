@@ -12,7 +12,9 @@ entry's arguments (body, ``argsrepr``, ``kwargsrepr``, serialised once per
 entry), the ``leaderbeat_*`` headers and a fresh delivery tag put in.
 
 Two forms: on kombu's Redis transport the final commands (``LPUSH`` of the
-payload to the queue's priority list, ``PEXPIRE`` where a queue expires), and
+payload to the queue's priority list, ``PEXPIRE`` where a queue expires; for a
+message through a direct or topic exchange, to the queues its bindings give when
+it is sent, :mod:`.routing`), and
 on any other transport the arguments Celery passes to ``Producer.publish``
 (the body already serialised, so kombu does not serialise it again).
 
@@ -429,6 +431,8 @@ class Messages:
             shape.route = self.routes.route(shape.envelope)
             if shape.route is None and not _one_queue(captured.commands):
                 return None
+            if shape.route is not None:
+                shape.rest = []  # its commands are made at send (other queues' payloads too)
         try:
             content_type, encoding, _ = serialization.dumps(body, serializer=shape.serializer)
         except Exception:  # noqa: BLE001 - an unknown serialiser: apply_async each time
