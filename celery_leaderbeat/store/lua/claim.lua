@@ -168,18 +168,19 @@ local function problem()
   if enq then
     local j = enq
     while j < #ARGV do  -- each claim's word: 'l' or 'e' and a key index, then its arguments
-      local rest, c = string.gsub(ARGV[j], '[le]%d+', '')
+      local word = ARGV[j]
+      local rest, c = string.gsub(word, '[le]%d+', '')
       if rest ~= '' then
-        return 'broker commands ' .. ARGV[j] .. ' not supported'
+        return 'broker commands ' .. word .. ' not supported'
       end
-      for key in string.gmatch(ARGV[j], 'l(%d+)') do
+      for key in string.gmatch(word, 'l(%d+)') do
         local wrong = wrong_type(KEYS[tonumber(key)], 'list')
         if wrong then return wrong end
       end
       j = j + 1 + c
     end
   end
-  local names = {}
+  local names = {}  -- every entry an event or a claim names
   for i = 12, claims_at - 1, 4 do names[#names + 1] = ARGV[i] end
   for i = claims_at, claims_end, 6 do names[#names + 1] = ARGV[i] end
   if #names > 0 then
@@ -191,8 +192,9 @@ local function problem()
     end
   end
   for i = claims_at, claims_end, 6 do
-    local field = ARGV[i] .. '|' .. ARGV[i + 1]
-    local over = ARGV[i + 2] == 'recover' and redis.call('HGET', KEYS[4], field)
+    local name, slot_text, op = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+    local field = name .. '|' .. slot_text
+    local over = op == 'recover' and redis.call('HGET', KEYS[4], field)
     if over and not string.find(over, '^%d+|%d+|%a') then
       return KEYS[4] .. ' field ' .. field .. ' holds ' .. over .. ', not a slot state'
     end
