@@ -22,7 +22,7 @@ from celery_leaderbeat.roles.enqueue import Enqueuer, one_step_fallback
 from celery_leaderbeat.roles.routing import Routes
 from celery_leaderbeat.scheduler import Scheduler
 from celery_leaderbeat.store.keys import Keys
-from celery_leaderbeat.store.ledger import ClaimItem, Op
+from celery_leaderbeat.store.ledger import UNQUEUED, ClaimItem, Op
 from celery_leaderbeat.store.redis_store import redis_store
 from tests.faults.seam import AFTER, Seam, faulty_client
 from tests.support.beat import NOOP
@@ -207,13 +207,12 @@ def test_a_retried_claim_without_the_commands_its_first_attempt_ran_is_told_it_w
 
 # -- a broker command that would fail inside the claim script ---------------------------
 
-@pytest.mark.parametrize("spoilt", ["queue", "history"])
-def test_a_claim_whose_write_would_fail_writes_nothing_and_once_mended_enqueues_once(
-        redis_server, key_prefix, spoilt):
-    """A key of the wrong type (the queue a message goes to, the history stream) fails a
-    write inside the claim script. Redis does not roll a script back: checked before the
-    first write, the claim writes nothing, says which key, and the slot is granted and
-    enqueued once the key is mended, never stored sent with no message."""
+def test_a_claim_whose_state_write_would_fail_writes_nothing_and_once_mended_enqueues_once(
+        redis_server, key_prefix):
+    """A state key of the wrong type (the history stream) fails a write inside the claim
+    script. Redis does not roll a script back: checked before the first write, the claim
+    writes nothing, says which key, and the slot is granted and enqueued once the key is
+    mended, never stored sent with no message or no history event."""
     app = make_app(redis_server.url_for(0), key_prefix, {"a": {"task": NOOP, "schedule": 60.0}})
     client = redis_server.client()
     scheduler = Scheduler(app=app)
@@ -221,14 +220,15 @@ def test_a_claim_whose_write_would_fail_writes_nothing_and_once_mended_enqueues_
         ledger, lease = scheduler.ledger, scheduler.lease
         assert lease.try_acquire()
         token, epoch = lease.credentials()
-        key = {"queue": "q", "history": scheduler.keys.history}[spoilt]
+        key = scheduler.keys.history
         client.delete(key)
-        client.hset(key, "not", "a list or stream")
+        client.hset(key, "not", "a stream")
         generation = client.get(scheduler.keys.generation)
         item = ClaimItem("a", 2000, Op.CLAIM, 2000, enqueue=(("lpush", "q", "payload"),))
         with pytest.raises(redis.ResponseError, match=f"{key} holds a hash.*nothing was written"):
             ledger.claim(token, epoch, [item])
         assert "a" not in ledger.load()
+        assert client.llen("q") == 0
         assert client.get(scheduler.keys.generation) == generation
         client.delete(key)  # mended
         assert ledger.claim(token, epoch, [item]) == [None]
@@ -237,6 +237,58 @@ def test_a_claim_whose_write_would_fail_writes_nothing_and_once_mended_enqueues_
         assert [e["slot"] for e in ledger.history() if e["event"] == "sent"] == ["2000"]
     finally:
         scheduler.close()
+
+
+def test_a_claim_whose_queue_is_not_a_list_grants_that_slot_alone_without_enqueueing_it(
+        redis_server, key_prefix):
+    """The queue a message goes to holds a hash: the LPUSH would fail inside the script
+    after the slot was stored sent. That claim is granted without its commands (stored
+    claimed, not sent, no 'sent' event) for the caller to publish after it, as kombu would
+    (and fail); the chunk's other claims are enqueued as usual."""
+    app = make_app(redis_server.url_for(0), key_prefix, {"a": {"task": NOOP, "schedule": 60.0}})
+    client = redis_server.client()
+    scheduler = Scheduler(app=app)
+    try:
+        ledger, lease = scheduler.ledger, scheduler.lease
+        assert lease.try_acquire()
+        token, epoch = lease.credentials()
+        client.hset("badq", "not", "a list")
+        items = [ClaimItem("a", 2000, Op.CLAIM, 2000, enqueue=(("lpush", "badq", "pa"),)),
+                 ClaimItem("b", 2000, Op.CLAIM, 2000, enqueue=(("lpush", "q", "pb"),))]
+        assert ledger.claim(token, epoch, items) == [UNQUEUED, None]
+        stored = ledger.load()
+        assert (stored["a"].state, stored["b"].state) == ("c", "s")
+        assert client.type("badq") == b"hash" and client.lrange("q", 0, -1) == [b"pb"]
+        assert [e["entry"] for e in ledger.history() if e["event"] == "sent"] == ["b"]
+    finally:
+        scheduler.close()
+
+
+def test_a_queue_key_of_the_wrong_type_fails_its_own_entry_and_the_others_are_enqueued(
+        redis_server, key_prefix, caplog):
+    """A queue's key turned into a string after the entry's messages were built (a stray
+    SET): on the one-step path that entry's slots fail alone, each said with kombu's
+    WRONGTYPE and recorded unsent, as stock beat fails one publish; the others are sent."""
+    schedule = {name: {"task": NOOP, "schedule": 1.0} for name in ("e0", "e1")}
+    schedule["bad"] = {"task": NOOP, "schedule": 1.0, "options": {"queue": "badq"}}
+    app = make_app(redis_server.url_for(0), key_prefix, schedule)
+    client = redis_server.client()
+    scheduler = Scheduler(app=app)
+    try:
+        tick_until(scheduler, lambda: client.llen("badq") >= 1)
+        client.delete("badq")
+        client.set("badq", "not a list")
+        turned = client.llen("celery")
+        tick_until(scheduler, lambda: client.llen("celery") >= turned + 6)
+        history = scheduler.ledger.history(500)
+        assert scheduler._enqueuer is not None and scheduler._enqueuer.fast
+    finally:
+        scheduler.close()
+    unsent = [e for e in history if e.get("event") == "unsent"]
+    assert unsent and {e["entry"] for e in unsent} == {"bad"}
+    sent_bad = [e for e in history if e.get("event") == "sent" and e["entry"] == "bad"]
+    assert len(sent_bad) == 1  # its slot before the key turned, and none after
+    assert "WRONGTYPE" in caplog.text
 
 
 # -- routing through an exchange, at send ---------------------------------------------

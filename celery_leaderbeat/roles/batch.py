@@ -36,6 +36,7 @@ from ..store.ledger import (
     ENQUEUED,
     PAUSED,
     SKIPPED,
+    UNQUEUED,
     ClaimItem,
     Event,
     Op,
@@ -257,12 +258,16 @@ def run_batch(due: Sequence[tuple[Tracked, Plan]], gate: Gate, send: Send | Chun
                 except Exception:
                     backlog.extend(writing)  # may not have been written: written again later
                     raise
+                # UNQUEUED: granted without its commands, published below like any grant
+                answers = list(results)
+                results = [None if r == UNQUEUED else r for r in answers]
                 granted = [(t.name, slot) for (t, slot, op, _), ms, result
                            in zip(chunk, slots_ms, results)
                            if result is None and op == Op.CLAIM
                            and not memory.covers(t.name, ms)]
-                enqueued = {(c[0].name, c[1]) for c, item, result in zip(chunk, items, results)
-                            if result is None and item.enqueue and replicated}
+                enqueued = {(c[0].name, c[1]) for c, item, result, raw
+                            in zip(chunk, items, results, answers)
+                            if result is None and raw is None and item.enqueue and replicated}
                 # this leader's own slots asked again, enqueued by an attempt whose reply was
                 # lost: they reached the broker, and this process has not said so yet
                 again = [(t.name, slot) for (t, slot, _, _), ms, result

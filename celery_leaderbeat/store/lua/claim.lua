@@ -88,7 +88,10 @@
 -- after the first write would leave a slot stored sent with no message): the type of
 -- every key (WRONGTYPE), the generation counter, the stored values of the entries the
 -- call touches, and the enqueue section. A problem answers an error naming it, and
--- nothing is written.
+-- nothing is written. A queue an LPUSH would write that is not a list fails only the
+-- claims whose commands write it: each is granted without them ('c') and answers 5, so
+-- the caller publishes it after the claim (kombu's own publish then fails that message
+-- alone, as stock beat's would).
 -- A 'claim' of a paused entry's slot advances past it instead (state 'k') and
 -- answers 2: the slot is skipped, and resuming does not replay it.
 -- Events are written first and unfenced: they say what already happened (the
@@ -119,6 +122,7 @@
 --           nothing written; lead and rescue calls answer this until a leader's 'reset'
 --         {1, redis_now_ms, marked, generation, r1, r2, ...}  per claim: 1 granted,
 --           4 this leader's own claim asked again and stored sent (enqueued before),
+--           5 granted without its commands (a queue they write is not a list),
 --           2 paused (skipped), 3 definition differs (rescue), 0 not late enough (rescue)
 --           or too far ahead (lead), false no state (rescue), a backfill's reason (see
 --           'backfill'), else the stored value
@@ -151,6 +155,8 @@ local function wrong_type(key, want)
     return key .. ' holds a ' .. kind .. ', not a ' .. want
   end
 end
+-- KEYS indices of queues (LPUSH) that are not lists: claims writing them run no commands
+local not_list = {}
 -- what a write below could fail on, checked before the first write; nil when nothing
 local function problem()
   for k = 1, 10 do
@@ -174,8 +180,9 @@ local function problem()
         return 'broker commands ' .. word .. ' not supported'
       end
       for key in string.gmatch(word, 'l(%d+)') do
-        local wrong = wrong_type(KEYS[tonumber(key)], 'list')
-        if wrong then return wrong end
+        if not_list[key] == nil then
+          not_list[key] = wrong_type(KEYS[tonumber(key)], 'list') ~= nil
+        end
       end
       j = j + 1 + c
     end
@@ -383,6 +390,13 @@ for i = claims_at, claims_end, 6 do
     ncmds = select(2, string.gsub(spec, '[le]', ''))
     enq = cmds + ncmds
   end
+  local unqueued = false  -- a queue its commands write is not a list: granted without them
+  for key in string.gmatch(spec, 'l(%d+)') do
+    unqueued = unqueued or not_list[key]
+  end
+  if unqueued then
+    spec, ncmds = '', 0
+  end
   local state = states[op]
   if op == 'claim' and ncmds > 0 then
     state = 's'  -- enqueued in this step: sent
@@ -494,7 +508,7 @@ for i = claims_at, claims_end, 6 do
                    'slot', slot_text, 'node', node, 'epoch', epoch,
                    'detail', mode == 'rescue' and 'rescued' or '')
       end
-      result = 1
+      result = unqueued and 5 or 1
     end
     if mode == 'lead' and fp ~= '' then
       redis.call('HSET', KEYS[6], name, fp)
