@@ -3,6 +3,8 @@
     python bench/send_inprocess.py steady [--seconds 30] [--profile]   # 2,000 every 5 s, fast path
     python bench/send_inprocess.py burst [--profile]    # a warm burst of 10,000 on one cron
     python bench/send_inprocess.py rabbit [--seconds 30] [--profile]  # steady, RabbitMQ broker
+    python bench/send_inprocess.py steady --topic   # the queue bound to a topic exchange:
+                                                    # each chunk's queues looked up at send
 
 The scheduler ticks in this process against a redis-server of its own (its
 state, and the broker for steady and burst; RabbitMQ is the one on
@@ -28,6 +30,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import kombu
 from celery import Celery
 
 from celery_leaderbeat.scheduler import Scheduler
@@ -63,6 +66,7 @@ def shares(stats: pstats.Stats) -> dict[str, float]:
         "after the grant (enqueued)": cum("roles/enqueue.py", "enqueued"),
         "planning (pop_due)": cum("roles/agenda.py", "pop_due"),
         "send lines": cum("integrations/sending.py", "_say_sending_chunk"),
+        "routing at send (--topic)": cum("roles/routing.py", "commands"),
     }
 
 
@@ -71,6 +75,8 @@ def main() -> None:
     parser.add_argument("what", choices=["steady", "burst", "rabbit"])
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--topic", action="store_true",
+                        help="the run's queue bound to a topic exchange (Redis broker)")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="lb-send-inprocess-"))
     logging.basicConfig(filename=str(work / "beat.log"), level=logging.INFO,
@@ -85,12 +91,13 @@ def main() -> None:
         schedule = {f"e{i}": {"task": NOOP, "schedule": 5.0, "args": [f"e{i}"]}
                     for i in range(2000)}
     app = Celery("bench")
+    if args.topic:  # routed through the exchange's bindings, as a topic route is
+        exchange = kombu.Exchange(f"{queue}-topic", type="topic")
+        app.conf.task_queues = [kombu.Queue(queue, exchange, routing_key="beat.#")]
     app.conf.update(broker_url=AMQP if rabbit else server.url_for(0), leaderbeat_key_prefix="b",
                     beat_schedule=schedule, timezone="UTC", beat_max_loop_interval=1,
                     task_default_queue=queue,
                     **({"leaderbeat_redis_url": server.url_for(0)} if rabbit else {}))
-    import kombu
-
     client, amqp = server.client(), kombu.Connection(AMQP)
 
     def enqueued() -> int:

@@ -55,15 +55,10 @@ def sends_while_bad(scheduler: Scheduler, caplog: pytest.LogCaptureFixture, brok
             broker.set("badq", "not a list")
 
 
-CLAIM_SCRIPT_STOPS = pytest.mark.xfail(strict=True, reason=(
-    "the claim script stops at the refused LPUSH: the claim is taken for Redis "
-    "unreachable and the bad slot is said sent"))
-
-
 @pytest.mark.parametrize(("fast", "late"), [
     pytest.param(True, False, id="claim and enqueue, bad from the start"),
     pytest.param(False, False, id="batched, bad from the start"),
-    pytest.param(True, True, id="claim and enqueue, bad once built", marks=CLAIM_SCRIPT_STOPS),
+    pytest.param(True, True, id="claim and enqueue, bad once built"),
     pytest.param(False, True, id="batched, bad once built"),
 ])
 def test_a_queue_key_of_the_wrong_type_fails_only_its_own_entry_slot_after_slot(

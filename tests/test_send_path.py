@@ -15,8 +15,9 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from celery import Celery, signals
 
+from celery_leaderbeat.roles.enqueue import one_step_fallback
 from celery_leaderbeat.scheduler import Scheduler
-from celery_leaderbeat.store.ledger import ClaimItem, Op
+from celery_leaderbeat.store.ledger import ENQUEUED, ClaimItem, Op
 from celery_leaderbeat.timing import cronengine as _cronengine
 from celery_leaderbeat.timing.policy import CatchupPolicy
 from celery_leaderbeat.timing.schedules import cron
@@ -108,7 +109,8 @@ def test_a_claim_refused_runs_none_of_its_commands_and_a_retried_grant_runs_them
         assert client.llen("q") == 0
         token, epoch = lease.credentials()
         assert ledger.claim(token, epoch, [item]) == [None]
-        assert ledger.claim(token, epoch, [item]) == [None]  # the reply was lost: asked again
+        # the reply was lost: asked again, answered "enqueued before", nothing runs twice
+        assert ledger.claim(token, epoch, [item]) == [ENQUEUED]
         assert client.lrange("q", 0, -1) == [b"payload"]
         older = ClaimItem("a", 1000, Op.CLAIM, 1000, enqueue=(("lpush", "q", "older"),))
         refused = ledger.claim(token, epoch, [older])
@@ -175,8 +177,11 @@ def test_routes_priorities_and_the_global_key_prefix_land_where_kombu_puts_them(
     assert client.llen("celery") == 0 and client.llen("other") == 0
 
 
-def test_before_task_publish_fires_before_the_claim_and_after_task_publish_only_when_granted(
+def test_before_task_publish_fires_only_for_granted_slots_and_after_task_publish_once_queued(
         redis_server, key_prefix):
+    """With a before_task_publish receiver the chunk is claimed first: the signal never
+    fires for a slot the claim refuses (a monitor counting it would count a message that
+    was never sent); after_task_publish fires once the message is in the queue."""
     app = make_app(redis_server.url_for(0), key_prefix,
                    {"a": {"task": NOOP, "schedule": 60.0}, "b": {"task": NOOP, "schedule": 60.0}})
     client = redis_server.client()
@@ -195,21 +200,24 @@ def test_before_task_publish_fires_before_the_claim_and_after_task_publish_only_
         assert scheduler.lease.try_acquire()
         token, epoch = scheduler.lease.credentials()
         sender = scheduler._chunk_sender(epoch)
+        assert "before_task_publish" in one_step_fallback(scheduler)
         slot = datetime(2020, 1, 1, tzinfo=UTC)  # in the past: a leader never claims the future
         prepared = sender.prepare([("a", slot), ("b", slot)])
-        assert before == [("a", 0), ("b", 0)] and after == []  # built, nothing enqueued yet
-        # b's slot was claimed by someone else first: refused, its message never enqueued
-        scheduler.ledger.claim(token, epoch, [ClaimItem("b", to_ms(slot), Op.CLAIM)])
+        assert prepared == [None, None] and before == []  # nothing built before the claim
+        # a newer slot of b's was claimed first: b's is refused, its message never built
+        newer = to_ms(slot) + 60_000
+        scheduler.ledger.claim(token, epoch, [ClaimItem("b", newer, Op.CLAIM, newer)])
         results = scheduler.ledger.claim(token, epoch, [
-            ClaimItem(name, to_ms(slot), Op.CLAIM, to_ms(slot), enqueue=commands)
-            for name, commands in zip("ab", prepared)])
+            ClaimItem(name, to_ms(slot), Op.CLAIM, to_ms(slot)) for name in "ab"])
         assert results[0] is None and results[1] is not None
-        sender.enqueued([("a", slot)])
+        sender.enqueued([])
+        assert sender.send_many([("a", slot)]) == [True]
     finally:
         signals.before_task_publish.disconnect(on_before)
         signals.after_task_publish.disconnect(on_after)
         scheduler.close()
-    assert after == [("a", 1)]  # after the message was in the queue, for the granted one only
+    assert before == [("a", 0)]  # the granted slot only, before its message was queued
+    assert after == [("a", 1)]  # after the message was in the queue
     assert [m["headers"]["leaderbeat_entry"] for m in messages(client, "celery")] == ["a"]
 
 

@@ -30,7 +30,18 @@ from typing import Protocol
 
 from ..errors import LeaseLostError, NotReplicatedError
 from ..store.base import LeaseStore, SlotStore
-from ..store.ledger import DIFFERS, EARLY, PAUSED, SKIPPED, ClaimItem, Event, Op, SlotState
+from ..store.ledger import (
+    DIFFERS,
+    EARLY,
+    ENQUEUED,
+    PAUSED,
+    SKIPPED,
+    UNQUEUED,
+    ClaimItem,
+    Event,
+    Op,
+    SlotState,
+)
 from ..timing.slots import Plan, from_ms, to_ms
 from .agenda import Tracked, Unsent
 from .memory import SentMemory
@@ -247,13 +258,22 @@ def run_batch(due: Sequence[tuple[Tracked, Plan]], gate: Gate, send: Send | Chun
                 except Exception:
                     backlog.extend(writing)  # may not have been written: written again later
                     raise
+                # UNQUEUED: granted without its commands, published below like any grant
+                answers = list(results)
+                results = [None if r == UNQUEUED else r for r in answers]
                 granted = [(t.name, slot) for (t, slot, op, _), ms, result
                            in zip(chunk, slots_ms, results)
                            if result is None and op == Op.CLAIM
                            and not memory.covers(t.name, ms)]
-                enqueued = {(c[0].name, c[1]) for c, item, result in zip(chunk, items, results)
-                            if result is None and item.enqueue and replicated}
-                sender.enqueued([g for g in granted if g in enqueued])
+                enqueued = {(c[0].name, c[1]) for c, item, result, raw
+                            in zip(chunk, items, results, answers)
+                            if result is None and raw is None and item.enqueue and replicated}
+                # this leader's own slots asked again, enqueued by an attempt whose reply was
+                # lost: they reached the broker, and this process has not said so yet
+                again = [(t.name, slot) for (t, slot, _, _), ms, result
+                         in zip(chunk, slots_ms, results)
+                         if result == ENQUEUED and not memory.covers(t.name, ms)]
+                sender.enqueued([g for g in granted if g in enqueued] + again)
                 to_send = [g for g in granted if g not in enqueued]
                 sent: dict[tuple[str, datetime], bool] = {}
                 if to_send and replicated and not fenced:
@@ -282,6 +302,13 @@ def run_batch(due: Sequence[tuple[Tracked, Plan]], gate: Gate, send: Send | Chun
                             pending.append(Event(name, slot_ms, "sent", gate.detail))
                         else:
                             pending.append(Event(name, slot_ms, "unsent", "publish failed"))
+                    elif result == ENQUEUED:  # its 'sent' event is in the history already
+                        position[name] = max(position[name], slot)
+                        pending += deferred.pop(name, ())
+                        if not memory.covers(name, slot_ms):
+                            memory.note(name, slot_ms)
+                            outcome.sent += 1
+                            outcome.events.append(Event(name, slot_ms, "sent", gate.detail))
                     elif result == PAUSED:  # skipped past: resuming does not replay it
                         position[name] = max(position[name], slot)
                         pending.append(Event(name, slot_ms, "skipped", "paused"))

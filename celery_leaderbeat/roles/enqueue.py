@@ -8,15 +8,19 @@ commands through ``batch.add``). Those commands, ``LPUSH`` to the queue's
 priority list and ``PEXPIRE`` where a queue expires, travel with the claim,
 and the claim script runs them for exactly the slots it grants: a slot is
 granted and enqueued, or neither. ``after_task_publish`` fires for each one
-granted.
+granted. A message that goes through an exchange is routed when it is sent
+(:mod:`.routing`), as kombu routes each publish.
 
 Where this cannot be exact the chunk goes out through kombu's batching after
-the claim instead (said once at start-up): a broker on another server or
-database, Redis Cluster or Sentinel, a transport option this module does not
-know, a kombu other than 5.7, ``leaderbeat_min_replicas``, or
-``leaderbeat_atomic_enqueue = False``. A single message whose routing gives
-other commands (fanout: ``PUBLISH``) is published after its claim was granted,
-with the very commands kombu computed.
+the claim instead (said once at start-up, and :func:`one_step_fallback` says
+why): a broker on another server or database, Redis Cluster or Sentinel, a
+transport option this module does not know, a kombu outside
+:data:`KOMBU_RANGE`, ``leaderbeat_min_replicas``, or
+``leaderbeat_atomic_enqueue = False``. A chunk sent while a
+``before_task_publish`` receiver is connected is claimed first and built after,
+so the signal fires only for slots granted. A single message whose routing
+gives other commands (fanout: ``PUBLISH``) is published after its claim was
+granted, with the very commands kombu computed.
 """
 
 from __future__ import annotations
@@ -29,13 +33,20 @@ from typing import Any
 import kombu
 from celery import signals
 
+from ..store.ledger import SENT
+from ..timing.slots import to_ms
 from .messages import Captured, Messages
 from .publish import DeclaringOnce, publish, send_many
+from .routing import Routes
 
 logger = logging.getLogger(__name__)
 
 #: commands the claim script runs for a message (kombu's Redis transport, 5.7)
 EXACT = frozenset({"lpush", "pexpire"})
+
+#: the kombu releases whose Redis transport the one-step path knows (its batch's commands,
+#: its routing): >=5.7,<5.8; outside it every chunk is sent after its claim
+KOMBU_RANGE = ((5, 7), (5, 8))
 
 #: broker transport options that change nothing in a message's final commands, or
 #: that kombu applies while it computes them (priority steps, separator, key prefix)
@@ -99,11 +110,30 @@ class _CallCapture(DeclaringOnce):
         raise Captured(body, kwargs)
 
 
+def kombu_known() -> bool:
+    """Whether the installed kombu is in :data:`KOMBU_RANGE`."""
+    low, high = KOMBU_RANGE
+    return low <= tuple(kombu.VERSION[:2]) < high
+
+
+def _dotted(version: tuple[int, ...]) -> str:
+    return ".".join(str(v) for v in version)
+
+
+def one_step_fallback(scheduler: Any) -> str | None:
+    """Why ``scheduler``'s chunks do not go out claimed and enqueued in one step, or None
+    when they do (for ``status`` and a metric). Before its first send: "not checked yet"."""
+    enqueuer = getattr(scheduler, "_enqueuer", None)
+    if enqueuer is None:
+        return "not checked yet (no chunk sent by this beat)"
+    return enqueuer.fallback
+
+
 def routes_redis(conn: Any) -> bool:
     """Whether kombu 5.7's plain Redis transport routes ``conn``'s messages into batches."""
     from kombu.transport import redis as kombu_redis
 
-    if kombu.VERSION[:2] != (5, 7) or type(conn.transport) is not kombu_redis.Transport:
+    if not kombu_known() or type(conn.transport) is not kombu_redis.Transport:
         return False
     channel = conn.default_channel
     return type(channel) is kombu_redis.Channel and bool(channel.supports_batch_publish)
@@ -111,8 +141,9 @@ def routes_redis(conn: Any) -> bool:
 
 def fast_path_problem(app: Any, client: Any, min_replicas: int) -> str | None:
     """Why claim-and-enqueue cannot be exact with this broker; None when it can."""
-    if kombu.VERSION[:2] != (5, 7):
-        return f"kombu {kombu.__version__} (the commands are known for kombu 5.7)"
+    if not kombu_known():
+        return (f"kombu {kombu.__version__} (the commands are known for kombu "
+                f">={_dotted(KOMBU_RANGE[0])},<{_dotted(KOMBU_RANGE[1])})")
     if min_replicas:
         return "leaderbeat_min_replicas is set (a claim is confirmed after it ran)"
     pool = getattr(client, "connection_pool", None)
@@ -166,10 +197,17 @@ class Enqueuer:
             self.checked = False
             problem = f"the broker could not be reached to check ({exc})"
         self.fast = problem is None
+        #: why chunks are not claimed and enqueued in one step (None: they are)
+        self.problem = problem
         self._conn: Any = None
         self._producer: Any = None
         self._out: Any = None  # (connection, producer) of the batched path, made when first used
-        self.messages = Messages(scheduler, self.capture, lambda: self._capturing().channel)
+        channel = lambda: self._capturing().channel  # the capture channel, made on first use
+        self.routes = Routes(channel)
+        self.messages = Messages(scheduler, self.capture, channel, self.routes)
+        #: slots whose commands went with the claim in flight: (name, slot, epoch, message);
+        #: left here when its reply never came (see :meth:`settle`)
+        self.unanswered: list[tuple[str, datetime, int, Captured | None]] = []
         if quiet:
             pass
         elif self.fast:
@@ -179,6 +217,16 @@ class Enqueuer:
             logger.info("leaderbeat: sends each chunk after its claim, batched by kombu "
                         "where it can (claim and enqueue in one step is off: %s)", problem)
 
+    @property
+    def fallback(self) -> str | None:
+        """Why chunks go out after their claim instead of in one step, now; None: one step."""
+        if self.problem is not None:
+            return self.problem
+        if signals.before_task_publish.receivers:
+            return ("a before_task_publish receiver is connected (it fires only for slots "
+                    "granted: each chunk is claimed first)")
+        return None
+
     def bind(self, epoch: int) -> ChunkSender:
         """A batch's sender under ``epoch``; a standby's rescue (epoch 0) claims first.
 
@@ -187,7 +235,38 @@ class Enqueuer:
         the leader's own burst, on the same cores. A rescue therefore publishes its
         granted slots after the claim, batched.
         """
+        self.settle()
+        self.routes.fresh()  # this batch's messages are routed on bindings read from now
         return ChunkSender(self, epoch, fast=self.fast and epoch != 0)
+
+    def settle(self) -> None:
+        """Say what a claim whose reply never came enqueued: its slots stored sent under its
+        epoch reached the broker (the script ran), so ``after_task_publish`` fires and the
+        send lines are said for them, once. Read from the slots each entry holds now (at
+        the next batch, or idle-time preparation); when that read fails too, read again
+        the next time. A slot a newer claim replaced
+        meanwhile cannot be told from the stored state, and gets no signal."""
+        if not self.unanswered:
+            return
+        s = self.scheduler
+        try:
+            stored = s.ledger.load(sorted({name for name, _, _, _ in self.unanswered}))
+        except Exception as exc:  # noqa: BLE001 - kept: read again when the next chunk is sent
+            logger.debug("leaderbeat: could not read what an unanswered claim enqueued: %r", exc)
+            return
+        doubt, self.unanswered = self.unanswered, []
+        node = getattr(s, "_node", None)
+        went = []
+        for name, slot, epoch, captured in doubt:
+            state = stored.get(name)
+            if (state is not None and state.slot_ms == to_ms(slot) and state.epoch == epoch
+                    and state.state == SENT and state.node is None
+                    and not (node is not None and node.sent.covers(name, state.slot_ms))):
+                went.append((name, slot, captured))
+                if node is not None:
+                    node.sent.note(name, state.slot_ms)
+        if went:
+            ChunkSender(self, 0, fast=False).said_enqueued(went, epoch=doubt[0][2])
 
     def _capturing(self) -> Any:
         if self._producer is None:
@@ -312,27 +391,55 @@ class ChunkSender:
         return out
 
     def prepare(self, slots: Sequence[tuple[str, datetime]]) -> list[tuple[Command, ...] | None]:
-        """Each slot's broker commands for the claim script to run, or None (sent after)."""
+        """Each slot's broker commands for the claim script to run, or None (sent after).
+
+        With a ``before_task_publish`` receiver connected nothing is built before the
+        claim: the receiver may change each message, so Celery builds it, and the signal
+        would fire for slots the claim then refuses. The chunk is claimed first and its
+        granted slots built and sent after, batched.
+        """
         self._held.clear()
-        if not self.fast:
+        enqueuer = self.enqueuer
+        enqueuer.unanswered = []
+        if not self.fast or signals.before_task_publish.receivers:
             return [None] * len(slots)
-        final = self.enqueuer.final
-        return [final(c) if c is not None else None for c in self._hold(slots)]
+        final = enqueuer.final
+        commands = [final(c) if c is not None else None for c in self._hold(slots)]
+        enqueuer.unanswered = [(name, slot, self.epoch, self._held.get((name, slot)))
+                               for (name, slot), cmds in zip(slots, commands) if cmds]
+        return commands
 
     def enqueued(self, slots: Sequence[tuple[str, datetime]]) -> None:
-        """The claim script granted and enqueued these: Celery's after_task_publish, once each."""
+        """The claim answered; it granted and enqueued these (in this call, or in an earlier
+        attempt whose reply was lost): Celery's after_task_publish, once each."""
+        self.enqueuer.unanswered = []
+        self.said_enqueued([(name, slot, self._held.pop((name, slot), None))
+                            for name, slot in slots], epoch=self.epoch)
+
+    def said_enqueued(self, slots: Sequence[tuple[str, datetime, Captured | None]], *,
+                      epoch: int) -> None:
+        """Slots the claim script enqueued: what a sent slot changes in its entry, the send
+        lines, and ``after_task_publish`` (a message not held is built again for it; not
+        when a ``before_task_publish`` receiver would see that build)."""
         s = self.enqueuer.scheduler
         after = bool(signals.after_task_publish.receivers)
         said: list[tuple[Any, datetime]] = []
-        for name, slot in slots:
-            captured = self._held.pop((name, slot), None)
+        for name, slot, captured in slots:
             found = self._entry(name)
-            if found is not None:
-                said.append((found[0], slot))
-                s._note_sent(found[0], slot)
-                if captured is not None and after:
-                    signals.after_task_publish.send(sender=found[0].task, **captured.after)
-        s._say_sending_chunk(said, self.epoch)
+            if found is None:
+                continue
+            said.append((found[0], slot))
+            s._note_sent(found[0], slot)
+            if after and captured is None and self.enqueuer.messages.usable():
+                try:
+                    captured = self.enqueuer.build(found[0], slot, epoch, found[1])
+                except Exception:  # it was sent: only its signal is missing
+                    logger.warning("leaderbeat: %s for slot %s was sent; its message could not "
+                                   "be built again for after_task_publish", name,
+                                   slot.isoformat(), exc_info=True)
+            if captured is not None and after:
+                signals.after_task_publish.send(sender=found[0].task, **captured.after)
+        s._say_sending_chunk(said, epoch)
 
     def send_many(self, slots: Sequence[tuple[str, datetime]],
                   may_send: Callable[[], bool] = lambda: True) -> list[bool]:

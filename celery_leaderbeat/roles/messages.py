@@ -12,7 +12,9 @@ entry's arguments (body, ``argsrepr``, ``kwargsrepr``, serialised once per
 entry), the ``leaderbeat_*`` headers and a fresh delivery tag put in.
 
 Two forms: on kombu's Redis transport the final commands (``LPUSH`` of the
-payload to the queue's priority list, ``PEXPIRE`` where a queue expires), and
+payload to the queue's priority list, ``PEXPIRE`` where a queue expires; for a
+message through a direct or topic exchange, to the queues its bindings give when
+it is sent, :mod:`.routing`), and
 on any other transport the arguments Celery passes to ``Producer.publish``
 (the body already serialised, so kombu does not serialise it again).
 
@@ -47,6 +49,7 @@ from kombu import serialization
 from kombu.utils.json import dumps as kombu_dumps
 
 from ..timing.slots import slot_id
+from .routing import Route, Routes
 
 logger = logging.getLogger(__name__)
 
@@ -104,6 +107,7 @@ class _Shape:
         "owner",
         "pieces",
         "rest",
+        "route",
         "serializer",
     )
 
@@ -116,6 +120,8 @@ class _Shape:
         self.envelope: dict[str, Any] | None = None
         self.key = ""
         self.rest: list[tuple[str, tuple[Any, ...]]] = []
+        #: set when the message goes through an exchange: its queues are looked up at send
+        self.route: Route | None = None
         if captured.commands is not None:
             (_, args), *rest = captured.commands
             self.key, self.envelope = args[0], json.loads(args[1])
@@ -185,11 +191,13 @@ class Messages:
     """
 
     def __init__(self, scheduler: Any, capture: Callable[[Any, datetime, int, str], Captured],
-                 channel: Callable[[], Any]) -> None:
+                 channel: Callable[[], Any], routes: Routes | None = None) -> None:
         self.scheduler = scheduler
         self.app = scheduler.app
         self.capture = capture
         self.channel = channel
+        #: looks up, at send, the queues of a message that goes through an exchange
+        self.routes = routes if routes is not None else Routes(channel)
         self._shapes: dict[Any, _Shape | None] = {}
         self._parts: dict[str, _Part | None] = {}
         self._tasks: dict[str, Any] = {}
@@ -277,8 +285,11 @@ class Messages:
         pieces = shape.pieces
         payload = pieces[0] + "".join(
             [values[n] + p for n, p in zip(shape.names, pieces[1:])])
-        return Captured(body, None, [("lpush", (shape.key, payload)), *shape.rest],
-                        None, lazy=kwargs)
+        if shape.route is not None:  # routed now, as kombu routes each publish
+            commands = self.routes.commands(shape.route, payload)
+        else:  # to a queue by name: the same key every time
+            commands = [("lpush", (shape.key, payload)), *shape.rest]
+        return Captured(body, None, commands, None, lazy=kwargs)
 
     @staticmethod
     def _same(real: Captured, built: Captured) -> bool:
@@ -286,14 +297,16 @@ class Messages:
             return False
         if real.commands is None or built.commands is None:
             return real.commands is built.commands
-        if len(real.commands) != len(built.commands) or real.commands[1:] != built.commands[1:]:
+        if not real.commands or not built.commands:
+            return real.commands == built.commands
+        # an exchange's queues come in the order of a set: compared as sets of keys
+        if _keys(real.commands) != _keys(built.commands):
             return False
-        (_, (k1, p1)), (_, (k2, p2)) = real.commands[0], built.commands[0]
+        (_, (_, p1)), (_, (_, p2)) = real.commands[0], built.commands[0]
         a, b = json.loads(p1), json.loads(p2)
         for m in (a, b):
             m["properties"].pop("delivery_tag", None)
-        return k1 == k2 and a == b and list(a) == list(b) and list(a["headers"]) == list(
-            b["headers"])
+        return a == b and list(a) == list(b) and list(a["headers"]) == list(b["headers"])
 
     def warm(self, entries: Iterator[tuple[Any, str]], epoch: int, until: float,
              clock: Callable[[], float]) -> bool:
@@ -449,11 +462,15 @@ class Messages:
                 or any(h not in headers for h in SLOT_HEADERS)
                 or headers.get("parent_id") is not None):
             return None
-        if captured.commands is not None and (
-                not captured.commands or captured.commands[0][0] != "lpush"
-                or any(name != "pexpire" for name, _ in captured.commands[1:])):
+        if captured.commands is not None and not _one_payload(captured.commands):
             return None
         shape = _Shape(captured, entry.name)
+        if shape.envelope is not None:
+            shape.route = self.routes.route(shape.envelope)
+            if shape.route is None and not _one_queue(captured.commands):
+                return None
+            if shape.route is not None:
+                shape.rest = []  # its commands are made at send (other queues' payloads too)
         try:
             content_type, encoding, _ = serialization.dumps(body, serializer=shape.serializer)
         except Exception:  # noqa: BLE001 - an unknown serialiser: apply_async each time
@@ -465,6 +482,24 @@ class Messages:
         if shape.envelope is not None and not _template(shape):
             return None  # the payload could not be cut: apply_async each time
         return shape
+
+
+def _one_payload(commands: list[tuple[str, tuple[Any, ...]]]) -> bool:
+    """kombu's commands of one message: LPUSHes of one payload (and PEXPIREs), the first an LPUSH."""
+    return (bool(commands) and commands[0][0] == "lpush"
+            and all(name == "pexpire" or (name == "lpush" and args[1] == commands[0][1][1])
+                    for name, args in commands))
+
+
+def _one_queue(commands: list[tuple[str, tuple[Any, ...]]] | None) -> bool:
+    """One LPUSH, then PEXPIREs: a message sent to one queue by name."""
+    return not commands or all(name == "pexpire" for name, _ in commands[1:])
+
+
+def _keys(commands: list[tuple[str, tuple[Any, ...]]]) -> list[tuple[str, str, Any]]:
+    """Each command's name, key and argument (payloads left out), sorted."""
+    return sorted((name, str(args[0]), None if name == "lpush" else args[1])
+                  for name, args in commands)
 
 
 def delivery_tag() -> str:

@@ -52,6 +52,14 @@ BACKFILL_REFUSALS = {
 
 #: what a claim of a paused entry's slot answers: skipped past, not granted
 PAUSED = "paused"
+#: what a leader's claim answers when it asks again for a slot it holds itself and the
+#: slot is stored sent under its epoch: enqueued by an earlier attempt of the claim (its
+#: reply was lost) or recorded sent; nothing ran again
+ENQUEUED = "enqueued"
+#: what a claim answers when it granted a slot without running its broker commands (a
+#: queue they write is not a list): the caller publishes it after the claim, where that
+#: one message fails as kombu's own publish would
+UNQUEUED = "granted, not enqueued"
 #: what a rescue answers when the rescuer's definition of the entry is not the leader's
 DIFFERS = "differs"
 #: what a claim answers while it is too early: a rescue before fire + rescue_after, a
@@ -161,7 +169,10 @@ class Ledger:
         """Leader: write ``events``, then claim ``items`` in order, in one call.
 
         Returns ``None`` per granted item, :data:`PAUSED` for a paused entry's slot
-        (skipped past, not granted), else the state that refused it. Raises
+        (skipped past, not granted), :data:`ENQUEUED` for this leader's own slot asked
+        again and already sent (enqueued by an attempt whose reply was lost),
+        :data:`UNQUEUED` for a slot granted without its broker commands (a queue they
+        write is not a list: the caller publishes it), else the state that refused it. Raises
         LeaseLostError (and grants nothing; the events are written all the same:
         they say what already happened) when ``token`` no longer leads, and
         NotReplicatedError when ``min_replicas`` replicas did not acknowledge.
@@ -496,6 +507,10 @@ def _lead_result(reply: Any) -> SlotState | None | str:
         return None
     if reply == 2:
         return PAUSED
+    if reply == 4:
+        return ENQUEUED
+    if reply == 5:
+        return UNQUEUED
     if reply == 0:
         return EARLY
     if reply is None or reply is False:

@@ -68,7 +68,9 @@
 --   op 'define'   (lead only) KEYS[6] entry -> fingerprint (nothing for an empty entry
 --                 name), and "|epoch" -> this leader's epoch: the leader wrote what it plans
 -- Claim and enqueue in one step (optional: only when KEYS has more than ten keys):
--- KEYS[11 ..]       the broker's keys (queue lists) the commands below write
+-- KEYS[11 ..]       the broker's keys (queue lists) the commands below write; the queues
+--                   of a message sent through an exchange are looked up by the caller
+--                   just before the call (roles/routing.py), as kombu does at publish
 -- ARGV[#ARGV]       L, the length of the enqueue section, which ends just before it and
 --                   follows the claims; for each claim in order: its broker commands as
 --                   one word ('' for none): 'l' (LPUSH) or 'e' (PEXPIRE), each followed by
@@ -76,8 +78,20 @@
 --                   argument per command, in order (the message payload, or ms)
 --   A granted 'claim' that has commands runs them here, in this atomic step, and is
 --   stored sent ('s'), never claimed: a slot is granted and enqueued, or neither; its
---   'sent' event is written to the history here too (the caller sends none). A retry
---   that finds exactly that sent value answers 1 again and runs or writes nothing twice.
+--   'sent' event is written to the history here too (the caller sends none).
+-- A leader asking again for a slot it holds itself (its reply was lost; the retry may
+-- carry commands the first attempt did not, or the reverse) is answered by what the
+-- slot is: stored sent by this leader ('s': enqueued by an earlier attempt, or recorded
+-- sent): 4, nothing runs or is written twice; still claimed ('c'): granted again (1), and
+-- commands the retry carries run now, as for a first grant.
+-- Checked before anything is written (Redis does not roll a script back, so an error
+-- after the first write would leave a slot stored sent with no message): the type of
+-- every key (WRONGTYPE), the generation counter, the stored values of the entries the
+-- call touches, and the enqueue section. A problem answers an error naming it, and
+-- nothing is written. A queue an LPUSH would write that is not a list fails only the
+-- claims whose commands write it: each is granted without them ('c') and answers 5, so
+-- the caller publishes it after the claim (kombu's own publish then fails that message
+-- alone, as stock beat's would).
 -- A 'claim' of a paused entry's slot advances past it instead (state 'k') and
 -- answers 2: the slot is skipped, and resuming does not replay it.
 -- Events are written first and unfenced: they say what already happened (the
@@ -98,59 +112,131 @@
 -- and not while the lease holder claimed something within ARGV[7] ms (answers 0).
 -- A value is "<slot_ms>|<epoch>|<state>", plus "|<node>|<claimed at ms>" for a standby's
 -- claim.
--- Asking again for the exact claim this caller already holds answers 1 again: a client
--- that lost the reply and retried must not take its grant for a refusal (the caller
--- remembers what it published and never publishes a slot twice).
--- Returns {0, holder_token or false, marked}   lead mode, not the leader: no claim granted
+-- Asking again for the exact claim this caller already holds answers 1 again (a leader's
+-- 'claim': see above): a client that lost the reply and retried must not take its grant
+-- for a refusal (the caller remembers what it published and never publishes a slot twice).
+-- Returns an error (nothing written) when a key has the wrong type or a value cannot be read
+--         {0, holder_token or false, marked}   lead mode, not the leader: no claim granted
 --         {2, generation}   Redis went back to older state (see ARGV[10]): nothing written
 --         {2, generation, 1}  a node reported a loss of writes (KEYS[9] "|loss", lost.lua):
 --           nothing written; lead and rescue calls answer this until a leader's 'reset'
 --         {1, redis_now_ms, marked, generation, r1, r2, ...}  per claim: 1 granted,
+--           4 this leader's own claim asked again and stored sent (enqueued before),
+--           5 granted without its commands (a queue they write is not a list),
 --           2 paused (skipped), 3 definition differs (rescue), 0 not late enough (rescue)
 --           or too far ahead (lead), false no state (rescue), a backfill's reason (see
 --           'backfill'), else the stored value
-local mode, node, epoch = ARGV[1], ARGV[6], ARGV[4]
+local mode = ARGV[1]
+local token = ARGV[2]
+local ttl_or_rescue_after = ARGV[3]
+local epoch = ARGV[4]
+local history_max = ARGV[5]
+local node = ARGV[6]
+local window = ARGV[7]         -- lead: ahead allowance; rescue: the busy leader's window
+local recover_age = ARGV[8]
 local n = tonumber(ARGV[9])
+local seen = ARGV[10]          -- the highest generation the caller has seen, or 'reset'
+local lift_above = ARGV[11]    -- with 'reset': the generation to lift the counter above
 local claims_at = 12 + 4 * n
+local claims_end = #ARGV
+local enq = nil  -- where the current claim's enqueue commands start, if any
+if #KEYS > 10 then
+  local enqueue_length = tonumber(ARGV[#ARGV])
+  claims_end = #ARGV - 1 - enqueue_length
+  enq = claims_end + 1
+end
+
+-- the type each of KEYS[1..10] must have (or none)
+local KIND = {'string', 'hash', 'stream', 'hash', 'hash', 'hash', 'string', 'string', 'hash',
+              'string'}
+local function wrong_type(key, want)
+  local kind = redis.call('TYPE', key)['ok']
+  if kind ~= 'none' and kind ~= want then
+    return key .. ' holds a ' .. kind .. ', not a ' .. want
+  end
+end
+-- KEYS indices of queues (LPUSH) that are not lists: claims writing them run no commands
+local not_list = {}
+-- what a write below could fail on, checked before the first write; nil when nothing
+local function problem()
+  for k = 1, 10 do
+    local wrong = wrong_type(KEYS[k], KIND[k])
+    if wrong then return wrong end
+  end
+  local counter = redis.call('GET', KEYS[8])
+  if counter and not string.match(counter, '^%d+$') then
+    return KEYS[8] .. ' holds ' .. counter .. ', not a generation number'
+  end
+  local floor = redis.call('HGET', KEYS[9], '|floor')
+  if floor and not tonumber(floor) then
+    return KEYS[9] .. ' field |floor holds ' .. floor .. ', not a number'
+  end
+  if enq then
+    local j = enq
+    while j < #ARGV do  -- each claim's word: 'l' or 'e' and a key index, then its arguments
+      local word = ARGV[j]
+      local rest, c = string.gsub(word, '[le]%d+', '')
+      if rest ~= '' then
+        return 'broker commands ' .. word .. ' not supported'
+      end
+      for key in string.gmatch(word, 'l(%d+)') do
+        if not_list[key] == nil then
+          not_list[key] = wrong_type(KEYS[tonumber(key)], 'list') ~= nil
+        end
+      end
+      j = j + 1 + c
+    end
+  end
+  local names = {}  -- every entry an event or a claim names
+  for i = 12, claims_at - 1, 4 do names[#names + 1] = ARGV[i] end
+  for i = claims_at, claims_end, 6 do names[#names + 1] = ARGV[i] end
+  if #names > 0 then
+    local values = redis.call('HMGET', KEYS[2], unpack(names))
+    for k = 1, #names do
+      if values[k] and not string.find(values[k], '^%d+|%d+|%a') then
+        return KEYS[2] .. ' field ' .. names[k] .. ' holds ' .. values[k] .. ', not a slot state'
+      end
+    end
+  end
+  for i = claims_at, claims_end, 6 do
+    local name, slot_text, op = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+    local field = name .. '|' .. slot_text
+    local over = op == 'recover' and redis.call('HGET', KEYS[4], field)
+    if over and not string.find(over, '^%d+|%d+|%a') then
+      return KEYS[4] .. ' field ' .. field .. ' holds ' .. over .. ', not a slot state'
+    end
+  end
+end
+local wrong = problem()
+if wrong then
+  return redis.error_reply('claim.lua: ' .. wrong .. ' (nothing was written)')
+end
+
 local generation = tonumber(redis.call('GET', KEYS[8]) or '0')
 -- a loss a node reported (lost.lua): the highest generation it had seen
 local loss = tonumber(redis.call('HGET', KEYS[9], '|loss') or '')
 -- only the lease holder lifts the counter: a leader fenced meanwhile leaves the loss for
 -- the next leader to see (it re-anchors, and sets the backfill floor)
-local reset = ARGV[10] == 'reset' and mode == 'lead' and redis.call('GET', KEYS[1]) == ARGV[2]
+local reset = seen == 'reset' and mode == 'lead' and redis.call('GET', KEYS[1]) == token
 if reset then
-  generation = math.max(generation, tonumber(ARGV[11]), loss or 0) + 1
+  generation = math.max(generation, tonumber(lift_above), loss or 0) + 1
   redis.call('SET', KEYS[8], generation)
   if loss then
     redis.call('HDEL', KEYS[9], '|loss')
   end
-elseif ARGV[10] == 'reset' and generation < tonumber(ARGV[11]) then
+elseif seen == 'reset' and generation < tonumber(lift_above) then
   -- not the leader (answered below): events are written, the counter is left as it is
-elseif ARGV[10] ~= '' and ARGV[10] ~= 'reset' and generation < tonumber(ARGV[10]) then
+elseif seen ~= '' and seen ~= 'reset' and generation < tonumber(seen) then
   -- the loss is marked for everyone (as lost.lua does): a node that remembers nothing
   -- must not rescue, nor a new leader send, from this older state until a leader's reset
-  if tonumber(ARGV[10]) > (loss or -1) then
-    redis.call('HSET', KEYS[9], '|loss', ARGV[10])
+  if tonumber(seen) > (loss or -1) then
+    redis.call('HSET', KEYS[9], '|loss', seen)
   end
   return {2, generation}
 elseif loss and mode ~= 'record' then
   return {2, generation, 1}  -- reported by another node: a leader re-anchors first
 else
   generation = redis.call('INCR', KEYS[8])
-end
-local claims_end = #ARGV
-local enq = nil  -- where the current claim's enqueue commands start, if any
-if #KEYS > 10 then
-  claims_end = #ARGV - 1 - tonumber(ARGV[#ARGV])
-  enq = claims_end + 1
-  local j = enq
-  while j < #ARGV do  -- checked before anything is written: a script is not rolled back
-    local rest, c = string.gsub(ARGV[j], '[le]%d+', '')
-    if rest ~= '' then
-      return redis.error_reply('claim.lua: broker commands ' .. ARGV[j] .. ' not supported')
-    end
-    j = j + 1 + c
-  end
 end
 local marked = 0
 local any_overtaken = redis.call('EXISTS', KEYS[4]) == 1
@@ -176,19 +262,19 @@ for i = 12, claims_at - 1, 4 do
       redis.call('HDEL', KEYS[4], name .. '|' .. slot)
     end
   end
-  redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[5], '*', 'event', event,
+  redis.call('XADD', KEYS[3], 'MAXLEN', '~', history_max, '*', 'event', event,
              'entry', name, 'slot', slot, 'node', node, 'epoch', epoch, 'detail', detail)
 end
 if mode == 'lead' then
   local current = redis.call('GET', KEYS[1])
-  if current ~= ARGV[2] then
+  if current ~= token then
     return {0, current, marked}
   end
-  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+  redis.call('PEXPIRE', KEYS[1], ttl_or_rescue_after)
   if reset then  -- what was sent before the loss cannot be told: no backfill reaches it
     local t = redis.call('TIME')
     local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-    local floor = now_ms + tonumber(ARGV[7])
+    local floor = now_ms + tonumber(window)
     local old = tonumber(redis.call('HGET', KEYS[9], '|floor') or '0')
     redis.call('HSET', KEYS[9], '|floor', math.max(old, floor), '|lost_at', now_ms)
   end
@@ -209,7 +295,7 @@ if mode == 'rescue' then
   definitions_behind = mark and mark ~= (redis.call('GET', KEYS[10]) or mark)
   suffix = '|' .. node .. '|' .. now_ms
   local progress = tonumber(redis.call('GET', KEYS[7]) or '')
-  leader_busy = progress ~= nil and ARGV[7] ~= '' and now_ms - progress < tonumber(ARGV[7])
+  leader_busy = progress ~= nil and window ~= '' and now_ms - progress < tonumber(window)
                 and redis.call('EXISTS', KEYS[1]) == 1
 end
 local progressed = false
@@ -258,7 +344,7 @@ local function backfill_refusal(name, slot_text, slot, s_slot, request)
   if slot < tonumber(redis.call('HGET', KEYS[9], '|floor') or '0') then
     return 'lost'
   end
-  local ahead = tonumber(ARGV[7])
+  local ahead = tonumber(window)
   if not sent_in_history then
     local oldest = slot
     for j = claims_at, claims_end, 6 do
@@ -304,6 +390,13 @@ for i = claims_at, claims_end, 6 do
     ncmds = select(2, string.gsub(spec, '[le]', ''))
     enq = cmds + ncmds
   end
+  local unqueued = false  -- a queue its commands write is not a list: granted without them
+  for key in string.gmatch(spec, 'l(%d+)') do
+    unqueued = unqueued or not_list[key]
+  end
+  if unqueued then
+    spec, ncmds = '', 0
+  end
   local state = states[op]
   if op == 'claim' and ncmds > 0 then
     state = 's'  -- enqueued in this step: sent
@@ -316,7 +409,7 @@ for i = claims_at, claims_end, 6 do
   local slot_text = ARGV[i + 1]
   local result
   if mode == 'lead' and op == 'claim' and not progressed then
-    redis.call('SET', KEYS[7], now_ms, 'PX', ARGV[3])
+    redis.call('SET', KEYS[7], now_ms, 'PX', ttl_or_rescue_after)
     progressed = true
   end
   if mode == 'rescue' then
@@ -331,7 +424,7 @@ for i = claims_at, claims_end, 6 do
       result = 1  -- a retry of this rescuer's own claim
     elseif slot <= s_slot or (prev ~= '' and tonumber(prev) ~= s_slot) then
       result = stored
-    elseif now_ms < fire + tonumber(ARGV[3]) or leader_busy then
+    elseif now_ms < fire + tonumber(ttl_or_rescue_after) or leader_busy then
       result = 0
     end
   elseif op == 'define' then
@@ -346,7 +439,7 @@ for i = claims_at, claims_end, 6 do
       redis.call('HSET', KEYS[9], name .. '|' .. slot_text, fp)  -- fp: the request id
       result = 1
     end
-  elseif op == 'claim' and fire > now_ms + tonumber(ARGV[7]) then
+  elseif op == 'claim' and fire > now_ms + tonumber(window) then
     result = 0
   elseif op == 'anchor' then
     if stored then result = stored end
@@ -367,7 +460,7 @@ for i = claims_at, claims_end, 6 do
       local _, o_epoch, _, o_node, o_at = parts(left)
       if o_epoch == epoch and o_node == '' then
         result = 1  -- this leader's own claim (a retry)
-      elseif o_at and now_ms < o_at + tonumber(ARGV[8]) then
+      elseif o_at and now_ms < o_at + tonumber(recover_age) then
         result = 0  -- a standby's claim, young enough that it may still publish it
       else
         if over then
@@ -377,8 +470,13 @@ for i = claims_at, claims_end, 6 do
       end
     end
   elseif stored then
-    if s_slot == slot and s_epoch == epoch and s_node == '' and s_state == state then
-      result = 1  -- a retry of this leader's own claim (its commands ran the first time)
+    local own = s_slot == slot and s_epoch == epoch and s_node == ''
+    if own and op == 'claim' and s_state == 's' then
+      result = 4  -- asked again: enqueued by an earlier attempt (or recorded sent)
+    elseif own and op == 'claim' and s_state == 'c' then
+      -- asked again, not sent yet: granted again below (commands it carries run now)
+    elseif own and s_state == state then
+      result = 1  -- a retry of this leader's own claim
     elseif slot <= s_slot then
       result = stored
     end
@@ -406,11 +504,11 @@ for i = claims_at, claims_end, 6 do
         j = j + 1
       end
       if ncmds > 0 then  -- enqueued: its 'sent' event is written here, not by the caller
-        redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[5], '*', 'event', 'sent', 'entry', name,
+        redis.call('XADD', KEYS[3], 'MAXLEN', '~', history_max, '*', 'event', 'sent', 'entry', name,
                    'slot', slot_text, 'node', node, 'epoch', epoch,
                    'detail', mode == 'rescue' and 'rescued' or '')
       end
-      result = 1
+      result = unqueued and 5 or 1
     end
     if mode == 'lead' and fp ~= '' then
       redis.call('HSET', KEYS[6], name, fp)
