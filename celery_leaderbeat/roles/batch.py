@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Protocol
+from typing import Any, Protocol
 
 from ..errors import LeaseLostError, NotReplicatedError
 from ..store.base import LeaseStore, SlotStore
@@ -58,7 +58,7 @@ Send = Callable[[str, datetime], bool]
 class ChunkSend(Protocol):
     """Sends a chunk's granted slots at once; may hand their broker commands to the claim."""
 
-    def prepare(self, slots: Sequence[tuple[str, datetime]]) -> Sequence[tuple | None]:
+    def prepare(self, slots: Sequence[tuple[str, datetime]]) -> Sequence[tuple[Any, ...] | None]:
         """Per slot, broker commands the claim runs if it grants the slot, or None."""
 
     def enqueued(self, slots: Sequence[tuple[str, datetime]]) -> None:
@@ -80,7 +80,7 @@ class _OneByOne:
     def __init__(self, send: Send) -> None:
         self.send = send
 
-    def prepare(self, slots: Sequence[tuple[str, datetime]]) -> Sequence[tuple | None]:
+    def prepare(self, slots: Sequence[tuple[str, datetime]]) -> Sequence[tuple[Any, ...] | None]:
         return [None] * len(slots)
 
     def enqueued(self, slots: Sequence[tuple[str, datetime]]) -> None:
@@ -204,7 +204,7 @@ def run_batch(due: Sequence[tuple[Tracked, Plan]], gate: Gate, send: Send | Chun
     record call failed go to ``backlog`` and ride on the next batch's first call.
     """
     sender: ChunkSend = (send if hasattr(send, "send_many")  # type: ignore[assignment]
-                         else _OneByOne(send))  # type: ignore[arg-type]
+                         else _OneByOne(send))
     memory = memory if memory is not None else SentMemory()
     backlog = backlog if backlog is not None else []
     outcome = Outcome()

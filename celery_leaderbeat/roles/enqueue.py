@@ -98,8 +98,8 @@ class _CaptureProducer(DeclaringOnce):
             raise RuntimeError("the broker channel no longer batches: cannot capture")
         collector = _Collector(self.channel)
         self.channel.create_publish_batch = lambda max_size: collector
-        with self.batch():
-            super().publish(body, **kwargs)
+        with self.batch():  # type: ignore[no-untyped-call]
+            super().publish(body, **kwargs)  # type: ignore[no-untyped-call]
         raise Captured(body, kwargs, collector.commands)
 
 
@@ -126,7 +126,8 @@ def one_step_fallback(scheduler: Any) -> str | None:
     enqueuer = getattr(scheduler, "_enqueuer", None)
     if enqueuer is None:
         return "not checked yet (no chunk sent by this beat)"
-    return enqueuer.fallback
+    reason: str | None = enqueuer.fallback
+    return reason
 
 
 def routes_redis(conn: Any) -> bool:
@@ -336,7 +337,7 @@ class Enqueuer:
         """The batched path's producer: its own connection, each queue declared once."""
         if self._out is None:
             conn = self.scheduler.app.connection_for_write()
-            self._out = (conn, DeclaringOnce(conn, auto_declare=False))
+            self._out = (conn, DeclaringOnce(conn, auto_declare=False))  # type: ignore[no-untyped-call]
         return self._out[1]
 
     def _drop_capturing(self) -> None:

@@ -37,7 +37,7 @@ import os
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import datetime, timezone
-from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
+from json.encoder import encode_basestring_ascii
 from typing import Any
 
 from celery import signals
@@ -423,7 +423,8 @@ class Messages:
             if key not in self._empty_reprs:
                 self._empty_reprs[key] = saferepr(value, maxsize, **self._repr_levels)
             return self._empty_reprs[key]
-        return saferepr(value, maxsize, **self._repr_levels)
+        text: str = saferepr(value, maxsize, **self._repr_levels)
+        return text
 
     def _task(self, name: str) -> Any:
         """The registered task (None: sent by name), or False when Celery must build its messages."""

@@ -17,7 +17,7 @@ from datetime import datetime
 from typing import Any
 
 from celery.beat import BeatLazyFunc
-from kombu import Producer
+from kombu.messaging import Producer
 
 from ..timing.slots import slot_id
 from .frames import Gathered
@@ -30,7 +30,7 @@ logger = logging.getLogger(__name__)
 BATCH_OPERATIONS = 10_000
 
 
-class DeclaringOnce(Producer):  # type: ignore[misc]
+class DeclaringOnce(Producer):
     """A kombu producer that declares each queue once per channel, not once per message.
 
     Celery asks for the message's queue to be declared on every publish; kombu
@@ -49,7 +49,7 @@ class DeclaringOnce(Producer):  # type: ignore[misc]
         key = hash(entity)
         if key in self._declared:
             return False
-        declared = super().maybe_declare(entity, retry, **retry_policy)
+        declared = super().maybe_declare(entity, retry, **retry_policy)  # type: ignore[no-untyped-call]
         self._declared.add(key)
         return declared
 
