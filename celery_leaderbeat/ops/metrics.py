@@ -72,20 +72,14 @@ SendPath = Callable[[], Any]
 
 
 def send_path_labels(enqueuer: Any) -> tuple[str, str] | None:
-    """(path, reason) of ``enqueuer``: ``one_step``, or ``batched`` and why; None without one.
-
-    Reads the enqueuer's ``fast`` (claim and enqueue in one step) and, when it has one,
-    its ``reason`` (why not); an enqueuer that could not reach the broker to check
-    (``checked`` False) sends batched until it can.
-    """
+    """(path, reason) of ``enqueuer`` (``roles.enqueue.Enqueuer``): ``one_step``, or
+    ``batched`` and why (its ``fallback``); None before the scheduler has one."""
     if enqueuer is None:
         return None
-    if getattr(enqueuer, "fast", False):
+    reason = enqueuer.fallback
+    if reason is None:
         return "one_step", ""
-    reason = getattr(enqueuer, "reason", None)
-    if not reason and not getattr(enqueuer, "checked", True):
-        reason = "the broker could not be reached to check"
-    return "batched", str(reason or "")
+    return "batched", str(reason)
 
 
 class _SendPathCollector:
