@@ -9,14 +9,17 @@ including which send path the beat uses.
 
 from __future__ import annotations
 
+import json
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from types import SimpleNamespace
 
 import kombu
 import pytest
 from celery import Celery
+from click.testing import CliRunner
 
 from celery_leaderbeat.ops.health import Health
 from celery_leaderbeat.ops.metrics import Metrics
@@ -86,7 +89,10 @@ def test_probes_answer_from_the_main_loop_and_redis_and_metrics_stay_on_the_same
         metrics.close()
 
 
-def _scheduler_metrics(redis_server, key_prefix: str, broker_db: int) -> str:
+def _scheduler_metrics(redis_server, key_prefix: str, broker_db: int) -> tuple[str, dict]:
+    """The scheduler's /metrics once it sent, and ``leaderbeat status --json`` once its
+    registry record says how it sends."""
+    from celery_leaderbeat.ops.cli import leaderbeat
     from celery_leaderbeat.scheduler import Scheduler
 
     port = free_port()
@@ -102,23 +108,35 @@ def _scheduler_metrics(redis_server, key_prefix: str, broker_db: int) -> str:
         while broker.llen("celery") < 1:
             assert time.monotonic() < deadline, "nothing was sent"
             time.sleep(min(scheduler.tick(), 0.1))
-        return get(port, "/metrics")[1]
+        body = get(port, "/metrics")[1]
+        status: dict = {}
+        while not status.get("send_path"):  # the record is written once a renew interval
+            assert time.monotonic() < deadline, f"status never said how the leader sends: {status}"
+            time.sleep(min(scheduler.tick(), 0.1))
+            out = CliRunner().invoke(leaderbeat, ["status", "--json"], catch_exceptions=False,
+                                     obj=SimpleNamespace(app=app, no_color=True))
+            status = json.loads(out.output)
+        return body, status
     finally:
         scheduler.close()
         scheduler._telemetry.metrics.close()  # type: ignore[attr-defined]
 
 
-def test_the_send_path_metric_says_one_step_on_the_brokers_own_redis(redis_server, key_prefix):
-    body = _scheduler_metrics(redis_server, key_prefix, broker_db=0)
+def test_the_send_path_metric_and_status_say_one_step_on_the_brokers_own_redis(
+        redis_server, key_prefix):
+    body, status = _scheduler_metrics(redis_server, key_prefix, broker_db=0)
     line = next(x for x in body.splitlines() if x.startswith("leaderbeat_send_path{"))
     assert f'path="{ONE_STEP}"' in line and line.endswith(" 1.0")
+    assert status["send_path"].startswith(ONE_STEP)
 
 
-def test_the_send_path_metric_says_batched_when_the_broker_is_another_database(
+def test_the_send_path_metric_and_status_say_batched_and_why_when_the_broker_is_another_database(
         redis_server, key_prefix):
-    body = _scheduler_metrics(redis_server, key_prefix, broker_db=1)
+    body, status = _scheduler_metrics(redis_server, key_prefix, broker_db=1)
     lines = [x for x in body.splitlines() if x.startswith("leaderbeat_send_path{")]
     assert len(lines) == 1 and 'path="batched"' in lines[0] and lines[0].endswith(" 1.0")
+    assert 'reason="the broker is another Redis server or database' in lines[0]
+    assert status["send_path"].startswith("batched: the broker is another Redis server")
 
 
 # -- real beat processes ------------------------------------------------------------------

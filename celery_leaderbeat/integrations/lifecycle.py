@@ -122,7 +122,16 @@ class Lifecycle(Parts):
         since = max(room.since.timestamp(), self._contact_since) if room is not None else None
         self._registration.write(node.ledger, self.lb_config.node_id, role,
                                  node.lease.epoch if role == LEADER else None,
-                                 clock_skew=node.lease.clock_skew, following_since=since)
+                                 clock_skew=node.lease.clock_skew, following_since=since,
+                                 send_path=self._send_path())
+
+    def _send_path(self) -> str | None:
+        """``one_step``, or ``batched: why``; None before this node's first chunk."""
+        enqueuer = getattr(self, "_enqueuer", None)
+        if enqueuer is None:
+            return None
+        reason = enqueuer.fallback
+        return "one_step" if reason is None else f"batched: {reason}"
 
     def close(self) -> None:
         """Release the lease (standbys take over at once) and close; safe to call twice."""

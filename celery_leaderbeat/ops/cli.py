@@ -64,9 +64,12 @@ def status(ctx: click.Context, as_json: bool) -> None:
     """The leader and every entry's last slot, its run, and its next slot."""
     cluster = cluster_of(ctx)
     leader, entries = cluster.leader(), cluster.entries()
+    send_path = _leader_send_path(cluster, leader)
     lines = [f"redis   {describe(cluster.config.redis_url)}  prefix {cluster.config.key_prefix}",
              "leader  " + (f"{leader['node']} (epoch {leader['epoch']}, lease "
                            f"{leader['lease_ms_left'] / 1000:.1f} s left)" if leader else "none")]
+    if send_path:
+        lines.append(f"sends   {send_path}")
     rows = []
     for row in entries:
         extra = row["run"] or ""
@@ -76,7 +79,15 @@ def status(ctx: click.Context, as_json: bool) -> None:
                      row["source"], moment_text(row["last_slot"]), row["state"],
                      moment_text(row["next_due"]), extra])
     lines += table(["entry", "source", "last slot", "state", "next due", "run / paused"], rows)
-    emit(as_json, {"leader": _public(leader), "entries": entries}, lines)
+    emit(as_json, {"leader": _public(leader), "send_path": send_path, "entries": entries}, lines)
+
+
+def _leader_send_path(cluster: Cluster, leader: Leader | None) -> str | None:
+    """How the leader sends its chunks, from its registry record (None: not said yet)."""
+    if leader is None:
+        return None
+    mine = [row for row in cluster.nodes() if row.get("node") == leader["node"]]
+    return mine[0].get("send_path") if mine else None
 
 
 @command()
@@ -86,8 +97,8 @@ def nodes(ctx: click.Context, as_json: bool) -> None:
     rows = [[row.get("node"), row.get("role") or "?",
              "-" if row.get("seen_ago") is None else f"{row.get('seen_ago')}s",
              "-" if row.get("clock_skew") is None else f"{row.get('clock_skew'):+.3f}s",
-             row.get("version", "?")] for row in found]
-    emit(as_json, found, table(["node", "role", "seen", "skew", "version"], rows))
+             row.get("version", "?"), row.get("send_path") or "-"] for row in found]
+    emit(as_json, found, table(["node", "role", "seen", "skew", "version", "send path"], rows))
 
 
 @command(

@@ -74,6 +74,7 @@ class NodeRow(TypedDict, total=False):
     last_seen: float
     instance: str
     following_since: float | None
+    send_path: str | None
 
 
 class _EventBase(TypedDict):

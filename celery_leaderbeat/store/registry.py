@@ -35,16 +35,19 @@ class Registration:
         return time.monotonic() - self._at >= every
 
     def write(self, ledger: SlotStore, node_id: str, role: str, epoch: int | None, *,
-              clock_skew: float | None, following_since: float | None = None) -> None:
+              clock_skew: float | None, following_since: float | None = None,
+              send_path: str | None = None) -> None:
         """``following_since``: since when (epoch seconds) this node has followed the
         schedule without a break; a new leader treats slots due after the earliest such
-        moment of any live node as on time (a standby could have rescued them)."""
+        moment of any live node as on time (a standby could have rescued them).
+        ``send_path``: how this node sends a chunk (``one_step``, or ``batched: why``),
+        None before its first chunk; shown by ``nodes`` and ``status``."""
         self._at = time.monotonic()
         previous, self._written = self._written, time.time()
         replaced = ledger.register_node(role, {
             "host": socket.gethostname(), "pid": os.getpid(), "version": __version__,
             "instance": self.instance, "epoch": epoch, "clock_skew": clock_skew,
-            "following_since": following_since})
+            "following_since": following_since, "send_path": send_path})
         other = replaced.get("instance") if replaced else None
         rolled_back = replaced is not None and float(replaced.get("last_seen") or 0) < previous
         if replaced and self._once and other not in (None, self.instance) and not rolled_back:
