@@ -10,6 +10,10 @@ key ``leaderbeat`` (in the entry itself, or in its ``options``)::
                        "tz": "Europe/Berlin", "catchup_window": 3600, "overlap": "skip"},
     }
 
+``overlap`` (kept by the worker guard): ``skip``, ``buffer_one``, ``buffer_all``,
+``cancel_other`` or ``allow_all`` (Kubernetes' ``Forbid``, ``Replace`` and ``Allow``,
+and ``allow``, are other names of ``skip``, ``cancel_other`` and ``allow_all``).
+
 These options are removed before the entry is built, so they never reach
 ``apply_async`` or the broker message.
 """
@@ -23,7 +27,7 @@ from datetime import timedelta, tzinfo
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from .config import OVERLAP_POLICIES, Config
+from .config import OVERLAP_RULE, Config, overlap_policy
 from .errors import ConfigurationError
 from .timing.policy import CatchupPolicy, catchup_problems
 
@@ -37,7 +41,8 @@ class EntryOptions:
     policy: CatchupPolicy
     jitter: float | None
     tz: tzinfo | None
-    overlap: str = "allow"  # "skip": the worker guard never starts a run while one runs
+    #: what the worker guard does with a slot due while the previous run still runs
+    overlap: str = "allow_all"
 
     @classmethod
     def defaults(cls, config: Config) -> EntryOptions:
@@ -135,9 +140,9 @@ def _entry_options(name: str, ours: dict[str, Any], config: Config,
     if jitter is not None and (isinstance(jitter, bool) or not isinstance(jitter, (int, float))
                                or jitter < 0):
         problems.append(f"{where} jitter={jitter!r} must be a number of seconds >= 0")
-    overlap = ours.get("overlap", config.overlap)
-    if overlap not in OVERLAP_POLICIES:
-        problems.append(f"{where} overlap={overlap!r} must be one of {', '.join(OVERLAP_POLICIES)}")
+    overlap = overlap_policy(ours.get("overlap", config.overlap))
+    if overlap is None:
+        problems.append(f"{where} overlap={ours['overlap']!r} {OVERLAP_RULE}")
     tz = None
     if ours.get("tz") is not None:
         tz = ours["tz"]

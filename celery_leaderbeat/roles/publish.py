@@ -81,7 +81,7 @@ def publish(scheduler: Any, entry: Any, slot: datetime, epoch: int | None,
         leaderbeat_epoch=epoch,
         leaderbeat_entry=entry.name,
     )
-    if overlap != "allow":
+    if overlap not in ("allow", "allow_all"):
         headers["leaderbeat_overlap"] = overlap
     options["task_id"] = task_id or slot_id(scheduler.keys.prefix, entry.name, slot)
     options["headers"] = headers

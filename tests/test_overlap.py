@@ -1,0 +1,180 @@
+"""Overlap policies kept by the worker guard, with real prefork workers.
+
+Two ``celery worker -c1`` processes, ``task_acks_late`` and a prefetch of one, so a
+slot due while one worker runs the entry is delivered to the other worker, whose
+guard decides. Slots are published as beat publishes them (deterministic task id,
+leaderbeat headers, ``leaderbeat_overlap``) every 0.5 s, for a task that runs 2.5
+times that: a few seconds of schedule per test, short on purpose. Real Redis for
+leaderbeat's state, a second as the broker, a third for what the tasks record.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from celery_leaderbeat.store.keys import Keys
+from celery_leaderbeat.timing.slots import slot_id
+from tests.support.beatapp import make_app
+from tests.support.overlap_tasks import overlaps, spans
+from tests.support.worker import WorkerProcess, wait_until
+from tests.test_guard import guarded_env, history
+
+pytestmark = pytest.mark.slow
+
+TICKING = "tests.support.overlap_tasks.ticking"
+INTERVAL = 0.5  # seconds between slots: short on purpose, the task runs 2.5 times it
+RUNS_FOR = 2.5 * INTERVAL
+START = datetime(2026, 12, 1, 9, 0, tzinfo=timezone.utc)
+WORKER_ARGS = ["-I", "tests.support.overlap_tasks"]
+
+
+def slot_at(i: int) -> datetime:
+    return START + timedelta(seconds=INTERVAL * i)
+
+
+def publish(app, prefix: str, entry: str, policy: str, i: int, seconds: float = RUNS_FOR,
+            **options) -> str:
+    """Publish slot ``i`` of ``entry`` as beat does: its task id, headers, overlap."""
+    slot = slot_at(i)
+    task_id = slot_id(prefix, entry, slot)
+    app.send_task(TICKING, kwargs={"seconds": seconds}, task_id=task_id, headers={
+        "leaderbeat_slot": slot.isoformat(), "leaderbeat_entry": entry,
+        "leaderbeat_epoch": 1, "leaderbeat_overlap": policy}, **options)
+    return task_id
+
+
+def events(client, prefix: str, entry: str) -> list[tuple[str, str, str]]:
+    return [(e["event"], e.get("detail", ""), e["slot"]) for e in history(client, prefix)
+            if e.get("entry") == entry]
+
+
+def decisions(client, prefix: str) -> dict[str, int]:
+    return {k.decode(): int(v) for k, v in client.hgetall(Keys(prefix).overlap_decisions).items()}
+
+
+@pytest.fixture
+def cluster(tmp_path, make_redis_server, key_prefix):
+    """Redis servers, the env, two workers; yields a namespace the test drives."""
+    state, broker, results = make_redis_server(), make_redis_server(), make_redis_server()
+
+    class Cluster:
+        prefix = key_prefix
+        env = guarded_env(tmp_path, broker_url=broker.url, state_url=state.url,
+                          record_url=results.url, prefix=key_prefix,
+                          settings={"task_acks_late": True, "worker_prefetch_multiplier": 1})
+        store = state.client()
+        record = results.client()
+
+        def feed(self, entry: str, policy: str, n: int) -> list[str]:
+            app = make_app(self.env)
+            try:
+                ids = []
+                for i in range(n):
+                    ids.append(publish(app, self.prefix, entry, policy, i))
+                    time.sleep(INTERVAL)
+            finally:
+                app.close()
+            return ids
+
+        def runs(self):
+            return spans(self.record)
+
+    c = Cluster()
+    with WorkerProcess(c.env, tmp_path / "w1.log", name="w1", concurrency=1,
+                       extra_args=WORKER_ARGS) as w1, \
+            WorkerProcess(c.env, tmp_path / "w2.log", name="w2", concurrency=1,
+                          extra_args=WORKER_ARGS) as w2:
+        w1.wait_ready()
+        w2.wait_ready()
+        c.workers = (w1, w2)
+        yield c
+
+
+def settle(cluster, seconds: float = 1.5) -> None:
+    """Wait until no run is going (every run ended or stopped ticking), then a little more."""
+    wait_until(lambda: all(r["ended"] or time.time() - r["last"] > 0.5 for r in cluster.runs())
+               and cluster.runs() != [], 30, "the runs to end")
+    time.sleep(seconds)
+
+
+def test_skip_never_runs_two_at_once_and_records_each_skipped_slot(cluster):
+    ids = cluster.feed("nightly", "skip", 8)
+    settle(cluster)
+    runs = cluster.runs()
+    skipped = [e for e in events(cluster.store, cluster.prefix, "nightly")
+               if e[0] == "skipped" and e[1].startswith("overlap: ")]
+    assert overlaps(runs) == []
+    assert len(runs) + len(skipped) == len(ids), (len(runs), skipped)
+    assert len(skipped) >= 3
+    counts = decisions(cluster.store, cluster.prefix)
+    assert counts["nightly|skip|skipped"] == len(skipped)
+    assert counts["nightly|skip|started"] == len(runs)
+
+
+def test_buffer_one_keeps_one_waiting_slot_and_starts_it_when_the_run_ends(cluster):
+    ids = cluster.feed("nightly", "buffer_one", 6)
+    settle(cluster, 3 * RUNS_FOR)  # the last slot kept waiting runs after the feed
+    settle(cluster)
+    runs = cluster.runs()
+    history_ = events(cluster.store, cluster.prefix, "nightly")
+    waiting, most = 0, 0
+    for event, detail, _ in history_:  # the history in the order Redis wrote it
+        waiting += event == "buffered"
+        waiting -= event == "started" and detail == "after wait"
+        most = max(most, waiting)
+    after_wait = [r for r in runs if any(e == ("started", "after wait", str(_ms(r["slot"])))
+                                         for e in history_)]
+    skipped = [e for e in history_ if e[0] == "skipped"]
+    assert overlaps(runs) == []
+    assert most == 1
+    assert after_wait and len(runs) + len(skipped) == len(ids)
+    assert all(e[1].startswith("overlap: ") and "waits already" in e[1] for e in skipped)
+    for run in after_wait:  # it started once the run before it had ended, within 2 s
+        before = max((r for r in runs if r["start"] < run["start"]), key=lambda r: r["start"])
+        assert before["last"] <= run["start"] <= before["last"] + 2.0, (before, run)
+
+
+def test_buffer_all_runs_every_slot_in_order_one_at_a_time(cluster):
+    ids = cluster.feed("backfill", "buffer_all", 5)
+    wait_until(lambda: sum(r["ended"] for r in cluster.runs()) == len(ids), 30,
+               "every slot to run")
+    settle(cluster)
+    runs = cluster.runs()
+    assert [r["id"] for r in runs] == ids  # every slot, in slot order
+    assert overlaps(runs) == []
+    started = [d for e, d, _ in events(cluster.store, cluster.prefix, "backfill")
+               if e == "started"]
+    assert started.count("after wait") >= 3
+
+
+def test_cancel_other_terminates_the_running_one_and_records_it(cluster):
+    ids = cluster.feed("latest", "cancel_other", 4)
+    settle(cluster, RUNS_FOR + 1.5)
+    runs = cluster.runs()
+    history_ = events(cluster.store, cluster.prefix, "latest")
+    cancelled = [e for e in history_ if e[0] == "cancelled"]
+    terminated = [r for r in runs if not r["ended"]]
+    assert overlaps(runs) == []
+    assert terminated, "a running slot was terminated"
+    assert runs[-1]["ended"] and runs[-1]["id"] == ids[-1]  # the newest ran to its end
+    # each terminated run is recorded cancelled under its own slot, naming its replacement
+    assert {_ms(r["slot"]) for r in terminated} <= {int(e[2]) for e in cancelled}
+    assert all(e[1].startswith("replaced by slot ") for e in cancelled)
+    assert sum(1 for e in history_ if e[0] == "finished"
+               and e[1].startswith("cancelled: terminated")) == len(terminated)
+
+
+def test_allow_all_lets_runs_overlap(cluster):
+    cluster.feed("free", "allow_all", 4)
+    settle(cluster)
+    runs = cluster.runs()
+    assert len(runs) == 4 and overlaps(runs) != []
+    assert not [e for e in events(cluster.store, cluster.prefix, "free")
+                if e[0] in ("skipped", "buffered", "cancelled")]
+
+
+def _ms(slot: str) -> int:
+    return int(datetime.fromisoformat(slot).timestamp() * 1000)
