@@ -93,16 +93,27 @@ def cluster(tmp_path, make_redis_server, key_prefix):
         yield c
 
 
-def settle(cluster, seconds: float = 1.5) -> None:
-    """Wait until no run is going (every run ended or stopped ticking), then a little more."""
-    wait_until(lambda: all(r["ended"] or time.time() - r["last"] > 0.5 for r in cluster.runs())
-               and cluster.runs() != [], 30, "the runs to end")
-    time.sleep(seconds)
+def settle(cluster, entry: str, n: int) -> None:
+    """Wait until each of the ``n`` slots started or was skipped and no run is going."""
+    def decided() -> int:
+        return len({slot for event, _, slot in events(cluster.store, cluster.prefix, entry)
+                    if event in ("started", "skipped")})
+
+    def quiet() -> bool:  # every run started has ticked, and ended or stopped (terminated)
+        started = {int(slot) for event, _, slot in events(cluster.store, cluster.prefix, entry)
+                   if event == "started"}
+        runs = cluster.runs()
+        return started <= {_ms(r["slot"]) for r in runs} and \
+            all(r["ended"] or time.time() - r["last"] > 1.0 for r in runs)
+
+    wait_until(lambda: decided() == n and quiet(), 40, f"all {n} slots of {entry} to be done")
+    time.sleep(1.0)
+    assert quiet()
 
 
 def test_skip_never_runs_two_at_once_and_records_each_skipped_slot(cluster):
     ids = cluster.feed("nightly", "skip", 8)
-    settle(cluster)
+    settle(cluster, "nightly", len(ids))
     runs = cluster.runs()
     skipped = [e for e in events(cluster.store, cluster.prefix, "nightly")
                if e[0] == "skipped" and e[1].startswith("overlap: ")]
@@ -116,8 +127,7 @@ def test_skip_never_runs_two_at_once_and_records_each_skipped_slot(cluster):
 
 def test_buffer_one_keeps_one_waiting_slot_and_starts_it_when_the_run_ends(cluster):
     ids = cluster.feed("nightly", "buffer_one", 6)
-    settle(cluster, 3 * RUNS_FOR)  # the last slot kept waiting runs after the feed
-    settle(cluster)
+    settle(cluster, "nightly", len(ids))
     runs = cluster.runs()
     history_ = events(cluster.store, cluster.prefix, "nightly")
     waiting, most = 0, 0
@@ -139,9 +149,7 @@ def test_buffer_one_keeps_one_waiting_slot_and_starts_it_when_the_run_ends(clust
 
 def test_buffer_all_runs_every_slot_in_order_one_at_a_time(cluster):
     ids = cluster.feed("backfill", "buffer_all", 5)
-    wait_until(lambda: sum(r["ended"] for r in cluster.runs()) == len(ids), 30,
-               "every slot to run")
-    settle(cluster)
+    settle(cluster, "backfill", len(ids))
     runs = cluster.runs()
     assert [r["id"] for r in runs] == ids  # every slot, in slot order
     assert overlaps(runs) == []
@@ -152,24 +160,26 @@ def test_buffer_all_runs_every_slot_in_order_one_at_a_time(cluster):
 
 def test_cancel_other_terminates_the_running_one_and_records_it(cluster):
     ids = cluster.feed("latest", "cancel_other", 4)
-    settle(cluster, RUNS_FOR + 1.5)
+    settle(cluster, "latest", len(ids))
     runs = cluster.runs()
     history_ = events(cluster.store, cluster.prefix, "latest")
     cancelled = [e for e in history_ if e[0] == "cancelled"]
     terminated = [r for r in runs if not r["ended"]]
     assert overlaps(runs) == []
     assert terminated, "a running slot was terminated"
-    assert runs[-1]["ended"] and runs[-1]["id"] == ids[-1]  # the newest ran to its end
-    # each terminated run is recorded cancelled under its own slot, naming its replacement
-    assert {_ms(r["slot"]) for r in terminated} <= {int(e[2]) for e in cancelled}
+    assert [r["ended"] for r in runs if r["id"] == ids[-1]] == [True]  # the newest is kept
+    # each terminated run is recorded cancelled under its own slot, naming its replacement,
+    # and its end says so (the guard's finish, or the revoking worker's release)
+    assert {_ms(r["slot"]) for r in terminated} == {int(e[2]) for e in cancelled}, history_
     assert all(e[1].startswith("replaced by slot ") for e in cancelled)
-    assert sum(1 for e in history_ if e[0] == "finished"
-               and e[1].startswith("cancelled: terminated")) == len(terminated)
+    ended = {int(slot) for event, detail, slot in history_
+             if event == "finished" and detail.startswith("cancelled: ")}
+    assert ended == {_ms(r["slot"]) for r in terminated}, history_
 
 
 def test_allow_all_lets_runs_overlap(cluster):
     cluster.feed("free", "allow_all", 4)
-    settle(cluster)
+    settle(cluster, "free", 4)
     runs = cluster.runs()
     assert len(runs) == 4 and overlaps(runs) != []
     assert not [e for e in events(cluster.store, cluster.prefix, "free")

@@ -103,6 +103,15 @@ local function count(decision)
     redis.call('HINCRBY', KEYS[10], ARGV[8] .. '|' .. policy .. '|' .. decision, 1)
   end
 end
+-- the outcome of a run that ends, said 'cancelled' when a newer slot replaced it
+local function cancelled_said(outcome)
+  if not queues or redis.call('GET', KEYS[3]) ~= task then return outcome end
+  local held = redis.call('GET', KEYS[9]) or ''
+  if string.sub(held, -10) ~= '|cancelled' or string.sub(outcome, 1, 10) == 'cancelled:' then
+    return outcome
+  end
+  return 'cancelled: replaced (' .. outcome .. ')'
+end
 -- the run holding the lock ended: free it and hand it on; the message to publish, or ''
 local function hand_on()
   if redis.call('GET', KEYS[3]) ~= task then return '' end
@@ -150,7 +159,7 @@ if mode == 'renew' or mode == 'finish' then
   end
   redis.call('SET', KEYS[1], 'f|' .. token .. '|' .. worker, 'PX', record_ttl)
   redis.call('DEL', KEYS[2])
-  history('finished', ARGV[11])
+  history('finished', cancelled_said(ARGV[11]))
   return {'ok', hand_on()}
 end
 
@@ -214,12 +223,16 @@ local function overlap_check()
   elseif first then  -- buffer_one, cancel_other: one slot waits already and is kept
     return skipped(first .. ' waits already', lock or first)
   end
+  local held = redis.call('GET', KEYS[9]) or ''
+  local slot = string.match(held, '^(%d+)|') or '0'
+  if policy == 'cancel_other' and lock and tonumber(slot) > tonumber(ARGV[9]) then
+    return skipped('older than the running slot (' .. lock .. ')', lock)  -- delivered late
+  end
   local reply = wait_here(lock)
   if policy == 'cancel_other' and lock then  -- no slot waits: the lock's holder runs
-    local held = redis.call('GET', KEYS[9]) or ''
-    local slot = string.match(held, '^(%d+)|') or '0'
     history('cancelled', 'replaced by slot ' .. ARGV[16], slot)
     count('cancelled')
+    redis.call('SET', KEYS[9], held .. '|cancelled', 'KEEPTTL')
     reply[1] = 'cancel'
   end
   return reply
