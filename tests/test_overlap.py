@@ -188,3 +188,45 @@ def test_allow_all_lets_runs_overlap(cluster):
 
 def _ms(slot: str) -> int:
     return int(datetime.fromisoformat(slot).timestamp() * 1000)
+
+
+def test_a_worker_killed_mid_run_releases_the_waiting_slot_after_the_lease_ttl(
+        tmp_path, make_redis_server, key_prefix):
+    """The run's worker is SIGKILLed: it never ends in the guard, its lock lapses after the
+    lease ttl, and the other worker's sweep starts the waiting slot."""
+    state, broker, results = make_redis_server(), make_redis_server(), make_redis_server()
+    # lease ttl 3 s: the dead run's lock lapses 3 s after its last renewal (default 10 s)
+    env = guarded_env(tmp_path, broker_url=broker.url, state_url=state.url,
+                      record_url=results.url, prefix=key_prefix,
+                      settings={"leaderbeat_lease_ttl": 3, "leaderbeat_renew_interval": 1})
+    client, record = state.client(), results.client()
+    # one queue per worker: the first slot runs on the worker that dies, the second
+    # reaches the one that lives
+    with WorkerProcess(env, tmp_path / "doomed.log", name="doomed", concurrency=1,
+                       extra_args=[*WORKER_ARGS, "-Q", "doomed"]) as doomed, \
+            WorkerProcess(env, tmp_path / "other.log", name="other", concurrency=1,
+                          extra_args=[*WORKER_ARGS, "-Q", "other"]) as other:
+        doomed.wait_ready()
+        other.wait_ready()
+        app = make_app(env)
+        first = publish(app, key_prefix, "nightly", "buffer_one", 0, seconds=30, queue="doomed")
+        wait_until(lambda: len(spans(record)) == 1, 20, "the first run to start")
+        second = publish(app, key_prefix, "nightly", "buffer_one", 1, queue="other")
+        wait_until(lambda: any(e[0] == "buffered" for e in events(client, key_prefix,
+                                                                  "nightly")),
+                   20, "the second slot to wait")
+        time.sleep(1.0)  # it waits while the first run goes on
+        waited_while_alive = len(spans(record)) == 1
+        doomed.kill()
+        killed_at = time.time()
+        wait_until(lambda: any(r["id"] == second and r["ended"] for r in spans(record)), 30,
+                   "the waiting slot to run")
+        app.close()
+    runs = spans(record)
+    started = [(d, slot) for e, d, slot in events(client, key_prefix, "nightly")
+               if e == "started"]
+    assert waited_while_alive
+    assert [r["id"] for r in runs] == [first, second] and not runs[0]["ended"]
+    assert started == [("", str(_ms(runs[0]["slot"]))), ("after wait", str(_ms(runs[1]["slot"])))]
+    # after the lease ttl (3 s) and within a sweep and a delivery more (generous: 5 s)
+    assert killed_at + 2.0 <= runs[1]["start"] <= killed_at + 3.0 + 5.0, runs[1]["start"] - killed_at

@@ -191,8 +191,10 @@ class Guard:
                 continue
             try:
                 message = json.loads(raw)
-                options = {k: message[k] for k in ("exchange", "routing_key", "priority")
-                           if message.get(k) not in (None, "")}
+                options = _route(message)
+                logger.info("leaderbeat guard: %s slot %s: its turn came, sent to start",
+                            message["headers"].get("leaderbeat_entry"),
+                            message["headers"].get("leaderbeat_slot"))
                 self.app.send_task(message["task"], message["args"], message["kwargs"],
                                    task_id=message["id"],
                                    headers={**message["headers"], HANDED_OVER: 1}, **options)
@@ -549,6 +551,22 @@ def _message(request: Any) -> str:
         logger.warning("leaderbeat guard: the arguments of %s are not JSON (%s): it cannot "
                        "wait its turn, so its entry's overlap is kept as skip", request.id, exc)
         return ""
+
+
+def _route(message: dict[str, Any]) -> dict[str, Any]:
+    """Where a waiting slot's message goes again: where it was delivered from.
+
+    No exchange (AMQP's default exchange): its routing key is the queue's name.
+    """
+    exchange, key = message.get("exchange"), message.get("routing_key")
+    options: dict[str, Any] = {}
+    if exchange:
+        options.update(exchange=exchange, routing_key=key)
+    elif key:
+        options["queue"] = key
+    if message.get("priority") is not None:
+        options["priority"] = message["priority"]
+    return options
 
 
 def _or_empty(epoch: Any) -> Any:
