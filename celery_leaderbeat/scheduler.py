@@ -131,6 +131,7 @@ class Scheduler(ScheduleState, Sending, Trouble, Lifecycle, beat.Scheduler):
         store = connect(config)
         if self._telemetry.serve(config.metrics_port):
             logger.info("leaderbeat: metrics on http://0.0.0.0:%d/metrics", config.metrics_port)
+        self._telemetry.metrics.overlap_from(store.guard.decisions)
         lease = store.lease
         lease.on_renew = lambda seconds: self._telemetry.metrics.renewed(seconds)
         self._node = Node(config=config, keys=self.keys, store=store, lease=lease,

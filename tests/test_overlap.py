@@ -123,6 +123,19 @@ def test_skip_never_runs_two_at_once_and_records_each_skipped_slot(cluster):
     counts = decisions(cluster.store, cluster.prefix)
     assert counts["nightly|skip|skipped"] == len(skipped)
     assert counts["nightly|skip|started"] == len(runs)
+    # a beat's /metrics reports them from the store
+    from prometheus_client import generate_latest
+
+    from celery_leaderbeat.config import Config
+    from celery_leaderbeat.ops.metrics import Metrics
+    from celery_leaderbeat.store.redis_store import connect
+
+    metrics, app = Metrics(), make_app(cluster.env)
+    metrics.overlap_from(connect(Config.from_app(app)).guard.decisions)
+    text = generate_latest(metrics.registry).decode()
+    app.close()
+    assert ('leaderbeat_overlap_decisions_total{decision="skipped",entry="nightly",'
+            f'policy="skip"}} {float(len(skipped))}') in text, text
 
 
 def test_buffer_one_keeps_one_waiting_slot_and_starts_it_when_the_run_ends(cluster):

@@ -15,12 +15,16 @@ a port nothing is imported and :class:`NullMetrics` does nothing.
 - ``leaderbeat_redis_last_answer_timestamp_seconds`` (gauge: Unix time Redis last answered
   this process: a lease renewal, or a tick whose Redis calls all succeeded; 0 until then)
 - ``leaderbeat_tick_seconds`` (histogram: one scheduler tick)
+- ``leaderbeat_overlap_decisions_total{entry, policy, decision}`` (counter: the worker
+  guard's overlap decisions, started, started_after_wait, buffered, skipped, cancelled;
+  the workers count them in Redis and every beat reports the cluster's totals, read at
+  each scrape: aggregate with ``max``, not ``sum``)
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 ENV_PORT = "LEADERBEAT_METRICS_PORT"
@@ -55,6 +59,30 @@ class NullMetrics:
 
     def keep_entries(self, names: Iterable[str]) -> None: ...
 
+    def overlap_from(self, read: Callable[[], Mapping[tuple[str, str, str], int]]) -> None:
+        ...
+
+
+class _OverlapDecisions:
+    """The guard's overlap decisions, read from the store at each scrape."""
+
+    def __init__(self) -> None:
+        self.read: Callable[[], Mapping[tuple[str, str, str], int]] | None = None
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily
+
+        family = CounterMetricFamily("leaderbeat_overlap_decisions",
+                                     "the worker guard's overlap decisions (cluster totals)",
+                                     labels=["entry", "policy", "decision"])
+        try:
+            counts = self.read() if self.read is not None else {}
+        except Exception:  # noqa: BLE001 - Redis unreachable: this scrape has no samples
+            counts = {}
+        for labels, value in sorted(counts.items()):
+            family.add_metric(list(labels), value)
+        yield family
+
 
 class Metrics(NullMetrics):
     """The real thing, on a registry of its own (several schedulers in one test process)."""
@@ -83,6 +111,8 @@ class Metrics(NullMetrics):
                                      "Unix time Redis last answered this process", registry=r)
         self._server: Any = None
         self._labelled: dict[str, set[str]] = {}  # entry -> states it has a series for
+        self._overlap = _OverlapDecisions()
+        r.register(self._overlap)
 
     def serve(self, port: int) -> None:
         from prometheus_client import start_http_server
@@ -129,6 +159,10 @@ class Metrics(NullMetrics):
 
     def ticked(self, seconds: float) -> None:
         self._tick.observe(seconds)
+
+    def overlap_from(self, read: Callable[[], Mapping[tuple[str, str, str], int]]) -> None:
+        """Report the overlap decisions ``read`` returns (this process's store) at each scrape."""
+        self._overlap.read = read
 
 
 def start(port: int | None) -> NullMetrics:

@@ -274,6 +274,8 @@ class GuardStore(Protocol):
     def release(self, run: GuardRun, detail: str) -> str:
         """This worker terminated ``run`` (revoke with terminate): record it finished
         (``detail``) and hand the turn on; the message to publish, or ""."""
+    def decisions(self) -> dict[tuple[str, str, str], int]:
+        """How often the guard decided each (entry, policy, decision) about overlap."""
     def sweep(self) -> list[str]:
         """Hand the turn to the first waiting slot of every entry whose run's lock lapsed
         (its worker died); the messages to publish."""

@@ -53,6 +53,13 @@ class RedisRuns(RedisPart):
         reply = self._call(run, "release", detail)
         return reply[1] if len(reply) > 1 else ""
 
+    def decisions(self) -> dict[tuple[str, str, str], int]:
+        out = {}
+        for field, value in self.client.hgetall(self.keys.overlap_decisions).items():
+            entry, policy, decision = text(field).rsplit("|", 2)
+            out[(entry, policy, decision)] = int(value)
+        return out
+
     def sweep(self) -> list[str]:
         keys = self.keys
         reply = self.scripts.guard(
