@@ -72,7 +72,9 @@ def split_entries(
         if isinstance(entry.get("options"), Mapping) and "leaderbeat" in entry["options"]:
             entry["options"] = dict(entry["options"])
             ours.update(entry["options"].pop("leaderbeat") or {})
-        parsed = _entry_options(name, ours, config, problems, kind)
+        parsed = _entry_options(name, ours, config, problems, kind,
+                                (entry.get("options") or {}).get("headers")
+                                if isinstance(entry.get("options"), Mapping) else None)
         if "task" not in entry:
             problems.append(f"{kind} {name!r} has no 'task'")
         if "schedule" not in entry:
@@ -124,8 +126,20 @@ def _policy(config: Config, ours: Mapping[str, Any]) -> CatchupPolicy:
     )
 
 
+def _header_problems(name: str, headers: Any, kind: str) -> list[str]:
+    """A ``leaderbeat_overlap`` header of the entry's own (it wins over the option) checked."""
+    if not isinstance(headers, Mapping) or "leaderbeat_overlap" not in headers:
+        return []
+    value = headers["leaderbeat_overlap"]
+    if overlap_policy(value) is not None:
+        return []
+    return [f"{kind} {name!r}: options['headers']['leaderbeat_overlap']={value!r} "
+            f"{OVERLAP_RULE}"]
+
+
 def _entry_options(name: str, ours: dict[str, Any], config: Config,
-                   problems: list[str], kind: str) -> EntryOptions | None:
+                   problems: list[str], kind: str,
+                   raw_headers: Any = None) -> EntryOptions | None:
     before = len(problems)
     where = f"{kind} {name!r}: leaderbeat option"
     for key in sorted(set(ours) - set(ENTRY_OPTIONS)):
@@ -143,6 +157,7 @@ def _entry_options(name: str, ours: dict[str, Any], config: Config,
     overlap = overlap_policy(ours.get("overlap", config.overlap))
     if overlap is None:
         problems.append(f"{where} overlap={ours['overlap']!r} {OVERLAP_RULE}")
+    problems += _header_problems(name, raw_headers, kind)
     tz = None
     if ours.get("tz") is not None:
         tz = ours["tz"]

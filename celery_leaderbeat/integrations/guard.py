@@ -79,7 +79,7 @@ from celery._state import _get_active_apps, connect_on_app_finalize
 from celery.exceptions import Ignore, Retry
 from kombu.utils import json
 
-from ..config import Config, overlap_policy
+from ..config import OVERLAP_RULE, Config, overlap_policy
 from ..errors import ConfigurationError
 from ..store.base import STORE_ERRORS, GuardRun, GuardStore, Store
 from ..store.redis_store import connect
@@ -223,7 +223,7 @@ class Guard:
         if entry is None or slot is None:
             return None
         retry = int(getattr(request, "retries", 0) or 0)
-        overlap = "allow_all" if retry else _policy(header(request, "leaderbeat_overlap"))
+        overlap = "allow_all" if retry else _policy(header(request, "leaderbeat_overlap"), entry)
         message = ""
         if keep_message and overlap in WAITING:
             message = _message(request)
@@ -519,18 +519,19 @@ def offer_step() -> None:
     connect_on_app_finalize(add_step)
 
 
-def _policy(value: Any) -> str:
+def _policy(value: Any, entry: Any) -> str:
     """The overlap policy a message names; none: ``allow_all``.
 
-    A name this worker does not know (a beat newer than it) is kept as ``skip``, the
-    one policy that never starts two runs and never holds a message back.
+    A name this worker does not know (a header set by hand, a beat newer than this
+    worker) is kept as ``skip``, the one policy that never starts two runs and never
+    holds a message back.
     """
     if value is None:
         return "allow_all"
     policy = overlap_policy(value)
     if policy is None:
-        logger.warning("leaderbeat guard: unknown overlap policy %r in a message; kept as "
-                       "skip (upgrade the workers to the beats' version)", value)
+        logger.warning("leaderbeat guard: entry %r: leaderbeat_overlap=%r %s; kept as skip",
+                       entry, value, OVERLAP_RULE)
         return "skip"
     return policy
 
