@@ -33,11 +33,11 @@ import argparse
 import json
 import os
 import signal
-import statistics
 import sys
 import tempfile
 import time
 from datetime import datetime, timedelta, timezone
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -214,7 +214,7 @@ def buffer_one(runs: list[dict[str, Any]], evs: list[dict[str, str]],
     after_wait = {int(e["slot"]) for e in evs
                   if e["event"] == "started" and e.get("detail") == "after wait"}
     delays, after_kill = [], None
-    for before, run in zip(runs, runs[1:]):
+    for before, run in pairwise(runs):
         if ms(run["slot"]) not in after_wait:
             continue
         if not before["ended"]:  # the killed run: its end is when the guard judged it dead

@@ -235,7 +235,7 @@ class Config:
             degraded_max_seconds=float(degraded), max_clock_skew=float(skew),
             history_length=history, min_replicas=replicas, rescue_after=float(rescue or DEFAULTS["rescue_after"]),
             guard=guard, guard_expires=float(guard_expires or DEFAULTS["guard_expires"]),
-            overlap=overlap, metrics_port=metrics_port,
+            overlap=overlap or str(DEFAULTS["overlap"]), metrics_port=metrics_port,
             base_scheduler=base, atomic_enqueue=atomic,
         )
 

@@ -133,8 +133,8 @@ def _header_problems(name: str, headers: Any, kind: str) -> list[str]:
     value = headers["leaderbeat_overlap"]
     if overlap_policy(value) is not None:
         return []
-    return [f"{kind} {name!r}: options['headers']['leaderbeat_overlap']={value!r} "
-            f"{OVERLAP_RULE}"]
+    rule = f"options['headers']['leaderbeat_overlap']={value!r} {OVERLAP_RULE}"
+    return [f"{kind} {name!r}: {rule}"]
 
 
 def _entry_options(name: str, ours: dict[str, Any], config: Config,
@@ -173,4 +173,4 @@ def _entry_options(name: str, ours: dict[str, Any], config: Config,
     if len(problems) > before:
         return None
     return EntryOptions(policy=_policy(config, ours), jitter=ours.get("jitter") or None, tz=tz,
-                        overlap=overlap)
+                        overlap=overlap or config.overlap)
