@@ -23,7 +23,8 @@ Figures per policy, printed and appended to bench/results/overlap.jsonl:
   start of each slot that waited, after the end (last tick) of the run before it:
   p50, p99, max; the one that waited for the killed run, after the kill;
 - buffer_all: slots run, in slot order or not;
-- cancel_other: runs terminated, each recorded ``cancelled`` and ended ``cancelled``.
+- cancel_other: runs terminated (the SIGKILLed one aside), each recorded ``cancelled``
+  and ended ``cancelled``.
 Not part of the test suite.
 """
 
@@ -86,6 +87,7 @@ class Rig:
         self.workers: list[WorkerProcess] = []
         self.started = 0
         self.interval = 0.0
+        self.killed_pid: int | None = None
         for _ in range(2):
             self.add_worker()
 
@@ -110,6 +112,7 @@ class Rig:
             return None
         for worker in self.workers:
             if worker.proc.pid == parent:
+                self.killed_pid = child
                 worker.kill()
                 killed = time.time()
                 self.workers.remove(worker)
@@ -192,10 +195,13 @@ def figures(rig: Rig, policy: str, ids: list[str], killed: float | None) -> dict
         out["every_slot_ran"] = set(ids) <= set(by_id)
         out["in_slot_order"] = order == [i for i in ids if i in by_id]
     if policy == "cancel_other":
-        terminated = [r for r in runs if not r["ended"]]
+        terminated = [r for r in runs if not r["ended"] and r["pid"] != rig.killed_pid]
         cancelled = {int(e["slot"]) for e in evs if e["event"] == "cancelled"}
         ended = {int(e["slot"]) for e in evs if e["event"] == "finished"
                  and e.get("detail", "").startswith("cancelled")}
+        out["killed_run_recorded_cancelled"] = any(
+            ms(r["slot"]) in cancelled for r in runs
+            if r["pid"] == rig.killed_pid and not r["ended"])
         out["terminated"] = len(terminated)
         out["terminated_recorded_cancelled"] = sum(ms(r["slot"]) in cancelled
                                                    for r in terminated)
