@@ -243,3 +243,37 @@ def test_a_worker_killed_mid_run_releases_the_waiting_slot_after_the_lease_ttl(
     assert started == [("", str(_ms(runs[0]["slot"]))), ("after wait", str(_ms(runs[1]["slot"])))]
     # after the lease ttl (3 s) and within a sweep and a delivery more (generous: 5 s)
     assert killed_at + 2.0 <= runs[1]["start"] <= killed_at + 3.0 + 5.0, runs[1]["start"] - killed_at
+
+
+def test_cancel_other_on_the_threads_pool_lets_the_run_end_then_starts_the_waiting_slot(
+        tmp_path, make_redis_server, key_prefix):
+    """Documented: a pool that cannot terminate (threads, solo) refuses the revoke; the
+    running task runs to its end and the waiting slot starts then."""
+    state, broker, results = make_redis_server(), make_redis_server(), make_redis_server()
+    env = guarded_env(tmp_path, broker_url=broker.url, state_url=state.url,
+                      record_url=results.url, prefix=key_prefix,
+                      settings={"task_acks_late": True, "worker_prefetch_multiplier": 1})
+    client, record = state.client(), results.client()
+    args = [*WORKER_ARGS, "-P", "threads"]
+    with WorkerProcess(env, tmp_path / "t1.log", name="t1", concurrency=1,
+                       extra_args=args) as t1, \
+            WorkerProcess(env, tmp_path / "t2.log", name="t2", concurrency=1,
+                          extra_args=args) as t2:
+        t1.wait_ready()
+        t2.wait_ready()
+        app = make_app(env)
+        first = publish(app, key_prefix, "latest", "cancel_other", 0, seconds=2.0)
+        wait_until(lambda: len(spans(record)) == 1, 20, "the first run to start")
+        second = publish(app, key_prefix, "latest", "cancel_other", 1, seconds=0.5)
+        app.close()
+        wait_until(lambda: any(r["id"] == second and r["ended"] for r in spans(record)), 30,
+                   "the waiting slot to run")
+        logs = t1.log_text() + t2.log_text()
+    runs = spans(record)
+    history_ = events(client, key_prefix, "latest")
+    assert [r["id"] for r in runs] == [first, second]
+    assert all(r["ended"] for r in runs) and overlaps(runs) == []
+    assert ("cancelled", "replaced by slot " + slot_at(1).isoformat(),
+            str(_ms(slot_at(0).isoformat()))) in history_
+    assert ("started", "after wait", str(_ms(slot_at(1).isoformat()))) in history_
+    assert "does not implement kill_job" in logs
