@@ -207,10 +207,28 @@ class Guard:
         self.publish(self.store().sweep())
 
     def release(self, request: Any, detail: str) -> None:
-        """This worker terminated the run of ``request``: record it and hand the turn on."""
+        """This worker terminated the run of ``request``: once its process is gone, record
+        it ended and hand the turn on. Redis errors propagate.
+
+        Celery sends the signal, then says so at once; the run has stopped only when its
+        process is gone. A run whose own end was recorded (the signal raised in the task
+        and the guard's finish ran) is left alone; a process still there after a lease
+        ttl (a task that caught the signal and goes on) keeps its turn: its own end
+        hands it on.
+        """
         run = self._run_of(request, keep_message=False)
-        if run is not None:
-            self.publish([self.store().release(run.record, detail)])
+        if run is None:
+            return
+        record = self.store().runs([run.record.run_id]).get(run.record.run_id)
+        if record is None or record.state != "started":
+            return
+        host, _, pid = record.worker.rpartition(":")
+        if host != socket.gethostname() or not pid.isdigit() \
+                or not _gone(int(pid), self.config.lease_ttl):
+            logger.info("leaderbeat guard: %s still runs after its termination; its own "
+                        "end hands its entry's turn on", run.what)
+            return
+        self.publish([self.store().release(run.record, detail)])
 
     def _run_of(self, request: Any, *, keep_message: bool = True) -> _Run | None:
         """The guarded run this delivery asks for; None for a message without our headers.
@@ -491,11 +509,17 @@ class GuardStep(bootsteps.StartStopStep):
         """
         if not terminated or self.guard is None or request is None:
             return
+        # waits for the process to go: never on the thread that sent the signal
+        threading.Thread(target=self._release, args=(self.guard, request, signum),
+                         name="leaderbeat-guard-release", daemon=True).start()
+
+    @staticmethod
+    def _release(guard: Guard, request: Any, signum: Any) -> None:
         try:
-            self.guard.release(request, f"cancelled: terminated (signal {signum})")
+            guard.release(request, f"cancelled: terminated (signal {signum})")
         except STORE_ERRORS as exc:
-            logger.warning("leaderbeat guard: could not record %s terminated (%s)",
-                           getattr(request, "id", "?"), exc)
+            logger.warning("leaderbeat guard: could not record %s terminated (%s); its "
+                           "lock lapses after the lease ttl", getattr(request, "id", "?"), exc)
 
 
 STEP_PATH = "celery_leaderbeat.guard:GuardStep"
@@ -568,6 +592,33 @@ def _route(message: dict[str, Any]) -> dict[str, Any]:
     if message.get("priority") is not None:
         options["priority"] = message["priority"]
     return options
+
+
+def _gone(pid: int, timeout: float) -> bool:
+    """True once process ``pid`` of this host has ended (or is a zombie), within ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except OSError:  # not ours to signal: alive as far as this process can tell
+            pass
+        else:
+            if _zombie(pid):
+                return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
+
+
+def _zombie(pid: int) -> bool:
+    """Ended, not yet reaped by its parent (Linux; False where there is no /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rpartition(")")[2].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def _or_empty(epoch: Any) -> Any:
