@@ -10,6 +10,7 @@ leaderbeat's state, a second as the broker, a third for what the tasks record.
 
 from __future__ import annotations
 
+import json
 import time
 from datetime import datetime, timedelta, timezone
 
@@ -277,3 +278,40 @@ def test_cancel_other_on_the_threads_pool_lets_the_run_end_then_starts_the_waiti
             str(_ms(slot_at(0).isoformat()))) in history_
     assert ("started", "after wait", str(_ms(slot_at(1).isoformat()))) in history_
     assert "does not implement kill_job" in logs
+
+
+def test_cancel_other_a_task_that_catches_the_termination_keeps_its_turn_until_it_ends(
+        tmp_path, make_redis_server, key_prefix):
+    """The worker that terminated the run hands its turn on only once the pool process is
+    gone: a task that catches prefork's SystemExit and goes on still runs alone."""
+    state, broker, results = make_redis_server(), make_redis_server(), make_redis_server()
+    env = guarded_env(tmp_path, broker_url=broker.url, state_url=state.url,
+                      record_url=results.url, prefix=key_prefix,
+                      settings={"task_acks_late": True, "worker_prefetch_multiplier": 1})
+    client, record = state.client(), results.client()
+    with WorkerProcess(env, tmp_path / "w1.log", name="w1", concurrency=1,
+                       extra_args=WORKER_ARGS) as w1, \
+            WorkerProcess(env, tmp_path / "w2.log", name="w2", concurrency=1,
+                          extra_args=WORKER_ARGS) as w2:
+        w1.wait_ready()
+        w2.wait_ready()
+        app = make_app(env)
+        slot = slot_at(0)
+        first = slot_id(key_prefix, "latest", slot)
+        app.send_task(TICKING, kwargs={"seconds": 3.0, "stubborn": True}, task_id=first,
+                      headers={"leaderbeat_slot": slot.isoformat(), "leaderbeat_entry": "latest",
+                               "leaderbeat_epoch": 1, "leaderbeat_overlap": "cancel_other"})
+        wait_until(lambda: len(spans(record)) == 1, 20, "the first run to start")
+        time.sleep(0.5)
+        second = publish(app, key_prefix, "latest", "cancel_other", 1, seconds=0.5)
+        app.close()
+        wait_until(lambda: any(r["id"] == second and r["ended"] for r in spans(record)), 30,
+                   "the waiting slot to run")
+    runs = spans(record)
+    caught = [json.loads(raw) for raw in record.lrange("ticks", 0, -1)
+              if json.loads(raw)["phase"] == "caught"]
+    assert caught, "the first run was terminated and caught it"
+    assert [r["id"] for r in runs] == [first, second] and runs[0]["ended"]
+    assert overlaps(runs) == [], runs
+    assert ("cancelled", "replaced by slot " + slot_at(1).isoformat(),
+            str(_ms(slot.isoformat()))) in events(client, key_prefix, "latest")

@@ -19,7 +19,8 @@ TICK = 0.05
 
 
 @app.task(name="tests.support.overlap_tasks.ticking", bind=True)
-def ticking(self: Any, seconds: float = 1.0) -> None:
+def ticking(self: Any, seconds: float = 1.0, stubborn: bool = False) -> None:
+    """``stubborn``: a SystemExit (prefork's terminate) is caught and the run goes on."""
     import redis
 
     headers = self.request.headers or {}
@@ -29,7 +30,12 @@ def ticking(self: Any, seconds: float = 1.0) -> None:
     client.rpush("ticks", json.dumps({**base, "phase": "start", "at": time.time()}))
     end = time.monotonic() + seconds
     while time.monotonic() < end:
-        time.sleep(min(TICK, max(0.0, end - time.monotonic())))
+        try:
+            time.sleep(min(TICK, max(0.0, end - time.monotonic())))
+        except SystemExit:
+            if not stubborn:
+                raise
+            client.rpush("ticks", json.dumps({**base, "phase": "caught", "at": time.time()}))
         client.rpush("ticks", json.dumps({**base, "phase": "tick", "at": time.time()}))
     client.rpush("ticks", json.dumps({**base, "phase": "end", "at": time.time()}))
     client.close()
