@@ -29,16 +29,22 @@ def ticking(self: Any, seconds: float = 1.0, stubborn: bool = False) -> None:
             "slot": headers.get("leaderbeat_slot", getattr(self.request, "leaderbeat_slot", None))}
     client.rpush("ticks", json.dumps({**base, "phase": "start", "at": time.time()}))
     end = time.monotonic() + seconds
-    while time.monotonic() < end:
+    while True:
         try:
-            time.sleep(min(TICK, max(0.0, end - time.monotonic())))
-        except SystemExit:
+            _tick_until(client, base, end)
+            break
+        except SystemExit:  # wherever in the loop the signal lands
             if not stubborn:
                 raise
             client.rpush("ticks", json.dumps({**base, "phase": "caught", "at": time.time()}))
-        client.rpush("ticks", json.dumps({**base, "phase": "tick", "at": time.time()}))
     client.rpush("ticks", json.dumps({**base, "phase": "end", "at": time.time()}))
     client.close()
+
+
+def _tick_until(client: Any, base: dict[str, Any], end: float) -> None:
+    while time.monotonic() < end:
+        time.sleep(min(TICK, max(0.0, end - time.monotonic())))
+        client.rpush("ticks", json.dumps({**base, "phase": "tick", "at": time.time()}))
 
 
 def spans(client: Any) -> list[dict[str, Any]]:
