@@ -51,13 +51,27 @@ DEFAULTS: dict[str, Any] = {
     "rescue_after": 2.0,
     "guard": False,
     "guard_expires": 7200.0,
-    "overlap": "allow",
+    "overlap": "allow_all",
     "metrics_port": None,
     "base_scheduler": None,
     "atomic_enqueue": True,
 }
 
-OVERLAP_POLICIES = ("allow", "skip")
+#: what the worker guard does with a slot due while the entry's previous run still runs
+OVERLAP_POLICIES = ("skip", "buffer_one", "buffer_all", "cancel_other", "allow_all")
+#: other names accepted (any case): Kubernetes' concurrencyPolicy, and ``allow``, the
+#: name ``allow_all`` had when it and ``skip`` were the only policies
+OVERLAP_ALIASES = {"forbid": "skip", "replace": "cancel_other", "allow": "allow_all"}
+OVERLAP_RULE = (f"must be one of {', '.join(OVERLAP_POLICIES)} "
+                "(or Kubernetes' Forbid, Replace, Allow)")
+
+
+def overlap_policy(value: Any) -> str | None:
+    """The policy ``value`` names (an alias or any case), or None when it names none."""
+    if not isinstance(value, str):
+        return None
+    name = value.strip().lower()
+    return name if name in OVERLAP_POLICIES else OVERLAP_ALIASES.get(name)
 
 
 @dataclass(frozen=True)
@@ -83,7 +97,7 @@ class Config:
     rescue_after: float = 2.0
     guard: bool = False
     guard_expires: float = 7200.0
-    overlap: str = "allow"
+    overlap: str = "allow_all"
     metrics_port: int | None = None
     #: the Scheduler class the lease and claims are put around (None: our own schedule)
     base_scheduler: type | None = None
@@ -178,8 +192,8 @@ class Config:
         atomic = v.check("atomic_enqueue", raw.get("atomic_enqueue"),
                          lambda x: isinstance(x, bool), "must be True or False")
         guard_expires = v.number("guard_expires", raw.get("guard_expires"), minimum=60.0)
-        overlap = v.check("overlap", raw.get("overlap"), lambda x: x in OVERLAP_POLICIES,
-                          f"must be one of {', '.join(OVERLAP_POLICIES)}")
+        overlap = overlap_policy(v.check("overlap", raw.get("overlap"),
+                                         lambda x: overlap_policy(x) is not None, OVERLAP_RULE))
         down = v.check("redis_down_policy", raw.get("redis_down_policy"),
                        lambda x: x in REDIS_DOWN_POLICIES,
                        f"must be one of {', '.join(REDIS_DOWN_POLICIES)}")
@@ -221,7 +235,7 @@ class Config:
             degraded_max_seconds=float(degraded), max_clock_skew=float(skew),
             history_length=history, min_replicas=replicas, rescue_after=float(rescue or DEFAULTS["rescue_after"]),
             guard=guard, guard_expires=float(guard_expires or DEFAULTS["guard_expires"]),
-            overlap=overlap, metrics_port=metrics_port,
+            overlap=overlap or str(DEFAULTS["overlap"]), metrics_port=metrics_port,
             base_scheduler=base, atomic_enqueue=atomic,
         )
 

@@ -10,6 +10,10 @@ key ``leaderbeat`` (in the entry itself, or in its ``options``)::
                        "tz": "Europe/Berlin", "catchup_window": 3600, "overlap": "skip"},
     }
 
+``overlap`` (kept by the worker guard): ``skip``, ``buffer_one``, ``buffer_all``,
+``cancel_other`` or ``allow_all`` (Kubernetes' ``Forbid``, ``Replace`` and ``Allow``,
+and ``allow``, are other names of ``skip``, ``cancel_other`` and ``allow_all``).
+
 These options are removed before the entry is built, so they never reach
 ``apply_async`` or the broker message.
 """
@@ -23,7 +27,7 @@ from datetime import timedelta, tzinfo
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from .config import OVERLAP_POLICIES, Config
+from .config import OVERLAP_RULE, Config, overlap_policy
 from .errors import ConfigurationError
 from .timing.policy import CatchupPolicy, catchup_problems
 
@@ -37,7 +41,8 @@ class EntryOptions:
     policy: CatchupPolicy
     jitter: float | None
     tz: tzinfo | None
-    overlap: str = "allow"  # "skip": the worker guard never starts a run while one runs
+    #: what the worker guard does with a slot due while the previous run still runs
+    overlap: str = "allow_all"
 
     @classmethod
     def defaults(cls, config: Config) -> EntryOptions:
@@ -67,7 +72,9 @@ def split_entries(
         if isinstance(entry.get("options"), Mapping) and "leaderbeat" in entry["options"]:
             entry["options"] = dict(entry["options"])
             ours.update(entry["options"].pop("leaderbeat") or {})
-        parsed = _entry_options(name, ours, config, problems, kind)
+        parsed = _entry_options(name, ours, config, problems, kind,
+                                (entry.get("options") or {}).get("headers")
+                                if isinstance(entry.get("options"), Mapping) else None)
         if "task" not in entry:
             problems.append(f"{kind} {name!r} has no 'task'")
         if "schedule" not in entry:
@@ -119,8 +126,20 @@ def _policy(config: Config, ours: Mapping[str, Any]) -> CatchupPolicy:
     )
 
 
+def _header_problems(name: str, headers: Any, kind: str) -> list[str]:
+    """A ``leaderbeat_overlap`` header of the entry's own (it wins over the option) checked."""
+    if not isinstance(headers, Mapping) or "leaderbeat_overlap" not in headers:
+        return []
+    value = headers["leaderbeat_overlap"]
+    if overlap_policy(value) is not None:
+        return []
+    rule = f"options['headers']['leaderbeat_overlap']={value!r} {OVERLAP_RULE}"
+    return [f"{kind} {name!r}: {rule}"]
+
+
 def _entry_options(name: str, ours: dict[str, Any], config: Config,
-                   problems: list[str], kind: str) -> EntryOptions | None:
+                   problems: list[str], kind: str,
+                   raw_headers: Any = None) -> EntryOptions | None:
     before = len(problems)
     where = f"{kind} {name!r}: leaderbeat option"
     for key in sorted(set(ours) - set(ENTRY_OPTIONS)):
@@ -135,9 +154,10 @@ def _entry_options(name: str, ours: dict[str, Any], config: Config,
     if jitter is not None and (isinstance(jitter, bool) or not isinstance(jitter, (int, float))
                                or jitter < 0):
         problems.append(f"{where} jitter={jitter!r} must be a number of seconds >= 0")
-    overlap = ours.get("overlap", config.overlap)
-    if overlap not in OVERLAP_POLICIES:
-        problems.append(f"{where} overlap={overlap!r} must be one of {', '.join(OVERLAP_POLICIES)}")
+    overlap = overlap_policy(ours.get("overlap", config.overlap))
+    if overlap is None:
+        problems.append(f"{where} overlap={ours['overlap']!r} {OVERLAP_RULE}")
+    problems += _header_problems(name, raw_headers, kind)
     tz = None
     if ours.get("tz") is not None:
         tz = ours["tz"]
@@ -153,4 +173,4 @@ def _entry_options(name: str, ours: dict[str, Any], config: Config,
     if len(problems) > before:
         return None
     return EntryOptions(policy=_policy(config, ours), jitter=ours.get("jitter") or None, tz=tz,
-                        overlap=overlap)
+                        overlap=overlap or config.overlap)

@@ -137,6 +137,7 @@ class Scheduler(ScheduleState, Sending, Trouble, Lifecycle, beat.Scheduler):
         if self._telemetry.serve(config.metrics_port, health, lambda: self._enqueuer):
             logger.info("leaderbeat: metrics on http://0.0.0.0:%d/metrics, probes on /healthz "
                         "and /readyz", config.metrics_port)
+        self._telemetry.metrics.overlap_from(store.guard.decisions)
         lease = store.lease
         lease.on_renew = lambda seconds: self._telemetry.metrics.renewed(seconds)
         self._node = Node(config=config, keys=self.keys, store=store, lease=lease,

@@ -231,6 +231,7 @@ def test_docs_architecture_names_every_redis_key_the_code_builds():
                                         "history", "events", "entries", "entries_meta",
                                         "entries_changed", "entries_removed", "guard_fence")]
     names += [keys.run("<run id>"), keys.alive("<run id>"), keys.overlap("<entry>")]
+    names += [keys.overlap_held("<entry>"), keys.waiting("<entry>"), keys.waiting_messages("<entry>"), keys.waiting_entries, keys.overlap_decisions]
     built = {n for n, v in vars(Keys).items() if isinstance(v, property) and n != "tag"}
     built |= {n for n, v in vars(Keys).items() if callable(v) and not n.startswith("_")}
     assert len(names) == len(built), sorted(built)  # a new key is added to this test too

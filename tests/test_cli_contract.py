@@ -104,6 +104,18 @@ def test_the_datetime_option_takes_z_offsets_and_fractions(text, through, expect
     assert Moment(through=through).convert(text, None, None) == expected
 
 
+def test_add_and_edit_take_an_overlap_policy_or_its_kubernetes_alias(run, app):
+    from celery_leaderbeat import Entry
+
+    assert run("add", "x", TASK, "60", "--overlap", "Forbid").exit_code == 0
+    assert Entry.get(app, "x").leaderbeat["overlap"] == "skip"
+    assert run("edit", "x", "--overlap", "buffer_all").exit_code == 0
+    assert Entry.get(app, "x").leaderbeat["overlap"] == "buffer_all"
+    bad = run("edit", "x", "--overlap", "sometimes")
+    assert bad.exit_code == 64 and "--overlap" in bad.output and "sometimes" in bad.output
+    assert Entry.get(app, "x").leaderbeat["overlap"] == "buffer_all"
+
+
 def test_edit_with_nothing_to_change_is_a_usage_error(run):
     assert run("add", "x", TASK, "60").exit_code == 0
     done = run("edit", "x")

@@ -41,10 +41,19 @@ need nothing more; a worker built in Python (``app.Worker(...).start()``,
 module, which is harmless next to the automatic one. Importing the package
 connects nothing: no signal receiver, no step.
 
-Overlap ``skip`` (per entry, or ``leaderbeat_overlap``): a slot does not start
-while another run of the same entry is alive on any worker (``skipped``/
-``overlap``); the running task holds the entry's lock, renewed with its
-liveness, so a worker that dies frees it after the lease ttl.
+Overlap (per entry, or ``leaderbeat_overlap``; the message header
+``leaderbeat_overlap``): every policy but ``allow_all`` has the running task hold
+the entry's lock, renewed with its liveness, so a worker that dies frees it after
+the lease ttl. A slot due while it is held is, by policy: ``skip``, recorded
+skipped; ``buffer_one``/``buffer_all``, recorded waiting in Redis (its message kept
+there) and acknowledged, so no worker process is held while it waits;
+``cancel_other``, the same, and the running task is revoked with ``terminate``.
+The turn passes in ``guard.lua``, atomically: the run's end (this module's finish,
+or the ``task_revoked`` signal in the worker that terminated it) hands the lock to
+the first waiting slot and publishes its message again (header
+``leaderbeat_handed_over``); each guarded worker's main process sweeps every
+second for entries whose lock lapsed with waiting slots (a worker died, or a
+hand-over was never published) and hands them on.
 
 Records expire after ``leaderbeat_guard_expires`` (2 h by default): longer than
 any redelivery window a broker uses by default (Redis transport visibility
@@ -65,11 +74,12 @@ from contextvars import ContextVar
 from datetime import datetime
 from typing import Any
 
-from celery import bootsteps
+from celery import bootsteps, signals
 from celery._state import _get_active_apps, connect_on_app_finalize
 from celery.exceptions import Ignore, Retry
+from kombu.utils import json
 
-from ..config import Config
+from ..config import OVERLAP_RULE, Config, overlap_policy
 from ..errors import ConfigurationError
 from ..store.base import STORE_ERRORS, GuardRun, GuardStore, Store
 from ..store.redis_store import connect
@@ -79,6 +89,16 @@ from ..timing.slots import from_ms, to_ms
 logger = logging.getLogger(__name__)
 
 _INSTALLED = "_leaderbeat_guard"
+
+#: the policies whose slots wait for the running one: their messages are kept to start them
+WAITING = ("buffer_one", "buffer_all", "cancel_other")
+#: the header of a waiting slot's message, published again when its turn came
+HANDED_OVER = "leaderbeat_handed_over"
+#: the headers a waiting slot's message keeps
+_HEADERS = ("leaderbeat_entry", "leaderbeat_slot", "leaderbeat_epoch", "leaderbeat_overlap",
+            "celery_beat_task")
+#: how often each guarded worker looks for entries whose run's lock lapsed with slots waiting
+SWEEP_INTERVAL = 1.0
 
 
 def header(request: Any, name: str) -> Any:
@@ -129,6 +149,8 @@ class Guard:
             logger.warning("leaderbeat guard: Redis unreachable (%s); running %s unguarded",
                            exc, run.what)
             return body(*args, **kwargs)
+        if decision == "cancel":
+            self.cancel(why, run)
         if decision != "run":
             logger.info("leaderbeat guard: not running %s (%s: %s)", run.what, decision, why)
             raise Ignore(f"leaderbeat: {decision} ({why})")
@@ -149,7 +171,67 @@ class Guard:
             keeper.stop()
             run.finish(detail)
 
-    def _run_of(self, request: Any) -> _Run | None:
+    def cancel(self, task_id: str, run: _Run) -> None:
+        """Revoke the entry's running task for ``run`` (cancel_other); it waits meanwhile."""
+        logger.info("leaderbeat guard: %s replaces the running task %s (revoke, terminate)",
+                    run.what, task_id)
+        try:
+            self.app.control.revoke(task_id, terminate=True)
+        except Exception as exc:  # noqa: BLE001 - the broker: the slot still waits its turn
+            logger.warning("leaderbeat guard: could not revoke %s (%s); %s starts when it "
+                           "ends", task_id, exc, run.what)
+
+    def publish(self, messages: list[str]) -> None:
+        """Publish the messages of waiting slots handed the turn.
+
+        Not sent (the broker failed): the hand-over lapses after two lease ttls and a
+        sweep hands the turn to the same slot again.
+        """
+        for raw in messages:
+            if not raw:
+                continue
+            try:
+                message = json.loads(raw)
+                options = _route(message)
+                logger.info("leaderbeat guard: %s slot %s: its turn came, sent to start",
+                            message["headers"].get("leaderbeat_entry"),
+                            message["headers"].get("leaderbeat_slot"))
+                self.app.send_task(message["task"], message["args"], message["kwargs"],
+                                   task_id=message["id"],
+                                   headers={**message["headers"], HANDED_OVER: 1}, **options)
+            except Exception as exc:  # noqa: BLE001 - a sweep sends it again
+                logger.warning("leaderbeat guard: could not publish a waiting slot's message "
+                               "(%s); a sweep sends it again after two lease ttls", exc)
+
+    def sweep(self) -> None:
+        """Hand the turn on for entries whose run's lock lapsed; Redis errors propagate."""
+        self.publish(self.store().sweep())
+
+    def release(self, request: Any, detail: str) -> None:
+        """This worker terminated the run of ``request``: once its process is gone, record
+        it ended and hand the turn on. Redis errors propagate.
+
+        Celery sends the signal, then says so at once; the run has stopped only when its
+        process is gone. A run whose own end was recorded (the signal raised in the task
+        and the guard's finish ran) is left alone; a process still there after a lease
+        ttl (a task that caught the signal and goes on) keeps its turn: its own end
+        hands it on.
+        """
+        run = self._run_of(request, keep_message=False)
+        if run is None:
+            return
+        record = self.store().runs([run.record.run_id]).get(run.record.run_id)
+        if record is None or record.state != "started":
+            return
+        host, _, pid = record.worker.rpartition(":")
+        if host != socket.gethostname() or not pid.isdigit() \
+                or not _gone(int(pid), self.config.lease_ttl):
+            logger.info("leaderbeat guard: %s still runs after its termination; its own "
+                        "end hands its entry's turn on", run.what)
+            return
+        self.publish([self.store().release(run.record, detail)])
+
+    def _run_of(self, request: Any, *, keep_message: bool = True) -> _Run | None:
         """The guarded run this delivery asks for; None for a message without our headers.
 
         Each retry is a run of its own (Celery's retry message keeps the slot's task id
@@ -159,11 +241,19 @@ class Guard:
         entry, slot = header(request, "leaderbeat_entry"), header(request, "leaderbeat_slot")
         if entry is None or slot is None:
             return None
-        retry = int(request.retries or 0)
-        overlap = "allow" if retry else header(request, "leaderbeat_overlap") or "allow"
+        retry = int(getattr(request, "retries", 0) or 0)
+        overlap = "allow_all" if retry else _policy(header(request, "leaderbeat_overlap"), entry)
+        message = ""
+        if keep_message and overlap in WAITING:
+            message = _message(request)
+            if not message:
+                overlap = "skip"
         return _Run(self, GuardRun(str(request.id), str(entry), _slot_ms(str(slot)),
                                    _or_empty(header(request, "leaderbeat_epoch")), overlap,
-                                   f"{socket.gethostname()}:{os.getpid()}", retry))
+                                   f"{socket.gethostname()}:{os.getpid()}", retry,
+                                   message=message,
+                                   handed_over=bool(header(request, HANDED_OVER)),
+                                   slot_text=str(slot)))
 
 
 class CurrentRun:
@@ -275,13 +365,16 @@ class _Run:
 
     def finish(self, detail: str) -> None:
         try:
-            if not self.guard.store().finish(self.record, self.token, detail):
-                logger.warning("leaderbeat guard: %s ended (%s) after it was superseded; "
-                               "the run that started it again keeps the slot's record",
-                               self.what, detail)
+            ours, handed = self.guard.store().end(self.record, self.token, detail)
         except STORE_ERRORS as exc:  # never mask the task's own outcome
             logger.warning("leaderbeat guard: could not record %s finished (%s); its "
                            "liveness lapses after the lease ttl", self.what, exc)
+            return
+        if not ours:
+            logger.warning("leaderbeat guard: %s ended (%s) after it was superseded; "
+                           "the run that started it again keeps the slot's record",
+                           self.what, detail)
+        self.guard.publish([handed])
 
 
 class _Keeper(threading.Thread):
@@ -334,6 +427,36 @@ def install(app: Any) -> Guard:
     return guard
 
 
+class _Sweeper(threading.Thread):
+    """Each guarded worker's main process: hands the turn on where a run's lock lapsed.
+
+    A run whose worker died never ends in the guard's finish; its lock lapses after
+    the lease ttl and the next sweep (every :data:`SWEEP_INTERVAL`) of any guarded
+    worker starts the entry's first waiting slot.
+    """
+
+    def __init__(self, guard: Guard) -> None:
+        super().__init__(name="leaderbeat-guard-sweep", daemon=True)
+        self.guard = guard
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        failing = False
+        while not self._stop_event.wait(SWEEP_INTERVAL):
+            try:
+                self.guard.sweep()
+                failing = False
+            except STORE_ERRORS as exc:
+                if not failing:  # said once per outage
+                    logger.warning("leaderbeat guard: could not look for waiting slots "
+                                   "(%s)", exc)
+                failing = True
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join(2.0)
+
+
 class GuardStep(bootsteps.StartStopStep):
     """The worker guard as a worker bootstep: on when the app has ``leaderbeat_guard = True``.
 
@@ -347,6 +470,7 @@ class GuardStep(bootsteps.StartStopStep):
     def __init__(self, parent: Any, **kwargs: Any) -> None:
         super().__init__(parent, **kwargs)
         self.guard: Guard | None = None
+        self.sweeper: _Sweeper | None = None
 
     def include_if(self, parent: Any) -> bool:
         return bool(parent.app.conf.get("leaderbeat_guard"))
@@ -360,10 +484,43 @@ class GuardStep(bootsteps.StartStopStep):
                 from exc
 
     def start(self, parent: Any) -> None:
-        if self.guard is not None:  # said here: while the worker is built, logging is not set up
-            logger.info("leaderbeat guard: on; each slot runs at most once (records under "
-                        "prefix %s, kept %.0f s)", self.guard.config.key_prefix,
-                        self.guard.config.guard_expires)
+        if self.guard is None:
+            return
+        # said here: while the worker is built, logging is not set up
+        logger.info("leaderbeat guard: on; each slot runs at most once (records under "
+                    "prefix %s, kept %.0f s)", self.guard.config.key_prefix,
+                    self.guard.config.guard_expires)
+        signals.task_revoked.connect(self._revoked, weak=False)
+        self.sweeper = _Sweeper(self.guard)
+        self.sweeper.start()
+
+    def stop(self, parent: Any) -> None:
+        signals.task_revoked.disconnect(self._revoked)
+        if self.sweeper is not None:
+            self.sweeper.stop()
+            self.sweeper = None
+
+    def _revoked(self, sender: Any = None, request: Any = None, terminated: bool = False,
+                 signum: Any = None, **_: Any) -> None:
+        """A task this worker terminated (sent in its main process): it ran, and ends here.
+
+        The pool child killed by the signal never reaches the guard's finish; this
+        records the run finished (``cancelled``) and hands the entry's turn on at once
+        instead of after the lease ttl. Redis unreachable: the sweep does it later.
+        """
+        if not terminated or self.guard is None or request is None:
+            return
+        # waits for the process to go: never on the thread that sent the signal
+        threading.Thread(target=self._release, args=(self.guard, request, signum),
+                         name="leaderbeat-guard-release", daemon=True).start()
+
+    @staticmethod
+    def _release(guard: Guard, request: Any, signum: Any) -> None:
+        try:
+            guard.release(request, f"cancelled: terminated (signal {signum})")
+        except STORE_ERRORS as exc:
+            logger.warning("leaderbeat guard: could not record %s terminated (%s); its "
+                           "lock lapses after the lease ttl", getattr(request, "id", "?"), exc)
 
 
 STEP_PATH = "celery_leaderbeat.guard:GuardStep"
@@ -385,6 +542,85 @@ def offer_step() -> None:
     for app in list(_get_active_apps()):
         add_step(app)
     connect_on_app_finalize(add_step)
+
+
+def _policy(value: Any, entry: Any) -> str:
+    """The overlap policy a message names; none: ``allow_all``.
+
+    A name this worker does not know (a header set by hand, a beat newer than this
+    worker) is kept as ``skip``, the one policy that never starts two runs and never
+    holds a message back.
+    """
+    if value is None:
+        return "allow_all"
+    policy = overlap_policy(value)
+    if policy is None:
+        logger.warning("leaderbeat guard: entry %r: leaderbeat_overlap=%r %s; kept as skip",
+                       entry, value, OVERLAP_RULE)
+        return "skip"
+    return policy
+
+
+def _message(request: Any) -> str:
+    """What publishes ``request`` again: its task, arguments, leaderbeat headers, route."""
+    delivery = getattr(request, "delivery_info", None) or {}
+    headers = {name: header(request, name) for name in _HEADERS
+               if header(request, name) is not None}
+    try:
+        text: str = json.dumps({"task": request.task, "id": request.id,
+                                "args": list(request.args or ()),
+                                "kwargs": dict(request.kwargs or {}), "headers": headers,
+                                "exchange": delivery.get("exchange"),
+                                "routing_key": delivery.get("routing_key"),
+                                "priority": delivery.get("priority")})
+        return text
+    except (TypeError, ValueError) as exc:
+        logger.warning("leaderbeat guard: the arguments of %s are not JSON (%s): it cannot "
+                       "wait its turn, so its entry's overlap is kept as skip", request.id, exc)
+        return ""
+
+
+def _route(message: dict[str, Any]) -> dict[str, Any]:
+    """Where a waiting slot's message goes again: where it was delivered from.
+
+    No exchange (AMQP's default exchange): its routing key is the queue's name.
+    """
+    exchange, key = message.get("exchange"), message.get("routing_key")
+    options: dict[str, Any] = {}
+    if exchange:
+        options.update(exchange=exchange, routing_key=key)
+    elif key:
+        options["queue"] = key
+    if message.get("priority") is not None:
+        options["priority"] = message["priority"]
+    return options
+
+
+def _gone(pid: int, timeout: float) -> bool:
+    """True once process ``pid`` of this host has ended (or is a zombie), within ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except OSError:  # not ours to signal: alive as far as this process can tell
+            pass
+        else:
+            if _zombie(pid):
+                return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
+
+
+def _zombie(pid: int) -> bool:
+    """Ended, not yet reaped by its parent (Linux; False where there is no /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rpartition(")")[2].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def _or_empty(epoch: Any) -> Any:

@@ -22,7 +22,7 @@ from typing import Any
 
 import click
 
-from ..config import Config
+from ..config import OVERLAP_ALIASES, OVERLAP_POLICIES, Config, overlap_policy
 from ..entries import split_entries
 from ..errors import ConfigurationError, EntryExists, EntryNotFound
 from ..store.dynamic import Entry, encode_schedule
@@ -88,8 +88,11 @@ def _line(entry: Entry) -> str:
 
 HEADERS = ["entry", "task", "schedule", "state", "version", "options"]
 
+#: the overlap policies and their aliases (Kubernetes' Forbid, Replace, Allow)
+OVERLAP_CHOICES = (*OVERLAP_POLICIES, *OVERLAP_ALIASES)
+
 #: the options ``add`` and ``edit`` share, by parameter name
-EDIT_OPTIONS = ("args", "kwargs", "queue", "tz", "catchup", "at")
+EDIT_OPTIONS = ("args", "kwargs", "queue", "tz", "catchup", "overlap", "at")
 
 
 def _edit_options(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -100,6 +103,9 @@ def _edit_options(func: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--tz", type=Zone(), help="IANA zone the schedule is read in."),
         click.option("--catchup", type=click.Choice(CATCHUP_MODES),
                      help="What to send of slots nobody could send."),
+        click.option("--overlap", type=click.Choice(OVERLAP_CHOICES, case_sensitive=False),
+                     help="What the worker guard does with a slot due while the previous "
+                          "run still runs."),
         click.option("--at", type=Moment(offset=True),
                      help="A one-off run at this ISO 8601 time (Z or an offset)."),
     ]):
@@ -108,7 +114,7 @@ def _edit_options(func: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _apply(entry: Entry, *, args: list[Any] | None, kwargs: dict[str, Any] | None,
-           queue: str | None, tz: str | None, catchup: str | None,
+           queue: str | None, tz: str | None, catchup: str | None, overlap: str | None,
            at: datetime | None) -> None:
     if args is not None:
         entry.args = args
@@ -116,7 +122,7 @@ def _apply(entry: Entry, *, args: list[Any] | None, kwargs: dict[str, Any] | Non
         entry.kwargs = kwargs
     if queue is not None:
         entry.options = {**entry.options, "queue": queue}
-    for key, value in (("tz", tz), ("catchup", catchup)):
+    for key, value in (("tz", tz), ("catchup", catchup), ("overlap", overlap_policy(overlap))):
         if value is not None:
             entry.leaderbeat[key] = value
     if at is not None:

@@ -18,6 +18,10 @@ a port nothing is imported and :class:`NullMetrics` does nothing.
 - ``leaderbeat_send_path{path, reason}`` (gauge, 1 for the path in use: ``one_step``, claim
   and enqueue in one step, or ``batched``, sent after the claim, ``reason`` saying why; no
   series until this process first sends a chunk, nor behind ``leaderbeat_base_scheduler``)
+- ``leaderbeat_overlap_decisions_total{entry, policy, decision}`` (counter: the worker
+  guard's overlap decisions, started, started_after_wait, buffered, skipped, cancelled;
+  the workers count them in Redis and every beat reports the cluster's totals, read at
+  each scrape: aggregate with ``max``, not ``sum``)
 
 The same port serves the probes ``/healthz`` (liveness) and ``/readyz`` (readiness) of
 :mod:`celery_leaderbeat.ops.health`. They need no more than the standard library, but the
@@ -28,7 +32,7 @@ start-up (config.py), so probes and metrics are installed together.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from .health import Health, application
@@ -65,6 +69,30 @@ class NullMetrics:
     def ticked(self, seconds: float) -> None: ...
 
     def keep_entries(self, names: Iterable[str]) -> None: ...
+
+    def overlap_from(self, read: Callable[[], Mapping[tuple[str, str, str], int]]) -> None:
+        ...
+
+
+class _OverlapDecisions:
+    """The guard's overlap decisions, read from the store at each scrape."""
+
+    def __init__(self) -> None:
+        self.read: Callable[[], Mapping[tuple[str, str, str], int]] | None = None
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily
+
+        family = CounterMetricFamily("leaderbeat_overlap_decisions",
+                                     "the worker guard's overlap decisions (cluster totals)",
+                                     labels=["entry", "policy", "decision"])
+        try:
+            counts = self.read() if self.read is not None else {}
+        except Exception:  # noqa: BLE001 - Redis unreachable: this scrape has no samples
+            counts = {}
+        for labels, value in sorted(counts.items()):
+            family.add_metric(list(labels), value)
+        yield family
 
 
 #: the chunk sender a scheduler uses (``roles.enqueue.Enqueuer``), None before its first chunk
@@ -130,6 +158,8 @@ class Metrics(NullMetrics):
         self._server: Any = None
         self.health: Health | None = None
         self._labelled: dict[str, set[str]] = {}  # entry -> states it has a series for
+        self._overlap = _OverlapDecisions()
+        r.register(self._overlap)
 
     def serve(self, port: int, health: Health | None = None) -> None:
         """``/metrics``, and ``/healthz`` and ``/readyz`` from ``health``, on ``port``."""
@@ -195,6 +225,10 @@ class Metrics(NullMetrics):
 
     def ticked(self, seconds: float) -> None:
         self._tick.observe(seconds)
+
+    def overlap_from(self, read: Callable[[], Mapping[tuple[str, str, str], int]]) -> None:
+        """Report the overlap decisions ``read`` returns (this process's store) at each scrape."""
+        self._overlap.read = read
 
 
 def start(port: int | None, health: Health | None = None,

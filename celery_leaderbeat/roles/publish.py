@@ -81,8 +81,8 @@ def publish(scheduler: Any, entry: Any, slot: datetime, epoch: int | None,
         leaderbeat_epoch=epoch,
         leaderbeat_entry=entry.name,
     )
-    if overlap != "allow":
-        headers["leaderbeat_overlap"] = overlap
+    if overlap not in ("allow", "allow_all"):
+        headers.setdefault("leaderbeat_overlap", overlap)  # an entry's own header wins
     options["task_id"] = task_id or slot_id(scheduler.keys.prefix, entry.name, slot)
     options["headers"] = headers
     producer = producer if producer is not None else scheduler.producer

@@ -220,9 +220,14 @@ class GuardRun:
     entry: str
     slot_ms: int
     epoch: Any  #: the fencing epoch the slot was sent under ("" when the message has none)
-    overlap: str  #: ``allow``, or ``skip``: no start while another run of the entry is alive
+    overlap: str  #: the entry's overlap policy (``skip``, ``buffer_one``, ... ``allow_all``)
     worker: str  #: ``host:pid`` of the worker running it
     retry: int = 0  #: Celery's retry number: each retry of a slot is a run of its own
+    #: the message that starts the slot when it has to wait (JSON; buffer and cancel policies)
+    message: str = ""
+    #: this delivery is a waiting slot's message, published when its turn came
+    handed_over: bool = False
+    slot_text: str = ""  #: the slot as people read it (ISO 8601), for the history
 
     @property
     def run_id(self) -> str:
@@ -233,7 +238,9 @@ class GuardRun:
 class GuardDecision(NamedTuple):
     """What the guard said to a delivery: run it (under ``token``), or why not."""
 
-    decision: str  #: ``run``, ``duplicate`` or ``overlap``
+    #: ``run``, ``duplicate``, ``overlap`` (skipped), ``wait`` (it starts when its turn
+    #: comes) or ``cancel`` (it waits, and the run ``why`` names is to be revoked)
+    decision: str
     why: str
     token: int = 0  #: ``run``: the run's fencing token, above every token handed out before
 
@@ -263,6 +270,18 @@ class GuardStore(Protocol):
         never runs again. False: superseded (as for renew); recorded in the history only."""
     def runs(self, task_ids: list[str]) -> dict[str, RunRecord]:
         """The record of each run the guard knows of, by task id."""
+    def end(self, run: GuardRun, token: int, detail: str) -> tuple[bool, str]:
+        """:meth:`finish`, and the message of the entry's waiting slot handed the turn
+        (to publish; "" when none waits). The hand-over is kept in the store: a message
+        never published is handed over again by :meth:`sweep` after two lease ttls."""
+    def release(self, run: GuardRun, detail: str) -> str:
+        """This worker terminated ``run`` (revoke with terminate): record it finished
+        (``detail``) and hand the turn on; the message to publish, or ""."""
+    def decisions(self) -> dict[tuple[str, str, str], int]:
+        """How often the guard decided each (entry, policy, decision) about overlap."""
+    def sweep(self) -> list[str]:
+        """Hand the turn to the first waiting slot of every entry whose run's lock lapsed
+        (its worker died); the messages to publish."""
 
 
 class ClusterAdmin(Protocol):

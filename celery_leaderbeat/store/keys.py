@@ -130,5 +130,29 @@ class Keys:
         return self._key("guard:fence")
 
     def overlap(self, entry: str) -> str:
-        """String, PX lease: the task id of the entry's run still running (overlap 'skip')."""
+        """String, PX lease: the task id of the entry's run still running, or of the waiting
+        slot published to run next (every overlap policy but ``allow_all``)."""
         return self._key(f"overlap:{entry}")
+
+    def overlap_held(self, entry: str) -> str:
+        """String, PX lease: ``<slot ms>|<worker>`` of the run holding :meth:`overlap`."""
+        return self._key(f"overlap-held:{entry}")
+
+    def waiting(self, entry: str) -> str:
+        """Sorted set, PX ``guard_expires``: the task ids of the entry's slots waiting for
+        its run to end (``buffer_one``, ``buffer_all``, ``cancel_other``), by slot ms."""
+        return self._key(f"waiting:{entry}")
+
+    def waiting_messages(self, entry: str) -> str:
+        """Hash, PX ``guard_expires``: waiting task id -> the message that starts it (JSON)."""
+        return self._key(f"waiting-msg:{entry}")
+
+    @property
+    def waiting_entries(self) -> str:
+        """Set: the entries with slots waiting (each worker's sweep looks at these)."""
+        return self._key("overlap-waiting")
+
+    @property
+    def overlap_decisions(self) -> str:
+        """Hash: ``<entry>|<policy>|<decision>`` -> how many times the guard decided it."""
+        return self._key("overlap-decisions")
