@@ -186,21 +186,21 @@ class Leader:
         """May this leader, which found Redis gone back to older state holding its own
         lease, trust what it knows settled, as one whose lease vanished does?
 
-        Only if nobody else can have led or rescued since the snapshot (its lease is in
-        it, so it was taken during this tenure): every call that proved the lease came
-        within the loss grace of the one before, and so did the claim that found the
-        loss. A longer gap (a pause, a Redis that stopped answering) leaves room for
+        Only if its lease was in the snapshot: a reload of this leader's got through
+        before the loss was found (a leader elected after the restore finds it at its
+        first claim; the reset claim that follows proves the lease is still this one,
+        else nothing is granted). And only if nobody else can have led or rescued since
+        the snapshot: every call that proved the lease came within the loss grace of
+        the one before, and so did the claim that found the loss. A longer gap (a pause, a Redis that stopped answering) leaves room for
         its lease to lapse, or for a standby to lead after the grace once Redis lost
         the key, then send slots the restore erased; the epoch floor lets such a node
         take this lease back, but only once it tries. Nor may any of its entries be a
         ``rescue_after`` late: a standby may have rescued that slot, unknown here.
-        The reset claim that follows proves the lease is still this one: if it is not,
-        nothing is granted.
         """
         node, lease = self.node, self.node.lease
         now = time.monotonic()
         grace = loss_grace(node.config)
-        if not lease.is_held() or lease.confirmed_at is None:
+        if not self._reported or not lease.is_held() or lease.confirmed_at is None:
             return False
         if lease.longest_gap >= grace or now - lease.confirmed_at >= grace:
             return False
