@@ -18,6 +18,7 @@ import shutil
 import time
 from collections import defaultdict
 from datetime import datetime
+from itertools import pairwise
 
 import pytest
 
@@ -89,7 +90,7 @@ def test_redis_restored_from_a_snapshot_holding_the_leaders_lease_the_leader_car
                 assert twice == [], (name, twice)
                 # none left out around the restore: every second, sent
                 recent = sorted(s for s in slots if s.timestamp() > up - 8)
-                gaps = [(a, b) for a, b in zip(recent, recent[1:])
+                gaps = [(a, b) for a, b in pairwise(recent)
                         if (b - a).total_seconds() != 1.0]
                 assert gaps == [], (name, gaps)
             assert all(b.alive for b in cluster)

@@ -190,12 +190,12 @@ class Leader:
         before the loss was found (a leader elected after the restore finds it at its
         first claim; the reset claim that follows proves the lease is still this one,
         else nothing is granted). And only if nobody else can have led or rescued since
-        the snapshot: every call that proved the lease came within the loss grace of
-        the one before, and so did the claim that found the loss. A longer gap (a pause, a Redis that stopped answering) leaves room for
-        its lease to lapse, or for a standby to lead after the grace once Redis lost
-        the key, then send slots the restore erased; the epoch floor lets such a node
-        take this lease back, but only once it tries. Nor may any of its entries be a
-        ``rescue_after`` late: a standby may have rescued that slot, unknown here.
+        the snapshot: every call that proved the lease came within the loss grace of the
+        one before, and so did the claim that found the loss (a longer gap, a pause or a
+        Redis that stopped answering, leaves room for the lease to lapse, or for a
+        standby to lead after the grace once Redis lost the key and send slots the
+        restore then erased), and none of its entries is ``rescue_after`` late (a
+        standby may have rescued that slot, unknown here).
         """
         node, lease = self.node, self.node.lease
         now = time.monotonic()
