@@ -25,6 +25,7 @@ from .degraded import Outage
 from .dynamic_schedule import LEADER_LOOK
 from .node import Node, utcnow
 from .requests import WAKE, carry_out
+from .standby import loss_grace
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +77,9 @@ class Leader:
         self._rolled_back = False  # Redis went back to older state: re-anchor every entry
         #: with a rollback another node reported: this leader's epoch (its writes stand)
         self._own_writes_kept: int | None = None
+        #: with a rollback this leader found itself, its lease proved all along: nobody
+        #: else led or rescued since the snapshot, so it carries on from what it knew settled
+        self._led_through = False
         self._recover_later: list[Unsent] = []  # a standby's claims too young to take over
         self._recover_at = 0.0  # monotonic: when to try those again
         self._prune_at = time.monotonic() + 60.0
@@ -102,11 +106,12 @@ class Leader:
         start = from_ms(to_ms(utcnow()) + int(margin * 1000))
         stored, definitions = node.ledger.load_with_definitions()
         # Only a node that led until Redis lost its data knows nobody sent anything later
-        trusted = node.lease.vanished_while_held
+        trusted = node.lease.vanished_while_held or self._led_through
         rolled_back = self._rolled_back
         loaded = node.track(stored, start=start, epoch=node.lease.epoch,
                             definitions=definitions, trust_memory=trusted,
-                            rolled_back=rolled_back, trusted_epoch=self._own_writes_kept)
+                            rolled_back=rolled_back and not self._led_through,
+                            trusted_epoch=self._own_writes_kept)
         report = (report or not self._reported) and not rolled_back
         unsent: list[Unsent] = []
         if report:
@@ -135,6 +140,7 @@ class Leader:
             self._unaware.clear()
         self._rolled_back = False
         self._own_writes_kept = None
+        self._led_through = False
         self._publish_definitions(loaded.tracked, definitions)
         self._mark_definitions()
         self.agenda = Agenda(loaded.tracked)
@@ -170,6 +176,37 @@ class Leader:
         # another node reported it: nothing this leader saw went back, so the slot states
         # it wrote itself (under its epoch) are still what it wrote
         self._own_writes_kept = self.node.lease.epoch if ledger.loss_reported else None
+        self._led_through = not ledger.loss_reported and self._lease_proved_all_along()
+        if self._led_through:
+            logger.warning("leaderbeat: %s kept its lease through the loss: it carries on "
+                           "after the newest slot of each entry it knew settled",
+                           self.node.config.node_id)
+
+    def _lease_proved_all_along(self) -> bool:
+        """May this leader, which found Redis gone back to older state holding its own
+        lease, trust what it knows settled, as one whose lease vanished does?
+
+        Only if its lease was in the snapshot: a reload of this leader's got through
+        before the loss was found (a leader elected after the restore finds it at its
+        first claim; the reset claim that follows proves the lease is still this one,
+        else nothing is granted). And only if nobody else can have led or rescued since
+        the snapshot: every call that proved the lease came within the loss grace of the
+        one before, and so did the claim that found the loss (a longer gap, a pause or a
+        Redis that stopped answering, leaves room for the lease to lapse, or for a
+        standby to lead after the grace once Redis lost the key and send slots the
+        restore then erased), and none of its entries is ``rescue_after`` late (a
+        standby may have rescued that slot, unknown here).
+        """
+        node, lease = self.node, self.node.lease
+        now = time.monotonic()
+        grace = loss_grace(node.config)
+        if not self._reported or not lease.is_held() or lease.confirmed_at is None:
+            return False
+        if lease.longest_gap >= grace or now - lease.confirmed_at >= grace:
+            return False
+        earliest = self.agenda.earliest()
+        late = earliest is not None and earliest < time.time() - node.config.rescue_after
+        return not late and not self._recover_later
 
     def update(self, names: Collection[str], version: int) -> None:
         """Take in a change of a few entries: work in proportion to the change, not the

@@ -78,6 +78,8 @@ class LeaseStore(Protocol):
     highest_epoch: int  #: the highest epoch seen: a new lease's epoch is above it
     clock_skew: float | None  #: seconds this node's clock is ahead of the store's
     vanished_while_held: bool  #: the store lost the lease while this node held it
+    confirmed_at: float | None  #: when the latest call that proved the lease began
+    longest_gap: float  #: the longest time between two such calls since it was taken
     led_last: bool  #: this node held the lease last, as far as it knows
     held_back: bool  #: the last attempt was refused: the store lost writes, another led last
     on_renew: Callable[[float | None], None]  #: told how long each heartbeat renewal took

@@ -47,6 +47,11 @@ class Lease:
         self.token: str | None = None
         self.epoch: int | None = None
         self._valid_until = 0.0
+        #: when the latest call that proved the lease began (monotonic), and the longest
+        #: time between two such calls since it was taken: a long one means the lease may
+        #: have lapsed (a pause) and another node led meanwhile
+        self.confirmed_at: float | None = None
+        self.longest_gap = 0.0
         self._lost = threading.Event()
         #: seconds this node's clock is ahead of Redis (negative: behind); None until measured
         self.clock_skew: float | None = None
@@ -104,6 +109,9 @@ class Lease:
         """A call that began at monotonic ``started`` proved the lease: push the deadline."""
         deadline = started + self.config.lease_ttl - self.config.safety_margin
         self._valid_until = max(self._valid_until, deadline)
+        if self.confirmed_at is not None:
+            self.longest_gap = max(self.longest_gap, started - self.confirmed_at)
+        self.confirmed_at = max(self.confirmed_at or started, started)
 
     def try_acquire(self, *, despite_loss: bool = False) -> bool:
         """Take the lease if it is free. Returns whether this node now leads.
@@ -139,6 +147,7 @@ class Lease:
         self.token = f"{self.config.node_id}|{self.epoch}"
         self._lost.clear()
         self._valid_until = 0.0
+        self.confirmed_at, self.longest_gap = None, 0.0
         self.confirm(started)
         return True
 
