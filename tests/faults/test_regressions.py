@@ -634,3 +634,28 @@ def test_a_loss_only_a_standby_knows_of_still_has_its_margin_recorded(
         state.nothing_published_twice_and_no_beat_exited()
     finally:
         state.teardown()  # resumes every node, lets time run, checks I1, I2, I4
+
+
+def test_an_anchor_left_by_a_leader_that_knew_of_no_loss_is_not_taken_for_a_settled_slot(
+        regression_redis, caplog):
+    """Found by the model (300 examples; steps shrunk by hand): Redis restarted empty; a
+    new process (knowing of no loss) was elected and anchored every entry after its margin,
+    then a node that had seen a higher epoch took the lease at once (a key below an epoch it
+    has seen reads as restored). Its re-anchoring took the first leader's anchors for slots
+    settled, so the slots between the loss and those anchors were never recorded."""
+    caplog.set_level(logging.CRITICAL)
+    LeaderbeatModel.server = regression_redis
+    state = LeaderbeatModel()
+    state.start_three_nodes()
+    try:
+        state.step_down()
+        state.backfill(ahead=4.0, back=20.0, entry="s2")
+        state.a_redis_call_fails(ahead=39, kind="late")
+        state.crash(node="b")
+        state.time_passes(seconds=12.0)
+        state.time_passes(seconds=12.0)
+        state.redis_restarts_empty()
+        state.schedule_change_seen_by_all()
+        state.nothing_published_twice_and_no_beat_exited()
+    finally:
+        state.teardown()  # starts b again (a new process), checks I1, I2, I4
