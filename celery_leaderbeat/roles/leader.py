@@ -17,7 +17,7 @@ from typing import Any
 
 from ..errors import LeaseLostError, NotReplicatedError
 from ..store.base import STORE_ERRORS, STORE_UNREACHABLE
-from ..store.ledger import CLAIMED, REMOVED, ClaimItem, Event, Op
+from ..store.ledger import ANCHOR, CLAIMED, REMOVED, ClaimItem, Event, Op
 from ..timing.slots import from_ms, to_ms
 from .agenda import Agenda, Loaded, Tracked, Unsent, adopt_refused_anchors, margin_slots
 from .batch import CHUNK, LeaderGate, report_unsent, run_batch, say_capped_once
@@ -347,7 +347,7 @@ class Leader:
     def _margin_missed(self, loaded: Loaded, refused: list[Any], stored: dict[str, Any], *,
                        lost: bool) -> list[Event]:
         """The slots an entry whose state Redis lost skips: from this node's ``since`` (or
-        after the newest slot it knows was settled, or the slot Redis still holds) up to its
+        after the newest slot it knows was settled, or the slot Redis still holds settled) up to its
         anchor, after the margin (nothing sent before the loss may come round again). Not
         sent after the loss, so recorded ``missed``, with the reason; they ride on the next
         claim call.
@@ -375,7 +375,10 @@ class Leader:
                     self._unaware[item.name] = (tracked.clock, item.slot_ms)
                 continue
             state = stored.get(item.name)
-            if state is not None:  # rolled back: what Redis still holds was settled
+            # Rolled back: a slot Redis still holds was settled, but an anchor ('a') is only
+            # where an entry starts: nothing before it was settled under it (a leader elected
+            # after the loss may have anchored afresh, knowing of none, and led no further)
+            if state is not None and state.state != ANCHOR:
                 settled = max(settled or 0, state.slot_ms)
             events += self._margin_events(item.name, tracked.clock, settled, item.slot_ms)
         return events

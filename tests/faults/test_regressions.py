@@ -634,3 +634,67 @@ def test_a_loss_only_a_standby_knows_of_still_has_its_margin_recorded(
         state.nothing_published_twice_and_no_beat_exited()
     finally:
         state.teardown()  # resumes every node, lets time run, checks I1, I2, I4
+
+
+def test_an_anchor_left_by_a_leader_that_knew_of_no_loss_is_not_taken_for_a_settled_slot(
+        regression_redis, caplog):
+    """Found by the model (300 examples; steps shrunk by hand): Redis restarted empty; a
+    new process (knowing of no loss) was elected and anchored every entry after its margin,
+    then a node that had seen a higher epoch took the lease at once (a key below an epoch it
+    has seen reads as restored). Its re-anchoring took the first leader's anchors for slots
+    settled, so the slots between the loss and those anchors were never recorded."""
+    caplog.set_level(logging.CRITICAL)
+    LeaderbeatModel.server = regression_redis
+    state = LeaderbeatModel()
+    state.start_three_nodes()
+    try:
+        state.step_down()
+        state.backfill(ahead=4.0, back=20.0, entry="s2")
+        state.a_redis_call_fails(ahead=39, kind="late")
+        state.crash(node="b")
+        state.time_passes(seconds=12.0)
+        state.time_passes(seconds=12.0)
+        state.redis_restarts_empty()
+        state.schedule_change_seen_by_all()
+        state.nothing_published_twice_and_no_beat_exited()
+    finally:
+        state.teardown()  # starts b again (a new process), checks I1, I2, I4
+
+
+@pytest.mark.xfail(strict=True, reason="Redis restored from an older snapshot while the leader "
+                   "was paused, then restarted empty: the leader that led last goes first, "
+                   "anchors from its election and nobody records the slots before it")
+def test_slots_before_the_election_of_the_leader_that_led_last_are_recorded(
+        regression_redis, caplog):
+    """Found by the model (LEADERBEAT_MODEL_STEPS=20, 200 examples; not shrunk): the leader
+    was paused while a standby rescued, Redis went back to a snapshot and then restarted
+    empty; once resumed, the node that led last took the lease first (the others held back
+    after the loss) and started every entry from its own election: the slots between the
+    standby's last rescue and that election were neither sent nor recorded."""
+    caplog.set_level(logging.CRITICAL)
+    LeaderbeatModel.server = regression_redis
+    state = LeaderbeatModel()
+    state.start_three_nodes()
+    try:
+        state.schedule_change_seen_by_one_node(node="b")
+        state.time_passes(seconds=2.0)
+        state.redis_snapshot()
+        state.time_passes(seconds=1.0)
+        state.schedule_change_seen_by_all()
+        state.pause(node="a")
+        state.time_passes(seconds=3.0)
+        state.a_redis_call_fails(ahead=3, kind="after")
+        state.schedule_change_seen_by_one_node(node="a")
+        state.redis_restarts_from_the_snapshot()
+        state.backfill(ahead=4.0, back=6.0, entry="s2")
+        state.schedule_change_seen_by_all()
+        state.a_redis_call_fails(ahead=11, kind="drop")
+        state.time_passes(seconds=3.0)
+        state.a_redis_call_fails(ahead=28, kind="delay")
+        state.trigger(entry="s1")
+        state.redis_restarts_empty()
+        state.resume(node="a")
+        state.a_redis_call_fails(ahead=24, kind="repeat")
+        state.nothing_published_twice_and_no_beat_exited()
+    finally:
+        state.teardown()  # resumes every node, lets time run, checks I1, I2, I4
