@@ -45,3 +45,14 @@ def test_a_runtime_command_given_a_django_row_names_it_a_django_celery_beat_entr
     assert "it is a django-celery-beat entry (change it in the Django admin" in done.stderr
     paused = cli(env, "pause", "nightly-reprot")
     assert paused.returncode == 65 and "did you mean 'nightly-report'?" in paused.stderr
+
+
+def test_status_labels_a_django_row_database_and_a_beat_schedule_entry_static(env):
+    import json
+
+    add("nightly-report", task=NOOP, interval=every(3600))
+    done = cli(env, "status", "--json")
+    assert done.returncode == 0, done.stderr
+    source = {row["entry"]: row["source"] for row in json.loads(done.stdout)["entries"]}
+    assert source["nightly-report"] == "database"
+    assert all(source[name] == "static" for name in source if name.startswith("celery."))

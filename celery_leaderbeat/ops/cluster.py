@@ -155,7 +155,7 @@ class Cluster:
     def entries(self) -> list[EntryRow]:
         """Every entry (configured or left in Redis): last slot, state, run, next due, paused."""
         schedule, options = self.schedule()
-        static = set(schedule)
+        static = set(self.app.conf.beat_schedule or {})  # the rows of a database are not
         dynamic = self.dynamic_entries()
         schedule, options = {**dynamic[0], **schedule}, {**dynamic[1], **options}
         stored, paused = self.ledger.load(), self.paused()
