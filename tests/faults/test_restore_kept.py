@@ -18,6 +18,7 @@ from tests.support.redis_server import RedisServer
 
 from .invariants import duplicates
 from .model_world import World
+from .test_regressions import three_nodes
 
 
 @pytest.fixture(scope="module")
@@ -28,13 +29,8 @@ def kept_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer
 
 @pytest.fixture
 def world(kept_redis: RedisServer) -> Iterator[World]:
-    world = World(kept_redis)
-    try:
-        for node in ("a", "b", "c"):
-            world.sim.start(node)
+    with three_nodes(kept_redis) as world:
         yield world
-    finally:
-        world.close()
 
 
 def just_renewed(world: World) -> None:
