@@ -24,6 +24,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import pytest
 
@@ -87,26 +88,42 @@ def put_back(state, snapshot, how: str) -> float:
     return time.time()
 
 
-@pytest.mark.parametrize("how", ["reload", "restart"])
-def test_redis_restored_from_an_older_snapshot_the_node_that_led_wins_and_carries_on(
-        tmp_path, make_redis_server, key_prefix, how):
+@contextmanager
+def three_beats_sending(tmp_path, make_redis_server, key_prefix: str
+                        ) -> Iterator[tuple[Any, Recorder, BeatCluster]]:
+    """Three real beats (the defaults) on a state Redis of their own, ten entries every
+    second, the broker a second Redis drained every 20 ms; yields (state, recorder,
+    cluster) once a leader has sent 30 messages."""
     # DEBUG RELOAD needs the debug command (off by default since Redis 7)
     state = make_redis_server("--enable-debug-command", "yes")
     broker = make_redis_server()
     schedule = {f"e{i}": {"task": NOOP, "every": 1, "args": [f"e{i}"]} for i in range(10)}
     env = beat_env(tmp_path, broker_url=broker.url, redis_url=state.url, prefix=key_prefix,
                    schedule=schedule)
-    snapshot = tmp_path / "snapshot.rdb"
-    measured = []
     with draining(broker.client()) as recorder, BeatCluster(3, env, tmp_path) as cluster:
         deadline = time.monotonic() + 60
         while len(recorder.messages) < 30:  # a leader sends every second
             assert time.monotonic() < deadline, "no leader sent 30 messages within 60 s"
             time.sleep(0.1)
+        yield state, recorder, cluster
+
+
+def take_snapshot(state, snapshot) -> None:
+    """Redis's data now, kept at ``snapshot`` for :func:`put_back`."""
+    state.client().save()
+    shutil.copy(state.dir / "dump.rdb", snapshot)
+
+
+@pytest.mark.parametrize("how", ["reload", "restart"])
+def test_redis_restored_from_an_older_snapshot_the_node_that_led_wins_and_carries_on(
+        tmp_path, make_redis_server, key_prefix, how):
+    snapshot = tmp_path / "snapshot.rdb"
+    measured = []
+    with three_beats_sending(tmp_path, make_redis_server, key_prefix) as (state, recorder,
+                                                                         cluster):
         for _ in range(REPEATS[how]):
             time.sleep(2)
-            state.client().save()
-            shutil.copy(state.dir / "dump.rdb", snapshot)
+            take_snapshot(state, snapshot)
             time.sleep(12)  # past the lease ttl: the lease in the snapshot has expired
             led = leader_pid(state.client(), key_prefix)
             assert led is not None
@@ -135,21 +152,12 @@ def test_the_node_that_led_killed_as_redis_is_restored_a_standby_leads_after_the
     """The one case the grace slows: Redis lost writes and the node that led is gone too.
     A standby holds back for the grace (renew interval + 2 standby polls, 5.3 s with
     the defaults), then leads."""
-    state = make_redis_server("--enable-debug-command", "yes")
-    broker = make_redis_server()
-    schedule = {f"e{i}": {"task": NOOP, "every": 1, "args": [f"e{i}"]} for i in range(10)}
-    env = beat_env(tmp_path, broker_url=broker.url, redis_url=state.url, prefix=key_prefix,
-                   schedule=schedule)
     snapshot = tmp_path / "snapshot.rdb"
-    grace = loss_grace(Config.from_values({"redis_url": state.url, "key_prefix": key_prefix,
-                                           "node_id": "test"}))
-    with draining(broker.client()) as recorder, BeatCluster(3, env, tmp_path) as cluster:
-        deadline = time.monotonic() + 60
-        while len(recorder.messages) < 30:
-            assert time.monotonic() < deadline, "no leader sent 30 messages within 60 s"
-            time.sleep(0.1)
-        state.client().save()
-        shutil.copy(state.dir / "dump.rdb", snapshot)
+    with three_beats_sending(tmp_path, make_redis_server, key_prefix) as (state, recorder,
+                                                                         cluster):
+        grace = loss_grace(Config.from_values({"redis_url": state.url,
+                                               "key_prefix": key_prefix, "node_id": "test"}))
+        take_snapshot(state, snapshot)
         time.sleep(12)  # past the lease ttl: the lease in the snapshot has expired
         led = leader_pid(state.client(), key_prefix)
         next(b for b in cluster if b.pid == led).kill()

@@ -14,7 +14,6 @@ left out.
 
 from __future__ import annotations
 
-import shutil
 import time
 from collections import defaultdict
 from datetime import datetime
@@ -22,14 +21,13 @@ from itertools import pairwise
 
 import pytest
 
-from tests.support.beat import BeatCluster, beat_env
 from tests.test_restore_election import (
-    NOOP,
-    draining,
     events_since,
     leader_pid,
     put_back,
     sender,
+    take_snapshot,
+    three_beats_sending,
 )
 
 pytestmark = pytest.mark.slow
@@ -49,24 +47,14 @@ def slots_by_entry(messages) -> dict[str, list[datetime]]:
 @pytest.mark.parametrize("how", ["reload", "restart"])
 def test_redis_restored_from_a_snapshot_holding_the_leaders_lease_the_leader_carries_on(
         tmp_path, make_redis_server, key_prefix, how):
-    # DEBUG RELOAD needs the debug command (off by default since Redis 7)
-    state = make_redis_server("--enable-debug-command", "yes")
-    broker = make_redis_server()
-    schedule = {f"e{i}": {"task": NOOP, "every": 1, "args": [f"e{i}"]} for i in range(10)}
-    env = beat_env(tmp_path, broker_url=broker.url, redis_url=state.url, prefix=key_prefix,
-                   schedule=schedule)
     snapshot = tmp_path / "snapshot.rdb"
     measured = []
-    with draining(broker.client()) as recorder, BeatCluster(3, env, tmp_path) as cluster:
-        deadline = time.monotonic() + 60
-        while len(recorder.messages) < 30:  # a leader sends every second
-            assert time.monotonic() < deadline, "no leader sent 30 messages within 60 s"
-            time.sleep(0.1)
+    with three_beats_sending(tmp_path, make_redis_server, key_prefix) as (state, recorder,
+                                                                         cluster):
         for _ in range(REPEATS[how]):
             time.sleep(2)
             led = leader_pid(state.client(), key_prefix)
-            state.client().save()
-            shutil.copy(state.dir / "dump.rdb", snapshot)
+            take_snapshot(state, snapshot)
             time.sleep(SNAPSHOT_AGE)
             assert leader_pid(state.client(), key_prefix) == led
             up = put_back(state, snapshot, how)
