@@ -88,6 +88,21 @@ def slots_of(client: Any, key: str) -> list[str]:
 
 # -- after_task_publish when a claim's reply is lost ---------------------------------------
 
+@contextmanager
+def published_slots() -> Iterator[list[str]]:
+    """The ``leaderbeat_slot`` of every message ``after_task_publish`` fired for."""
+    after: list[str] = []
+
+    def on_after(headers: Any = None, **_: Any) -> None:
+        after.append(headers["leaderbeat_slot"])
+
+    signals.after_task_publish.connect(on_after, weak=False)
+    try:
+        yield after
+    finally:
+        signals.after_task_publish.disconnect(on_after)
+
+
 def test_a_slot_enqueued_by_a_claim_whose_reply_was_lost_fires_after_task_publish_once(
         redis_server, key_prefix, monkeypatch, caplog):
     """The claim script enqueued the slot and wrote its 'sent' event; the reply was lost,
@@ -97,25 +112,16 @@ def test_a_slot_enqueued_by_a_claim_whose_reply_was_lost_fires_after_task_publis
     seam.aim(BATCH_CLAIM, AFTER, occurrence=1)
     app = make_app(redis_server.url_for(0), key_prefix, {"a": {"task": NOOP, "schedule": 1.0}})
     client = redis_server.client()
-    after: list[str] = []
-
-    def on_after(headers: Any = None, **_: Any) -> None:
-        after.append(headers["leaderbeat_slot"])
-
-    signals.after_task_publish.connect(on_after, weak=False)
-    try:
-        with faulted(monkeypatch, seam):
-            scheduler = Scheduler(app=app)
-            try:
-                tick_until(scheduler, lambda: seam.injected())
-                assert client.llen("celery") == 1  # the lost reply's slot went out
-                client.delete(Keys(key_prefix).leader)  # the lease is gone: no retry comes
-                tick_until(scheduler, lambda: client.llen("celery") >= 3, timeout=40)
-                history = scheduler.ledger.history(100)
-            finally:
-                scheduler.close()
-    finally:
-        signals.after_task_publish.disconnect(on_after)
+    with published_slots() as after, faulted(monkeypatch, seam):
+        scheduler = Scheduler(app=app)
+        try:
+            tick_until(scheduler, lambda: seam.injected())
+            assert client.llen("celery") == 1  # the lost reply's slot went out
+            client.delete(Keys(key_prefix).leader)  # the lease is gone: no retry comes
+            tick_until(scheduler, lambda: client.llen("celery") >= 3, timeout=40)
+            history = scheduler.ledger.history(100)
+        finally:
+            scheduler.close()
     epochs = {e["epoch"] for e in history if e.get("event") == "sent"}
     assert len(epochs) == 2, "the slots after the lost reply must go out under a new epoch"
     queued = slots_of(client, "celery")
@@ -151,27 +157,18 @@ def run_with_lost_claim_reply(redis_server: Any, key_prefix: str, monkeypatch: A
     seam.aim(BATCH_CLAIM, AFTER, occurrence=1)
     app = make_app(redis_server.url_for(0), key_prefix, {"a": {"task": NOOP, "schedule": 1.0}})
     client = redis_server.client()
-    after: list[str] = []
-
-    def on_after(headers: Any = None, **_: Any) -> None:
-        after.append(headers["leaderbeat_slot"])
-
-    signals.after_task_publish.connect(on_after, weak=False)
     flaky["failing"] = fail_first
-    try:
-        with faulted(monkeypatch, seam):
-            scheduler = Scheduler(app=app)
-            try:
-                tick_until(scheduler, lambda: seam.injected())
-                flaky["failing"] = not fail_first
-                time.sleep(scheduler.tick())  # the retry
-                flaky["failing"] = False
-                tick_until(scheduler, lambda: len(scheduler.ledger.history(100)) >= 5)
-                history = scheduler.ledger.history(100)
-            finally:
-                scheduler.close()
-    finally:
-        signals.after_task_publish.disconnect(on_after)
+    with published_slots() as after, faulted(monkeypatch, seam):
+        scheduler = Scheduler(app=app)
+        try:
+            tick_until(scheduler, lambda: seam.injected())
+            flaky["failing"] = not fail_first
+            time.sleep(scheduler.tick())  # the retry
+            flaky["failing"] = False
+            tick_until(scheduler, lambda: len(scheduler.ledger.history(100)) >= 5)
+            history = scheduler.ledger.history(100)
+        finally:
+            scheduler.close()
     return slots_of(client, "celery"), sorted(after), history
 
 
