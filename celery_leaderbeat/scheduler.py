@@ -111,11 +111,6 @@ class Scheduler(ScheduleState, Sending, Trouble, Lifecycle, beat.Scheduler):
         return self._leader
 
     @property
-    def standing_by(self) -> Standby | None:
-        """The standby room (it exists once the process has connected)."""
-        return self._standby
-
-    @property
     def lease(self) -> LeaseStore:
         return self._connect().lease
 

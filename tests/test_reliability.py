@@ -209,14 +209,14 @@ def test_a_leader_that_led_until_redis_lost_its_data_carries_on_after_what_it_se
     entries = {"e": SimpleNamespace(schedule=schedule(timedelta(seconds=10)))}
     opts = EntryOptions.defaults(Config.from_values({"redis_url": "redis://x", "key_prefix": "t", "node_id": "n"}))
     loaded = load(entries, {}, start=now + timedelta(seconds=5), tz=UTC, options={},
-                  default=opts, epoch=1, remembered=memory.newest, trust_memory=True)
+                  default=opts, epoch=1, remembered=memory.newest_known, trust_memory=True)
     assert [(i.op, i.slot_ms) for i in loaded.anchors] == [(Op.RESTORE,
                                                            to_ms(now - timedelta(seconds=1)))]
     assert loaded.tracked["e"].next_fire == now + timedelta(seconds=9)
     # an older snapshot: the stored slot is behind the remembered one
     stale = {"e": SlotState(to_ms(now - timedelta(seconds=21)), 3, "s")}
     loaded = load(entries, stale, start=now, tz=UTC, options={}, default=opts, epoch=4,
-                  remembered=memory.newest, trust_memory=True)
+                  remembered=memory.newest_known, trust_memory=True)
     assert loaded.anchors[0].op == Op.RESTORE
     assert loaded.tracked["e"].last == now - timedelta(seconds=1)
 
@@ -231,11 +231,11 @@ def test_a_node_that_did_not_lead_until_redis_lost_its_data_keeps_the_margin():
     opts = EntryOptions.defaults(Config.from_values({"redis_url": "redis://x", "key_prefix": "t", "node_id": "n"}))
     start = now + timedelta(seconds=5)
     empty = load(entries, {}, start=start, tz=UTC, options={}, default=opts, epoch=9,
-                 remembered=memory.newest)
+                 remembered=memory.newest_known)
     assert [(i.op, i.slot_ms) for i in empty.anchors] == [(Op.ANCHOR, to_ms(start))]
     rolled_back = load(entries, {"e": SlotState(to_ms(now - timedelta(seconds=20)), 2, "s")},
                        start=start, tz=UTC, options={}, default=opts, epoch=9,
-                       remembered=memory.newest)
+                       remembered=memory.newest_known)
     assert [(i.op, i.slot_ms) for i in rolled_back.anchors] == [(Op.ROLLED_BACK, to_ms(start))]
     assert rolled_back.tracked["e"].last == start
 

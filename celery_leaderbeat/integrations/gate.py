@@ -278,10 +278,6 @@ class GateMixin(_Glue):
                   tz=(options.tz if options else None) or self.app.timezone,
                   jitter=options.jitter if options else None)
 
-    def force_refresh(self) -> None:
-        """Read the base's schedule at the next tick, whatever its pace."""
-        self._gate_read_at = float("-inf")
-
     # -- sending ---------------------------------------------------------------------------
 
     def _observe(self, events: Any) -> None:

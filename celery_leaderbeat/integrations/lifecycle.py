@@ -33,11 +33,10 @@ STANDBY, LEADER = "standby", "leader"
 def _collector_paused() -> Iterator[None]:
     """Python's cyclic garbage collector waits until the tick is over.
 
-    A burst allocates tens of thousands of objects; the collections they set
-    off scan every object of the process (Celery's, the schedule's) and cost
-    a 10,000-slot burst about 0.5 of its 3.2 CPU seconds, 0.1 s of it before
-    the first claim. A tick is bounded, and the objects it leaves in cycles
-    are collected after it, as before.
+    A burst allocates tens of thousands of objects; each collection they set off
+    scans every object of the process (Celery's, the schedule's), a cost paid
+    between the slot coming due and its claim. A tick is bounded, and the objects
+    it leaves in cycles are collected once the collector runs again after it.
     """
     if not gc.isenabled():
         yield

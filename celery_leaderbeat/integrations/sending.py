@@ -140,8 +140,8 @@ class Sending(Parts):
         """A chunk's sends as one INFO record whose lines are the per-send lines, in order.
 
         The logging machinery costs more than a line's text (a record, its caller's
-        frame, a lock, a flush): one record per chunk of up to a hundred sends,
-        instead of one per send, was about a fifth of the send path's CPU.
+        frame, a lock, a flush): one record per chunk of up to a hundred sends pays it
+        once per chunk, not once per send.
         """
         if sends and send_logger.isEnabledFor(logging.INFO):
             how = _how(epoch, None)

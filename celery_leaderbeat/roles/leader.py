@@ -66,7 +66,6 @@ class Leader:
         self.gate = LeaderGate(node.lease, node.ledger)
         self.outage: Outage | None = None  # set while leading through a Redis outage
         self._version = -1
-        self._unsent: list[Unsent] = []
         self._capped: set[str] = set()  # entries whose catch-up hit max_catchup (logged)
         self._paused: set[str] = set()  # entries seen skipped as paused (logged once)
         self._requests_pending = True  # requests may have queued while nobody led

@@ -121,8 +121,8 @@ class Node:
             self.sent.keep_only(schedule)
 
     def clock_of(self, name: str, schedule_: Any, tz: tzinfo, jitter: float | None) -> SlotClock:
-        """An entry's slot clock, built once per schedule object (a takeover at 100,000
-        entries spent most of its reload building the same clocks again)."""
+        """An entry's slot clock, built once per schedule object: a reload (a takeover,
+        a schedule change) would otherwise build every entry's clock again."""
         cached = self.clocks.get(name)
         if cached is not None and cached[0] is schedule_ and cached[1] == tz \
                 and cached[2] == jitter:
