@@ -34,7 +34,7 @@ from django_celery_beat.tzcrontab import TzAwareCrontab
 
 from ..errors import ConfigurationError
 from ..roles.leader import Leader
-from ..roles.node import utcnow
+from ..roles.shared import utcnow
 from ..timing.clocks import NEVER
 from ..timing.schedules import cron
 from .djangoio import Bookkeeping, DatabaseThread, db_time

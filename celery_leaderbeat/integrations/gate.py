@@ -41,7 +41,7 @@ from celery import beat
 from ..entries import EntryOptions, split_entries
 from ..errors import ConfigurationError, LeaseLostError, NotReplicatedError
 from ..roles.leader import Leader
-from ..roles.node import Node
+from ..roles.shared import Shared
 from ..roles.standby import Standby
 from ..store.base import STORE_ERRORS
 from ..store.ledger import ClaimItem, Op
@@ -76,6 +76,7 @@ class GateMixin(_Glue):
     """
 
     gated: type = beat.Scheduler  # the base class; set by gate_class
+    sends_chunks = False  # slot by slot: the base's entries and bookkeeping follow each send
 
     def __init__(self, app: Any, *args: Any, **kwargs: Any) -> None:
         self.adapter = adapter_for(self.gated)(self)
@@ -111,7 +112,7 @@ class GateMixin(_Glue):
         self._gate_static.update(entries)
         return self.adapter.prepare(entries)
 
-    def _slot_entries(self) -> Mapping[str, Any]:
+    def slot_entries(self) -> Mapping[str, Any]:
         return self._gate_view
 
     @property
@@ -207,17 +208,17 @@ class GateMixin(_Glue):
             del self._changes[:-CHANGE_LOG]
         return True
 
-    def _anchor(self, node: Node, view: Mapping[str, Any]) -> bool:
+    def _anchor(self, shared: Shared, view: Mapping[str, Any]) -> bool:
         """Store the anchors the adapter asks for before the leader tracks ``view``."""
         items = []
         for name, at in self.adapter.anchors(view).items():
             opts = self._entry_options.get(name) or EntryOptions.defaults(self.lb_config)
-            fp = node.fingerprint_of(name, view[name], opts.tz or self.app.timezone, opts.jitter)
+            fp = shared.fingerprint_of(name, view[name], opts.tz or self.app.timezone, opts.jitter)
             items.append(ClaimItem(name, to_ms(at), Op.ANCHOR, fingerprint=fp))
         if not items:
             return True
         try:
-            node.ledger.claim(*node.lease.credentials(), items)
+            shared.ledger.claim(*shared.lease.credentials(), items)
         except NotReplicatedError as exc:  # stored on the primary: idempotent, go on
             logger.warning("leaderbeat: %s for the anchors of %d entries; going on", exc,
                            len(items))
@@ -280,15 +281,15 @@ class GateMixin(_Glue):
 
     # -- sending ---------------------------------------------------------------------------
 
-    def _observe(self, events: Any) -> None:
+    def observe(self, events: Any) -> None:
         # the snapshot, not .schedule: that read is a query on a database scheduler
         self._telemetry.slots(events, len(self._gate_view),
-                              lambda: self._node.lease.epoch if self._node else None)
+                              lambda: self._shared.lease.epoch if self._shared else None)
         if self._labels_version != self._schedule_version:  # a removed entry's series go
             self._labels_version = self._schedule_version
             self._telemetry.metrics.keep_entries(self._gate_view)
 
-    def _send_slot(self, name: str, slot: datetime, epoch: int, *args: Any, **kwargs: Any) -> bool:
+    def send_slot(self, name: str, slot: datetime, epoch: int, *args: Any, **kwargs: Any) -> bool:
         # from the snapshot, not .schedule: that read is a query on a database scheduler
         entry = self._gate_entries.get(name)
         if entry is None or name not in self._gate_view:
@@ -300,11 +301,11 @@ class GateMixin(_Glue):
 
     # -- roles: the base writes only while this node leads ------------------------------------
 
-    def _become_leader(self, node: Node, standby: Standby) -> Leader:
+    def _become_leader(self, shared: Shared, standby: Standby) -> Leader:
         # before the leader's first load: it anchors unknown entries at "now"
-        if not self._anchor(node, self._gate_view):
+        if not self._anchor(shared, self._gate_view):
             logger.warning("leaderbeat: elected without the anchors of one-off entries")
-        leader = super()._become_leader(node, standby)
+        leader = super()._become_leader(shared, standby)
         self.adapter.promoted()
         if not self.adapter.background:
             self._refresh(force=True)  # a standby's view may be a max_interval old

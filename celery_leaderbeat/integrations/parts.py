@@ -15,7 +15,7 @@ from ..ops.telemetry import Telemetry
 from ..roles.dynamic_schedule import DynamicSchedule
 from ..roles.enqueue import Enqueuer
 from ..roles.leader import Leader
-from ..roles.node import Node
+from ..roles.shared import Shared
 from ..roles.standby import Standby
 from ..store.keys import Keys
 from ..store.registry import Registration
@@ -37,7 +37,7 @@ class Parts(_Beat):
     _changes: list[tuple[int, frozenset[str]]]
     _dynamic: DynamicSchedule | None
     _pid: int | None  # the process that made the Redis client (a fork makes its own)
-    _node: Node | None
+    _shared: Shared | None
     _leader: Leader | None
     _standby: Standby | None
     _enqueuer: Enqueuer | None
@@ -51,6 +51,7 @@ class Parts(_Beat):
     _telemetry: Telemetry
 
     if TYPE_CHECKING:
-        def _connect(self) -> Node: ...
+        def _connect(self) -> Shared: ...
         def _step_down(self, why: str, release: bool = False) -> None: ...
-        def _changed_since(self, version: int) -> frozenset[str] | None: ...
+        def changed_since(self, version: int) -> frozenset[str] | None: ...
+        def overlap_of(self, name: str) -> str: ...

@@ -94,6 +94,12 @@ def _no_fingerprint(name: str, entry: Any, tz: tzinfo, jitter: float | None) -> 
     return ""
 
 
+def small_change(changed: Collection[str], tracked: int) -> bool:
+    """Is a change of the ``changed`` entries, out of ``tracked``, taken in entry by entry?
+    A larger one reloads the whole schedule: one read of every state costs less then."""
+    return len(changed) <= max(100, tracked // 10)
+
+
 def load(schedule: Mapping[str, Any], stored: Mapping[str, SlotState], *, start: datetime,
          tz: tzinfo, options: Mapping[str, EntryOptions], default: EntryOptions,
          epoch: int | None, clock_of: ClockOf = _build,

@@ -371,8 +371,7 @@ class ChunkSender:
         entry = s.schedule.get(name)
         if entry is None:
             return None
-        opts = s._entry_options.get(name)
-        return entry, (opts.overlap if opts else s.lb_config.overlap)
+        return entry, s.overlap_of(name)
 
     def _hold(self, slots: Sequence[tuple[str, datetime]]) -> list[Captured | None]:
         """Build each slot's message and hold it; None for an entry gone or a build that failed."""
@@ -430,7 +429,7 @@ class ChunkSender:
             if found is None:
                 continue
             said.append((found[0], slot))
-            s._note_sent(found[0], slot)
+            s.note_sent(found[0], slot)
             if after and captured is None and self.enqueuer.messages.usable():
                 try:
                     captured = self.enqueuer.build(found[0], slot, epoch, found[1])
@@ -440,7 +439,7 @@ class ChunkSender:
                                    slot.isoformat(), exc_info=True)
             if captured is not None and after:
                 signals.after_task_publish.send(sender=found[0].task, **captured.after)
-        s._say_sending_chunk(said, epoch)
+        s.say_sending_chunk(said, epoch)
 
     def send_many(self, slots: Sequence[tuple[str, datetime]],
                   may_send: Callable[[], bool] = lambda: True) -> list[bool]:
@@ -453,7 +452,7 @@ class ChunkSender:
         try:
             return self._publish(slots, may_send, said)
         finally:
-            self.enqueuer.scheduler._say_sending_chunk(said, self.epoch)
+            self.enqueuer.scheduler.say_sending_chunk(said, self.epoch)
 
     def _publish(self, slots: Sequence[tuple[str, datetime]], may_send: Callable[[], bool],
                  said: list[tuple[Any, datetime]]) -> list[bool]:
@@ -471,7 +470,7 @@ class ChunkSender:
         for (i, found, slot), sent in zip(todo, results):
             ok[i] = sent
             if sent:
-                s._note_sent(found[0], slot)
+                s.note_sent(found[0], slot)
         if len(results) < len(todo):  # stopped: nothing from the first unsettled one on
             return ok[:todo[len(results)][0]]
         if held and may_send():
@@ -483,7 +482,7 @@ class ChunkSender:
             again = self._entry(slots[i][0])
             if ok[i] and again is not None:
                 said.append((again[0], slots[i][1]))
-                s._note_sent(again[0], slots[i][1])
+                s.note_sent(again[0], slots[i][1])
                 if after:
                     signals.after_task_publish.send(sender=again[0].task, **captured.after)
         return ok

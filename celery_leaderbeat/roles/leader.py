@@ -19,18 +19,24 @@ from ..errors import LeaseLostError, NotReplicatedError
 from ..store.base import STORE_ERRORS, STORE_UNREACHABLE
 from ..store.ledger import ANCHOR, CLAIMED, REMOVED, ClaimItem, Event, Op
 from ..timing.slots import from_ms, to_ms
-from .agenda import Agenda, Loaded, Tracked, Unsent, adopt_refused_anchors, margin_slots
+from .agenda import (
+    Agenda,
+    Loaded,
+    Tracked,
+    Unsent,
+    adopt_refused_anchors,
+    margin_slots,
+    small_change,
+)
 from .batch import CHUNK, LeaderGate, report_unsent, run_batch, say_capped_once
 from .degraded import Outage
 from .dynamic_schedule import LEADER_LOOK
-from .node import Node, utcnow
 from .requests import WAKE, carry_out
+from .shared import Shared, utcnow
 from .standby import loss_grace
 
 logger = logging.getLogger(__name__)
 
-#: cap, in seconds, of how far past "now" an entry with no stored state starts
-UNKNOWN_STATE_MARGIN = 5.0
 #: the history's reason for a slot skipped by that margin
 MARGIN_REASON = ("slot state lost (Redis lost writes): started again after a margin, "
                  "not sent since the loss")
@@ -57,7 +63,7 @@ class Resign(Exception):
 class Leader:
     """The leading half of one beat process, from its election to its step-down."""
 
-    def __init__(self, node: Node, since: datetime) -> None:
+    def __init__(self, node: Shared, since: datetime) -> None:
         self.node = node
         #: due slots before this moment were missed (no node could send them): the
         #: catch-up policy decides; later ones are on time. A standby's own start.
@@ -98,11 +104,7 @@ class Leader:
     def reload(self, version: int, *, report: bool = False) -> None:
         """Rebuild what the leader tracks from the schedule and the state in Redis."""
         node = self.node
-        # An entry without stored state (new, or Redis lost its data) starts after
-        # now + max_clock_skew (5 s at most): a slot an earlier leader sent just before
-        # the data was lost cannot come round again on a node whose clock is behind.
-        margin = min(node.config.max_clock_skew, UNKNOWN_STATE_MARGIN)
-        start = from_ms(to_ms(utcnow()) + int(margin * 1000))
+        start = node.fresh_start()
         stored, definitions = node.ledger.load_with_definitions()
         # Only a node that led until Redis lost its data knows nobody sent anything later
         trusted = node.lease.vanished_while_held or self._led_through
@@ -212,8 +214,7 @@ class Leader:
         schedule (one read of their states; those with no state anchored)."""
         node = self.node
         names = sorted(names)
-        margin = min(node.config.max_clock_skew, UNKNOWN_STATE_MARGIN)
-        start = from_ms(to_ms(utcnow()) + int(margin * 1000))
+        start = node.fresh_start()
         stored, definitions = node.ledger.load_with_definitions(names)
         loaded = node.track(stored, start=start, epoch=node.lease.epoch,
                             definitions=definitions, only=names)
@@ -244,8 +245,8 @@ class Leader:
             raise Resign(f"clock is {skew:+.3f} s off Redis TIME, beyond "
                          f"leaderbeat_max_clock_skew={node.config.max_clock_skew}", release=True)
         if self._version != version:
-            changed = node.changed_since(self._version) if self._version >= 0 else None
-            if changed is not None and len(changed) <= max(100, len(self.tracked) // 10):
+            changed = node.celery.changed_since(self._version) if self._version >= 0 else None
+            if changed is not None and small_change(changed, len(self.tracked)):
                 self.update(changed, version)
             else:
                 self.reload(version)
@@ -284,8 +285,8 @@ class Leader:
                 say_capped_once(part, self._capped)
                 outcome = run_batch(part, self.gate, node.chunk_send(node.lease.epoch or 0),
                                     memory=node.sent, backlog=node.backlog,
-                                    progress=node.progress)
-                node.observe(outcome.events)
+                                    progress=node.celery.progress)
+                node.celery.observe(outcome.events)
                 self._say_paused(outcome.events)
                 sent += outcome.sent
                 if limit is None or len(part) < limit:
@@ -300,7 +301,7 @@ class Leader:
             self.agenda.push_all(due)
             self._record_broken()
         poll = self.node.config.standby_poll
-        return min(self.delay(), min(poll, LEADER_LOOK) if node.anchors() else poll)
+        return min(self.delay(), min(poll, LEADER_LOOK) if node.celery.runtime_anchors() else poll)
 
     def _publish_definitions(self, tracked: dict[str, Tracked], stored: dict[str, str],
                              names: Collection[str] | None = None) -> None:
@@ -399,7 +400,7 @@ class Leader:
         """Nothing grows without bound: state of removed entries, old backfills, dead nodes."""
         self._prune_at = time.monotonic() + PRUNE_EVERY
         slots, backfills, nodes = self.node.ledger.prune(
-            self.node.schedule(), keep_ms=int(PRUNE_AFTER * 1000), node_keep_s=FORGET_NODES_AFTER)
+            self.node.celery.slot_entries(), keep_ms=int(PRUNE_AFTER * 1000), node_keep_s=FORGET_NODES_AFTER)
         if slots or backfills or nodes:
             logger.info("leaderbeat: pruned the state of %d entries no longer scheduled, %d old "
                         "backfill records and %d node records not seen for %.0f s",
@@ -411,7 +412,7 @@ class Leader:
         return to_ms(tracked.last) if tracked is not None else None
 
     def delay(self, limit: float | None = None) -> float:
-        return self.agenda.delay(time.time(), float(limit or self.node.max_interval()))
+        return self.agenda.delay(time.time(), float(limit or self.node.celery.loop_interval()))
 
     def _say_paused(self, events: list[Event]) -> None:
         """One INFO line when an entry's slots start being skipped as paused, one on resume."""
@@ -426,10 +427,10 @@ class Leader:
                             self.node.config.node_id, self.node.lease.epoch, ev.name)
 
     def _send(self, name: str, slot: datetime) -> bool:
-        return self.node.send(name, slot, self.node.lease.epoch or 0, None)
+        return self.node.celery.send_slot(name, slot, self.node.lease.epoch or 0)
 
     def _publish(self, name: str, slot: datetime, task_id: str | None) -> bool:
-        return self.node.send(name, slot, self.node.lease.epoch or 0, task_id)
+        return self.node.celery.send_slot(name, slot, self.node.lease.epoch or 0, task_id)
 
     def notice_requests(self) -> None:
         """Has the CLI queued a request? A look at the subscription's buffer, no round trip.
@@ -484,7 +485,8 @@ class Leader:
         except STORE_ERRORS:
             return min(self.delay(), 1.0)
         try:
-            reconciled = outage.reconcile(self.node.lease, self.node.ledger, self.node.wake_by)
+            reconciled = outage.reconcile(self.node.lease, self.node.ledger,
+                                          self.node.celery.wake_by)
         except STORE_ERRORS:
             return min(self.delay(), 1.0)  # still flapping: the outage stays as it was
         self.outage = None  # only now: a Redis error above leaves the outage in place
@@ -520,7 +522,7 @@ def _say_anchored(loaded: Any) -> None:
                 ", ".join(names[:10]))
 
 
-def _anchor(node: Node, loaded: Loaded, what: str) -> list[Any]:
+def _anchor(node: Shared, loaded: Loaded, what: str) -> list[Any]:
     """Claim the anchors of ``what`` (new, changed) entries; a refused one is adopted.
     Returns, per anchor, None when it was granted, else why not."""
     try:

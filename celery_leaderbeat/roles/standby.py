@@ -29,10 +29,10 @@ from ..store.base import STORE_ERRORS
 from ..store.events import ENTRIES, RELEASED
 from ..store.ledger import ANCHOR, ClaimItem, Event, Op
 from ..timing.slots import Plan, from_ms, to_ms
-from .agenda import Agenda, Tracked
+from .agenda import Agenda, Tracked, small_change
 from .batch import RescueGate, run_batch
 from .dynamic_schedule import POLL
-from .node import Node, utcnow
+from .shared import Shared, utcnow
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ def loss_grace(config: Config) -> float:
 class Standby:
     """The standing-by half of one beat process."""
 
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: Shared) -> None:
         self.node = node
         #: the moment this node could first have rescued a slot (its start, Redis back)
         self.since = utcnow()
@@ -179,9 +179,10 @@ class Standby:
     def _rescue(self, version: int) -> None:
         if self.agenda is None or version != self._version:
             agenda = self.agenda
-            changed = self.node.changed_since(self._version) if agenda is not None else None
+            changed = self.node.celery.changed_since(self._version) \
+                if agenda is not None else None
             if (agenda is not None and changed is not None
-                    and len(changed) <= max(100, len(agenda.tracked) // 10)):
+                    and small_change(changed, len(agenda.tracked))):
                 self._update(changed, version)
             else:
                 self._load(version)
@@ -204,8 +205,7 @@ class Standby:
                 return
             gate = RescueGate(self.node.ledger, self._publish_window())
             try:
-                outcome = run_batch(unclaimed, gate,
-                                    lambda name, slot: self.node.send(name, slot, 0, None),
+                outcome = run_batch(unclaimed, gate, self.node.send(0),
                                     memory=self.node.sent, backlog=self.node.backlog)
             except STORE_ERRORS:
                 # a claim whose reply was lost may have been granted: asked again first
@@ -220,7 +220,7 @@ class Standby:
                 return
         finally:
             self.agenda.push_all(due)
-        self.node.observe(outcome.events)
+        self.node.celery.observe(outcome.events)
         if outcome.sent:
             logger.warning("leaderbeat: standby %s rescued %d slot(s) nobody had claimed %.1f s "
                            "after their time", self.node.config.node_id, outcome.sent,
@@ -257,7 +257,7 @@ class Standby:
             if result is not None or self.node.sent.covers(item.name, item.slot_ms):
                 continue  # not ours, or sent before the reply went missing
             slot = from_ms(item.slot_ms)
-            if not late and self.node.send(item.name, slot, 0, None):
+            if not late and self.node.celery.send_slot(item.name, slot, 0):
                 self.node.sent.note(item.name, item.slot_ms)
                 events.append(Event(item.name, item.slot_ms, "sent", "rescued"))
             else:
@@ -265,7 +265,7 @@ class Standby:
                                     "rescue: the claim's reply was lost"))
         if events:
             RescueGate(self.node.ledger).record(events)
-            self.node.observe(events)
+            self.node.celery.observe(events)
 
     def _publish_window(self) -> float:
         """Seconds after its claim call began within which a rescuer may still publish.
@@ -328,7 +328,7 @@ class Standby:
     def _load(self, version: int) -> None:
         """Read every entry's slot state once (one HGETALL); track those that have one."""
         stored = self.node.ledger.load()
-        if losses := self._losses(stored, self.node.schedule()):
+        if losses := self._losses(stored, self.node.celery.slot_entries()):
             self._report_lost(losses)
         loaded = self.node.track(stored, start=utcnow(), epoch=None)
         # a run-time entry's phase is the entry store's, known before any slot state (the
