@@ -374,7 +374,7 @@ def resolve_base(value: Any) -> type | None:
     if getattr(cls, "leaderbeat_scheduler", False):  # set on celery_leaderbeat.Scheduler
         raise ConfigurationError(
             f"{setting}={value!r} is celery_leaderbeat.Scheduler itself: name the scheduler "
-            "it gates, e.g. 'django_celery_beat.schedulers:DatabaseScheduler'")
+            "it wraps, e.g. 'django_celery_beat.schedulers:DatabaseScheduler'")
     return cls
 
 

@@ -9,7 +9,7 @@ keeps only what Celery calls and the per-process Redis client; the rest of the
 class is in :mod:`celery_leaderbeat.integrations`: the schedule and its
 versions (``schedule``), sending (``sending``), Redis and clock trouble
 (``trouble``), the role changes and Celery's lifecycle traps (``lifecycle``),
-and the gate around another scheduler class (``gate``).
+and the wrapper around another scheduler class (``wrap``).
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ from celery import beat
 from .config import Config
 from .entries import EntryOptions
 from .errors import LeaseLostError, NotReplicatedError, RolledBackError
-from .integrations.gate import GateMixin
 from .integrations.lifecycle import LEADER, STANDBY, Lifecycle, _collector_paused
 from .integrations.schedule import ScheduleState
 from .integrations.sending import Sending
 from .integrations.trouble import Trouble
+from .integrations.wrap import WrapMixin
 from .ops.health import Health
 from .ops.telemetry import Telemetry
 from .roles.dynamic_schedule import DynamicSchedule
@@ -45,7 +45,7 @@ from .store.ledger import Event
 from .store.redis_store import connect
 from .store.registry import Registration
 
-__all__ = ["LEADER", "STANDBY", "Scheduler", "gate_class"]
+__all__ = ["LEADER", "STANDBY", "Scheduler", "gate_class", "wrap_class"]
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ class Scheduler(ScheduleState, Sending, Trouble, Lifecycle, beat.Scheduler):
     """Highly available beat scheduler: run it on any number of nodes.
 
     With ``leaderbeat_base_scheduler`` set, constructing this class gives an
-    instance of that scheduler class behind the gate (:mod:`celery_leaderbeat.integrations.gate`).
+    instance of that scheduler class wrapped (:mod:`celery_leaderbeat.integrations.wrap`).
     """
 
     #: marks leaderbeat's own class, which no ``leaderbeat_base_scheduler`` may name
@@ -69,7 +69,7 @@ class Scheduler(ScheduleState, Sending, Trouble, Lifecycle, beat.Scheduler):
             app = kwargs.get("app", args[0] if args else None)
             base = Config.from_app(app).base_scheduler if app is not None else None
             if base is not None:
-                made = gate_class(base)
+                made = wrap_class(base)
         return super().__new__(made)
 
     def __init__(self, app: Any, *args: Any, lazy: bool = False, **kwargs: Any) -> None:
@@ -234,8 +234,12 @@ class Scheduler(ScheduleState, Sending, Trouble, Lifecycle, beat.Scheduler):
 
 
 @functools.cache
-def gate_class(base: type) -> type:
-    """``LeaderbeatGate<Base>(GateMixin, Scheduler, Base)``, built once per base class."""
-    name = f"LeaderbeatGate{base.__name__}"
-    return type(name, (GateMixin, Scheduler, base), {"__module__": __name__, "__qualname__": name,
-                                                     "gated": base})
+def wrap_class(base: type) -> type:
+    """``Leaderbeat<Base>(WrapMixin, Scheduler, Base)``, built once per base class."""
+    name = f"Leaderbeat{base.__name__}"
+    return type(name, (WrapMixin, Scheduler, base), {"__module__": __name__, "__qualname__": name,
+                                                     "wrapped": base})
+
+
+#: ``wrap_class`` under the name this module has exported since the setting came
+gate_class = wrap_class

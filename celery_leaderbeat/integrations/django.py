@@ -1,4 +1,4 @@
-"""django-celery-beat's ``DatabaseScheduler`` behind the gate (:mod:`celery_leaderbeat.integrations.gate`).
+"""django-celery-beat's ``DatabaseScheduler`` wrapped (:mod:`celery_leaderbeat.integrations.wrap`).
 
 Where the state lives: the schedule (rows, admin, ``enabled``, ``one_off``,
 ``start_time``, ``expires``, and for display ``last_run_at`` and ``total_run_count``)
@@ -37,9 +37,9 @@ from ..roles.leader import Leader
 from ..roles.shared import utcnow
 from ..timing.clocks import NEVER
 from ..timing.schedules import cron
+from .adapter import Adapter
 from .djangoio import Bookkeeping, DatabaseThread, db_time
 from .djangorows import Bounded, _aware, _keeping_last_run_at, _once, row_view
-from .gatebase import Adapter
 
 logger = logging.getLogger(__name__)
 
@@ -72,12 +72,12 @@ class DatabaseAdapter(Adapter):
     # -- beat_schedule into rows ---------------------------------------------------------
 
     def prepare(self, entries: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-        options = self.scheduler._entry_options
+        options = self.scheduler.entry_options()
         problems = []
         for name, entry in entries.items():
             if isinstance(entry.get("schedule"), cron):
                 given = options.get(name)
-                zone = (given.tz if given else None) or self.scheduler.app.timezone
+                zone = (given.tz if given else None) or self.scheduler.timezone()
                 try:
                     entry["schedule"] = as_crontab(name, entry["schedule"], zone)
                 except ConfigurationError as exc:
@@ -117,9 +117,9 @@ class DatabaseAdapter(Adapter):
             if not isinstance(bounded, Bounded):
                 continue
             if bounded.once:
-                options = s._entry_options.get(name)
+                options = s.entry_options().get(name)
                 at = bounded.once_at(name, bounded.tz or (options.tz if options else None)
-                                     or s.app.timezone)
+                                     or s.timezone())
                 if at < NEVER:
                     found[name] = at - _MS
             elif bounded.restart is not None and bounded.restart >= fresh_since:
@@ -143,7 +143,7 @@ class DatabaseAdapter(Adapter):
     def housekeeping(self, leader: Leader) -> None:
         """Disable expired rows, and one-off rows whose one slot is behind them."""
         now = utcnow()
-        for name, entry in list(self.scheduler._gate_entries.items()):
+        for name, entry in list(self.scheduler.base_entries().items()):
             model = getattr(entry, "model", None)
             if model is None or not model.enabled:
                 continue

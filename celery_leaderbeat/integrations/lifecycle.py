@@ -22,7 +22,7 @@ from ..roles.shared import Shared, utcnow
 from ..roles.standby import Standby
 from ..store.base import STORE_ERRORS
 from ..store.registry import earliest_follower
-from .parts import Parts
+from .attributes import Attributes
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ def _collector_paused() -> Iterator[None]:
         gc.enable()
 
 
-class Lifecycle(Parts):
+class Lifecycle(Attributes):
     """Elected, stepping down, registered, closed: the role changes Celery never sees."""
 
     @property

@@ -17,12 +17,12 @@ from ..roles.dynamic_schedule import DynamicSchedule
 from ..store.base import EntryDefinitions
 from ..store.ledger import SlotState
 from ..timing.slots import clock_for
-from .parts import Parts
+from .attributes import Attributes
 
 #: schedule versions whose changed names are kept (an older one means a full reload)
 CHANGE_LOG = 64
 
-class ScheduleState(Parts):
+class ScheduleState(Attributes):
     """``beat_schedule`` read and checked, run-time entries followed, changes versioned."""
 
     def setup_schedule(self) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 from ..roles.enqueue import Enqueuer
 from ..roles.publish import publish
 from ..timing.slots import to_ms
-from .parts import Parts
+from .attributes import Attributes
 
 logger = logging.getLogger(__name__)
 #: one INFO line per send, in stock beat's words (a chunk's lines in one record); a
@@ -26,7 +26,7 @@ WARM_MIN = 0.1
 WARM_MAX = 0.25
 
 
-class Sending(Parts):
+class Sending(Attributes):
     """Publishing slots of the schedule's entries, and what a sent slot changes."""
 
     _warming: Any = None  # (schedule version, epoch, iterator of (entry, overlap)) being warmed

@@ -17,7 +17,7 @@ from ..errors import LeaseLostError, RedisAuthError
 from ..roles.shared import utcnow
 from ..store.base import STORE_ERRORS
 from ..store.connection import describe
-from .parts import Parts
+from .attributes import Attributes
 
 logger = logging.getLogger(__name__)
 
@@ -25,7 +25,7 @@ logger = logging.getLogger(__name__)
 #: step (NTP slews smaller offsets; GC pauses and SIGSTOP move both clocks alike)
 CLOCK_STEP = 2.0
 
-class Trouble(Parts):
+class Trouble(Attributes):
     """What the Scheduler does when Redis stops answering, and when the wall clock steps."""
 
     def _refused(self, exc: Exception) -> RedisAuthError:

@@ -280,16 +280,16 @@ class Leader:
             # The first chunk's entries are planned and claimed before the rest of a
             # burst is planned: its first message leaves milliseconds after the slot.
             limit: int | None = CHUNK
-            while part := self.agenda.pop_due(now, self.since, limit=limit):
-                due += part
-                say_capped_once(part, self._capped)
-                outcome = run_batch(part, self.gate, node.chunk_send(node.lease.epoch or 0),
+            while batch := self.agenda.pop_due(now, self.since, limit=limit):
+                due += batch
+                say_capped_once(batch, self._capped)
+                outcome = run_batch(batch, self.gate, node.chunk_send(node.lease.epoch or 0),
                                     memory=node.sent, backlog=node.backlog,
                                     progress=node.celery.progress)
                 node.celery.observe(outcome.events)
                 self._say_paused(outcome.events)
                 sent += outcome.sent
-                if limit is None or len(part) < limit:
+                if limit is None or len(batch) < limit:
                     break
                 limit = None
             if sent:

@@ -1,7 +1,7 @@
-"""What the Scheduler's mixins share: the state ``celery_leaderbeat.Scheduler`` sets up.
+"""What the Scheduler's mixins share: the attributes ``celery_leaderbeat.Scheduler`` sets up.
 
 :mod:`.schedule`, :mod:`.sending`, :mod:`.trouble` and :mod:`.lifecycle` each hold
-part of the class; the attributes are set in ``Scheduler.__init__`` and declared
+some of the class's methods; the attributes are set in ``Scheduler.__init__`` and declared
 here once, for the type checker and the reader.
 """
 
@@ -26,8 +26,8 @@ else:
     _Beat = object  # a mixin of celery_leaderbeat.Scheduler, before celery.beat.Scheduler
 
 
-class Parts(_Beat):
-    """The Scheduler's state, as its mixins see it."""
+class Attributes(_Beat):
+    """The Scheduler's attributes, as its mixins see them."""
 
     lb_config: Config
     keys: Keys
@@ -46,6 +46,7 @@ class Parts(_Beat):
     _redis_failures: int
     _led_at_outage: bool
     _contact_since: float
+    _labels_version: int  # the schedule version the metric labels follow
     _closed: bool
     _registration: Registration
     _telemetry: Telemetry
