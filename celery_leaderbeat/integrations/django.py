@@ -247,7 +247,7 @@ def database_rows(app: Any, base: Any) -> dict[str, dict[str, Any]]:
 
 def as_crontab(name: str, schedule: cron, zone: tzinfo) -> TzAwareCrontab:
     """A 5-field cron string as the crontab row django-celery-beat stores."""
-    text = schedule._text
+    text = schedule.fields
     fields = text.split(" ")
     why = None
     if len(fields) == 6:
