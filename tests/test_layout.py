@@ -245,7 +245,7 @@ def test_no_module_reaches_into_a_private_attribute_of_another_layer():
 def test_the_private_reach_finder_finds_a_role_reaching_into_the_scheduler():
     owners = {"_entry_options": {"celery_leaderbeat.scheduler"}}
     tree = ast.parse("def f(scheduler):\n    return scheduler._entry_options, self._entry_options\n")
-    assert private_reaches("celery_leaderbeat.roles.leader", tree, owners) == [
-        "celery_leaderbeat.roles.leader:2: scheduler._entry_options "
-        "(defined in celery_leaderbeat.scheduler)"]
+    reach = ("celery_leaderbeat.roles.leader:2: scheduler._entry_options "
+             "(defined in celery_leaderbeat.scheduler)")
+    assert private_reaches("celery_leaderbeat.roles.leader", tree, owners) == [reach]
     assert private_reaches("celery_leaderbeat.scheduler", tree, owners) == []
