@@ -20,7 +20,7 @@ from celery_leaderbeat.entries import EntryOptions
 from celery_leaderbeat.roles.agenda import Agenda, Tracked, Unsent, load
 from celery_leaderbeat.roles.batch import LeaderGate, RescueGate, report_unsent, run_batch
 from celery_leaderbeat.roles.memory import SentMemory
-from celery_leaderbeat.roles.requests import Request, carry_out
+from celery_leaderbeat.roles.requests import LeaderSide, Request, carry_out
 from celery_leaderbeat.store.keys import Keys
 from celery_leaderbeat.store.lease import Lease
 from celery_leaderbeat.store.ledger import (
@@ -273,10 +273,10 @@ def _backfill(leader: SimpleNamespace, slots: tuple[int, ...], last: int,
                                Request("backfill", "e", id=request_id, slots_ms=slots).dumps())
     sent: list[int] = []
     token, epoch = leader.lease.credentials()
-    carry_out(leader.ledger, RedisRequests(leader.ledger.client, leader.keys), epoch,
-              leader.keys.prefix,
-              lambda name, slot, task_id: sent.append(to_ms(slot)) or True,
-              from_ms(last), known=lambda name: True, stored=lambda name: last, token=token)
+    carry_out(LeaderSide(leader.ledger, RedisRequests(leader.ledger.client, leader.keys), epoch,
+                         token, leader.keys.prefix,
+                         lambda name, slot, task_id: sent.append(to_ms(slot)) or True,
+                         known=lambda name: True, stored=lambda name: last), from_ms(last))
     skipped = [h["detail"] for h in leader.ledger.history(50)
                if h.get("event") == "skipped" and h.get("slot") in {str(s) for s in slots}]
     return sent, skipped

@@ -31,7 +31,7 @@ from .agenda import (
 from .batch import CHUNK, LeaderGate, report_unsent, run_batch, say_capped_once
 from .degraded import Outage
 from .dynamic_schedule import LEADER_LOOK
-from .requests import WAKE, carry_out
+from .requests import WAKE, LeaderSide, carry_out
 from .shared import Shared, utcnow
 from .standby import loss_grace
 
@@ -232,6 +232,16 @@ class Leader:
         """Send every due slot; the seconds until the next one (at most ``max_interval``)."""
         if self.outage is not None:
             return self._tick_degraded(self.outage)
+        self._check_lease()
+        self._keep_up(version)
+        self._send_due()
+        poll = self.node.config.standby_poll
+        return min(self.delay(),
+                   min(poll, LEADER_LOOK) if self.node.celery.runtime_anchors() else poll)
+
+    def _check_lease(self) -> None:
+        """Resign unless this leader may send: its lease proved in time, its heartbeat
+        alive, its clock near Redis's."""
         node, lease = self.node, self.node.lease
         if not lease.is_held():
             if node.config.redis_down_policy == "last-leader" and not lease.lost:
@@ -244,6 +254,11 @@ class Leader:
         if skew is not None and abs(skew) > node.config.max_clock_skew:
             raise Resign(f"clock is {skew:+.3f} s off Redis TIME, beyond "
                          f"leaderbeat_max_clock_skew={node.config.max_clock_skew}", release=True)
+
+    def _keep_up(self, version: int) -> None:
+        """What comes before sending: the schedule's changes, the unconfirmed claims left
+        to recover, requests, reports of a loss of writes, the hourly prune."""
+        node = self.node
         if self._version != version:
             changed = node.celery.changed_since(self._version) if self._version >= 0 else None
             if changed is not None and small_change(changed, len(self.tracked)):
@@ -261,17 +276,25 @@ class Leader:
         if time.monotonic() >= self._prune_at:
             self._prune()
         if self._requests_pending:
-            # A fenced call that checks the generation first: Redis restored from an older
-            # snapshot that still held this leader's lease brings back requests already
-            # carried out, and nothing else in this tick has noticed yet (a rollback found
-            # here re-anchors first; then requests queued before the loss are dropped)
-            node.ledger.claim(*lease.credentials(), [])
-            carry_out(node.ledger, node.store.requests, lease.epoch or 0, node.keys.prefix,
-                      self._publish,
-                      utcnow(), known=lambda name: name in self.tracked,
-                      stored=lambda name: self._stored_slot(name), memory=node.sent,
-                      token=lease.credentials()[0])
-            self._requests_pending = False  # only now: a failed pop leaves them pending
+            self._carry_out_requests()
+
+    def _carry_out_requests(self) -> None:
+        node, lease = self.node, self.node.lease
+        # A fenced call that checks the generation first: Redis restored from an older
+        # snapshot that still held this leader's lease brings back requests already
+        # carried out, and nothing else in this tick has noticed yet (a rollback found
+        # here re-anchors first; then requests queued before the loss are dropped)
+        node.ledger.claim(*lease.credentials(), [])
+        token, _ = lease.credentials()
+        carry_out(LeaderSide(node.ledger, node.store.requests, lease.epoch or 0, token,
+                             node.keys.prefix, self._publish,
+                             known=lambda name: name in self.tracked,
+                             stored=self._stored_slot, memory=node.sent), utcnow())
+        self._requests_pending = False  # only now: a failed pop leaves them pending
+
+    def _send_due(self) -> None:
+        """Claim and send every due slot, in chunks."""
+        node = self.node
         now = utcnow()
         earliest = self.agenda.earliest() or now.timestamp()
         due: list[Any] = []
@@ -300,8 +323,6 @@ class Leader:
         finally:
             self.agenda.push_all(due)
             self._record_broken()
-        poll = self.node.config.standby_poll
-        return min(self.delay(), min(poll, LEADER_LOOK) if node.celery.runtime_anchors() else poll)
 
     def _publish_definitions(self, tracked: dict[str, Tracked], stored: dict[str, str],
                              names: Collection[str] | None = None) -> None:
