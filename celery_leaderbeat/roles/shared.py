@@ -14,7 +14,7 @@ from ..store.base import LeaseStore, SlotStore, Store
 from ..store.keys import Keys
 from ..store.ledger import ANCHOR, Event, SlotState
 from ..timing.slots import SlotClock, clock_for, from_ms, to_ms
-from .agenda import Loaded, load
+from .agenda import Known, Loaded, Reading, load
 from .dynamic_schedule import reanchor
 from .fingerprint import fingerprint
 from .memory import SentMemory
@@ -94,13 +94,12 @@ class Shared:
         planned = reanchor(stored, runtime, celery.anchored_exactly(), only)
         anchored = [name for name, state in planned.items() if state is not stored.get(name)] \
             if planned is not stored else ()
-        return load(schedule, planned, start=start, tz=celery.timezone(),
-                    options=celery.entry_options(),
-                    default=EntryOptions.defaults(self.config), epoch=epoch,
-                    clock_of=self.clock_of, fingerprint_of=self.fingerprint_of,
-                    definitions=definitions, remembered=self.sent.newest_known,
-                    trust_memory=trust_memory, rolled_back=rolled_back,
-                    trusted_epoch=trusted_epoch, anchored=anchored, runtime=runtime)
+        reading = Reading(celery.timezone(), celery.entry_options(),
+                          EntryOptions.defaults(self.config), self.clock_of, self.fingerprint_of)
+        known = Known(epoch, definitions=definitions, remembered=self.sent.newest_known,
+                      trust_memory=trust_memory, rolled_back=rolled_back,
+                      trusted_epoch=trusted_epoch, anchored=anchored, runtime=runtime)
+        return load(schedule, planned, start=start, reading=reading, known=known)
 
     def fingerprint_of(self, name: str, entry: Any, tz: tzinfo, jitter: float | None) -> str:
         """The fingerprint of an entry's definition, computed once per definition: Celery's
