@@ -206,7 +206,7 @@ class WrapMixin(_Glue):
         if changed and self._leader is not None:
             fresh = {name: shown for name, shown in view.items()
                      if self._base_keys.get(name) != keys[name]}
-            if not self._anchor(self._leader.node, fresh):
+            if not self._anchor(self._leader.shared, fresh):
                 return False
         touched = {name for name in keys.keys() | self._base_keys.keys()
                    if keys.get(name) != self._base_keys.get(name)}

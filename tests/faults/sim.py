@@ -131,7 +131,7 @@ def _sent_by() -> str:
 def _wait_without_sleeping(self: Standby, timeout: float) -> None:
     """``Standby._wait`` for a driven clock: read what was published, never sleep."""
     if self._pubsub is None:
-        self._pubsub = self.node.store.events.subscribe()
+        self._pubsub = self.shared.store.events.subscribe()
     while (message := self._pubsub.next(0.0)) is not None:
         if message == RELEASED:
             self._next_attempt = 0.0
