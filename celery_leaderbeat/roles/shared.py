@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone, tzinfo
 from typing import Any
@@ -15,6 +15,7 @@ from ..store.keys import Keys
 from ..store.ledger import ANCHOR, Event, SlotState
 from ..timing.slots import SlotClock, clock_for, from_ms, to_ms
 from .agenda import Known, Loaded, Reading, load
+from .batch import Send
 from .dynamic_schedule import reanchor
 from .fingerprint import fingerprint
 from .memory import SentMemory
@@ -22,9 +23,6 @@ from .port import CelerySide
 
 #: cap, in seconds, of how far past "now" an entry with no stored state starts
 UNKNOWN_STATE_MARGIN = 5.0
-
-#: publishes one slot of one entry: the batch's ``Send``, under an epoch bound already
-Send = Callable[[str, datetime], bool]
 
 
 @dataclass
@@ -52,15 +50,15 @@ class Shared:
         """The store's Redis client: for claim-and-enqueue in one step only (store/base.py)."""
         return self.store.client
 
-    def send(self, epoch: int) -> Send:
-        """Publishes one slot at a time under ``epoch`` (0: a standby's rescue)."""
+    def slot_send(self, epoch: int) -> Send:
+        """What publishes one slot at a time under ``epoch`` (0: a standby's rescue)."""
         celery = self.celery
         return lambda name, slot: celery.send_slot(name, slot, epoch, None)
 
     def chunk_send(self, epoch: int) -> Any:
         """What a batch sends its chunks through, under ``epoch`` (0: a standby's rescue)."""
         sender = self.celery.chunk_sender(epoch)
-        return self.send(epoch) if sender is None else sender
+        return self.slot_send(epoch) if sender is None else sender
 
     def fresh_start(self) -> datetime:
         """Where an entry without stored state (new, or Redis lost its data) starts: after

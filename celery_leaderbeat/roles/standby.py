@@ -206,7 +206,7 @@ class Standby:
                 return
             gate = RescueGate(self.shared.ledger, self._publish_window())
             try:
-                outcome = run_batch(unclaimed, gate, self.shared.send(0),
+                outcome = run_batch(unclaimed, gate, self.shared.slot_send(0),
                                     memory=self.shared.sent, backlog=self.shared.backlog)
             except STORE_ERRORS:
                 # a claim whose reply was lost may have been granted: asked again first
