@@ -114,6 +114,11 @@ class Scheduler(ScheduleState, Sending, Trouble, Lifecycle, beat.Scheduler):
         return self._leader
 
     @property
+    def enqueuer(self) -> Enqueuer | None:
+        """What this process sends its chunks through (None before its first chunk)."""
+        return self._enqueuer
+
+    @property
     def lease(self) -> LeaseStore:
         return self._connect().lease
 

@@ -215,17 +215,33 @@ def private_names_defined(tree: ast.Module) -> set[str]:
     return {name for name in found if name.startswith("_") and not name.startswith("__")}
 
 
+def _reached(node: ast.AST) -> tuple[ast.expr, str] | None:
+    """(object, name) of ``obj.name`` or ``getattr(obj, "name", ...)``, else None."""
+    if isinstance(node, ast.Attribute):
+        return node.value, node.attr
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+            and node.func.id in ("getattr", "hasattr", "setattr") and len(node.args) >= 2 \
+            and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str):
+        return node.args[0], node.args[1].value
+    return None
+
+
 def private_reaches(module: str, tree: ast.Module, owners: dict[str, set[str]]) -> list[str]:
-    """``obj._x`` in ``module`` where ``obj`` is not ``self``/``cls`` and only modules of
-    another layer define ``_x``: a reach past that layer's public face."""
+    """``obj._x`` (or ``getattr(obj, "_x")``) in ``module`` where ``obj`` is not
+    ``self``/``cls`` and only modules of another layer define ``_x``: a reach past that
+    layer's public face."""
     own = {name for name, defined in owners.items()
            if module in defined or any(layer_of(m) == layer_of(module) for m in defined)}
     found = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.Attribute) and node.attr in owners and node.attr not in own \
-                and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+        reached = _reached(node)
+        if reached is None:
+            continue
+        obj, name = reached
+        if name in owners and name not in own \
+                and not (isinstance(obj, ast.Name) and obj.id in ("self", "cls")):
             found.append(f"{module}:{node.lineno}: {ast.unparse(node)} "
-                         f"(defined in {', '.join(sorted(owners[node.attr]))})")
+                         f"(defined in {', '.join(sorted(owners[name]))})")
     return found
 
 
@@ -249,3 +265,7 @@ def test_the_private_reach_finder_finds_a_role_reaching_into_the_scheduler():
              "(defined in celery_leaderbeat.scheduler)")
     assert private_reaches("celery_leaderbeat.roles.leader", tree, owners) == [reach]
     assert private_reaches("celery_leaderbeat.scheduler", tree, owners) == []
+    tree = ast.parse("def f(scheduler):\n    return getattr(scheduler, '_entry_options', None)\n")
+    by_name = ("celery_leaderbeat.roles.leader:2: getattr(scheduler, '_entry_options', None) "
+               "(defined in celery_leaderbeat.scheduler)")
+    assert private_reaches("celery_leaderbeat.roles.leader", tree, owners) == [by_name]

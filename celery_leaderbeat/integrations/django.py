@@ -261,7 +261,7 @@ def as_crontab(name: str, schedule: cron, zone: tzinfo) -> TzAwareCrontab:
         raise ConfigurationError(
             f"beat_schedule entry {name!r}: cron string {schedule.expr!r} cannot be stored "
             f"as a django-celery-beat crontab row: {why}; use celery.schedules.crontab(...)")
-    zone = getattr(schedule, "_zone", None) or zone
+    zone = schedule.own_zone or zone
     minute, hour, dom, month, dow = fields
     try:
         return TzAwareCrontab(minute=minute, hour=hour, day_of_month=dom, month_of_year=month,

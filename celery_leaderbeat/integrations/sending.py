@@ -89,7 +89,8 @@ class Sending(Attributes):
         """A batch's sender: claim and enqueue in one step where exact, else kombu batches."""
         if self._enqueuer is None or not self._enqueuer.checked:
             said = self._enqueuer is not None  # an unreachable broker is said once
-            self._enqueuer = Enqueuer(self, self._connect().client, quiet=said)
+            shared = self._connect()
+            self._enqueuer = Enqueuer(self, shared.client, quiet=said, memory=shared.sent)
         self._keep_messages(self._enqueuer)
         return self._enqueuer.bind(epoch)
 

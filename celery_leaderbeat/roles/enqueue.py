@@ -35,6 +35,7 @@ from celery import signals
 
 from ..store.ledger import SENT
 from ..timing.slots import to_ms
+from .memory import SentMemory
 from .messages import Captured, Messages
 from .publish import DeclaringOnce, publish, send_many
 from .routing import Routes
@@ -123,7 +124,7 @@ def _dotted(version: tuple[int, ...]) -> str:
 def one_step_fallback(scheduler: Any) -> str | None:
     """Why ``scheduler``'s chunks do not go out claimed and enqueued in one step, or None
     when they do (for ``status`` and a metric). Before its first send: "not checked yet"."""
-    enqueuer = getattr(scheduler, "_enqueuer", None)
+    enqueuer = scheduler.enqueuer
     if enqueuer is None:
         return "not checked yet (no chunk sent by this beat)"
     reason: str | None = enqueuer.fallback
@@ -181,8 +182,11 @@ class Enqueuer:
     ``Producer.publish``, in kombu's batch where it has one.
     """
 
-    def __init__(self, scheduler: Any, client: Any, *, quiet: bool = False) -> None:
+    def __init__(self, scheduler: Any, client: Any, *, quiet: bool = False,
+                 memory: SentMemory | None = None) -> None:
         self.scheduler = scheduler
+        #: what this process published (settling an unanswered claim consults and notes it)
+        self.memory = memory
         config = scheduler.lb_config
         #: False while the broker could not be reached to check: checked again next batch
         self.checked = True
@@ -256,16 +260,16 @@ class Enqueuer:
             logger.debug("leaderbeat: could not read what an unanswered claim enqueued: %r", exc)
             return
         doubt, self.unanswered = self.unanswered, []
-        node = getattr(s, "_node", None)
+        memory = self.memory
         went = []
         for name, slot, epoch, captured in doubt:
             state = stored.get(name)
             if (state is not None and state.slot_ms == to_ms(slot) and state.epoch == epoch
                     and state.state == SENT and state.node is None
-                    and not (node is not None and node.sent.covers(name, state.slot_ms))):
+                    and not (memory is not None and memory.covers(name, state.slot_ms))):
                 went.append((name, slot, captured))
-                if node is not None:
-                    node.sent.note(name, state.slot_ms)
+                if memory is not None:
+                    memory.note(name, state.slot_ms)
         if went:
             ChunkSender(self, 0, fast=False).said_enqueued(went, epoch=doubt[0][2])
 
