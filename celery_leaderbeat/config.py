@@ -171,15 +171,12 @@ class Config:
         problems += catchup_problems(catchup, window, max_catchup,
                                      named=lambda key: f"leaderbeat_{key}")
         window = _seconds(window)
-        guard = v.check("guard", raw.get("guard"), lambda x: isinstance(x, bool),
-                        "must be True or False")
+        guard = v.flag("guard", raw.get("guard"))
         recover = raw.get("recover_unsent")
         if recover is None:
             recover = guard is True  # the guard makes re-sending safe: each slot runs once
-        recover = v.check("recover_unsent", recover, lambda x: isinstance(x, bool),
-                          "must be True or False")
-        atomic = v.check("atomic_enqueue", raw.get("atomic_enqueue"),
-                         lambda x: isinstance(x, bool), "must be True or False")
+        recover = v.flag("recover_unsent", recover)
+        atomic = v.flag("atomic_enqueue", raw.get("atomic_enqueue"))
         guard_expires = v.number("guard_expires", raw.get("guard_expires"), minimum=60.0)
         overlap = overlap_policy(v.check("overlap", raw.get("overlap"),
                                          lambda x: overlap_policy(x) is not None, OVERLAP_RULE))
@@ -188,12 +185,8 @@ class Config:
                        f"must be one of {', '.join(REDIS_DOWN_POLICIES)}")
         degraded = v.number("degraded_max_seconds", raw.get("degraded_max_seconds"), minimum=0.0)
         skew = v.number("max_clock_skew", raw.get("max_clock_skew"), minimum=0.0)
-        history = v.check("history_length", raw.get("history_length"),
-                          lambda x: isinstance(x, int) and not isinstance(x, bool) and x >= 100,
-                          "must be an integer of at least 100")
-        replicas = v.check("min_replicas", raw.get("min_replicas"),
-                           lambda x: isinstance(x, int) and not isinstance(x, bool) and x >= 0,
-                           "must be an integer of at least 0")
+        history = v.integer("history_length", raw.get("history_length"), minimum=100)
+        replicas = v.integer("min_replicas", raw.get("min_replicas"), minimum=0)
         rescue = v.number("rescue_after", raw.get("rescue_after"), minimum=0.5)
         metrics_port = _metrics_port(raw.get("metrics_port"), problems)
         base = _base_scheduler(raw.get("base_scheduler"), problems)
@@ -346,6 +339,14 @@ class _Validator:
         if not good:
             self.problems.append(f"leaderbeat_{name}={value!r} {rule}")
         return value
+
+    def flag(self, name: str, value: Any) -> Any:
+        return self.check(name, value, lambda x: isinstance(x, bool), "must be True or False")
+
+    def integer(self, name: str, value: Any, *, minimum: int) -> Any:
+        return self.check(name, value,
+                          lambda x: isinstance(x, int) and not isinstance(x, bool) and x >= minimum,
+                          f"must be an integer of at least {minimum}")
 
     def number(self, name: str, value: Any, *, minimum: float) -> float | None:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
