@@ -17,8 +17,8 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from celery import Celery, signals
 
-from celery_leaderbeat.roles.publish import publish
 from celery_leaderbeat.scheduler import Scheduler
+from celery_leaderbeat.send.plain import publish
 from celery_leaderbeat.store.ledger import ClaimItem, Op
 from celery_leaderbeat.timing.slots import to_ms
 from tests.support.beat import NOOP
@@ -251,7 +251,7 @@ def crontab_far():
 def test_delivery_tags_are_random_uuid4s_as_kombu_makes_them():
     import uuid
 
-    from celery_leaderbeat.roles.messages import delivery_tag
+    from celery_leaderbeat.send.templates import delivery_tag
 
     tags = [delivery_tag() for _ in range(200)]
     assert len(set(tags)) == 200

@@ -15,8 +15,8 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from celery import Celery, signals
 
-from celery_leaderbeat.roles.enqueue import one_step_fallback
 from celery_leaderbeat.scheduler import Scheduler
+from celery_leaderbeat.send.one_step import one_step_fallback
 from celery_leaderbeat.store.ledger import ENQUEUED, ClaimItem, Op
 from celery_leaderbeat.timing import cronengine as _cronengine
 from celery_leaderbeat.timing.policy import CatchupPolicy

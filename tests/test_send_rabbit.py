@@ -17,8 +17,8 @@ import kombu
 import pytest
 from celery import Celery
 
-from celery_leaderbeat.roles.publish import publish
 from celery_leaderbeat.scheduler import Scheduler
+from celery_leaderbeat.send.plain import publish
 from tests.support.beat import NOOP
 from tests.support.queues import take_messages
 from tests.support.rabbitmq import AMQP_URL as AMQP

@@ -18,9 +18,10 @@ from celery import Celery, signals
 from kombu import Connection, Exchange, Queue
 
 import celery_leaderbeat.scheduler as scheduler_module
-from celery_leaderbeat.roles.enqueue import Enqueuer, one_step_fallback
-from celery_leaderbeat.roles.routing import Routes
 from celery_leaderbeat.scheduler import Scheduler
+from celery_leaderbeat.send.one_step import one_step_fallback
+from celery_leaderbeat.send.routing import Routes
+from celery_leaderbeat.send.sender import Enqueuer
 from celery_leaderbeat.store.keys import Keys
 from celery_leaderbeat.store.ledger import UNQUEUED, ClaimItem, Op
 from celery_leaderbeat.store.redis_store import redis_store

@@ -9,8 +9,8 @@ from collections.abc import Iterator, Sequence
 from datetime import datetime
 from typing import Any
 
-from ..roles.enqueue import Enqueuer
-from ..roles.publish import publish
+from ..send.plain import publish
+from ..send.sender import Enqueuer
 from ..timing.slots import to_ms
 from .parts import Parts
 

@@ -95,12 +95,12 @@ class _OverlapDecisions:
         yield family
 
 
-#: the chunk sender a scheduler uses (``roles.enqueue.Enqueuer``), None before its first chunk
+#: the chunk sender a scheduler uses (``send.sender.Enqueuer``), None before its first chunk
 SendPath = Callable[[], Any]
 
 
 def send_path_labels(enqueuer: Any) -> tuple[str, str] | None:
-    """(path, reason) of ``enqueuer`` (``roles.enqueue.Enqueuer``): ``one_step``, or
+    """(path, reason) of ``enqueuer`` (``send.sender.Enqueuer``): ``one_step``, or
     ``batched`` and why (its ``fallback``); None before the scheduler has one."""
     if enqueuer is None:
         return None

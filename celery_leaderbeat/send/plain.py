@@ -20,7 +20,7 @@ from celery.beat import BeatLazyFunc
 from kombu.messaging import Producer
 
 from ..timing.slots import slot_id
-from .frames import Gathered
+from .single_write import Gathered
 
 logger = logging.getLogger(__name__)
 

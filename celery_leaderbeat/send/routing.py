@@ -13,7 +13,7 @@ up once per batch too. Only direct and topic exchanges are routed here; a
 fanout's ``PUBLISH`` (and any other exchange type) goes through kombu itself.
 This uses parts of kombu's Redis channel that are not public API; it runs only
 on the kombu releases the Redis form of messages is used with
-(``enqueue.KOMBU_RANGE``).
+(``one_step.KOMBU_RANGE``).
 """
 
 from __future__ import annotations
