@@ -25,16 +25,19 @@ from celery import signals
 
 from ..store.ledger import SENT
 from ..timing.slots import to_ms
+from .base import ONE_STEP, PLAIN, SINGLE_WRITE
 from .one_step import (
     EXACT,
     CallCapture,
     CaptureProducer,
     Command,
     fast_path_problem,
+    kombu_known,
     routes_redis,
 )
 from .plain import DeclaringOnce, publish, send_many
 from .routing import Routes
+from .single_write import amqp_known, single_write_problem
 from .templates import Captured, Messages
 
 logger = logging.getLogger(__name__)
@@ -57,18 +60,24 @@ class Enqueuer:
         self.checked = True
         #: kombu's Redis transport, batching: messages are known as their final commands
         self.redis = False
+        #: kombu's py-amqp transport: a chunk's frames may go out in one write
+        self.amqp = False
         try:
+            with scheduler.app.connection_for_write() as conn:
+                self.amqp = getattr(conn.transport, "driver_name", None) == "py-amqp"
+                self.redis = routes_redis(conn)
             problem = ("turned off by leaderbeat_atomic_enqueue=False"
                        if not config.atomic_enqueue else
                        fast_path_problem(scheduler.app, client, config.min_replicas))
-            with scheduler.app.connection_for_write() as conn:
-                self.redis = routes_redis(conn)
         except Exception as exc:  # noqa: BLE001 - broker down: this batch publishes (and fails) as before
             self.checked = False
             problem = f"the broker could not be reached to check ({exc})"
         self.fast = problem is None
         #: why chunks are not claimed and enqueued in one step (None: they are)
         self.problem = problem
+        #: why a chunk's frames do not go out in one write on py-amqp (None: they do, or
+        #: the broker is not py-amqp's)
+        self.single_write_problem = single_write_problem(scheduler.app) if self.amqp else None
         self._conn: Any = None
         self._producer: Any = None
         self._out: Any = None  # (connection, producer) of the batched path, made when first used
@@ -78,14 +87,42 @@ class Enqueuer:
         #: slots whose commands went with the claim in flight: (name, slot, epoch, message);
         #: left here when its reply never came (see :meth:`settle`)
         self.unanswered: list[tuple[str, datetime, int, Captured | None]] = []
-        if quiet:
-            pass
-        elif self.fast:
-            logger.info("leaderbeat: claims and enqueues each slot in one step "
-                        "(the broker is leaderbeat's Redis)")
+        if not quiet:
+            self._say_path()
+
+    def _say_path(self) -> None:
+        """The path chunks take, said once at start-up; a warning where an optimisation that
+        fits this broker is off because its library is outside the releases it knows."""
+        path, why = self.path()
+        if path == ONE_STEP:
+            logger.info("leaderbeat: send path one_step: claims and enqueues each slot in one "
+                        "step (the broker is leaderbeat's Redis)")
+        elif path == SINGLE_WRITE:
+            logger.info("leaderbeat: send path single_write: sends each chunk after its claim, "
+                        "its messages in one socket write (py-amqp)")
+        elif self.amqp:
+            untested = not amqp_known()
+            logger.log(logging.WARNING if untested else logging.INFO,
+                       "leaderbeat: send path plain: sends each chunk after its claim, one "
+                       "write a message (one socket write a chunk is off: %s)", why)
         else:
-            logger.info("leaderbeat: sends each chunk after its claim, batched by kombu "
-                        "where it can (claim and enqueue in one step is off: %s)", problem)
+            untested = self.checked and not kombu_known() and _redis_broker(self.scheduler.app)
+            logger.log(logging.WARNING if untested else logging.INFO,
+                       "leaderbeat: send path plain: sends each chunk after its claim, batched "
+                       "by kombu where it can (claim and enqueue in one step is off: %s)", why)
+
+    def path(self) -> tuple[str, str]:
+        """(path, why) chunks take now: ``one_step`` or ``single_write`` (why is empty), or
+        ``plain`` and why no optimisation applies (``status``, ``nodes`` and the
+        ``leaderbeat_send_path`` metric show it)."""
+        reason = self.fallback
+        if reason is None:
+            return ONE_STEP, ""
+        if self.amqp and self.checked:
+            if self.single_write_problem is None:
+                return SINGLE_WRITE, ""
+            return PLAIN, self.single_write_problem
+        return PLAIN, reason
 
     @property
     def fallback(self) -> str | None:
@@ -373,3 +410,9 @@ class ChunkSender:
 
     def _publish_one(self, entry: Any, slot: datetime, overlap: str, producer: Any) -> None:
         self.enqueuer.publish_one(entry, slot, self.epoch, overlap, producer)
+
+
+def _redis_broker(app: Any) -> bool:
+    """Whether ``app``'s broker is kombu's Redis transport (known without connecting)."""
+    with app.connection_for_write() as conn:
+        return getattr(conn.transport, "driver_type", None) == "redis"
