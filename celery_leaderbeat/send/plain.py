@@ -123,7 +123,8 @@ class _Stopped(Exception):
 def send_many(scheduler: Any, slots: Sequence[tuple[Any, datetime, str]], epoch: int,
               producer: Any = None, may_send: Callable[[], bool] = lambda: True,
               say: Callable[[Any, datetime], None] = lambda entry, slot: None,
-              publish_one: Callable[[Any, datetime, str, Any], None] | None = None) -> list[bool]:
+              publish_one: Callable[[Any, datetime, str, Any], None] | None = None,
+              gather: bool = True) -> list[bool]:
     """Publish several slots (entry, slot, overlap) in one batch; True for each one sent.
 
     ``say`` is called before each message is built (the scheduler's INFO line).
@@ -136,15 +137,15 @@ def send_many(scheduler: Any, slots: Sequence[tuple[Any, datetime, str]], epoch:
     failed flush answers False for every message of the batch (kombu cannot
     tell which ones Redis ran: "delivery is uncertain", so they are recorded
     unsent, the way a failed publish is). On py-amqp the chunk's publish frames
-    are written in one socket write at the end (:class:`~.frames.Gathered`), with
-    the same rules as a batch.
+    are written in one socket write at the end (:class:`~.single_write.Gathered`),
+    with the same rules as a batch, unless ``gather`` is False.
     """
     ok = [False] * len(slots)
     try:
         if callable(producer):  # made on first use: connecting can fail like a publish
             producer = producer()
         producer = producer if producer is not None else scheduler.producer
-        with batched(producer), Gathered(producer) as gathered:
+        with batched(producer), Gathered(producer, enabled=gather) as gathered:
             # kombu's batch or gathered frames: nothing reaches the broker before the end
             deferred = batches(producer) or gathered.active
             for i, (entry, slot, overlap) in enumerate(slots):

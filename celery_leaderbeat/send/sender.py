@@ -42,6 +42,12 @@ from .templates import Captured, Messages
 
 logger = logging.getLogger(__name__)
 
+#: False: every chunk takes the plain path, the reference the optimisations are tested and
+#: measured against (no one step, no single write, every message built by ``apply_async``)
+OPTIMISED = True
+#: why no optimisation applies while :data:`OPTIMISED` is False
+OFF = "the optimisations are turned off (send.sender.OPTIMISED = False)"
+
 
 class Enqueuer:
     """Sends chunks for one scheduler: claim-and-enqueue where exact, else batched.
@@ -66,7 +72,8 @@ class Enqueuer:
             with scheduler.app.connection_for_write() as conn:
                 self.amqp = getattr(conn.transport, "driver_name", None) == "py-amqp"
                 self.redis = routes_redis(conn)
-            problem = ("turned off by leaderbeat_atomic_enqueue=False"
+            problem = (OFF if not OPTIMISED else
+                       "turned off by leaderbeat_atomic_enqueue=False"
                        if not config.atomic_enqueue else
                        fast_path_problem(scheduler.app, client, config.min_replicas))
         except Exception as exc:  # noqa: BLE001 - broker down: this batch publishes (and fails) as before
@@ -77,13 +84,15 @@ class Enqueuer:
         self.problem = problem
         #: why a chunk's frames do not go out in one write on py-amqp (None: they do, or
         #: the broker is not py-amqp's)
-        self.single_write_problem = single_write_problem(scheduler.app) if self.amqp else None
+        self.single_write_problem = ((single_write_problem(scheduler.app) if OPTIMISED else OFF)
+                                     if self.amqp else None)
         self._conn: Any = None
         self._producer: Any = None
         self._out: Any = None  # (connection, producer) of the batched path, made when first used
         channel = lambda: self._capturing().channel  # the capture channel, made on first use
         self.routes = Routes(channel)
-        self.messages = Messages(scheduler, self.capture, channel, self.routes)
+        self.messages = Messages(scheduler, self.capture, channel, self.routes,
+                                 templates=OPTIMISED)
         #: slots whose commands went with the claim in flight: (name, slot, epoch, message);
         #: left here when its reply never came (see :meth:`settle`)
         self.unanswered: list[tuple[str, datetime, int, Captured | None]] = []
@@ -373,7 +382,8 @@ class ChunkSender:
         results = send_many(s, [(found[0], slot, found[1]) for _, found, slot in todo],
                             self.epoch, producer=self.enqueuer.producer, may_send=may_send,
                             say=lambda entry, slot: said.append((entry, slot)),
-                            publish_one=self._publish_one) if todo else []
+                            publish_one=self._publish_one,
+                            gather=self.enqueuer.single_write_problem is None) if todo else []
         for (i, found, slot), sent in zip(todo, results):
             ok[i] = sent
             if sent:

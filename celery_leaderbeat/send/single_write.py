@@ -98,8 +98,9 @@ class Gathered:
     (set ``gathered.at`` to a slot's index before publishing it).
     """
 
-    def __init__(self, producer: Any) -> None:
+    def __init__(self, producer: Any, *, enabled: bool = True) -> None:
         self.producer = producer
+        self.enabled = enabled
         self.client: Any = None
         self.active = False
         self.at = 0  # the index of the slot being published
@@ -108,7 +109,7 @@ class Gathered:
         self._failed: BaseException | None = None
 
     def __enter__(self) -> Gathered:  # noqa: PYI034 - typing.Self is Python 3.11+
-        client = gatherable(self.producer)
+        client = gatherable(self.producer) if self.enabled else None
         if client is None:
             return self
         from amqp import method_framing, spec
