@@ -345,7 +345,6 @@ class ChunkSender:
             if found is None:
                 continue
             said.append((found[0], slot))
-            s._note_sent(found[0], slot)
             if after and captured is None and self.enqueuer.messages.usable():
                 try:
                     captured = self.enqueuer.build(found[0], slot, epoch, found[1])
@@ -353,9 +352,16 @@ class ChunkSender:
                     logger.warning("leaderbeat: %s for slot %s was sent; its message could not "
                                    "be built again for after_task_publish", name,
                                    slot.isoformat(), exc_info=True)
-            if captured is not None and after:
-                signals.after_task_publish.send(sender=found[0].task, **captured.after)
+            self._went(found[0], slot, captured)
         s._say_sending_chunk(said, epoch)
+
+    def _went(self, entry: Any, slot: datetime, captured: Captured | None = None) -> None:
+        """What a sent slot changes in this process, on every path: its entry (last run,
+        run count) and, for a message Celery's ``apply_async`` did not publish itself,
+        ``after_task_publish`` (``captured``). The slot's history is the batch's to record."""
+        self.enqueuer.scheduler._note_sent(entry, slot)
+        if captured is not None and signals.after_task_publish.receivers:
+            signals.after_task_publish.send(sender=entry.task, **captured.after)
 
     def send_many(self, slots: Sequence[tuple[str, datetime]],
                   may_send: Callable[[], bool] = lambda: True) -> list[bool]:
@@ -387,21 +393,18 @@ class ChunkSender:
         for (i, found, slot), sent in zip(todo, results):
             ok[i] = sent
             if sent:
-                s._note_sent(found[0], slot)
+                self._went(found[0], slot)
         if len(results) < len(todo):  # stopped: nothing from the first unsettled one on
             return ok[:todo[len(results)][0]]
         if held and may_send():
             self._run(held, slots, ok)
         elif held:
             return ok[:min(held)]
-        after = bool(signals.after_task_publish.receivers)
         for i, captured in held.items():
             again = self._entry(slots[i][0])
             if ok[i] and again is not None:
                 said.append((again[0], slots[i][1]))
-                s._note_sent(again[0], slots[i][1])
-                if after:
-                    signals.after_task_publish.send(sender=again[0].task, **captured.after)
+                self._went(again[0], slots[i][1], captured)
         return ok
 
     def _run(self, held: dict[int, Captured], slots: Sequence[tuple[str, datetime]],
