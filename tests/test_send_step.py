@@ -7,6 +7,7 @@ whose reply is lost ran in Redis all the same.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -391,9 +392,10 @@ def test_one_step_fallback_says_whether_and_why_a_beat_sends_after_its_claims(
 
 
 def test_a_kombu_outside_the_known_range_falls_back_and_names_the_range(
-        redis_server, key_prefix, monkeypatch):
+        redis_server, key_prefix, monkeypatch, caplog):
     import kombu
 
+    caplog.set_level(logging.INFO, logger="celery_leaderbeat")
     monkeypatch.setattr(kombu, "VERSION", (5, 8, 0))
     monkeypatch.setattr(kombu, "__version__", "5.8.0")
     app = make_app(redis_server.url_for(0), key_prefix, {"a": {"task": NOOP, "schedule": 60.0}})
@@ -402,8 +404,13 @@ def test_a_kombu_outside_the_known_range_falls_back_and_names_the_range(
         scheduler._chunk_sender(1)
         assert one_step_fallback(scheduler) == (
             "kombu 5.8.0 (the commands are known for kombu >=5.7,<5.8)")
+        assert scheduler._enqueuer is not None and scheduler._enqueuer.path() == (
+            "plain", "kombu 5.8.0 (the commands are known for kombu >=5.7,<5.8)")
     finally:
         scheduler.close()
+    # said once at start, as a warning: the broker is Redis, one step would apply
+    said = [r for r in caplog.records if "send path plain" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelno == logging.WARNING
 
 
 @pytest.mark.parametrize("keyprefix", ["", "gk:"], ids=["no-prefix", "global-keyprefix"])
