@@ -71,7 +71,7 @@ def shares(stats: pstats.Stats) -> dict[str, float]:
         "socket reads (wall)": own("<method 'recv' of '_socket.socket' objects>"),
         "run_batch's own": sum(v[2] for k, v in raw.items() if "roles/batch.py" in k[0]
                                and k[2] in ("run_batch", "<listcomp>", "<setcomp>")),
-        "after the grant (enqueued)": cum("send/sender.py", "enqueued"),
+        "after the grant (enqueued)": cum("send/chunk.py", "enqueued"),
         "planning (pop_due)": cum("roles/agenda.py", "pop_due"),
         "send lines": cum("integrations/sending.py", "_say_sending_chunk"),
         "routing at send (--topic)": cum("send/routing.py", "commands"),

@@ -4,7 +4,7 @@ kombu's Redis transport reads an exchange's bindings (the set
 ``_kombu.binding.<exchange>``) at every publish, so a queue bound later (a
 worker started with a new ``-Q``, a second queue bound to a direct exchange)
 receives the next message. A message built from a kept shape
-(:mod:`.messages`) is routed the same way: its queues are looked up when it is
+(:mod:`.templates`) is routed the same way: its queues are looked up when it is
 sent, with kombu's own exchange types, from bindings read once per batch (one
 ``SMEMBERS`` per exchange a batch's messages go through, none for Celery's usual
 route to a queue by name; a burst is one or two batches, a tick's sends one): a
