@@ -1,11 +1,12 @@
-"""Sending slots: a deterministic task id and the leaderbeat headers, one or a chunk at a time.
+"""The plain path, the reference: Celery builds each message, kombu sends the chunk.
 
 Every message is built by Celery itself (``apply_async`` / ``send_task``), so
 task routes, queues, priorities, ``global_keyprefix`` and Celery's
 ``before_task_publish`` / ``after_task_publish`` signals behave as in stock
-beat. A chunk of messages goes out through kombu's own batching
-(``Producer.batch()``, kombu 5.7) where the installed kombu and the transport
-have it; otherwise one publish per message.
+beat, with a deterministic task id and the leaderbeat headers added. A chunk
+of messages goes out through kombu's own batching (``Producer.batch()``,
+kombu 5.7) where the installed kombu and the transport have it; otherwise one
+publish per message. The optimisations (:mod:`.sender`) answer as this does.
 """
 
 from __future__ import annotations
@@ -124,7 +125,7 @@ def send_many(scheduler: Any, slots: Sequence[tuple[Any, datetime, str]], epoch:
               producer: Any = None, may_send: Callable[[], bool] = lambda: True,
               say: Callable[[Any, datetime], None] = lambda entry, slot: None,
               publish_one: Callable[[Any, datetime, str, Any], None] | None = None,
-              gather: bool = True) -> list[bool]:
+              gather: bool = False) -> list[bool]:
     """Publish several slots (entry, slot, overlap) in one batch; True for each one sent.
 
     ``say`` is called before each message is built (the scheduler's INFO line).
@@ -137,8 +138,8 @@ def send_many(scheduler: Any, slots: Sequence[tuple[Any, datetime, str]], epoch:
     failed flush answers False for every message of the batch (kombu cannot
     tell which ones Redis ran: "delivery is uncertain", so they are recorded
     unsent, the way a failed publish is). On py-amqp the chunk's publish frames
-    are written in one socket write at the end (:class:`~.single_write.Gathered`),
-    with the same rules as a batch, unless ``gather`` is False.
+    may be written in one socket write at the end (``gather``, the single write:
+    :class:`~.single_write.Gathered`), with the same rules as a batch.
     """
     ok = [False] * len(slots)
     try:
