@@ -101,3 +101,36 @@ def test_a_queue_key_of_the_wrong_type_fails_only_its_own_entry_slot_after_slot(
     causes = [str(r.exc_info[1]) for r in caplog.records
               if r.exc_info and r.getMessage().startswith("leaderbeat: could not send bad")]
     assert len(causes) == len(failed) and all("WRONGTYPE" in c for c in causes), causes
+
+
+class Unserialisable:
+    """An argument JSON cannot carry: Celery's publish of it fails, and only it."""
+
+
+def test_a_message_that_cannot_be_built_fails_only_its_own_slot(redis_server, key_prefix,
+                                                                caplog, path):
+    fast = path == "one_step"  # leaderbeat's state on the broker's database, else another
+    app = make_app(redis_server.url_for(0), None if fast else redis_server.url_for(1),
+                   key_prefix)
+    app.conf.beat_schedule["bad"] = {"task": NOOP, "schedule": 1.0, "args": [Unserialisable()]}
+    broker = redis_server.client(db=0)
+    caplog.set_level(logging.INFO, logger="celery_leaderbeat")
+    scheduler = Scheduler(app=app)
+    try:
+        deadline = time.monotonic() + 20
+        while len(failed_slots(caplog, "bad")) < 2:
+            assert time.monotonic() < deadline, "the bad entry's failures were never said"
+            time.sleep(min(scheduler.tick(), 0.1))
+        assert scheduler._enqueuer is not None and scheduler._enqueuer.path()[0] == (
+            "one_step" if fast else "plain")
+        unsent = {(h["entry"], h["detail"]) for h in scheduler.ledger.history(500)
+                  if h["event"] == "unsent"}
+    finally:
+        scheduler.close()
+    sent: dict[str, set[str]] = {name: set() for name in HEALTHY}
+    for raw in broker.lrange("celery", 0, -1):
+        headers = json.loads(raw)["headers"]
+        sent[headers["leaderbeat_entry"]].add(headers["leaderbeat_slot"])
+    for name in HEALTHY:
+        assert set(failed_slots(caplog, "bad")) <= sent[name], name
+    assert unsent == {("bad", "publish failed")}

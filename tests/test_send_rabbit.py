@@ -59,8 +59,8 @@ def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str
 
 
 def make_scheduler(state_url: str, prefix: str, queues: dict[str, str],
-                   **settings) -> Scheduler:
-    entries = {}
+                   extra: dict | None = None, **settings) -> Scheduler:
+    entries = dict(extra or {})
     for i in (1, 2):  # two entries per shape: the second's message is built from the first
         entries[f"plain-{i}"] = {"task": NOOP, "schedule": 60.0, "args": [i, "é" * i]}
         entries[f"urgent-{i}"] = {"task": NOOP, "schedule": 60.0, "args": [i],
@@ -277,3 +277,27 @@ def test_a_py_amqp_outside_the_tested_releases_falls_back_to_the_plain_path_and_
     assert len(said) == 1 and said[0].levelno == logging.WARNING
     assert writes.count >= len(names)
     assert len(arrived) == 2 * len(names)
+
+
+class Unserialisable:
+    """An argument JSON cannot carry: Celery's publish of it fails, and only it."""
+
+
+def test_a_message_that_cannot_be_published_fails_only_its_own_slot(
+        redis_server, key_prefix, queues, path, caplog):
+    extra = {"bad": {"task": NOOP, "schedule": 60.0, "args": [Unserialisable()]}}
+    scheduler = make_scheduler(redis_server.url, key_prefix, queues, extra)
+    try:
+        assert scheduler.lease.try_acquire()
+        sender = scheduler._chunk_sender(scheduler.lease.credentials()[1])
+        names = [n for n in scheduler.schedule if not n.startswith("celery.")]
+        names.remove("bad")
+        names.insert(len(names) // 2, "bad")  # in the middle of the chunk
+        answer = sender.send_many([(n, SLOTS[0]) for n in names])
+        assert scheduler._enqueuer.path()[0] == path
+        arrived = drain(queues)
+    finally:
+        scheduler.close()
+    assert answer == [n != "bad" for n in names]
+    assert {entry for entry, _ in arrived} == set(names) - {"bad"}
+    assert "leaderbeat: could not send bad for slot" in caplog.text
