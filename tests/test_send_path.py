@@ -375,3 +375,14 @@ def test_slot_ids_are_uuid5_of_prefix_entry_and_slot():
     for prefix, name in [("lb", "report"), ("", ""), ("p:x", "ünïcode ✓"), ("a" * 50, "b" * 300)]:
         expected = uuid.uuid5(_SLOT_NAMESPACE, f"{prefix}\x1f{name}\x1f{to_ms(slot)}")
         assert slot_id(prefix, name, slot) == str(expected)
+
+
+def test_a_chunk_senders_answer_reads_as_sent_or_unsent_with_its_reason():
+    from celery_leaderbeat.send.base import LEASE_EXPIRED, PUBLISH_FAILED, unsent_reasons
+
+    slots = ["a", "b", "c", "d"]
+    assert unsent_reasons(slots, [True, False]) == [
+        ("a", None), ("b", PUBLISH_FAILED), ("c", LEASE_EXPIRED), ("d", LEASE_EXPIRED)]
+    assert unsent_reasons(slots, [True] * 4) == [(s, None) for s in slots]
+    with pytest.raises(ValueError, match="an answer of 5 for a chunk of 4 slots"):
+        unsent_reasons(slots, [True] * 5)

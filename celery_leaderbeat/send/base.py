@@ -18,7 +18,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
+
+T = TypeVar("T")
 
 #: the history reason of a granted slot the broker refused (or may not have received)
 PUBLISH_FAILED = "publish failed"
@@ -49,3 +51,14 @@ class ChunkSend(Protocol):
         longer be confirmed): the rest are unsent, :data:`LEASE_EXPIRED`; a False,
         :data:`PUBLISH_FAILED`.
         """
+
+
+def unsent_reasons(slots: Sequence[T], answer: Sequence[bool]) -> list[tuple[T, str | None]]:
+    """Each slot of a :meth:`ChunkSend.send_many` call with why it is unsent, None where it
+    was sent: the one place its answer is read (False: :data:`PUBLISH_FAILED`; past the
+    end of a shorter answer: :data:`LEASE_EXPIRED`)."""
+    if len(answer) > len(slots):
+        raise ValueError(f"an answer of {len(answer)} for a chunk of {len(slots)} slots")
+    return [(slot, None if i < len(answer) and answer[i] else
+             PUBLISH_FAILED if i < len(answer) else LEASE_EXPIRED)
+            for i, slot in enumerate(slots)]
