@@ -9,8 +9,8 @@ from collections.abc import Iterator, Sequence
 from datetime import datetime
 from typing import Any
 
-from ..roles.enqueue import Enqueuer
-from ..roles.publish import publish
+from ..send.plain import publish
+from ..send.sender import Enqueuer
 from ..timing.slots import to_ms
 from .attributes import Attributes
 
@@ -86,7 +86,8 @@ class Sending(Attributes):
                 yield entry, self.overlap_of(name)
 
     def _chunk_sender(self, epoch: int) -> Any:
-        """A batch's sender: claim and enqueue in one step where exact, else kombu batches."""
+        """A batch's chunk sender (``send.base.ChunkSend``), on the path the broker allows:
+        one step, the single write, or the plain path (``Enqueuer.path`` says which)."""
         if self._enqueuer is None or not self._enqueuer.checked:
             said = self._enqueuer is not None  # an unreachable broker is said once
             shared = self._connect()
@@ -108,7 +109,7 @@ class Sending(Attributes):
         self._kept = (enqueuer, version)
 
     def send_slot(self, name: str, slot: datetime, epoch: int,
-                   task_id: str | None = None) -> bool:
+                  task_id: str | None = None) -> bool:
         """Publish ``slot`` of the entry named ``name``, if it is still scheduled."""
         entry = self.schedule.get(name)
         return entry is not None and self._send(entry, slot, epoch, task_id)
