@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from celery import signals
 
+from .base import SchedulerSide
 from .one_step import Command
 from .plain import send_many
 from .templates import Captured, Messages
@@ -27,7 +28,7 @@ logger = logging.getLogger(__name__)
 class Enqueuer(Protocol):
     """What a chunk sender uses of the scheduler's :class:`~.sender.Enqueuer`."""
 
-    scheduler: Any
+    scheduler: SchedulerSide
     messages: Messages
     redis: bool  # messages are known as their final Redis commands
     single_write_problem: str | None

@@ -25,7 +25,7 @@ from celery import signals
 
 from ..store.ledger import SENT
 from ..timing.slots import to_ms
-from .base import ONE_STEP, PLAIN, SINGLE_WRITE
+from .base import ONE_STEP, PLAIN, SINGLE_WRITE, SchedulerSide
 from .chunk import ChunkSender
 from .one_step import (
     EXACT,
@@ -69,7 +69,7 @@ class Enqueuer:
     it has one, or gathered into one socket write on py-amqp.
     """
 
-    def __init__(self, scheduler: Any, client: Any, *, quiet: bool = False,
+    def __init__(self, scheduler: SchedulerSide, client: Any, *, quiet: bool = False,
                  memory: Memory | None = None) -> None:
         self.scheduler = scheduler
         #: what this process published (settling an unanswered claim consults and notes it)
