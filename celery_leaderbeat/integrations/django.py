@@ -72,14 +72,12 @@ class DatabaseAdapter(Adapter):
     # -- beat_schedule into rows ---------------------------------------------------------
 
     def prepare(self, entries: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-        options = self.scheduler.entry_options()
         problems = []
         for name, entry in entries.items():
             if isinstance(entry.get("schedule"), cron):
-                given = options.get(name)
-                zone = (given.tz if given else None) or self.scheduler.timezone()
                 try:
-                    entry["schedule"] = as_crontab(name, entry["schedule"], zone)
+                    entry["schedule"] = as_crontab(name, entry["schedule"],
+                                                   self.scheduler.zone_of(name))
                 except ConfigurationError as exc:
                     problems += exc.problems
         if problems:
@@ -117,9 +115,7 @@ class DatabaseAdapter(Adapter):
             if not isinstance(bounded, Bounded):
                 continue
             if bounded.once:
-                options = s.entry_options().get(name)
-                at = bounded.once_at(name, bounded.tz or (options.tz if options else None)
-                                     or s.timezone())
+                at = bounded.once_at(name, bounded.tz or s.zone_of(name))
                 if at < NEVER:
                     found[name] = at - _MS
             elif bounded.restart is not None and bounded.restart >= fresh_since:

@@ -42,8 +42,7 @@ class ScheduleState(Attributes):
         for name, entry in self.schedule.items():
             opts = options.get(name) or EntryOptions.defaults(self.lb_config)
             try:
-                clock_for(entry.schedule, name=name, tz=opts.tz or self.app.timezone,
-                          jitter=opts.jitter)
+                clock_for(entry.schedule, name=name, tz=self.zone_of(name), jitter=opts.jitter)
             except ConfigurationError as exc:
                 problems += exc.problems
         if problems:
@@ -88,6 +87,12 @@ class ScheduleState(Attributes):
     def timezone(self) -> tzinfo:
         """The app's time zone, for entries without one of their own."""
         return self.app.timezone  # type: ignore[no-any-return]
+
+    def zone_of(self, name: str) -> tzinfo:
+        """The zone the entry's slots are read in: its own (``leaderbeat`` options), else
+        the app's."""
+        options = self._entry_options.get(name)
+        return (options.tz if options is not None else None) or self.timezone()
 
     def runtime_anchors(self) -> Mapping[str, SlotState]:
         """Run-time entry -> the slot state its slots count from (none behind a base)."""

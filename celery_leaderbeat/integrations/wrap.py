@@ -223,7 +223,7 @@ class WrapMixin(_Glue):
         items = []
         for name, at in self.adapter.anchors(view).items():
             opts = self._entry_options.get(name) or EntryOptions.defaults(self.lb_config)
-            fp = shared.fingerprint_of(name, view[name], opts.tz or self.app.timezone, opts.jitter)
+            fp = shared.fingerprint_of(name, view[name], self.zone_of(name), opts.jitter)
             items.append(ClaimItem(name, to_ms(at), Op.ANCHOR, fingerprint=fp))
         if not items:
             return True
@@ -285,8 +285,7 @@ class WrapMixin(_Glue):
 
     def _check_clock(self, name: str, shown: Any) -> None:
         options = self._entry_options.get(name)
-        clock_for(shown.schedule, name=name,
-                  tz=(options.tz if options else None) or self.app.timezone,
+        clock_for(shown.schedule, name=name, tz=self.zone_of(name),
                   jitter=options.jitter if options else None)
 
     # -- sending ---------------------------------------------------------------------------
