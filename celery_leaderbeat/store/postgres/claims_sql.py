@@ -1,0 +1,286 @@
+"""A chunk's claim in one transaction: fence, read, decide (:mod:`.rules`), write.
+
+The transaction, in order:
+
+1. the events (the previous chunk's sends ride on the next claim): history rows, and
+   ``sent`` / ``unsent`` marks on the entries' slots; unfenced, they say what happened;
+2. the fence. A leader's call updates its lease row where holder, epoch and expiry still
+   match (renewing it, and noting its progress): zero rows, and nothing is claimed. The
+   row stays locked until commit, so a takeover waits for the chunk and then finds the
+   lease renewed; a chunk that waited behind a takeover finds the holder changed. A
+   rescue holds no lease: it reads the row for the leader's progress and definitions;
+3. what the items touch: the entries' slot rows locked (in name order, so two claimants
+   never deadlock), their fingerprints, the paused entries, the overtaken and granted
+   slots;
+4. the decisions, in Python (:func:`.rules.decide`), then one write per table. A grant
+   is an ``INSERT … ON CONFLICT DO NOTHING RETURNING`` on (entry, slot): a slot granted
+   before to anyone else returns no row, and the whole transaction is rolled back
+   (the rules saw the grants already; this is the last word should they ever disagree).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from . import rules
+from .lease_sql import NOW_MS
+from .schema import qualified
+
+
+class Fence(NamedTuple):
+    """Who may claim: a leader (holder, epoch, lease ttl) or a rescuer (holder None)."""
+
+    holder: str | None
+    epoch: int
+    ttl_ms: int = 0
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The call's allowances (ms), as ``claim.lua`` takes them."""
+
+    ahead_ms: int = 0  #: lead: a claimed slot's fire time ahead of the server's clock
+    recover_age_ms: int = 0  #: lead: a standby's claim younger than this is not recovered
+    rescue_after_ms: int = 0  #: rescue: a slot unclaimed this long past its fire time
+    busy_ms: int = 0  #: rescue: the lease holder claimed within this: it is busy
+
+
+class Answer(NamedTuple):
+    """A claim call's answer: per item a :data:`rules.Answer`; ``lost`` when fenced off."""
+
+    answers: list[rules.Answer]
+    now_ms: int
+    marked: int  #: slots the events marked sent
+    lost: bool = False
+    holder: str | None = None  #: lost: who holds the lease now (None: nobody)
+
+
+class GrantConflict(Exception):
+    """A slot the rules granted was granted to another claimant meanwhile (rolled back)."""
+
+
+_EVENTS = """
+INSERT INTO {schema}.history (app, event, entry, slot_ms, node, epoch, detail)
+SELECT %(app)s, e.event, e.entry, e.slot_ms, %(node)s, %(epoch)s, e.detail
+FROM unnest(%(names)s::text[], %(slots)s::bigint[], %(events)s::text[], %(details)s::text[])
+     AS e(entry, slot_ms, event, detail)
+"""
+_MARK_SENT = """
+WITH marked AS (
+    UPDATE {schema}.slots AS s SET state = 's'
+    FROM unnest(%(names)s::text[], %(slots)s::bigint[]) AS e(entry, slot_ms)
+    WHERE s.app = %(app)s AND s.entry = e.entry AND s.slot_ms = e.slot_ms
+    RETURNING s.entry
+), dropped AS (
+    DELETE FROM {schema}.overtaken AS o
+    USING unnest(%(names)s::text[], %(slots)s::bigint[]) AS e(entry, slot_ms)
+    WHERE o.app = %(app)s AND o.entry = e.entry AND o.slot_ms = e.slot_ms
+)
+SELECT count(*) FROM marked
+"""
+# A standby (epoch 0) marks only its own claim unsent; a leader reports any.
+_MARK_UNSENT = """
+UPDATE {schema}.slots AS s SET state = 'u'
+FROM unnest(%(names)s::text[], %(slots)s::bigint[]) AS e(entry, slot_ms)
+WHERE s.app = %(app)s AND s.entry = e.entry AND s.slot_ms = e.slot_ms AND s.state = 'c'
+      AND (%(epoch)s <> 0 OR s.node = %(node)s)
+"""
+_FENCE = """
+UPDATE {schema}.lease
+SET expires_at = clock_timestamp() + %(ttl_ms)s * interval '1 millisecond',
+    progress_at = CASE WHEN %(claims)s THEN clock_timestamp() ELSE progress_at END
+WHERE app = %(app)s AND holder = %(holder)s AND epoch = %(epoch)s
+      AND expires_at > clock_timestamp()
+RETURNING """ + NOW_MS
+_RESCUE_VIEW = """
+SELECT """ + NOW_MS + """,
+       l.epoch, l.defined_epoch,
+       l.holder IS NOT NULL AND l.expires_at > clock_timestamp()
+       AND l.progress_at > clock_timestamp() - %(busy_ms)s * interval '1 millisecond'
+FROM (SELECT 1) AS one LEFT JOIN {schema}.lease AS l ON l.app = %(app)s
+"""
+_HOLDER = """
+SELECT holder FROM {schema}.lease
+WHERE app = %(app)s AND holder IS NOT NULL AND expires_at > clock_timestamp()
+"""
+_SLOTS = """
+SELECT entry, slot_ms, epoch, state, node, claimed_ms FROM {schema}.slots
+WHERE app = %(app)s AND entry = ANY(%(names)s::text[]) ORDER BY entry FOR UPDATE
+"""
+_DEFINITIONS = """
+SELECT entry, fingerprint FROM {schema}.definitions
+WHERE app = %(app)s AND entry = ANY(%(names)s::text[])
+"""
+_PAUSED = "SELECT entry FROM {schema}.paused WHERE app = %(app)s AND entry = ANY(%(names)s::text[])"
+_OVERTAKEN = """
+SELECT entry, slot_ms, epoch, state, node, claimed_ms FROM {schema}.overtaken
+WHERE app = %(app)s AND entry = ANY(%(names)s::text[])
+"""
+_GRANTS = """
+SELECT g.entry, g.slot_ms, g.epoch, g.node FROM {schema}.grants AS g
+JOIN unnest(%(names)s::text[], %(slots)s::bigint[]) AS w(entry, slot_ms)
+  ON g.entry = w.entry AND g.slot_ms = w.slot_ms
+WHERE g.app = %(app)s
+"""
+# A grant asked again by its own claimant, or taken over by a recovery, updates the row;
+# anything else conflicting returns nothing.
+_GRANT = """
+INSERT INTO {schema}.grants AS g (app, entry, slot_ms, epoch, node, recovered)
+SELECT %(app)s, w.entry, w.slot_ms, w.epoch, w.node, w.recovered
+FROM unnest(%(names)s::text[], %(slots)s::bigint[], %(epochs)s::bigint[], %(nodes)s::text[],
+            %(recovered)s::boolean[]) AS w(entry, slot_ms, epoch, node, recovered)
+ON CONFLICT (app, entry, slot_ms) DO UPDATE
+    SET epoch = excluded.epoch, node = excluded.node, recovered = excluded.recovered,
+        granted_at = clock_timestamp()
+    WHERE excluded.recovered OR (g.epoch = excluded.epoch AND g.node = excluded.node)
+RETURNING g.entry
+"""
+_STORE = """
+INSERT INTO {schema}.slots AS s (app, entry, slot_ms, epoch, state, node, claimed_ms)
+SELECT %(app)s, w.entry, w.slot_ms, w.epoch, w.state, w.node, w.claimed_ms
+FROM unnest(%(names)s::text[], %(slots)s::bigint[], %(epochs)s::bigint[], %(states)s::text[],
+            %(nodes)s::text[], %(claimed)s::bigint[])
+     AS w(entry, slot_ms, epoch, state, node, claimed_ms)
+ON CONFLICT (app, entry) DO UPDATE
+    SET slot_ms = excluded.slot_ms, epoch = excluded.epoch, state = excluded.state,
+        node = excluded.node, claimed_ms = excluded.claimed_ms
+"""
+_OVERTAKE = """
+INSERT INTO {schema}.overtaken (app, entry, slot_ms, epoch, state, node, claimed_ms)
+SELECT %(app)s, w.entry, w.slot_ms, w.epoch, w.state, w.node, w.claimed_ms
+FROM unnest(%(names)s::text[], %(slots)s::bigint[], %(epochs)s::bigint[], %(states)s::text[],
+            %(nodes)s::text[], %(claimed)s::bigint[])
+     AS w(entry, slot_ms, epoch, state, node, claimed_ms)
+ON CONFLICT (app, entry, slot_ms) DO UPDATE
+    SET epoch = excluded.epoch, state = excluded.state, node = excluded.node,
+        claimed_ms = excluded.claimed_ms
+"""
+_FORGET_OVERTAKEN = """
+DELETE FROM {schema}.overtaken AS o
+USING unnest(%(names)s::text[], %(slots)s::bigint[]) AS w(entry, slot_ms)
+WHERE o.app = %(app)s AND o.entry = w.entry AND o.slot_ms = w.slot_ms
+"""
+_DEFINE = """
+INSERT INTO {schema}.definitions (app, entry, fingerprint)
+SELECT %(app)s, w.entry, w.fingerprint
+FROM unnest(%(names)s::text[], %(fingerprints)s::text[]) AS w(entry, fingerprint)
+ON CONFLICT (app, entry) DO UPDATE SET fingerprint = excluded.fingerprint
+"""
+_DEFINED_BY = "UPDATE {schema}.lease SET defined_epoch = %(epoch)s WHERE app = %(app)s"
+
+
+class Events(NamedTuple):
+    """History events as columns: entry, slot (ms), event, detail."""
+
+    names: list[str]
+    slots: list[int]
+    events: list[str]
+    details: list[str]
+
+
+def claim(conn: Any, schema: str, app: str, node: str, fence: Fence, limits: Limits,
+          events: Events, items: Sequence[rules.Item]) -> Answer:
+    """Write ``events``, then decide and write ``items``, in one transaction."""
+    def run(text: str, params: dict[str, Any]) -> Any:
+        return conn.execute(qualified(text, schema), {"app": app, **params})
+
+    with conn.transaction():
+        marked = write_events(run, node, fence.epoch, events)
+        if fence.holder is not None:
+            row = run(_FENCE, {"holder": fence.holder, "epoch": fence.epoch,
+                               "ttl_ms": fence.ttl_ms,
+                               "claims": any(i.op == "claim" for i in items)}).fetchone()
+            if row is None:
+                holder = run(_HOLDER, {}).fetchone()
+                return Answer([], 0, marked, lost=True, holder=holder and holder[0])
+            chunk = rules.Chunk(lead=True, epoch=fence.epoch, node=node, now_ms=int(row[0]),
+                                ahead_ms=limits.ahead_ms, recover_age_ms=limits.recover_age_ms)
+        else:
+            chunk = _rescue_chunk(run, node, limits)
+        if not items:
+            return Answer([], chunk.now_ms, marked)
+        _read(run, chunk, items)
+        answers = [rules.decide(chunk, item) for item in items]
+        _write(run, chunk)
+    return Answer(answers, chunk.now_ms, marked)
+
+
+def write_events(run: Any, node: str, epoch: int, events: Events) -> int:
+    """The history rows, and the slots ``sent`` and ``unsent`` events mark; how many sent."""
+    if not events.names:
+        return 0
+    run(_EVENTS, {"node": node, "epoch": epoch, **events._asdict()})
+    marks: dict[str, tuple[list[str], list[int]]] = {"sent": ([], []), "unsent": ([], [])}
+    for name, slot, event in zip(events.names, events.slots, events.events):
+        if event in marks:
+            marks[event][0].append(name)
+            marks[event][1].append(slot)
+    marked = 0
+    if marks["sent"][0]:
+        names, slots = marks["sent"]
+        marked = int(run(_MARK_SENT, {"names": names, "slots": slots}).fetchone()[0])
+    if marks["unsent"][0]:
+        names, slots = marks["unsent"]
+        run(_MARK_UNSENT, {"names": names, "slots": slots, "epoch": epoch, "node": node})
+    return marked
+
+
+def _rescue_chunk(run: Any, node: str, limits: Limits) -> rules.Chunk:
+    now_ms, epoch, defined_epoch, busy = run(_RESCUE_VIEW,
+                                             {"busy_ms": limits.busy_ms}).fetchone()
+    behind = defined_epoch is not None and epoch is not None and defined_epoch != epoch
+    return rules.Chunk(lead=False, epoch=0, node=node, now_ms=int(now_ms),
+                       rescue_after_ms=limits.rescue_after_ms, leader_busy=bool(busy),
+                       definitions_behind=behind)
+
+
+def _read(run: Any, chunk: rules.Chunk, items: Sequence[rules.Item]) -> None:
+    """What the items touch: slot rows locked, fingerprints, pauses, overtaken, grants."""
+    names = sorted({i.name for i in items})
+    claimed = [(i.name, i.slot_ms) for i in items if i.op == "claim"]
+    for entry, slot, epoch, state, node, at in run(_SLOTS, {"names": names}):
+        chunk.slots[entry] = rules.Row(int(slot), int(epoch), state, node, at)
+    chunk.definitions.update(run(_DEFINITIONS, {"names": names}).fetchall())
+    if any(i.op == "claim" for i in items):
+        chunk.paused.update(row[0] for row in run(_PAUSED, {"names": names}))
+    if any(i.op == "recover" for i in items):
+        for entry, slot, epoch, state, node, at in run(_OVERTAKEN, {"names": names}):
+            chunk.overtaken[(entry, int(slot))] = rules.Row(int(slot), int(epoch), state,
+                                                            node, at)
+    if claimed:
+        params = {"names": [n for n, _ in claimed], "slots": [s for _, s in claimed]}
+        for entry, slot, epoch, node in run(_GRANTS, params):
+            chunk.grants[(entry, int(slot))] = rules.Row(int(slot), int(epoch), "c", node)
+
+
+def _write(run: Any, chunk: rules.Chunk) -> None:
+    """One statement per table the decisions changed."""
+    if chunk.new_grants:
+        keys = list(chunk.new_grants)
+        rows = [chunk.new_grants[k] for k in keys]
+        got = run(_GRANT, {"names": [n for n, _ in keys], "slots": [s for _, s in keys],
+                           "epochs": [r.epoch for r in rows], "nodes": [r.node for r in rows],
+                           "recovered": [k in chunk.recovered for k in keys]}).fetchall()
+        if len(got) != len(keys):
+            raise GrantConflict(f"{len(keys) - len(got)} of {len(keys)} slots were granted "
+                                "to another claimant meanwhile (nothing was written)")
+    if chunk.written:
+        run(_STORE, _row_columns(list(chunk.written.items())))
+    if chunk.overtaken_added:
+        run(_OVERTAKE, _row_columns([(n, r) for (n, _), r in chunk.overtaken_added.items()]))
+    if chunk.overtaken_dropped:
+        dropped = sorted(chunk.overtaken_dropped)
+        run(_FORGET_OVERTAKEN, {"names": [n for n, _ in dropped],
+                                "slots": [s for _, s in dropped]})
+    if chunk.defined:
+        run(_DEFINE, {"names": list(chunk.defined), "fingerprints": list(chunk.defined.values())})
+    if chunk.defined_epoch is not None:
+        run(_DEFINED_BY, {"epoch": chunk.defined_epoch})
+
+
+def _row_columns(rows: list[tuple[str, rules.Row]]) -> dict[str, list[Any]]:
+    return {"names": [n for n, _ in rows], "slots": [r.slot_ms for _, r in rows],
+            "epochs": [r.epoch for _, r in rows], "states": [r.state for _, r in rows],
+            "nodes": [r.node for _, r in rows], "claimed": [r.claimed_ms for _, r in rows]}

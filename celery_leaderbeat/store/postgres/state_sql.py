@@ -1,0 +1,142 @@
+"""What the beats read and write beside the claims: last slots, fingerprints, the history
+(pruned to a count and an age), pauses and the node registry. One statement each."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from . import rules
+from .schema import qualified
+
+_LOAD_ALL = """
+SELECT entry, slot_ms, epoch, state, node, claimed_ms FROM {schema}.slots WHERE app = %(app)s
+"""
+_LOAD = _LOAD_ALL + " AND entry = ANY(%(names)s::text[])"
+_DEFINITIONS_ALL = "SELECT entry, fingerprint FROM {schema}.definitions WHERE app = %(app)s"
+_DEFINITIONS = _DEFINITIONS_ALL + " AND entry = ANY(%(names)s::text[])"
+_WRITE_DEFINITIONS = """
+INSERT INTO {schema}.definitions (app, entry, fingerprint)
+SELECT %(app)s, w.entry, w.fingerprint
+FROM unnest(%(names)s::text[], %(fingerprints)s::text[]) AS w(entry, fingerprint)
+ON CONFLICT (app, entry) DO UPDATE SET fingerprint = excluded.fingerprint
+"""
+_HISTORY = """
+SELECT id, extract(epoch FROM at)::float8, event, entry, slot_ms, node, epoch, detail
+FROM (SELECT * FROM {schema}.history WHERE app = %(app)s ORDER BY id DESC LIMIT %(count)s) AS h
+ORDER BY id
+"""
+# Keeps the newest ``keep`` rows and nothing older than ``max_age_s``.
+_PRUNE_HISTORY = """
+DELETE FROM {schema}.history
+WHERE app = %(app)s
+  AND (id <= (SELECT id FROM {schema}.history WHERE app = %(app)s
+              ORDER BY id DESC OFFSET %(keep)s LIMIT 1)
+       OR at < clock_timestamp() - %(max_age_s)s * interval '1 second')
+"""
+# Grants are kept for ``max_age_s``: longer than any catch-up window, so a slot a
+# catch-up could reach again is still refused by its grant.
+_PRUNE_GRANTS = """
+DELETE FROM {schema}.grants
+WHERE app = %(app)s AND granted_at < clock_timestamp() - %(max_age_s)s * interval '1 second'
+"""
+_PAUSE = """
+INSERT INTO {schema}.paused (app, entry, record) VALUES (%(app)s, %(name)s, %(record)s)
+ON CONFLICT (app, entry) DO UPDATE SET record = excluded.record
+"""
+_RESUME = "DELETE FROM {schema}.paused WHERE app = %(app)s AND entry = %(name)s"
+_PAUSED = "SELECT entry, record FROM {schema}.paused WHERE app = %(app)s"
+_REGISTER = """
+WITH before AS (
+    SELECT record FROM {schema}.nodes WHERE app = %(app)s AND node = %(node)s
+), put AS (
+    INSERT INTO {schema}.nodes (app, node, record) VALUES (%(app)s, %(node)s, %(record)s)
+    ON CONFLICT (app, node) DO UPDATE SET record = excluded.record, seen_at = clock_timestamp()
+)
+SELECT record FROM before
+"""
+_UNREGISTER = "DELETE FROM {schema}.nodes WHERE app = %(app)s AND node = %(node)s"
+_NODES = "SELECT node, record FROM {schema}.nodes WHERE app = %(app)s"
+
+
+def _run(conn: Any, schema: str, app: str, text: str, **params: Any) -> Any:
+    return conn.execute(qualified(text, schema), {"app": app, **params})
+
+
+def load(conn: Any, schema: str, app: str,
+         names: Sequence[str] | None = None) -> dict[str, rules.Row]:
+    """The last slot of each entry (of ``names``, or of all)."""
+    if names is None:
+        cur = _run(conn, schema, app, _LOAD_ALL)
+    else:
+        cur = _run(conn, schema, app, _LOAD, names=list(names))
+    return {entry: rules.Row(int(slot), int(epoch), state, node, at)
+            for entry, slot, epoch, state, node, at in cur}
+
+
+def definitions(conn: Any, schema: str, app: str,
+                names: Sequence[str] | None = None) -> dict[str, str]:
+    """The fingerprint the leader stored for each entry (of ``names``, or of all)."""
+    if names is None:
+        cur = _run(conn, schema, app, _DEFINITIONS_ALL)
+    else:
+        cur = _run(conn, schema, app, _DEFINITIONS, names=list(names))
+    return dict(cur.fetchall())
+
+
+def write_definitions(conn: Any, schema: str, app: str, fingerprints: dict[str, str]) -> None:
+    if fingerprints:
+        _run(conn, schema, app, _WRITE_DEFINITIONS, names=list(fingerprints),
+             fingerprints=list(fingerprints.values()))
+
+
+def history(conn: Any, schema: str, app: str, count: int = 50) -> list[dict[str, str]]:
+    """The newest ``count`` events, oldest first; ``id`` is ``<ms written>-<row id>``."""
+    out = []
+    for row_id, at, event, entry, slot, node, epoch, detail in _run(
+            conn, schema, app, _HISTORY, count=count):
+        row = {"id": f"{int(at * 1000)}-{row_id}", "event": event, "node": node,
+               "epoch": str(epoch)}
+        if entry:
+            row.update(entry=entry, slot="" if slot is None else str(slot), detail=detail)
+        elif detail:
+            row["detail"] = detail
+        out.append(row)
+    return out
+
+
+def prune_history(conn: Any, schema: str, app: str, *, keep: int, max_age_s: float) -> int:
+    """Drop history rows beyond the newest ``keep`` and older than ``max_age_s``, and
+    grants older than ``max_age_s``; how many history rows went."""
+    with conn.transaction():
+        gone = _run(conn, schema, app, _PRUNE_HISTORY, keep=keep, max_age_s=max_age_s)
+        _run(conn, schema, app, _PRUNE_GRANTS, max_age_s=max_age_s)
+    return int(gone.rowcount)
+
+
+def pause(conn: Any, schema: str, app: str, name: str, record: dict[str, Any]) -> None:
+    _run(conn, schema, app, _PAUSE, name=name, record=json.dumps(record))
+
+
+def resume(conn: Any, schema: str, app: str, name: str) -> bool:
+    return bool(_run(conn, schema, app, _RESUME, name=name).rowcount)
+
+
+def paused(conn: Any, schema: str, app: str) -> dict[str, dict[str, Any]]:
+    return dict(_run(conn, schema, app, _PAUSED).fetchall())
+
+
+def register_node(conn: Any, schema: str, app: str, node: str,
+                  record: dict[str, Any]) -> dict[str, Any] | None:
+    """Store ``node``'s record; the record it replaced."""
+    row = _run(conn, schema, app, _REGISTER, node=node, record=json.dumps(record)).fetchone()
+    return None if row is None else dict(row[0])
+
+
+def unregister_node(conn: Any, schema: str, app: str, node: str) -> None:
+    _run(conn, schema, app, _UNREGISTER, node=node)
+
+
+def nodes(conn: Any, schema: str, app: str) -> dict[str, dict[str, Any]]:
+    return dict(_run(conn, schema, app, _NODES).fetchall())
