@@ -64,18 +64,18 @@ class GrantConflict(Exception):
 _EVENTS = """
 INSERT INTO {schema}.history (app, event, entry, slot_ms, node, epoch, detail)
 SELECT %(app)s, e.event, e.entry, e.slot_ms, %(node)s, %(epoch)s, e.detail
-FROM unnest(%(names)s::text[], %(slots)s::bigint[], %(events)s::text[], %(details)s::text[])
+FROM unnest(%(names)b::text[], %(slots)b::bigint[], %(events)b::text[], %(details)b::text[])
      AS e(entry, slot_ms, event, detail)
 """
 _MARK_SENT = """
 WITH marked AS (
     UPDATE {schema}.slots AS s SET state = 's'
-    FROM unnest(%(names)s::text[], %(slots)s::bigint[]) AS e(entry, slot_ms)
+    FROM unnest(%(names)b::text[], %(slots)b::bigint[]) AS e(entry, slot_ms)
     WHERE s.app = %(app)s AND s.entry = e.entry AND s.slot_ms = e.slot_ms
     RETURNING s.entry
 ), dropped AS (
     DELETE FROM {schema}.overtaken AS o
-    USING unnest(%(names)s::text[], %(slots)s::bigint[]) AS e(entry, slot_ms)
+    USING unnest(%(names)b::text[], %(slots)b::bigint[]) AS e(entry, slot_ms)
     WHERE o.app = %(app)s AND o.entry = e.entry AND o.slot_ms = e.slot_ms
 )
 SELECT count(*) FROM marked
@@ -83,7 +83,7 @@ SELECT count(*) FROM marked
 # A standby (epoch 0) marks only its own claim unsent; a leader reports any.
 _MARK_UNSENT = """
 UPDATE {schema}.slots AS s SET state = 'u'
-FROM unnest(%(names)s::text[], %(slots)s::bigint[]) AS e(entry, slot_ms)
+FROM unnest(%(names)b::text[], %(slots)b::bigint[]) AS e(entry, slot_ms)
 WHERE s.app = %(app)s AND s.entry = e.entry AND s.slot_ms = e.slot_ms AND s.state = 'c'
       AND (%(epoch)s <> 0 OR s.node = %(node)s)
 """
@@ -107,30 +107,34 @@ WHERE app = %(app)s AND holder IS NOT NULL AND expires_at > clock_timestamp()
 """
 _SLOTS = """
 SELECT entry, slot_ms, epoch, state, node, claimed_ms FROM {schema}.slots
-WHERE app = %(app)s AND entry = ANY(%(names)s::text[]) ORDER BY entry FOR UPDATE
+WHERE app = %(app)s AND entry = ANY(%(names)b::text[]) ORDER BY entry FOR UPDATE
 """
 _DEFINITIONS = """
 SELECT entry, fingerprint FROM {schema}.definitions
-WHERE app = %(app)s AND entry = ANY(%(names)s::text[])
+WHERE app = %(app)s AND entry = ANY(%(names)b::text[])
 """
-_PAUSED = "SELECT entry FROM {schema}.paused WHERE app = %(app)s AND entry = ANY(%(names)s::text[])"
+_PAUSED = "SELECT entry FROM {schema}.paused WHERE app = %(app)s AND entry = ANY(%(names)b::text[])"
 _OVERTAKEN = """
 SELECT entry, slot_ms, epoch, state, node, claimed_ms FROM {schema}.overtaken
-WHERE app = %(app)s AND entry = ANY(%(names)s::text[])
+WHERE app = %(app)s AND entry = ANY(%(names)b::text[])
 """
+# One primary-key lookup per slot asked for, whatever the table's size: OFFSET 0 keeps
+# the planner from flattening the LATERAL into a join that reads every grant the app kept.
 _GRANTS = """
-SELECT g.entry, g.slot_ms, g.epoch, g.node FROM {schema}.grants AS g
-JOIN unnest(%(names)s::text[], %(slots)s::bigint[]) AS w(entry, slot_ms)
-  ON g.entry = w.entry AND g.slot_ms = w.slot_ms
-WHERE g.app = %(app)s
+SELECT g.entry, g.slot_ms, g.epoch, g.node
+FROM unnest(%(names)b::text[], %(slots)b::bigint[]) AS w(entry, slot_ms)
+CROSS JOIN LATERAL (
+    SELECT entry, slot_ms, epoch, node FROM {schema}.grants
+    WHERE app = %(app)s AND entry = w.entry AND slot_ms = w.slot_ms OFFSET 0
+) AS g
 """
 # A grant asked again by its own claimant, or taken over by a recovery, updates the row;
 # anything else conflicting returns nothing.
 _GRANT = """
 INSERT INTO {schema}.grants AS g (app, entry, slot_ms, epoch, node, recovered)
 SELECT %(app)s, w.entry, w.slot_ms, w.epoch, w.node, w.recovered
-FROM unnest(%(names)s::text[], %(slots)s::bigint[], %(epochs)s::bigint[], %(nodes)s::text[],
-            %(recovered)s::boolean[]) AS w(entry, slot_ms, epoch, node, recovered)
+FROM unnest(%(names)b::text[], %(slots)b::bigint[], %(epochs)b::bigint[], %(nodes)b::text[],
+            %(recovered)b::boolean[]) AS w(entry, slot_ms, epoch, node, recovered)
 ON CONFLICT (app, entry, slot_ms) DO UPDATE
     SET epoch = excluded.epoch, node = excluded.node, recovered = excluded.recovered,
         granted_at = clock_timestamp()
@@ -140,8 +144,8 @@ RETURNING g.entry
 _STORE = """
 INSERT INTO {schema}.slots AS s (app, entry, slot_ms, epoch, state, node, claimed_ms)
 SELECT %(app)s, w.entry, w.slot_ms, w.epoch, w.state, w.node, w.claimed_ms
-FROM unnest(%(names)s::text[], %(slots)s::bigint[], %(epochs)s::bigint[], %(states)s::text[],
-            %(nodes)s::text[], %(claimed)s::bigint[])
+FROM unnest(%(names)b::text[], %(slots)b::bigint[], %(epochs)b::bigint[], %(states)b::text[],
+            %(nodes)b::text[], %(claimed)b::bigint[])
      AS w(entry, slot_ms, epoch, state, node, claimed_ms)
 ON CONFLICT (app, entry) DO UPDATE
     SET slot_ms = excluded.slot_ms, epoch = excluded.epoch, state = excluded.state,
@@ -150,8 +154,8 @@ ON CONFLICT (app, entry) DO UPDATE
 _OVERTAKE = """
 INSERT INTO {schema}.overtaken (app, entry, slot_ms, epoch, state, node, claimed_ms)
 SELECT %(app)s, w.entry, w.slot_ms, w.epoch, w.state, w.node, w.claimed_ms
-FROM unnest(%(names)s::text[], %(slots)s::bigint[], %(epochs)s::bigint[], %(states)s::text[],
-            %(nodes)s::text[], %(claimed)s::bigint[])
+FROM unnest(%(names)b::text[], %(slots)b::bigint[], %(epochs)b::bigint[], %(states)b::text[],
+            %(nodes)b::text[], %(claimed)b::bigint[])
      AS w(entry, slot_ms, epoch, state, node, claimed_ms)
 ON CONFLICT (app, entry, slot_ms) DO UPDATE
     SET epoch = excluded.epoch, state = excluded.state, node = excluded.node,
@@ -159,13 +163,13 @@ ON CONFLICT (app, entry, slot_ms) DO UPDATE
 """
 _FORGET_OVERTAKEN = """
 DELETE FROM {schema}.overtaken AS o
-USING unnest(%(names)s::text[], %(slots)s::bigint[]) AS w(entry, slot_ms)
+USING unnest(%(names)b::text[], %(slots)b::bigint[]) AS w(entry, slot_ms)
 WHERE o.app = %(app)s AND o.entry = w.entry AND o.slot_ms = w.slot_ms
 """
 _DEFINE = """
 INSERT INTO {schema}.definitions (app, entry, fingerprint)
 SELECT %(app)s, w.entry, w.fingerprint
-FROM unnest(%(names)s::text[], %(fingerprints)s::text[]) AS w(entry, fingerprint)
+FROM unnest(%(names)b::text[], %(fingerprints)b::text[]) AS w(entry, fingerprint)
 ON CONFLICT (app, entry) DO UPDATE SET fingerprint = excluded.fingerprint
 """
 _DEFINED_BY = "UPDATE {schema}.lease SET defined_epoch = %(epoch)s WHERE app = %(app)s"
@@ -182,33 +186,55 @@ class Events(NamedTuple):
 
 def claim(conn: Any, schema: str, app: str, node: str, fence: Fence, limits: Limits,
           events: Events, items: Sequence[rules.Item]) -> Answer:
-    """Write ``events``, then decide and write ``items``, in one transaction."""
+    """Write ``events``, then decide and write ``items``, in one transaction and two
+    round trips (pipelined: the events, the fence and the reads; then the writes)."""
     def run(text: str, params: dict[str, Any]) -> Any:
         return conn.execute(qualified(text, schema), {"app": app, **params})
 
-    with conn.transaction():
+    with conn.pipeline() as pipeline, conn.transaction():
         marked = write_events(run, node, fence.epoch, events)
         if fence.holder is not None:
-            row = run(_FENCE, {"holder": fence.holder, "epoch": fence.epoch,
-                               "ttl_ms": fence.ttl_ms,
-                               "claims": any(i.op == "claim" for i in items)}).fetchone()
-            if row is None:
-                holder = run(_HOLDER, {}).fetchone()
-                return Answer([], 0, marked, lost=True, holder=holder and holder[0])
-            chunk = rules.Chunk(lead=True, epoch=fence.epoch, node=node, now_ms=int(row[0]),
-                                ahead_ms=limits.ahead_ms, recover_age_ms=limits.recover_age_ms)
+            fenced = run(_FENCE, {"holder": fence.holder, "epoch": fence.epoch,
+                                  "ttl_ms": fence.ttl_ms,
+                                  "claims": any(i.op == "claim" for i in items)})
         else:
-            chunk = _rescue_chunk(run, node, limits)
-        if not items:
-            return Answer([], chunk.now_ms, marked)
-        _read(run, chunk, items)
+            fenced = run(_RESCUE_VIEW, {"busy_ms": limits.busy_ms})
+        reads = _read(run, items) if items else None
+        pipeline.sync()
+        chunk = _chunk(fenced.fetchone(), fence, node, limits)
+        done = marked() if callable(marked) else marked
+        if chunk is None:
+            holder = run(_HOLDER, {}).fetchone()
+            return Answer([], 0, done, lost=True, holder=holder and holder[0])
+        if reads is None:
+            return Answer([], chunk.now_ms, done)
+        _known(chunk, reads)
         answers = [rules.decide(chunk, item) for item in items]
-        _write(run, chunk)
-    return Answer(answers, chunk.now_ms, marked)
+        granted = _write(run, chunk)
+        pipeline.sync()
+        if granted is not None and len(granted.fetchall()) != len(chunk.new_grants):
+            raise GrantConflict(f"of {len(chunk.new_grants)} slots, some were granted to "
+                                "another claimant meanwhile (nothing was written)")
+    return Answer(answers, chunk.now_ms, done)
 
 
-def write_events(run: Any, node: str, epoch: int, events: Events) -> int:
-    """The history rows, and the slots ``sent`` and ``unsent`` events mark; how many sent."""
+def _chunk(row: Any, fence: Fence, node: str, limits: Limits) -> rules.Chunk | None:
+    """What the fence answered (None: a leader's lease is no longer held)."""
+    if fence.holder is not None:
+        if row is None:
+            return None
+        return rules.Chunk(lead=True, epoch=fence.epoch, node=node, now_ms=int(row[0]),
+                           ahead_ms=limits.ahead_ms, recover_age_ms=limits.recover_age_ms)
+    now_ms, epoch, defined_epoch, busy = row
+    behind = defined_epoch is not None and epoch is not None and defined_epoch != epoch
+    return rules.Chunk(lead=False, epoch=0, node=node, now_ms=int(now_ms),
+                       rescue_after_ms=limits.rescue_after_ms, leader_busy=bool(busy),
+                       definitions_behind=behind)
+
+
+def write_events(run: Any, node: str, epoch: int, events: Events) -> Any:
+    """The history rows, and the slots ``sent`` and ``unsent`` events mark: how many sent,
+    or (pipelined) a callable that says so once the results are in."""
     if not events.names:
         return 0
     run(_EVENTS, {"node": node, "epoch": epoch, **events._asdict()})
@@ -217,55 +243,70 @@ def write_events(run: Any, node: str, epoch: int, events: Events) -> int:
         if event in marks:
             marks[event][0].append(name)
             marks[event][1].append(slot)
-    marked = 0
-    if marks["sent"][0]:
-        names, slots = marks["sent"]
-        marked = int(run(_MARK_SENT, {"names": names, "slots": slots}).fetchone()[0])
     if marks["unsent"][0]:
         names, slots = marks["unsent"]
         run(_MARK_UNSENT, {"names": names, "slots": slots, "epoch": epoch, "node": node})
-    return marked
+    if not marks["sent"][0]:
+        return 0
+    names, slots = marks["sent"]
+    cursor = run(_MARK_SENT, {"names": names, "slots": slots})
+    return lambda: int(cursor.fetchone()[0])
 
 
-def _rescue_chunk(run: Any, node: str, limits: Limits) -> rules.Chunk:
-    now_ms, epoch, defined_epoch, busy = run(_RESCUE_VIEW,
-                                             {"busy_ms": limits.busy_ms}).fetchone()
-    behind = defined_epoch is not None and epoch is not None and defined_epoch != epoch
-    return rules.Chunk(lead=False, epoch=0, node=node, now_ms=int(now_ms),
-                       rescue_after_ms=limits.rescue_after_ms, leader_busy=bool(busy),
-                       definitions_behind=behind)
+class _Reads(NamedTuple):
+    """The cursors of the reads a chunk queued (their rows come with the sync)."""
+
+    slots: Any
+    definitions: Any
+    paused: Any
+    overtaken: Any
+    grants: Any
 
 
-def _read(run: Any, chunk: rules.Chunk, items: Sequence[rules.Item]) -> None:
-    """What the items touch: slot rows locked, fingerprints, pauses, overtaken, grants."""
+def _read(run: Any, items: Sequence[rules.Item]) -> _Reads:
+    """Queue what the items touch: slot rows locked, fingerprints, pauses, overtaken,
+    grants."""
     names = sorted({i.name for i in items})
     claimed = [(i.name, i.slot_ms) for i in items if i.op == "claim"]
-    for entry, slot, epoch, state, node, at in run(_SLOTS, {"names": names}):
-        chunk.slots[entry] = rules.Row(int(slot), int(epoch), state, node, at)
-    chunk.definitions.update(run(_DEFINITIONS, {"names": names}).fetchall())
-    if any(i.op == "claim" for i in items):
-        chunk.paused.update(row[0] for row in run(_PAUSED, {"names": names}))
+    paused = overtaken = grants = None
+    slots = run(_SLOTS, {"names": names})
+    definitions = run(_DEFINITIONS, {"names": names})
+    if claimed:
+        paused = run(_PAUSED, {"names": names})
+        grants = run(_GRANTS, {"names": [n for n, _ in claimed],
+                               "slots": [s for _, s in claimed]})
     if any(i.op == "recover" for i in items):
-        for entry, slot, epoch, state, node, at in run(_OVERTAKEN, {"names": names}):
+        overtaken = run(_OVERTAKEN, {"names": names})
+    return _Reads(slots, definitions, paused, overtaken, grants)
+
+
+def _known(chunk: rules.Chunk, reads: _Reads) -> None:
+    """The reads' rows, into ``chunk``."""
+    for entry, slot, epoch, state, node, at in reads.slots.fetchall():
+        chunk.slots[entry] = rules.Row(int(slot), int(epoch), state, node, at)
+    chunk.definitions.update(reads.definitions.fetchall())
+    if reads.paused is not None:
+        chunk.paused.update(row[0] for row in reads.paused.fetchall())
+    if reads.overtaken is not None:
+        for entry, slot, epoch, state, node, at in reads.overtaken.fetchall():
             chunk.overtaken[(entry, int(slot))] = rules.Row(int(slot), int(epoch), state,
                                                             node, at)
-    if claimed:
-        params = {"names": [n for n, _ in claimed], "slots": [s for _, s in claimed]}
-        for entry, slot, epoch, node in run(_GRANTS, params):
+    if reads.grants is not None:
+        for entry, slot, epoch, node in reads.grants.fetchall():
             chunk.grants[(entry, int(slot))] = rules.Row(int(slot), int(epoch), "c", node)
 
 
-def _write(run: Any, chunk: rules.Chunk) -> None:
-    """One statement per table the decisions changed."""
+def _write(run: Any, chunk: rules.Chunk) -> Any:
+    """Queue one statement per table the decisions changed; the grants' cursor (None:
+    no grant), whose rows say which grants were written."""
+    granted = None
     if chunk.new_grants:
         keys = list(chunk.new_grants)
         rows = [chunk.new_grants[k] for k in keys]
-        got = run(_GRANT, {"names": [n for n, _ in keys], "slots": [s for _, s in keys],
-                           "epochs": [r.epoch for r in rows], "nodes": [r.node for r in rows],
-                           "recovered": [k in chunk.recovered for k in keys]}).fetchall()
-        if len(got) != len(keys):
-            raise GrantConflict(f"{len(keys) - len(got)} of {len(keys)} slots were granted "
-                                "to another claimant meanwhile (nothing was written)")
+        granted = run(_GRANT, {"names": [n for n, _ in keys], "slots": [s for _, s in keys],
+                               "epochs": [r.epoch for r in rows],
+                               "nodes": [r.node for r in rows],
+                               "recovered": [k in chunk.recovered for k in keys]})
     if chunk.written:
         run(_STORE, _row_columns(list(chunk.written.items())))
     if chunk.overtaken_added:
@@ -278,6 +319,7 @@ def _write(run: Any, chunk: rules.Chunk) -> None:
         run(_DEFINE, {"names": list(chunk.defined), "fingerprints": list(chunk.defined.values())})
     if chunk.defined_epoch is not None:
         run(_DEFINED_BY, {"epoch": chunk.defined_epoch})
+    return granted
 
 
 def _row_columns(rows: list[tuple[str, rules.Row]]) -> dict[str, list[Any]]:

@@ -42,8 +42,9 @@ def latest_version() -> int:
     return migrations()[-1][0]
 
 
+@cache
 def qualified(text: str, schema: str) -> sql.Composed:
-    """``text`` with ``{schema}`` replaced by the quoted schema name."""
+    """``text`` with ``{schema}`` replaced by the quoted schema name (composed once)."""
     return sql.SQL(text).format(schema=sql.Identifier(schema))
 
 

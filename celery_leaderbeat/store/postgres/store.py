@@ -258,10 +258,11 @@ class PostgresLedger:
 
         def write(conn: Any, schema: str, app: str) -> int:
             with conn.transaction():
-                return claims_sql.write_events(
+                marked = claims_sql.write_events(
                     lambda text, params: conn.execute(qualified(text, schema),
                                                       {"app": app, **params}),
                     self.config.node_id, epoch, columns)
+                return int(marked() if callable(marked) else marked)
         marked = int(self.place.run(write))
         self._wrote()
         return marked
@@ -306,10 +307,14 @@ class PostgresLedger:
 
 
 def open_store(conninfo: str, config: Config, *, schema: str = DEFAULT_SCHEMA,
-               create: bool = True) -> tuple[PostgresLease, PostgresLedger]:
+               create: bool = True, **connection_options: Any
+               ) -> tuple[PostgresLease, PostgresLedger]:
     """The lease and the ledger of ``config``'s app (its key prefix) on one new pool;
-    the schema created or migrated first unless ``create`` is False."""
-    pool = make_pool(conninfo, timeout=config.socket_timeout)
+    the schema created or migrated first unless ``create`` is False.
+    ``connection_options`` go to every connection (``prepare_threshold=5``: server-side
+    prepared statements, where no transaction-mode pooler older than PgBouncer 1.21 sits
+    in between)."""
+    pool = make_pool(conninfo, timeout=config.socket_timeout, **connection_options)
     place = Place(pool, schema, config.key_prefix)
     if create:
         with connection(pool) as conn:
