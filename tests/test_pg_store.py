@@ -480,3 +480,58 @@ def test_after_a_server_restart_one_call_fails_and_the_next_succeeds() -> None:
             assert lease.holder()[0] == lease.token
         finally:
             lease.place.pool.close()
+
+
+def test_after_the_server_was_killed_and_started_again_the_lease_carries_on() -> None:
+    with pg_cluster() as cluster:
+        config = Config(redis_url="", key_prefix="app", node_id="n1", lease_ttl=30.0)
+        lease, ledger = open_store(cluster.conninfo, config)
+        try:
+            assert lease.try_acquire()
+            token, epoch = lease.credentials()
+            cluster.kill()
+            with pytest.raises(UNREACHABLE):
+                ledger.claim(token, epoch, [ClaimItem("e", 1000, Op.CLAIM, 1000)])
+            cluster.start()  # the failed call checked the pool: no broken connection is left
+            assert ledger.claim(token, epoch, [ClaimItem("e", 1000, Op.CLAIM, 1000)]) == [None]
+        finally:
+            lease.place.pool.close()
+
+
+# --- what the beats keep beside the claims ---------------------------------------------
+
+def test_the_history_is_pruned_to_its_count_and_its_age(make_node: Callable[..., Node],
+                                                         conninfo: str) -> None:
+    _, ledger = make_node("n1", history_length=5)
+    ledger.record(1, [Event("e", i, "missed") for i in range(20)])
+    ledger.prune([], keep_ms=0, node_keep_s=3600)
+    assert [h["slot"] for h in ledger.history(100)] == ["15", "16", "17", "18", "19"]
+    sql(conninfo, "UPDATE {schema}.history SET at = at - interval '30 days'")
+    ledger.prune([], keep_ms=0, node_keep_s=3600)
+    assert ledger.history(100) == []
+
+
+def test_prune_forgets_unscheduled_entries_but_never_an_unconfirmed_claim(
+        make_node: Callable[..., Node]) -> None:
+    lease, ledger = lead(make_node)
+    claim(lease, ledger, ClaimItem("kept", 100, Op.CLAIM, 100),
+          ClaimItem("sent", 100, Op.CLAIM, 100), ClaimItem("unconfirmed", 100, Op.CLAIM, 100),
+          ClaimItem("scheduled", 100, Op.CLAIM, 100))
+    ledger.record(1, [Event("sent", 100, "sent"), Event("scheduled", 100, "sent")])
+    ledger.register_node("standby", {"host": "h"})
+    assert ledger.prune(["scheduled", "kept"], keep_ms=1000, node_keep_s=3600) == [1, 0, 0]
+    assert sorted(ledger.load()) == ["kept", "scheduled", "unconfirmed"]
+    assert list(ledger.nodes()) == ["n1"]
+
+
+def test_a_slot_claimed_unconfirmed_and_overtaken_by_the_next_leader_can_be_recovered(
+        make_node: Callable[..., Node], conninfo: str) -> None:
+    old, old_ledger = lead(make_node, "n1")
+    claim(old, old_ledger, ClaimItem("e", 1000, Op.CLAIM, 1000))
+    expire(conninfo)
+    new, ledger = lead(make_node, "n2", lease_ttl=10.0)
+    assert claim(new, ledger, ClaimItem("e", 2000, Op.CLAIM, 2000)) == [None]
+    assert ledger.overtaken() == {("e", 1000): SlotState(1000, 1, "c")}
+    assert claim(new, ledger, ClaimItem("e", 1000, Op.RECOVER, 1000)) == [None]
+    assert ledger.overtaken() == {}
+    assert ledger.load()["e"] == SlotState(2000, 2, "c")

@@ -1,5 +1,6 @@
 """A chunk's claim in one transaction: fence, read, decide (:mod:`.rules`), write.
 
+Two round trips (psycopg's pipeline mode): 1-3 below, then the writes and the commit.
 The transaction, in order:
 
 1. the events (the previous chunk's sends ride on the next claim): history rows, and

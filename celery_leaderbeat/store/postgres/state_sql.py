@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import rules
+from .lease_sql import NOW_MS
 from .schema import qualified
 
 _LOAD_ALL = """
@@ -40,6 +41,34 @@ WHERE app = %(app)s
 _PRUNE_GRANTS = """
 DELETE FROM {schema}.grants
 WHERE app = %(app)s AND granted_at < clock_timestamp() - %(max_age_s)s * interval '1 second'
+"""
+# The state of entries nobody schedules any more, once their slot is older than the
+# cutoff (another node's newer schedule keeps it during a rolling deploy); never an
+# unconfirmed claim (it is reported first).
+_PRUNE_ENTRIES = """
+WITH gone AS (
+    DELETE FROM {schema}.slots
+    WHERE app = %(app)s AND NOT (entry = ANY(%(scheduled)s::text[]))
+          AND slot_ms < %(cutoff_ms)s AND state NOT IN ('c', 'u')
+    RETURNING entry
+), undefined AS (
+    DELETE FROM {schema}.definitions AS d USING gone
+    WHERE d.app = %(app)s AND d.entry = gone.entry
+)
+SELECT count(*) FROM gone
+"""
+_PRUNE_NODES = """
+DELETE FROM {schema}.nodes
+WHERE app = %(app)s AND seen_at < clock_timestamp() - %(keep_s)s * interval '1 second'
+"""
+_OVERTAKEN = """
+SELECT entry, slot_ms, epoch, state, node, claimed_ms FROM {schema}.overtaken
+WHERE app = %(app)s
+"""
+_FORGET_OVERTAKEN = """
+DELETE FROM {schema}.overtaken AS o
+USING unnest(%(names)s::text[], %(slots)s::bigint[]) AS w(entry, slot_ms)
+WHERE o.app = %(app)s AND o.entry = w.entry AND o.slot_ms = w.slot_ms
 """
 _PAUSE = """
 INSERT INTO {schema}.paused (app, entry, record) VALUES (%(app)s, %(name)s, %(record)s)
@@ -113,6 +142,32 @@ def prune_history(conn: Any, schema: str, app: str, *, keep: int, max_age_s: flo
         gone = _run(conn, schema, app, _PRUNE_HISTORY, keep=keep, max_age_s=max_age_s)
         _run(conn, schema, app, _PRUNE_GRANTS, max_age_s=max_age_s)
     return int(gone.rowcount)
+
+
+def prune(conn: Any, schema: str, app: str, scheduled: Sequence[str], *, keep_ms: int,
+          node_keep_s: float) -> list[int]:
+    """Forget entries no longer scheduled (their slot older than ``keep_ms`` by the
+    server's clock) and nodes not seen for ``node_keep_s``: [entries, 0, nodes] gone
+    (the middle one: backfill records, which this store does not keep yet)."""
+    with conn.transaction():
+        cutoff = conn.execute("SELECT " + NOW_MS).fetchone()[0] - keep_ms
+        entries = _run(conn, schema, app, _PRUNE_ENTRIES, scheduled=list(scheduled),
+                       cutoff_ms=cutoff).fetchone()[0]
+        nodes = _run(conn, schema, app, _PRUNE_NODES, keep_s=node_keep_s).rowcount
+    return [int(entries), 0, int(nodes)]
+
+
+def overtaken(conn: Any, schema: str, app: str) -> dict[tuple[str, int], rules.Row]:
+    """Claimed, unconfirmed slots that a newer claim of another claimant replaced."""
+    return {(entry, int(slot)): rules.Row(int(slot), int(epoch), state, node, at)
+            for entry, slot, epoch, state, node, at in _run(conn, schema, app, _OVERTAKEN)}
+
+
+def forget_overtaken(conn: Any, schema: str, app: str,
+                     fields: Sequence[tuple[str, int]]) -> None:
+    if fields:
+        _run(conn, schema, app, _FORGET_OVERTAKEN, names=[n for n, _ in fields],
+             slots=[s for _, s in fields])
 
 
 def pause(conn: Any, schema: str, app: str, name: str, record: dict[str, Any]) -> None:

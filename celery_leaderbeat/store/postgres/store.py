@@ -291,6 +291,22 @@ class PostgresLedger:
     def write_definitions(self, fingerprints: dict[str, str]) -> None:
         self.place.run(state_sql.write_definitions, fingerprints)
 
+    def prune(self, scheduled: Iterable[str], *, keep_ms: int,
+              node_keep_s: float) -> list[int]:
+        """Forget entries no longer scheduled (after ``keep_ms``) and long-gone nodes; the
+        history to its bounds too."""
+        gone = self.place.run(state_sql.prune, list(scheduled), keep_ms=keep_ms,
+                              node_keep_s=node_keep_s)
+        self.place.run(state_sql.prune_history, keep=self.config.history_length,
+                       max_age_s=_KEEP_SECONDS)
+        return gone  # type: ignore[no-any-return]
+
+    def overtaken(self) -> dict[tuple[str, int], SlotState]:
+        return {k: _state(r) for k, r in self.place.run(state_sql.overtaken).items()}
+
+    def forget_overtaken(self, fields: Sequence[tuple[str, int]]) -> None:
+        self.place.run(state_sql.forget_overtaken, list(fields))
+
     def history(self, count: int = 50) -> list[dict[str, str]]:
         return self.place.run(state_sql.history, count)  # type: ignore[no-any-return]
 
