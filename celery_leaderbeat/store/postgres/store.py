@@ -21,6 +21,7 @@ from ...config import Config
 from ...errors import LeaseLostError
 from ..ledger import DIFFERS, EARLY, ENQUEUED, PAUSED, UNKNOWN, Claimed, ClaimItem, Event, SlotState
 from . import claims_sql, lease_sql, rules, state_sql
+from .events import channel_name
 from .pool import connection, make_pool
 from .schema import DEFAULT_SCHEMA, ensure_schema, qualified
 
@@ -193,7 +194,7 @@ class PostgresLease:
 
 def channel(place: Place) -> str:
     """The NOTIFY channel of one app's events."""
-    return f"leaderbeat:{place.schema}:{place.app}"[:63]
+    return channel_name(place.schema, place.app)
 
 
 def _events(events: Iterable[Event]) -> claims_sql.Events:
