@@ -29,7 +29,8 @@ def test_anchor_writes_only_where_the_entry_has_no_state() -> None:
 
 def test_reanchor_never_moves_a_slot_backwards_and_is_a_no_op_for_the_same_definition() -> None:
     chunk = leader(slots={"e": Row(900, 4, "s")}, definitions={"e": "f1"})
-    assert decide(chunk, ClaimItem("e", 800, Op.REANCHOR, 800, fingerprint="f1")) == Row(900, 4, "s")
+    same = ClaimItem("e", 800, Op.REANCHOR, 800, fingerprint="f1")
+    assert decide(chunk, same) == Row(900, 4, "s")
     assert decide(chunk, ClaimItem("e", 800, Op.REANCHOR, 800, fingerprint="f2")) is None
     assert chunk.written["e"] == Row(900, 5, "a")
     assert chunk.defined == {"e": "f2"}
