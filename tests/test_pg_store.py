@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 from celery_leaderbeat.config import Config
-from celery_leaderbeat.errors import ConfigurationError, LeaseLostError
+from celery_leaderbeat.errors import ConfigurationError, LeaseLostError, RolledBackError
 from celery_leaderbeat.store.ledger import (
     DIFFERS,
     EARLY,
@@ -536,3 +536,47 @@ def test_a_slot_claimed_unconfirmed_and_overtaken_by_the_next_leader_can_be_reco
     assert claim(new, ledger, ClaimItem("e", 1000, Op.RECOVER, 1000)) == [None]
     assert ledger.overtaken() == {}
     assert ledger.load()["e"] == SlotState(2000, 2, "c")
+
+
+# --- the database going back to older state ---------------------------------------------
+
+def test_a_claim_against_older_state_than_the_node_saw_is_refused_and_writes_nothing(
+        make_node: Callable[..., Node], conninfo: str) -> None:
+    lease, ledger = lead(make_node)
+    claim(lease, ledger, ClaimItem("e", 1000, Op.CLAIM, 1000))
+    claim(lease, ledger, ClaimItem("e", 2000, Op.CLAIM, 2000))
+    assert ledger.generation == 2
+    # what a promoted replica that lacked the last commits answers: an older generation
+    sql(conninfo, "UPDATE {schema}.lease SET generation = 1")
+    sql(conninfo, "UPDATE {schema}.slots SET slot_ms = 1000")
+    with pytest.raises(RolledBackError, match="generation 1 < 2") as caught:
+        claim(lease, ledger, ClaimItem("e", 2000, Op.CLAIM, 2000),
+              events=(Event("e", 1000, "sent"),))
+    assert caught.value.generation == 1 and ledger.loss_seen and ledger.below
+    assert ledger.load()["e"] == SlotState(1000, 1, "c")  # not marked sent: nothing written
+    with pytest.raises(RolledBackError):
+        ledger.record(1, [Event("e", 1000, "sent")])
+    _, standby = make_node("s1")
+    standby.generation = 2
+    with pytest.raises(RolledBackError):
+        standby.rescue([ClaimItem("e", 2000, Op.CLAIM, 2000, 1000)])
+    # the leader starts again past the loss: its next claim lifts the generation above
+    ledger.reset_generation()
+    assert claim(lease, ledger, ClaimItem("e", 3000, Op.CLAIM, 3000)) == [None]
+    assert ledger.generation == 3 and not ledger.below
+
+
+def test_an_acquire_attempt_tells_the_node_the_generation(make_node: Callable[..., Node]
+                                                          ) -> None:
+    lease, ledger = lead(make_node)
+    claim(lease, ledger, ClaimItem("e", 1000, Op.CLAIM, 1000))
+    other, other_ledger = make_node("n2")
+    other.on_generation = other_ledger.observe_generation
+    assert not other.try_acquire()
+    assert other_ledger.generation == 1
+
+
+def test_the_server_identity_is_its_system_identifier_and_timeline(conninfo: str) -> None:
+    with psycopg.connect(conninfo) as conn:
+        system, timeline = lease_sql.server_identity(conn)
+    assert system > 0 and timeline >= 1

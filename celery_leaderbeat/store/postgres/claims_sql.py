@@ -31,11 +31,16 @@ from .schema import qualified
 
 
 class Fence(NamedTuple):
-    """Who may claim: a leader (holder, epoch, lease ttl) or a rescuer (holder None)."""
+    """Who may claim: a leader (holder, epoch, lease ttl) or a rescuer (holder None); and
+    the highest generation the caller has seen (0: none)."""
 
     holder: str | None
     epoch: int
     ttl_ms: int = 0
+    seen_generation: int = 0
+    #: a leader starting again after a loss of writes: the generation is lifted above this
+    #: (and not checked against ``seen_generation``)
+    lift_above: int = 0
 
 
 @dataclass(frozen=True)
@@ -56,6 +61,16 @@ class Answer(NamedTuple):
     marked: int  #: slots the events marked sent
     lost: bool = False
     holder: str | None = None  #: lost: who holds the lease now (None: nobody)
+    generation: int = 0  #: the app's generation after this call
+
+
+class OlderState(Exception):
+    """The server holds older state than the caller has seen: nothing was written."""
+
+    def __init__(self, generation: int, seen: int) -> None:
+        super().__init__(f"the database holds older state than this node has seen "
+                         f"(generation {generation} < {seen})")
+        self.generation = generation
 
 
 class GrantConflict(Exception):
@@ -88,19 +103,38 @@ FROM unnest(%(names)b::text[], %(slots)b::bigint[]) AS e(entry, slot_ms)
 WHERE s.app = %(app)s AND s.entry = e.entry AND s.slot_ms = e.slot_ms AND s.state = 'c'
       AND (%(epoch)s <> 0 OR s.node = %(node)s)
 """
+# The generation goes up in every call that may write; the old value comes back too,
+# so a call made against older state than the caller has seen can be rolled back whole.
 _FENCE = """
-UPDATE {schema}.lease
-SET expires_at = clock_timestamp() + %(ttl_ms)s * interval '1 millisecond',
-    progress_at = CASE WHEN %(claims)s THEN clock_timestamp() ELSE progress_at END
-WHERE app = %(app)s AND holder = %(holder)s AND epoch = %(epoch)s
-      AND expires_at > clock_timestamp()
-RETURNING """ + NOW_MS
+WITH fenced AS (
+    UPDATE {schema}.lease
+    SET expires_at = clock_timestamp() + %(ttl_ms)s * interval '1 millisecond',
+        progress_at = CASE WHEN %(claims)s THEN clock_timestamp() ELSE progress_at END,
+        generation = greatest(generation, %(lift)s) + 1
+    WHERE app = %(app)s AND holder = %(holder)s AND epoch = %(epoch)s
+          AND expires_at > clock_timestamp()
+    RETURNING generation
+)
+SELECT """ + NOW_MS + """, (SELECT generation FROM fenced),
+       (SELECT generation FROM {schema}.lease WHERE app = %(app)s)
+"""
 _RESCUE_VIEW = """
-SELECT """ + NOW_MS + """,
-       l.epoch, l.defined_epoch,
-       l.holder IS NOT NULL AND l.expires_at > clock_timestamp()
-       AND l.progress_at > clock_timestamp() - %(busy_ms)s * interval '1 millisecond'
-FROM (SELECT 1) AS one LEFT JOIN {schema}.lease AS l ON l.app = %(app)s
+WITH raised AS (
+    UPDATE {schema}.lease AS l SET generation = generation + 1 WHERE app = %(app)s
+    RETURNING l.epoch, l.defined_epoch, l.generation,
+              l.holder IS NOT NULL AND l.expires_at > clock_timestamp()
+              AND l.progress_at > clock_timestamp() - %(busy_ms)s * interval '1 millisecond'
+              AS busy
+)
+SELECT """ + NOW_MS + """, r.generation, r.generation - 1, r.epoch, r.defined_epoch, r.busy
+FROM (SELECT 1) AS one LEFT JOIN raised AS r ON true
+"""
+_RAISE = """
+WITH raised AS (
+    UPDATE {schema}.lease SET generation = generation + 1 WHERE app = %(app)s
+    RETURNING generation
+)
+SELECT NULL, (SELECT generation FROM raised), (SELECT generation - 1 FROM raised)
 """
 _HOLDER = """
 SELECT holder FROM {schema}.lease
@@ -196,19 +230,23 @@ def claim(conn: Any, schema: str, app: str, node: str, fence: Fence, limits: Lim
         marked = write_events(run, node, fence.epoch, events)
         if fence.holder is not None:
             fenced = run(_FENCE, {"holder": fence.holder, "epoch": fence.epoch,
+                                  "lift": fence.lift_above,
                                   "ttl_ms": fence.ttl_ms,
                                   "claims": any(i.op == "claim" for i in items)})
         else:
             fenced = run(_RESCUE_VIEW, {"busy_ms": limits.busy_ms})
         reads = _read(run, items) if items else None
         pipeline.sync()
-        chunk = _chunk(fenced.fetchone(), fence, node, limits)
+        fenced_row = fenced.fetchone()
+        generation = _generation(fenced_row, 0 if fence.lift_above else fence.seen_generation)
+        chunk = _chunk(fenced_row, fence, node, limits)
         done = marked() if callable(marked) else marked
         if chunk is None:
             holder = run(_HOLDER, {}).fetchone()
-            return Answer([], 0, done, lost=True, holder=holder and holder[0])
+            return Answer([], 0, done, lost=True, holder=holder and holder[0],
+                          generation=generation)
         if reads is None:
-            return Answer([], chunk.now_ms, done)
+            return Answer([], chunk.now_ms, done, generation=generation)
         _known(chunk, reads)
         answers = [rules.decide(chunk, item) for item in items]
         granted = _write(run, chunk)
@@ -216,17 +254,40 @@ def claim(conn: Any, schema: str, app: str, node: str, fence: Fence, limits: Lim
         if granted is not None and len(granted.fetchall()) != len(chunk.new_grants):
             raise GrantConflict(f"of {len(chunk.new_grants)} slots, some were granted to "
                                 "another claimant meanwhile (nothing was written)")
-    return Answer(answers, chunk.now_ms, done)
+    return Answer(answers, chunk.now_ms, done, generation=generation)
+
+
+def _generation(row: Any, seen: int) -> int:
+    """The app's generation after the fence; raises OlderState (rolling the transaction
+    back) when it was below ``seen`` before this call."""
+    _, raised, before = row[:3]
+    before = int(before or 0)
+    if before < seen:
+        raise OlderState(before, seen)
+    return int(raised) if raised is not None else before
+
+
+def record(conn: Any, schema: str, app: str, node: str, epoch: int, events: Events,
+           seen_generation: int = 0) -> tuple[int, int]:
+    """Write ``events`` alone (the history, the sent and unsent marks), raising the
+    generation; (slots marked sent, the generation). OlderState: nothing written."""
+    def run(text: str, params: dict[str, Any]) -> Any:
+        return conn.execute(qualified(text, schema), {"app": app, **params})
+
+    with conn.transaction():
+        generation = _generation(run(_RAISE, {}).fetchone(), seen_generation)
+        marked = write_events(run, node, epoch, events)
+        return int(marked() if callable(marked) else marked), generation
 
 
 def _chunk(row: Any, fence: Fence, node: str, limits: Limits) -> rules.Chunk | None:
     """What the fence answered (None: a leader's lease is no longer held)."""
     if fence.holder is not None:
-        if row is None:
+        if row[1] is None:  # the fence updated no row: the lease is not held so
             return None
         return rules.Chunk(lead=True, epoch=fence.epoch, node=node, now_ms=int(row[0]),
                            ahead_ms=limits.ahead_ms, recover_age_ms=limits.recover_age_ms)
-    now_ms, epoch, defined_epoch, busy = row
+    now_ms, _, _, epoch, defined_epoch, busy = row
     behind = defined_epoch is not None and epoch is not None and defined_epoch != epoch
     return rules.Chunk(lead=False, epoch=0, node=node, now_ms=int(now_ms),
                        rescue_after_ms=limits.rescue_after_ms, leader_busy=bool(busy),

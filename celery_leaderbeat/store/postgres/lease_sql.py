@@ -39,7 +39,7 @@ WITH taken AS (
 )
 SELECT (SELECT epoch FROM taken), l.holder, l.epoch,
        (extract(epoch FROM l.expires_at - clock_timestamp()) * 1000)::bigint,
-       """ + NOW_MS + """
+       """ + NOW_MS + """, coalesce(l.generation, 0)
 FROM (SELECT 1) AS one LEFT JOIN {schema}.lease AS l ON l.app = %(app)s
 """
 
@@ -77,6 +77,7 @@ class Acquired(NamedTuple):
     held_epoch: int  #: refused: the holder's epoch (0: no row)
     remaining_ms: int  #: refused: the holder's ttl left
     server_ms: int  #: the server's time when it answered
+    generation: int = 0  #: the app's generation (see claims_sql): what standbys learn
 
 
 def acquire(conn: Any, schema: str, app: str, *, holder: str, node: str, ttl_ms: int,
@@ -85,11 +86,11 @@ def acquire(conn: Any, schema: str, app: str, *, holder: str, node: str, ttl_ms:
     row = conn.execute(qualified(_ACQUIRE, schema),
                        {"app": app, "holder": holder, "node": node, "ttl_ms": ttl_ms,
                         "seen": seen_epoch}).fetchone()
-    epoch, held_by, held_epoch, remaining, server_ms = row
+    epoch, held_by, held_epoch, remaining, now_ms, generation = row
     if epoch is not None:
-        return Acquired(int(epoch), None, 0, ttl_ms, int(server_ms))
+        return Acquired(int(epoch), None, 0, ttl_ms, int(now_ms), int(generation))
     return Acquired(None, held_by, int(held_epoch or 0), max(0, int(remaining or 0)),
-                    int(server_ms))
+                    int(now_ms), int(generation))
 
 
 def renew(conn: Any, schema: str, app: str, *, holder: str, epoch: int,
@@ -117,6 +118,15 @@ def current_holder(conn: Any, schema: str, app: str) -> tuple[str | None, int, i
     if row is None:
         return None, 0, 0
     return row[0], int(row[1]), max(0, int(row[2]))
+
+
+def server_identity(conn: Any) -> tuple[int, int]:
+    """The server's system identifier and the timeline of its last checkpoint: a new
+    timeline means a replica was promoted (async: it may lack commits); a new system
+    identifier, another cluster altogether (restored from a dump)."""
+    row = conn.execute("SELECT (SELECT system_identifier FROM pg_control_system()),"
+                       " (SELECT timeline_id FROM pg_control_checkpoint())").fetchone()
+    return int(row[0]), int(row[1])
 
 
 def server_ms(conn: Any) -> int:

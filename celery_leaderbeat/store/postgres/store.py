@@ -18,12 +18,12 @@ from typing import Any
 import psycopg_pool
 
 from ...config import Config
-from ...errors import LeaseLostError
+from ...errors import LeaseLostError, RolledBackError
 from ..ledger import DIFFERS, EARLY, ENQUEUED, PAUSED, UNKNOWN, Claimed, ClaimItem, Event, SlotState
 from . import claims_sql, lease_sql, rules, state_sql
 from .events import channel_name
 from .pool import connection, make_pool
-from .schema import DEFAULT_SCHEMA, ensure_schema, qualified
+from .schema import DEFAULT_SCHEMA, ensure_schema
 
 logger = logging.getLogger(__name__)
 
@@ -95,6 +95,7 @@ class PostgresLease:
         got = self.place.run(lease_sql.acquire, holder=self.holder_id, node=self.config.node_id,
                              ttl_ms=self.ttl_ms, seen_epoch=self.highest_epoch)
         self._measured(started, got.server_ms)
+        self.on_generation(got.generation)
         self.led_last = got.epoch is not None
         if got.epoch is None:
             self.observe_epoch(got.held_epoch)
@@ -224,9 +225,45 @@ class PostgresLedger:
 
     def __init__(self, place: Place, config: Config) -> None:
         self.place, self.config = place, config
+        #: the highest generation of the app's state this node has seen
+        self.generation = 0
+        #: the database answered a lower generation than this node has seen (it lost
+        #: writes): set until the node reported what it knew settled
         self.loss_seen = False
         self.loss_reported = False
+        self._loss_below: int | None = None
+        self._reset_generation = False
         self._writes = 0
+
+    def observe_generation(self, generation: int | None) -> None:
+        """Note a generation seen elsewhere (an acquire attempt's answer); a lower one than
+        this node has seen means the database lost writes (:attr:`loss_seen`)."""
+        if generation is None:
+            return
+        if generation >= self.generation:
+            self.generation = generation
+            self._loss_below = None
+        else:
+            if self._loss_below is None or generation < self._loss_below:
+                self.loss_seen = True
+            self._loss_below = generation
+
+    @property
+    def below(self) -> bool:
+        """The generation was last seen below the highest this node saw."""
+        return self._loss_below is not None
+
+    def reset_generation(self) -> None:
+        """The next claim re-anchors after a loss of writes: it lifts the generation."""
+        self._reset_generation = True
+
+    def _older_state(self, older: claims_sql.OlderState) -> RolledBackError:
+        self.observe_generation(older.generation)
+        self.loss_reported = False
+        error = RolledBackError(f"{older} (a replica promoted that lacked commits, or a "
+                                "backup restored)")
+        error.generation = older.generation
+        return error
 
     def claim(self, token: str, epoch: int, items: Sequence[ClaimItem],
               events: Sequence[Event] = ()) -> list[SlotState | None | str]:
@@ -235,7 +272,10 @@ class PostgresLedger:
         limits = claims_sql.Limits(
             ahead_ms=int(self.config.max_clock_skew * 1000) + _AHEAD_GRACE_MS,
             recover_age_ms=int(self.config.lease_ttl * 1000))
-        fence = claims_sql.Fence(holder, epoch, int(self.config.lease_ttl * 1000))
+        lift = self.generation if self._reset_generation else 0
+        self._reset_generation = False
+        fence = claims_sql.Fence(holder, epoch, int(self.config.lease_ttl * 1000),
+                                 self.generation, lift)
         got = self._claim(fence, limits, events, items)
         if got.lost:
             lost = LeaseLostError(f"claim refused: lease {token} lost; held by "
@@ -248,7 +288,7 @@ class PostgresLedger:
         """Standby: claim slots nobody claimed ``rescue_after`` past their fire time."""
         limits = claims_sql.Limits(rescue_after_ms=int(self.config.rescue_after * 1000),
                                    busy_ms=_BUSY_LEADER_MS)
-        got = self._claim(claims_sql.Fence(None, 0), limits, events, items)
+        got = self._claim(claims_sql.Fence(None, 0, 0, self.generation), limits, events, items)
         return Claimed([_answer(a) for a in got.answers], got.now_ms)
 
     def record(self, epoch: int, events: Iterable[Event]) -> int:
@@ -257,21 +297,23 @@ class PostgresLedger:
         if not columns.names:
             return 0
 
-        def write(conn: Any, schema: str, app: str) -> int:
-            with conn.transaction():
-                marked = claims_sql.write_events(
-                    lambda text, params: conn.execute(qualified(text, schema),
-                                                      {"app": app, **params}),
-                    self.config.node_id, epoch, columns)
-                return int(marked() if callable(marked) else marked)
-        marked = int(self.place.run(write))
+        try:
+            marked, generation = self.place.run(claims_sql.record, self.config.node_id, epoch,
+                                                columns, self.generation)
+        except claims_sql.OlderState as older:
+            raise self._older_state(older) from None
+        self.observe_generation(generation)
         self._wrote()
-        return marked
+        return int(marked)
 
     def _claim(self, fence: claims_sql.Fence, limits: claims_sql.Limits,
                events: Sequence[Event], items: Sequence[ClaimItem]) -> claims_sql.Answer:
-        got = self.place.run(claims_sql.claim, self.config.node_id, fence, limits,
-                             _events(events), items)
+        try:
+            got = self.place.run(claims_sql.claim, self.config.node_id, fence, limits,
+                                 _events(events), items)
+        except claims_sql.OlderState as older:
+            raise self._older_state(older) from None
+        self.observe_generation(got.generation)
         if events:
             self._wrote()
         return got  # type: ignore[no-any-return]
