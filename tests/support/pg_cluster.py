@@ -41,7 +41,8 @@ def _free_port() -> int:
 
 
 class Cluster:
-    """One running cluster: ``conninfo``, and ``restart()``, ``stop()``, ``kill()``, ``start()``."""
+    """One running cluster: ``conninfo``, and ``restart()``, ``stop()``, ``kill()``,
+    ``start()``, ``promote()`` (a standby)."""
 
     def __init__(self, bindir: Path, root: Path, port: int) -> None:
         self.bindir, self.root, self.port = bindir, root, port
@@ -64,6 +65,16 @@ class Cluster:
     def init(self) -> None:
         self._run(str(self.bindir / "initdb"), "-D", str(self.data), "-U", "postgres",
                   "--auth=trust", "--no-sync")
+        self._configure()
+
+    def init_standby_of(self, primary: Cluster) -> None:
+        """A streaming replica of ``primary`` (asynchronous: a commit does not wait for it)."""
+        self._run(str(self.bindir / "pg_basebackup"), "-h", "127.0.0.1", "-p",
+                  str(primary.port), "-U", "postgres", "-D", str(self.data), "-R",
+                  "-X", "stream", "--no-sync")
+        self._configure()
+
+    def _configure(self) -> None:
         with open(self.data / "postgresql.conf", "a") as conf:
             conf.write(f"\nport = {self.port}\nlisten_addresses = '127.0.0.1'\n"
                        f"unix_socket_directories = '{self.root}'\nfsync = off\n"
@@ -77,6 +88,10 @@ class Cluster:
 
     def restart(self) -> None:
         self._pg_ctl("-m", "fast", "-o", f"-p {self.port}", "restart")
+
+    def promote(self) -> None:
+        """A standby becomes a primary (on a new timeline)."""
+        self._pg_ctl("promote")
 
     def kill(self) -> None:
         """SIGKILL the postmaster (its children end when they find it gone)."""
@@ -92,15 +107,19 @@ class Cluster:
 
 
 @contextmanager
-def pg_cluster() -> Iterator[Cluster]:
-    """A fresh cluster on a free port; stopped (immediate) and its files removed after."""
+def pg_cluster(standby_of: Cluster | None = None) -> Iterator[Cluster]:
+    """A fresh cluster on a free port (a streaming replica of ``standby_of`` if given);
+    stopped (immediate) and its files removed after."""
     bindir = _bindir()
     root = Path(tempfile.mkdtemp(prefix="lb-pg-"))
     if os.geteuid() == 0:
         shutil.chown(root, "postgres", "postgres")
     cluster = Cluster(bindir, root, _free_port())
     try:
-        cluster.init()
+        if standby_of is None:
+            cluster.init()
+        else:
+            cluster.init_standby_of(standby_of)
         cluster.start()
         yield cluster
     finally:

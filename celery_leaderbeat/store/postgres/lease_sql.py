@@ -121,11 +121,15 @@ def current_holder(conn: Any, schema: str, app: str) -> tuple[str | None, int, i
 
 
 def server_identity(conn: Any) -> tuple[int, int]:
-    """The server's system identifier and the timeline of its last checkpoint: a new
-    timeline means a replica was promoted (async: it may lack commits); a new system
-    identifier, another cluster altogether (restored from a dump)."""
-    row = conn.execute("SELECT (SELECT system_identifier FROM pg_control_system()),"
-                       " (SELECT timeline_id FROM pg_control_checkpoint())").fetchone()
+    """The server's system identifier and its current timeline: a new timeline means a
+    replica was promoted (asynchronous: it may lack commits); a new system identifier,
+    another cluster altogether (restored from a dump). A primary's timeline is read from
+    its current WAL file's name (the last checkpoint's lags behind a promotion)."""
+    row = conn.execute(
+        "SELECT (SELECT system_identifier FROM pg_control_system()),"
+        " CASE WHEN pg_is_in_recovery() THEN (SELECT timeline_id FROM pg_control_checkpoint())"
+        " ELSE ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int"
+        " END").fetchone()
     return int(row[0]), int(row[1])
 
 
