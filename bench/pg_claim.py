@@ -51,7 +51,8 @@ def main() -> None:
 def run(conninfo: str, chunk: int, rounds: int, warmup: int,
         prepare_threshold: int | None = None) -> str:
     config = Config(redis_url="", key_prefix="bench", node_id="bench", lease_ttl=60.0)
-    lease, ledger = open_store(conninfo, config, prepare_threshold=prepare_threshold)
+    store = open_store(conninfo, config, prepare_threshold=prepare_threshold)
+    lease, ledger = store.lease, store.ledger
     assert lease.try_acquire()
     token, epoch = lease.credentials()
     names = [f"entry-{i:04d}" for i in range(chunk)]

@@ -50,8 +50,11 @@ def test_a_promoted_async_replica_that_lacks_claims_is_refused_until_the_leader_
         proxy = TcpProxy("127.0.0.1", primary.port)  # the address the nodes know (a VIP)
         conninfo = f"host=127.0.0.1 port={proxy.port} user=postgres dbname=postgres"
         config = Config(redis_url="", key_prefix="app", node_id="n1", lease_ttl=30.0)
-        lease, ledger = open_store(conninfo, config)
+        store = open_store(conninfo, config)
+        lease, ledger = store.lease, store.ledger
         try:
+            assert any("asynchronously" in w for w in store.warnings())
+            assert any("fsync=off" in w for w in store.warnings())  # the tests' own clusters
             assert lease.try_acquire()
             token, epoch = lease.credentials()
             assert ledger.claim(token, epoch, [ClaimItem("e", 1000, Op.CLAIM, 1000)]) == [None]
@@ -95,8 +98,10 @@ def test_a_replica_promoted_under_synchronous_replication_has_every_claim() -> N
         proxy = TcpProxy("127.0.0.1", primary.port)
         conninfo = f"host=127.0.0.1 port={proxy.port} user=postgres dbname=postgres"
         config = Config(redis_url="", key_prefix="app", node_id="n1", lease_ttl=30.0)
-        lease, ledger = open_store(conninfo, config)
+        store = open_store(conninfo, config)
+        lease, ledger = store.lease, store.ledger
         try:
+            assert not any("asynchronously" in w for w in store.warnings())
             assert lease.try_acquire()
             token, epoch = lease.credentials()
             for slot in range(1000, 21000, 1000):

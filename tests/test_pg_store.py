@@ -28,6 +28,8 @@ from celery_leaderbeat.store.ledger import (
     SlotState,
 )
 from celery_leaderbeat.store.postgres import lease_sql, state_sql
+from celery_leaderbeat.store.postgres.lease import PostgresLease
+from celery_leaderbeat.store.postgres.ledger import PostgresLedger
 from celery_leaderbeat.store.postgres.pool import UNREACHABLE
 from celery_leaderbeat.store.postgres.schema import (
     ensure_schema,
@@ -36,7 +38,7 @@ from celery_leaderbeat.store.postgres.schema import (
     qualified,
     schema_version,
 )
-from celery_leaderbeat.store.postgres.store import PostgresLease, PostgresLedger, open_store
+from celery_leaderbeat.store.postgres.store import open_store
 from tests.support.pg_cluster import pg_cluster
 from tests.support.postgres import HOST, PORT, USER, postgres_database
 
@@ -59,7 +61,8 @@ def make_node(conninfo: str) -> Iterator[Callable[..., Node]]:
 
     def make(node_id: str, app: str = "app", **settings: Any) -> Node:
         config = Config(redis_url="", key_prefix=app, node_id=node_id, **settings)
-        node = open_store(conninfo, config)
+        store = open_store(conninfo, config)
+        node = (store.lease, store.ledger)
         made.append(node)
         return node
 
@@ -471,7 +474,8 @@ def test_a_rescue_waits_until_the_newest_leader_defined_its_entries(
 def test_after_a_server_restart_one_call_fails_and_the_next_succeeds() -> None:
     with pg_cluster() as cluster:
         config = Config(redis_url="", key_prefix="app", node_id="n1")
-        lease, _ = open_store(cluster.conninfo, config)
+        store = open_store(cluster.conninfo, config)
+        lease = store.lease
         try:
             assert lease.try_acquire()
             cluster.restart()
@@ -486,7 +490,8 @@ def test_after_a_server_restart_one_call_fails_and_the_next_succeeds() -> None:
 def test_after_the_server_was_killed_and_started_again_the_lease_carries_on() -> None:
     with pg_cluster() as cluster:
         config = Config(redis_url="", key_prefix="app", node_id="n1", lease_ttl=30.0)
-        lease, ledger = open_store(cluster.conninfo, config)
+        store = open_store(cluster.conninfo, config)
+        lease, ledger = store.lease, store.ledger
         try:
             assert lease.try_acquire()
             token, epoch = lease.credentials()
