@@ -24,9 +24,13 @@ FROM unnest(%(names)s::text[], %(fingerprints)s::text[]) AS w(entry, fingerprint
 ON CONFLICT (app, entry) DO UPDATE SET fingerprint = excluded.fingerprint
 """
 _HISTORY = """
-SELECT id, extract(epoch FROM at)::float8, event, entry, slot_ms, node, epoch, detail
+SELECT id, extract(epoch FROM at)::float8, event, entry, slot_ms, node, epoch, detail, extra
 FROM (SELECT * FROM {schema}.history WHERE app = %(app)s ORDER BY id DESC LIMIT %(count)s) AS h
 ORDER BY id
+"""
+_HISTORY_AFTER = """
+SELECT id, extract(epoch FROM at)::float8, event, entry, slot_ms, node, epoch, detail, extra
+FROM {schema}.history WHERE app = %(app)s AND id > %(after)s ORDER BY id LIMIT %(count)s
 """
 # Keeps the newest ``keep`` rows and nothing older than ``max_age_s``.
 _PRUNE_HISTORY = """
@@ -120,19 +124,27 @@ def write_definitions(conn: Any, schema: str, app: str, fingerprints: dict[str, 
              fingerprints=list(fingerprints.values()))
 
 
-def history(conn: Any, schema: str, app: str, count: int = 50) -> list[dict[str, str]]:
-    """The newest ``count`` events, oldest first; ``id`` is ``<ms written>-<row id>``."""
-    out = []
-    for row_id, at, event, entry, slot, node, epoch, detail in _run(
-            conn, schema, app, _HISTORY, count=count):
-        row = {"id": f"{int(at * 1000)}-{row_id}", "event": event, "node": node,
-               "epoch": str(epoch)}
-        if entry:
-            row.update(entry=entry, slot="" if slot is None else str(slot), detail=detail)
-        elif detail:
-            row["detail"] = detail
-        out.append(row)
-    return out
+def history(conn: Any, schema: str, app: str, count: int = 50,
+            after: int | None = None) -> list[dict[str, str]]:
+    """The newest ``count`` events (or the first ``count`` after row ``after``), oldest
+    first; ``id`` is ``<ms written>-<row id>``."""
+    if after is None:
+        cur = _run(conn, schema, app, _HISTORY, count=count)
+    else:
+        cur = _run(conn, schema, app, _HISTORY_AFTER, count=count, after=after)
+    return [_event(*row) for row in cur]
+
+
+def _event(row_id: int, at: float, event: str, entry: str, slot: int | None, node: str,
+           epoch: int, detail: str, extra: dict[str, str] | None) -> dict[str, str]:
+    row = {"id": f"{int(at * 1000)}-{row_id}", "event": event, "node": node,
+           "epoch": str(epoch)}
+    if entry:
+        row.update(entry=entry, slot="" if slot is None else str(slot), detail=detail)
+    elif detail:
+        row["detail"] = detail
+    row.update(extra or {})
+    return row
 
 
 def prune_history(conn: Any, schema: str, app: str, *, keep: int, max_age_s: float) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...config import Config
+from .admin import PostgresAdmin
 from .events import PostgresEvents
 from .lease import PostgresLease
 from .ledger import PostgresLedger
@@ -36,7 +37,8 @@ _RISKS = (
 
 
 class PostgresStore:
-    """One app's store on one pool: the lease, the slots, the events and the requests."""
+    """One app's store on one pool: the lease, the slots, the events, the requests and the
+    CLI's calls (not yet: the run-time entries and the worker guard's records)."""
 
     client: Any = None  #: no claim-and-enqueue in one step: the broker is not the store
 
@@ -46,11 +48,7 @@ class PostgresStore:
         self.ledger = PostgresLedger(place, config)
         self.events = PostgresEvents(place, listen=listen)
         self.requests = PostgresRequests(place)
-
-    @property
-    def where(self) -> str:
-        """Where this app's state lives, for messages."""
-        return f"schema {self.place.schema!r}, app {self.place.app!r}"
+        self.admin = PostgresAdmin(place, config.history_length)
 
     def ping(self) -> None:
         """Raise one of the pool's errors unless the server answers."""
