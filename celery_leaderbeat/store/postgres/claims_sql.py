@@ -110,7 +110,11 @@ WITH fenced AS (
     UPDATE {schema}.lease
     SET expires_at = clock_timestamp() + %(ttl_ms)s * interval '1 millisecond',
         progress_at = CASE WHEN %(claims)s THEN clock_timestamp() ELSE progress_at END,
-        generation = greatest(generation, %(lift)s) + 1
+        generation = greatest(generation, %(lift)s) + 1,
+        backfill_floor_ms = CASE WHEN %(lift)s > 0
+            THEN greatest(coalesce(backfill_floor_ms, 0), """ + NOW_MS + """ + %(ahead_ms)s)
+            ELSE backfill_floor_ms END,
+        lost_at_ms = CASE WHEN %(lift)s > 0 THEN """ + NOW_MS + """ ELSE lost_at_ms END
     WHERE app = %(app)s AND holder = %(holder)s AND epoch = %(epoch)s
           AND expires_at > clock_timestamp()
     RETURNING generation
@@ -208,6 +212,32 @@ FROM unnest(%(names)b::text[], %(fingerprints)b::text[]) AS w(entry, fingerprint
 ON CONFLICT (app, entry) DO UPDATE SET fingerprint = excluded.fingerprint
 """
 _DEFINED_BY = "UPDATE {schema}.lease SET defined_epoch = %(epoch)s WHERE app = %(app)s"
+# How far back the history is whole: after its newest pruned row, else from its oldest.
+_BACKFILL_VIEW = """
+SELECT coalesce(l.history_whole_ms,
+                (SELECT (extract(epoch FROM at) * 1000)::bigint - 1 FROM {schema}.history
+                 WHERE app = %(app)s ORDER BY id LIMIT 1)),
+       l.backfill_floor_ms
+FROM {schema}.lease AS l WHERE l.app = %(app)s
+"""
+_BACKFILLED = """
+SELECT b.entry, b.slot_ms, b.request_id
+FROM unnest(%(names)b::text[], %(slots)b::bigint[]) AS w(entry, slot_ms)
+JOIN {schema}.backfilled AS b ON b.app = %(app)s AND b.entry = w.entry AND b.slot_ms = w.slot_ms
+"""
+_SENT = """
+SELECT DISTINCT h.entry, h.slot_ms
+FROM unnest(%(names)b::text[], %(slots)b::bigint[]) AS w(entry, slot_ms)
+JOIN {schema}.history AS h
+  ON h.app = %(app)s AND h.event = 'sent' AND h.entry = w.entry AND h.slot_ms = w.slot_ms
+"""
+_BACKFILL = """
+INSERT INTO {schema}.backfilled (app, entry, slot_ms, request_id)
+SELECT %(app)s, w.entry, w.slot_ms, w.request_id
+FROM unnest(%(names)b::text[], %(slots)b::bigint[], %(requests)b::text[])
+     AS w(entry, slot_ms, request_id)
+ON CONFLICT (app, entry, slot_ms) DO NOTHING
+"""
 
 
 class Events(NamedTuple):
@@ -230,7 +260,7 @@ def claim(conn: Any, schema: str, app: str, node: str, fence: Fence, limits: Lim
         marked = write_events(run, node, fence.epoch, events)
         if fence.holder is not None:
             fenced = run(_FENCE, {"holder": fence.holder, "epoch": fence.epoch,
-                                  "lift": fence.lift_above,
+                                  "lift": fence.lift_above, "ahead_ms": limits.ahead_ms,
                                   "ttl_ms": fence.ttl_ms,
                                   "claims": any(i.op == "claim" for i in items)})
         else:
@@ -323,6 +353,9 @@ class _Reads(NamedTuple):
     paused: Any
     overtaken: Any
     grants: Any
+    backfill: Any  #: the history's reach and the floor; then backfilled and sent slots
+    backfilled: Any
+    sent: Any
 
 
 def _read(run: Any, items: Sequence[rules.Item]) -> _Reads:
@@ -337,9 +370,16 @@ def _read(run: Any, items: Sequence[rules.Item]) -> _Reads:
         paused = run(_PAUSED, {"names": names})
         grants = run(_GRANTS, {"names": [n for n, _ in claimed],
                                "slots": [s for _, s in claimed]})
-    if any(i.op == "recover" for i in items):
+    if any(i.op in ("recover", "backfill") for i in items):
         overtaken = run(_OVERTAKEN, {"names": names})
-    return _Reads(slots, definitions, paused, overtaken, grants)
+    backfill = backfilled = sent = None
+    asked = [(i.name, i.slot_ms) for i in items if i.op == "backfill"]
+    if asked:
+        pairs = {"names": [n for n, _ in asked], "slots": [s for _, s in asked]}
+        backfill = run(_BACKFILL_VIEW, {})
+        backfilled = run(_BACKFILLED, pairs)
+        sent = run(_SENT, pairs)
+    return _Reads(slots, definitions, paused, overtaken, grants, backfill, backfilled, sent)
 
 
 def _known(chunk: rules.Chunk, reads: _Reads) -> None:
@@ -356,6 +396,12 @@ def _known(chunk: rules.Chunk, reads: _Reads) -> None:
     if reads.grants is not None:
         for entry, slot, epoch, node in reads.grants.fetchall():
             chunk.grants[(entry, int(slot))] = rules.Row(int(slot), int(epoch), "c", node)
+    if reads.backfill is not None:
+        whole, floor = reads.backfill.fetchone()
+        chunk.history_whole_ms = None if whole is None else int(whole)
+        chunk.floor_ms = int(floor or 0)
+        chunk.backfilled.update(((e, int(s)), r) for e, s, r in reads.backfilled.fetchall())
+        chunk.sent.update((e, int(s)) for e, s in reads.sent.fetchall())
 
 
 def _write(run: Any, chunk: rules.Chunk) -> Any:
@@ -381,6 +427,10 @@ def _write(run: Any, chunk: rules.Chunk) -> Any:
         run(_DEFINE, {"names": list(chunk.defined), "fingerprints": list(chunk.defined.values())})
     if chunk.defined_epoch is not None:
         run(_DEFINED_BY, {"epoch": chunk.defined_epoch})
+    if chunk.new_backfills:
+        keys = list(chunk.new_backfills)
+        run(_BACKFILL, {"names": [n for n, _ in keys], "slots": [s for _, s in keys],
+                        "requests": list(chunk.new_backfills.values())})
     return granted
 
 

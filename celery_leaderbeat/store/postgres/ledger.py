@@ -9,7 +9,19 @@ from typing import Any
 
 from ...config import Config
 from ...errors import LeaseLostError, RolledBackError
-from ..ledger import DIFFERS, EARLY, ENQUEUED, PAUSED, UNKNOWN, Claimed, ClaimItem, Event, SlotState
+from ..ledger import (
+    BACKFILL_REFUSALS,
+    DIFFERS,
+    EARLY,
+    ENQUEUED,
+    PAUSED,
+    UNKNOWN,
+    Claimed,
+    ClaimItem,
+    Event,
+    Op,
+    SlotState,
+)
 from . import claims_sql, rules, state_sql
 from .place import Place
 
@@ -46,7 +58,7 @@ def _answer(answer: rules.Answer) -> SlotState | None | str:
         return None
     if isinstance(answer, rules.Row):
         return _state(answer)
-    return _ANSWERS[answer]
+    return _ANSWERS.get(answer, answer)  # a backfill refusal is its own reason
 
 
 class PostgresLedger:
@@ -112,6 +124,20 @@ class PostgresLedger:
             lost.holder, lost.answered = got.holder, True
             raise lost
         return [_answer(a) for a in got.answers]
+
+    def backfill(self, token: str, epoch: int, name: str, slots: Sequence[int],
+                 request_id: str) -> list[str | None]:
+        """Leader: grant a backfill of each slot (None) or say why not (the history's
+        detail), decided from what the database holds at this moment."""
+        items = [ClaimItem(name, slot_ms, Op.BACKFILL, slot_ms, fingerprint=request_id)
+                 for slot_ms in slots]
+        answers = self.claim(token, epoch, items)
+        return [None if a is None else BACKFILL_REFUSALS.get(str(a), f"backfill: {a}")
+                for a in answers]
+
+    def lost_at(self) -> int | None:
+        """The server's time (ms) when a leader last started again after a loss of writes."""
+        return self.place.run(state_sql.lost_at)  # type: ignore[no-any-return]
 
     def rescue(self, items: Sequence[ClaimItem], events: Sequence[Event] = ()) -> Claimed:
         """Standby: claim slots nobody claimed ``rescue_after`` past their fire time."""

@@ -6,7 +6,9 @@ hands it to :func:`decide` item by item, and writes what the decisions changed. 
 here: every rule is testable without a server, and the SQL stays a read and a write.
 
 A stored slot is a :class:`Row`. Answers per item: :data:`GRANTED` or one of the codes
-below, or the :class:`Row` that refused it (a slot not later than the stored one).
+below, or the :class:`Row` that refused it (a slot not later than the stored one); a
+backfill refused answers its reason (``later``, ``sent``, ``backfilled``,
+``unconfirmed``, ``lost``, ``horizon``).
 """
 
 from __future__ import annotations
@@ -69,6 +71,12 @@ class Chunk:
     paused: set[str] = field(default_factory=set)
     overtaken: dict[tuple[str, int], Row] = field(default_factory=dict)
     grants: dict[tuple[str, int], Row] = field(default_factory=dict)
+    #: backfill: the request that backfilled each slot, the slots the history says were
+    #: sent, the time after which the history is whole (None: no history), the floor
+    backfilled: dict[tuple[str, int], str] = field(default_factory=dict)
+    sent: set[tuple[str, int]] = field(default_factory=set)
+    history_whole_ms: int | None = None
+    floor_ms: int = 0
     # what the decisions change
     written: dict[str, Row] = field(default_factory=dict)
     new_grants: dict[tuple[str, int], Row] = field(default_factory=dict)
@@ -77,6 +85,7 @@ class Chunk:
     overtaken_dropped: set[tuple[str, int]] = field(default_factory=set)
     defined: dict[str, str] = field(default_factory=dict)
     defined_epoch: int | None = None
+    new_backfills: dict[tuple[str, int], str] = field(default_factory=dict)
 
     def store(self, name: str, row: Row) -> None:
         self.slots[name] = row
@@ -104,7 +113,7 @@ def decide(chunk: Chunk, item: Item) -> Answer:
         chunk.defined_epoch = chunk.epoch
         return GRANTED
     if item.op == "backfill":
-        raise ValueError("claim item op 'backfill' is not supported by the PostgreSQL store yet")
+        return _backfill(chunk, item, stored)
     if item.op not in _STATES:
         raise ValueError(f"claim item {item.name!r}: unknown op {item.op!r}")
     if item.op == "claim" and item.fire_ms > chunk.now_ms + chunk.ahead_ms:
@@ -161,6 +170,32 @@ def _recover(chunk: Chunk, item: Item, stored: Row | None) -> Answer:
         chunk.overtaken_dropped.add(key)
         return GRANTED  # the newer stored slot stays as it is
     return _granted(chunk, item, stored, item.slot_ms)
+
+
+def _backfill(chunk: Chunk, item: Item, stored: Row | None) -> Answer:
+    """Send a slot the schedule passed without sending it (the CLI's backfill; its
+    request id comes as the fingerprint): granted only when, at this moment, the stored
+    slot is later, the history (whole back to it) has no ``sent`` of it, it is not
+    claimed and unconfirmed, not backfilled before and not older than the floor. The
+    stored slot stays. A refusal answers its reason."""
+    key = (item.name, item.slot_ms)
+    if stored is None or item.slot_ms >= stored.slot_ms:
+        return "later"
+    by = chunk.backfilled.get(key)
+    if by is not None:
+        return GRANTED if by == item.fingerprint else "backfilled"
+    if key in chunk.overtaken:
+        return "unconfirmed"
+    if item.slot_ms < chunk.floor_ms:
+        return "lost"
+    if key in chunk.sent:
+        return "sent"
+    whole = chunk.history_whole_ms
+    if whole is None or whole >= item.slot_ms - chunk.ahead_ms:
+        return "horizon"  # a 'sent' event of the slot may have been pruned
+    chunk.backfilled[key] = item.fingerprint
+    chunk.new_backfills[key] = item.fingerprint
+    return GRANTED
 
 
 def _rescue(chunk: Chunk, item: Item, stored: Row | None) -> Answer:

@@ -32,14 +32,26 @@ _HISTORY_AFTER = """
 SELECT id, extract(epoch FROM at)::float8, event, entry, slot_ms, node, epoch, detail, extra
 FROM {schema}.history WHERE app = %(app)s AND id > %(after)s ORDER BY id LIMIT %(count)s
 """
-# Keeps the newest ``keep`` rows and nothing older than ``max_age_s``.
+# Keeps the newest ``keep`` rows and nothing older than ``max_age_s``; notes how far back
+# the history is whole (a backfill refuses a slot whose 'sent' event may be gone).
 _PRUNE_HISTORY = """
-DELETE FROM {schema}.history
-WHERE app = %(app)s
-  AND (id <= (SELECT id FROM {schema}.history WHERE app = %(app)s
-              ORDER BY id DESC OFFSET %(keep)s LIMIT 1)
-       OR at < clock_timestamp() - %(max_age_s)s * interval '1 second')
+WITH gone AS (
+    DELETE FROM {schema}.history
+    WHERE app = %(app)s
+      AND (id <= (SELECT id FROM {schema}.history WHERE app = %(app)s
+                  ORDER BY id DESC OFFSET %(keep)s LIMIT 1)
+           OR at < clock_timestamp() - %(max_age_s)s * interval '1 second')
+    RETURNING at
+), noted AS (
+    UPDATE {schema}.lease
+    SET history_whole_ms = greatest(history_whole_ms,
+                                    (SELECT (extract(epoch FROM max(at)) * 1000)::bigint
+                                     FROM gone))
+    WHERE app = %(app)s AND EXISTS (SELECT 1 FROM gone)
+)
+SELECT count(*) FROM gone
 """
+_LOST_AT = "SELECT lost_at_ms FROM {schema}.lease WHERE app = %(app)s"
 # Grants are kept for ``max_age_s``: longer than any catch-up window, so a slot a
 # catch-up could reach again is still refused by its grant.
 _PRUNE_GRANTS = """
@@ -151,9 +163,16 @@ def prune_history(conn: Any, schema: str, app: str, *, keep: int, max_age_s: flo
     """Drop history rows beyond the newest ``keep`` and older than ``max_age_s``, and
     grants older than ``max_age_s``; how many history rows went."""
     with conn.transaction():
-        gone = _run(conn, schema, app, _PRUNE_HISTORY, keep=keep, max_age_s=max_age_s)
+        gone = _run(conn, schema, app, _PRUNE_HISTORY, keep=keep,
+                    max_age_s=max_age_s).fetchone()[0]
         _run(conn, schema, app, _PRUNE_GRANTS, max_age_s=max_age_s)
-    return int(gone.rowcount)
+    return int(gone)
+
+
+def lost_at(conn: Any, schema: str, app: str) -> int | None:
+    """The server's time (ms) when a leader last started again after a loss of writes."""
+    row = _run(conn, schema, app, _LOST_AT).fetchone()
+    return None if row is None or row[0] is None else int(row[0])
 
 
 def prune(conn: Any, schema: str, app: str, scheduled: Sequence[str], *, keep_ms: int,
