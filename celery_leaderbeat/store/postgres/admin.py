@@ -65,8 +65,7 @@ class PostgresAdmin:
                   "node": fields.get("node", ""), "epoch": int(epoch) if epoch.isdigit() else 0,
                   "detail": fields.get("detail", ""),
                   "extra": json.dumps(extra) if extra else None}
-        self.place.run(lambda conn, schema, app: conn.execute(
-            qualified(_NOTE, schema), {"app": app, **params}))
+        self.place.run(note, params)
 
     def all_history(self) -> list[dict[str, str]]:
         """Every history event kept, oldest first."""
@@ -89,18 +88,28 @@ class PostgresAdmin:
 
     def forget_nodes(self, node_ids: list[str]) -> None:
         if node_ids:
-            self.place.run(lambda conn, schema, app: conn.execute(
-                qualified(_FORGET_NODES, schema), {"app": app, "nodes": node_ids}))
+            self.place.run(forget_nodes, node_ids)
 
     def reset(self) -> int:
         """Delete this app's state (the lease, its epoch and generation with it: nodes
         that remember lift both again); how many rows went."""
-        def delete_all(conn: Any, schema: str, app: str) -> int:
-            gone = 0
-            with conn.transaction():
-                for table in _RESET_TABLES:
-                    gone += conn.execute(qualified(
-                        "DELETE FROM {schema}." + table + " WHERE app = %(app)s", schema),
-                        {"app": app}).rowcount
-            return gone
-        return int(self.place.run(delete_all))
+        return int(self.place.run(reset))
+
+
+def note(conn: Any, schema: str, app: str, params: dict[str, Any]) -> None:
+    conn.execute(qualified(_NOTE, schema), {"app": app, **params})
+
+
+def forget_nodes(conn: Any, schema: str, app: str, node_ids: list[str]) -> None:
+    conn.execute(qualified(_FORGET_NODES, schema), {"app": app, "nodes": node_ids})
+
+
+def reset(conn: Any, schema: str, app: str) -> int:
+    """Delete every row of ``app`` in one transaction; how many went."""
+    gone = 0
+    with conn.transaction():
+        for table in _RESET_TABLES:
+            gone += conn.execute(qualified(
+                "DELETE FROM {schema}." + table + " WHERE app = %(app)s", schema),
+                {"app": app}).rowcount
+    return gone

@@ -89,5 +89,9 @@ class PostgresEvents:
                                     connect_timeout=self.place.pool.timeout)
 
     def publish(self, message: str) -> None:
-        self.place.run(lambda conn, schema, app: conn.execute(
-            "SELECT pg_notify(%s, %s)", (self.channel, message)))
+        self.place.run(publish, self.channel, message)
+
+
+def publish(conn: Any, schema: str, app: str, channel: str, message: str) -> None:
+    """Notify ``channel`` (delivered on commit)."""
+    conn.execute("SELECT pg_notify(%s, %s)", (channel, message))

@@ -15,7 +15,6 @@ from ...config import Config
 from ...errors import LeaseLostError
 from . import lease_sql
 from .place import Place, channel, holder_id
-from .pool import connection
 
 
 class PostgresLease:
@@ -133,14 +132,10 @@ class PostgresLease:
     def measure_skew(self) -> float:
         """Compare this node's clock with the server's ``clock_timestamp()``."""
         started = self.clock()
-        now_ms = self._server_ms()
+        now_ms = self.place.run(lease_sql.now_ms)
         self._measured(started, now_ms)
         assert self.clock_skew is not None
         return self.clock_skew
-
-    def _server_ms(self) -> int:
-        with connection(self.place.pool) as conn:
-            return lease_sql.server_ms(conn)
 
     def mark_lost(self) -> None:
         self._lost.set()

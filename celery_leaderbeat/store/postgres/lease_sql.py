@@ -133,6 +133,11 @@ def server_identity(conn: Any) -> tuple[int, int]:
     return int(row[0]), int(row[1])
 
 
+def now_ms(conn: Any, schema: str, app: str) -> int:
+    """The server's clock (ms), as a store call (for :meth:`Place.run`)."""
+    return server_ms(conn)
+
+
 def server_ms(conn: Any) -> int:
     """The server's clock, ms since the Unix epoch."""
     return int(conn.execute("SELECT " + NOW_MS).fetchone()[0])

@@ -22,8 +22,7 @@ class PostgresRequests:
 
     def now_ms(self) -> int:
         """The server's time (ms): what a request is stamped with when queued."""
-        return self.place.run(  # type: ignore[no-any-return]
-            lambda conn, schema, app: lease_sql.server_ms(conn))
+        return self.place.run(lease_sql.now_ms)  # type: ignore[no-any-return]
 
     def pop(self, limit: int = 1000) -> list[str]:
         return self.place.run(requests_sql.pop, limit)  # type: ignore[no-any-return]
