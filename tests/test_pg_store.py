@@ -27,7 +27,7 @@ from celery_leaderbeat.store.ledger import (
     Op,
     SlotState,
 )
-from celery_leaderbeat.store.postgres import lease_sql, state_sql
+from celery_leaderbeat.store.postgres import lease_sql, rules, state_sql
 from celery_leaderbeat.store.postgres.lease import PostgresLease
 from celery_leaderbeat.store.postgres.ledger import PostgresLedger
 from celery_leaderbeat.store.postgres.pool import UNREACHABLE
@@ -337,7 +337,7 @@ def test_a_takeover_waiting_behind_a_chunk_finds_the_lease_renewed(
     committed lease lapsed meanwhile waits for the row, then finds it renewed."""
     lease, _ = lead(make_node, "n1")
     token, epoch = lease.credentials()
-    other, _ = make_node("n2")
+    other, _ = make_node("n2", redis_options={"socket_timeout": 30.0})  # waits that long
     taken: list[bool] = []
     sql(conninfo, "UPDATE {schema}.lease SET expires_at = clock_timestamp() + interval '0.4 s'")
     with psycopg.connect(conninfo) as chunk:
@@ -585,3 +585,39 @@ def test_the_server_identity_is_its_system_identifier_and_timeline(conninfo: str
     with psycopg.connect(conninfo) as conn:
         system, timeline = lease_sql.server_identity(conn)
     assert system > 0 and timeline >= 1
+
+
+
+# --- a claim stalled in its transaction --------------------------------------------------
+
+def test_a_rescue_behind_a_stalled_claim_fails_within_its_bound_instead_of_waiting(
+        make_node: Callable[..., Node], conninfo: str) -> None:
+    lease, ledger = lead(make_node)
+    claim(lease, ledger, ClaimItem("e", 1000, Op.ANCHOR, 1000))
+    _, standby = make_node("s1", redis_options={"socket_timeout": 0.3})
+    with psycopg.connect(conninfo) as stalled, stalled.transaction():
+        stalled.execute(qualified("SELECT 1 FROM {schema}.lease FOR UPDATE", SCHEMA))
+        with pytest.raises(psycopg.errors.LockNotAvailable):
+            standby.rescue([ClaimItem("e", 2000, Op.CLAIM, 2000, 1000)])
+        other, _ = make_node("n2", redis_options={"socket_timeout": 0.3})
+        with pytest.raises(psycopg.errors.LockNotAvailable):
+            other.try_acquire()
+
+
+def test_a_claim_stalled_between_its_round_trips_is_ended_by_the_server(
+        make_node: Callable[..., Node], conninfo: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    lease, ledger = lead(make_node, redis_options={"socket_timeout": 0.3})
+    decide = rules.decide
+
+    def stalled(chunk: Any, item: Any) -> Any:
+        time.sleep(1.5)  # past the transaction's idle bound (300 ms)
+        return decide(chunk, item)
+
+    monkeypatch.setattr(rules, "decide", stalled)
+    with pytest.raises(UNREACHABLE):
+        claim(lease, ledger, ClaimItem("e", 1000, Op.CLAIM, 1000))
+    monkeypatch.setattr(rules, "decide", decide)
+    with psycopg.connect(conninfo) as conn:  # the lease row is free again
+        conn.execute(qualified("SELECT 1 FROM {schema}.lease FOR UPDATE NOWAIT", SCHEMA))
+    assert ledger.load() == {}
+    assert claim(lease, ledger, ClaimItem("e", 1000, Op.CLAIM, 1000)) == [None]

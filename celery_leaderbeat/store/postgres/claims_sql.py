@@ -51,6 +51,11 @@ class Limits:
     recover_age_ms: int = 0  #: lead: a standby's claim younger than this is not recovered
     rescue_after_ms: int = 0  #: rescue: a slot unclaimed this long past its fire time
     busy_ms: int = 0  #: rescue: the lease holder claimed within this: it is busy
+    #: how long a statement waits for a row lock, and the transaction may sit idle
+    #: between its round trips, before the server ends it (0: the server's settings). A
+    #: claim stalled mid-transaction holds the lease row: bounded so, a takeover or a
+    #: rescue waits at most this long for it
+    wait_ms: int = 0
 
 
 class Answer(NamedTuple):
@@ -71,6 +76,11 @@ class OlderState(Exception):
         super().__init__(f"the database holds older state than this node has seen "
                          f"(generation {generation} < {seen})")
         self.generation = generation
+
+
+#: the transaction's bounds on waiting for a lock and on sitting idle (see Limits.wait_ms)
+BOUNDS = ("SELECT set_config('lock_timeout', %(wait)s, true),"
+          " set_config('idle_in_transaction_session_timeout', %(wait)s, true)")
 
 
 class GrantConflict(Exception):
@@ -257,6 +267,8 @@ def claim(conn: Any, schema: str, app: str, node: str, fence: Fence, limits: Lim
         return conn.execute(qualified(text, schema), {"app": app, **params})
 
     with conn.pipeline() as pipeline, conn.transaction():
+        if limits.wait_ms:
+            conn.execute(BOUNDS, {"wait": f"{limits.wait_ms}ms"})
         marked = write_events(run, node, fence.epoch, events)
         if fence.holder is not None:
             fenced = run(_FENCE, {"holder": fence.holder, "epoch": fence.epoch,

@@ -51,7 +51,8 @@ class PostgresLease:
         """Take the lease if nobody holds it, under an epoch above every one seen."""
         started = self.clock()
         got = self.place.run(lease_sql.acquire, holder=self.holder_id, node=self.config.node_id,
-                             ttl_ms=self.ttl_ms, seen_epoch=self.highest_epoch)
+                             ttl_ms=self.ttl_ms, seen_epoch=self.highest_epoch,
+                             wait_ms=max(100, int(self.config.socket_timeout * 1000)))
         self._measured(started, got.server_ms)
         self.on_generation(got.generation)
         self.led_last = got.epoch is not None

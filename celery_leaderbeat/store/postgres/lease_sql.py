@@ -80,12 +80,21 @@ class Acquired(NamedTuple):
     generation: int = 0  #: the app's generation (see claims_sql): what standbys learn
 
 
+#: a statement's bound on waiting for the lease row (a claim holding it stalled)
+_BOUND = "SELECT set_config('lock_timeout', %s, true)"
+
+
 def acquire(conn: Any, schema: str, app: str, *, holder: str, node: str, ttl_ms: int,
-            seen_epoch: int) -> Acquired:
-    """Take the lease if it is free (one statement); the new epoch or the holder's."""
-    row = conn.execute(qualified(_ACQUIRE, schema),
-                       {"app": app, "holder": holder, "node": node, "ttl_ms": ttl_ms,
-                        "seen": seen_epoch}).fetchone()
+            seen_epoch: int, wait_ms: int = 0) -> Acquired:
+    """Take the lease if it is free (one statement); the new epoch or the holder's.
+    ``wait_ms``: how long to wait for the row while another transaction holds it."""
+    with conn.pipeline(), conn.transaction():
+        if wait_ms:
+            conn.execute(_BOUND, (f"{wait_ms}ms",))
+        cursor = conn.execute(qualified(_ACQUIRE, schema),
+                              {"app": app, "holder": holder, "node": node, "ttl_ms": ttl_ms,
+                               "seen": seen_epoch})
+    row = cursor.fetchone()
     epoch, held_by, held_epoch, remaining, now_ms, generation = row
     if epoch is not None:
         return Acquired(int(epoch), None, 0, ttl_ms, int(now_ms), int(generation))

@@ -76,6 +76,11 @@ class PostgresLedger:
         self._reset_generation = False
         self._writes = 0
 
+    @property
+    def _wait_ms(self) -> int:
+        """How long a claim waits for a lock or idles mid-transaction: a call's timeout."""
+        return max(100, int(self.config.socket_timeout * 1000))
+
     def observe_generation(self, generation: int | None) -> None:
         """Note a generation seen elsewhere (an acquire attempt's answer); a lower one than
         this node has seen means the database lost writes (:attr:`loss_seen`)."""
@@ -112,7 +117,7 @@ class PostgresLedger:
         holder = token.rpartition("|")[0]
         limits = claims_sql.Limits(
             ahead_ms=int(self.config.max_clock_skew * 1000) + _AHEAD_GRACE_MS,
-            recover_age_ms=int(self.config.lease_ttl * 1000))
+            recover_age_ms=int(self.config.lease_ttl * 1000), wait_ms=self._wait_ms)
         lift = self.generation if self._reset_generation else 0
         self._reset_generation = False
         fence = claims_sql.Fence(holder, epoch, int(self.config.lease_ttl * 1000),
@@ -142,7 +147,7 @@ class PostgresLedger:
     def rescue(self, items: Sequence[ClaimItem], events: Sequence[Event] = ()) -> Claimed:
         """Standby: claim slots nobody claimed ``rescue_after`` past their fire time."""
         limits = claims_sql.Limits(rescue_after_ms=int(self.config.rescue_after * 1000),
-                                   busy_ms=_BUSY_LEADER_MS)
+                                   busy_ms=_BUSY_LEADER_MS, wait_ms=self._wait_ms)
         got = self._claim(claims_sql.Fence(None, 0, 0, self.generation), limits, events, items)
         return Claimed([_answer(a) for a in got.answers], got.now_ms)
 
