@@ -621,3 +621,40 @@ def test_a_claim_stalled_between_its_round_trips_is_ended_by_the_server(
         conn.execute(qualified("SELECT 1 FROM {schema}.lease FOR UPDATE NOWAIT", SCHEMA))
     assert ledger.load() == {}
     assert claim(lease, ledger, ClaimItem("e", 1000, Op.CLAIM, 1000)) == [None]
+
+
+def test_a_loss_one_node_saw_stops_every_nodes_claims_until_a_leader_starts_again(
+        make_node: Callable[..., Node], conninfo: str) -> None:
+    lease, ledger = lead(make_node)
+    claim(lease, ledger, ClaimItem("e", 1000, Op.CLAIM, 1000))
+    claim(lease, ledger, ClaimItem("e", 2000, Op.CLAIM, 2000))
+    sql(conninfo, "UPDATE {schema}.lease SET generation = 1")  # the database went back
+    _, standby = make_node("s1")  # a new process: it has seen nothing
+    with pytest.raises(RolledBackError):
+        claim(lease, ledger, ClaimItem("e", 3000, Op.CLAIM, 3000))  # the leader sees it
+    with pytest.raises(RolledBackError, match="a node found the database lost writes"):
+        standby.rescue([ClaimItem("e", 3000, Op.CLAIM, 3000, 2000)])
+    assert standby.loss_reported
+    assert standby.record(0, [Event("e", 2000, "unsent")]) == 0  # history still written
+    ledger.reset_generation()
+    assert claim(lease, ledger, ClaimItem("e", 3000, Op.CLAIM, 3000)) == [None]
+    assert standby.rescue([ClaimItem("e", 3000, Op.CLAIM, 3000, 3000)]).results != []
+
+
+def test_a_node_reports_the_slots_it_knew_settled_before_a_loss(
+        make_node: Callable[..., Node], conninfo: str) -> None:
+    lease, ledger = lead(make_node)
+    claim(lease, ledger, ClaimItem("e", 1000, Op.CLAIM, 1000))
+    _, a = make_node("s1")
+    _, b = make_node("s2")
+    a.generation = b.generation = 5
+    a.loss_seen = True
+    a.report_lost({"e": 1000, "f": 7000})
+    b.report_lost({"e": 2000})
+    assert not a.loss_seen
+    assert ledger.lost_reports() == {"e": 2000, "f": 7000}
+    with pytest.raises(RolledBackError, match="a node found"):
+        claim(lease, ledger, ClaimItem("e", 3000, Op.CLAIM, 3000))
+    sql(conninfo, "UPDATE {schema}.lost_reports SET expires_at = clock_timestamp()"
+                  " WHERE node = 's2'")
+    assert ledger.lost_reports() == {"e": 1000, "f": 7000}

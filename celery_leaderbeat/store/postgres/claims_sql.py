@@ -39,8 +39,8 @@ class Fence(NamedTuple):
     ttl_ms: int = 0
     seen_generation: int = 0
     #: a leader starting again after a loss of writes: the generation is lifted above this
-    #: (and not checked against ``seen_generation``)
-    lift_above: int = 0
+    #: and above the loss a node reported (and not checked against ``seen_generation``)
+    lift_above: int | None = None
 
 
 @dataclass(frozen=True)
@@ -72,10 +72,15 @@ class Answer(NamedTuple):
 class OlderState(Exception):
     """The server holds older state than the caller has seen: nothing was written."""
 
-    def __init__(self, generation: int, seen: int) -> None:
-        super().__init__(f"the database holds older state than this node has seen "
-                         f"(generation {generation} < {seen})")
-        self.generation = generation
+    def __init__(self, generation: int, seen: int, *, reported: bool = False) -> None:
+        if reported:
+            text = (f"a node found the database lost writes it had seen (generation "
+                    f"{seen}); nothing is claimed until a leader starts again past it")
+        else:
+            text = (f"the database holds older state than this node has seen "
+                    f"(generation {generation} < {seen})")
+        super().__init__(text)
+        self.generation, self.seen, self.reported = generation, seen, reported
 
 
 #: the transaction's bounds on waiting for a lock and on sitting idle (see Limits.wait_ms)
@@ -120,27 +125,31 @@ WITH fenced AS (
     UPDATE {schema}.lease
     SET expires_at = clock_timestamp() + %(ttl_ms)s * interval '1 millisecond',
         progress_at = CASE WHEN %(claims)s THEN clock_timestamp() ELSE progress_at END,
-        generation = greatest(generation, %(lift)s) + 1,
-        backfill_floor_ms = CASE WHEN %(lift)s > 0
+        generation = CASE WHEN %(reset)s
+            THEN greatest(generation, %(lift)s, coalesce(loss_generation, 0)) + 1
+            ELSE generation + 1 END,
+        loss_generation = CASE WHEN %(reset)s THEN NULL ELSE loss_generation END,
+        backfill_floor_ms = CASE WHEN %(reset)s
             THEN greatest(coalesce(backfill_floor_ms, 0), """ + NOW_MS + """ + %(ahead_ms)s)
             ELSE backfill_floor_ms END,
-        lost_at_ms = CASE WHEN %(lift)s > 0 THEN """ + NOW_MS + """ ELSE lost_at_ms END
+        lost_at_ms = CASE WHEN %(reset)s THEN """ + NOW_MS + """ ELSE lost_at_ms END
     WHERE app = %(app)s AND holder = %(holder)s AND epoch = %(epoch)s
           AND expires_at > clock_timestamp()
     RETURNING generation
 )
-SELECT """ + NOW_MS + """, (SELECT generation FROM fenced),
-       (SELECT generation FROM {schema}.lease WHERE app = %(app)s)
+SELECT """ + NOW_MS + """, (SELECT generation FROM fenced), l.generation, l.loss_generation
+FROM (SELECT 1) AS one LEFT JOIN {schema}.lease AS l ON l.app = %(app)s
 """
 _RESCUE_VIEW = """
 WITH raised AS (
     UPDATE {schema}.lease AS l SET generation = generation + 1 WHERE app = %(app)s
-    RETURNING l.epoch, l.defined_epoch, l.generation,
+    RETURNING l.epoch, l.defined_epoch, l.generation, l.loss_generation,
               l.holder IS NOT NULL AND l.expires_at > clock_timestamp()
               AND l.progress_at > clock_timestamp() - %(busy_ms)s * interval '1 millisecond'
               AS busy
 )
-SELECT """ + NOW_MS + """, r.generation, r.generation - 1, r.epoch, r.defined_epoch, r.busy
+SELECT """ + NOW_MS + """, r.generation, r.generation - 1, r.loss_generation,
+       r.epoch, r.defined_epoch, r.busy
 FROM (SELECT 1) AS one LEFT JOIN raised AS r ON true
 """
 _RAISE = """
@@ -148,7 +157,7 @@ WITH raised AS (
     UPDATE {schema}.lease SET generation = generation + 1 WHERE app = %(app)s
     RETURNING generation
 )
-SELECT NULL, (SELECT generation FROM raised), (SELECT generation - 1 FROM raised)
+SELECT NULL, (SELECT generation FROM raised), (SELECT generation - 1 FROM raised), NULL
 """
 _HOLDER = """
 SELECT holder FROM {schema}.lease
@@ -272,7 +281,8 @@ def claim(conn: Any, schema: str, app: str, node: str, fence: Fence, limits: Lim
         marked = write_events(run, node, fence.epoch, events)
         if fence.holder is not None:
             fenced = run(_FENCE, {"holder": fence.holder, "epoch": fence.epoch,
-                                  "lift": fence.lift_above, "ahead_ms": limits.ahead_ms,
+                                  "reset": fence.lift_above is not None,
+                                  "lift": fence.lift_above or 0, "ahead_ms": limits.ahead_ms,
                                   "ttl_ms": fence.ttl_ms,
                                   "claims": any(i.op == "claim" for i in items)})
         else:
@@ -280,7 +290,9 @@ def claim(conn: Any, schema: str, app: str, node: str, fence: Fence, limits: Lim
         reads = _read(run, items) if items else None
         pipeline.sync()
         fenced_row = fenced.fetchone()
-        generation = _generation(fenced_row, 0 if fence.lift_above else fence.seen_generation)
+        resetting = fence.lift_above is not None
+        generation = _generation(fenced_row, 0 if resetting else fence.seen_generation,
+                                 check_loss=not resetting)
         chunk = _chunk(fenced_row, fence, node, limits)
         done = marked() if callable(marked) else marked
         if chunk is None:
@@ -299,13 +311,16 @@ def claim(conn: Any, schema: str, app: str, node: str, fence: Fence, limits: Lim
     return Answer(answers, chunk.now_ms, done, generation=generation)
 
 
-def _generation(row: Any, seen: int) -> int:
-    """The app's generation after the fence; raises OlderState (rolling the transaction
-    back) when it was below ``seen`` before this call."""
-    _, raised, before = row[:3]
+def _generation(row: Any, seen: int, *, check_loss: bool = False) -> int:
+    """The app's generation after the fence. Raises OlderState (rolling the transaction
+    back) when it was below ``seen`` before this call, or when a node reported a loss of
+    writes no leader has started again past (``check_loss``: a claim's or a rescue's)."""
+    _, raised, before, loss = row[:4]
     before = int(before or 0)
     if before < seen:
         raise OlderState(before, seen)
+    if loss is not None and check_loss:
+        raise OlderState(before, int(loss), reported=True)
     return int(raised) if raised is not None else before
 
 
@@ -329,7 +344,7 @@ def _chunk(row: Any, fence: Fence, node: str, limits: Limits) -> rules.Chunk | N
             return None
         return rules.Chunk(lead=True, epoch=fence.epoch, node=node, now_ms=int(row[0]),
                            ahead_ms=limits.ahead_ms, recover_age_ms=limits.recover_age_ms)
-    now_ms, _, _, epoch, defined_epoch, busy = row
+    now_ms, _, _, _, epoch, defined_epoch, busy = row
     behind = defined_epoch is not None and epoch is not None and defined_epoch != epoch
     return rules.Chunk(lead=False, epoch=0, node=node, now_ms=int(now_ms),
                        rescue_after_ms=limits.rescue_after_ms, leader_busy=bool(busy),

@@ -14,6 +14,7 @@ from ..ledger import (
     DIFFERS,
     EARLY,
     ENQUEUED,
+    LOST_KEPT_TTLS,
     PAUSED,
     UNKNOWN,
     Claimed,
@@ -24,6 +25,7 @@ from ..ledger import (
 )
 from . import claims_sql, rules, state_sql
 from .place import Place
+from .pool import ERRORS
 
 #: ms a leader's claimed slot may lie ahead of the server's clock beyond max_clock_skew
 _AHEAD_GRACE_MS = 1000
@@ -104,12 +106,32 @@ class PostgresLedger:
         self._reset_generation = True
 
     def _older_state(self, older: claims_sql.OlderState) -> RolledBackError:
+        """What a call refused for older state raises; a loss this node saw first is made
+        known to every node (as far as the database answers)."""
         self.observe_generation(older.generation)
-        self.loss_reported = False
+        self.loss_reported = older.reported
+        if not older.reported:
+            try:
+                self.place.run(state_sql.mark_loss, older.seen)
+            except ERRORS:
+                pass  # the next call that sees the loss marks it
         error = RolledBackError(f"{older} (a replica promoted that lacked commits, or a "
                                 "backup restored)")
         error.generation = older.generation
         return error
+
+    def report_lost(self, settled: dict[str, int]) -> None:
+        """This node saw the database lose writes: say so (the leader then starts again,
+        even one that is a new process), and keep for a while the newest slot of each
+        entry it knew settled (clears :attr:`loss_seen`)."""
+        keep_ms = int(LOST_KEPT_TTLS * self.config.lease_ttl * 1000)
+        self.place.run(state_sql.report_lost, self.config.node_id, keep_ms, self.generation,
+                       settled)
+        self.loss_seen = False
+
+    def lost_reports(self) -> dict[str, int]:
+        """Per entry, the newest slot any node reported settled before a loss."""
+        return self.place.run(state_sql.lost_reports)  # type: ignore[no-any-return]
 
     def claim(self, token: str, epoch: int, items: Sequence[ClaimItem],
               events: Sequence[Event] = ()) -> list[SlotState | None | str]:
@@ -118,7 +140,7 @@ class PostgresLedger:
         limits = claims_sql.Limits(
             ahead_ms=int(self.config.max_clock_skew * 1000) + _AHEAD_GRACE_MS,
             recover_age_ms=int(self.config.lease_ttl * 1000), wait_ms=self._wait_ms)
-        lift = self.generation if self._reset_generation else 0
+        lift = self.generation if self._reset_generation else None
         self._reset_generation = False
         fence = claims_sql.Fence(holder, epoch, int(self.config.lease_ttl * 1000),
                                  self.generation, lift)

@@ -52,6 +52,24 @@ WITH gone AS (
 SELECT count(*) FROM gone
 """
 _LOST_AT = "SELECT lost_at_ms FROM {schema}.lease WHERE app = %(app)s"
+# Only while the generation is still below what the node saw: a leader that started
+# again since lifted it above every mark it found.
+_MARK_LOSS = """
+UPDATE {schema}.lease SET loss_generation = %(seen)s
+WHERE app = %(app)s AND generation < %(seen)s AND coalesce(loss_generation, -1) < %(seen)s
+"""
+_REPORT = """
+INSERT INTO {schema}.lost_reports (app, entry, node, slot_ms, expires_at)
+SELECT %(app)s, w.entry, %(node)s, w.slot_ms,
+       clock_timestamp() + %(keep_ms)s * interval '1 millisecond'
+FROM unnest(%(names)s::text[], %(slots)s::bigint[]) AS w(entry, slot_ms)
+ON CONFLICT (app, entry, node) DO UPDATE
+    SET slot_ms = excluded.slot_ms, expires_at = excluded.expires_at
+"""
+_REPORTS = """
+SELECT entry, max(slot_ms) FROM {schema}.lost_reports
+WHERE app = %(app)s AND expires_at > clock_timestamp() GROUP BY entry
+"""
 # Grants are kept for ``max_age_s``: longer than any catch-up window, so a slot a
 # catch-up could reach again is still refused by its grant.
 _PRUNE_GRANTS = """
@@ -199,6 +217,27 @@ def forget_overtaken(conn: Any, schema: str, app: str,
     if fields:
         _run(conn, schema, app, _FORGET_OVERTAKEN, names=[n for n, _ in fields],
              slots=[s for _, s in fields])
+
+
+def mark_loss(conn: Any, schema: str, app: str, seen: int) -> None:
+    """Make a loss of writes known: the highest generation this node saw before it."""
+    _run(conn, schema, app, _MARK_LOSS, seen=seen)
+
+
+def report_lost(conn: Any, schema: str, app: str, node: str, keep_ms: int, seen: int,
+                settled: dict[str, int]) -> None:
+    """Mark the loss, and keep for ``keep_ms`` the newest slot of each entry ``node``
+    knew settled before it (lost.lua)."""
+    with conn.transaction():
+        if settled:
+            _run(conn, schema, app, _REPORT, node=node, keep_ms=keep_ms,
+                 names=list(settled), slots=list(settled.values()))
+        _run(conn, schema, app, _MARK_LOSS, seen=seen)
+
+
+def lost_reports(conn: Any, schema: str, app: str) -> dict[str, int]:
+    """Per entry, the newest slot any node reported settled before a loss (unexpired)."""
+    return {entry: int(slot) for entry, slot in _run(conn, schema, app, _REPORTS)}
 
 
 def pause(conn: Any, schema: str, app: str, name: str, record: dict[str, Any]) -> None:
