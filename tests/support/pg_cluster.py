@@ -128,3 +128,50 @@ def pg_cluster(standby_of: Cluster | None = None) -> Iterator[Cluster]:
         except (OSError, subprocess.SubprocessError):
             pass  # already stopped, or killed by the test
         shutil.rmtree(root, ignore_errors=True)
+
+
+@contextmanager
+def pgbouncer(port: int, host: str = "127.0.0.1", mode: str = "transaction") -> Iterator[int]:
+    """Debian's ``pgbouncer`` in front of the server at ``host:port`` (every database, trust
+    auth), pooling in ``mode``; yields the port it listens on. Skipped when not installed."""
+    binary = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
+    if not Path(binary).exists():
+        if os.environ.get("CI") == "true":
+            pytest.fail("pgbouncer is required under CI=true")
+        pytest.skip("pgbouncer is not installed (apt-get install pgbouncer)")
+    root = Path(tempfile.mkdtemp(prefix="lb-pgb-"))
+    listen = _free_port()
+    (root / "users.txt").write_text('"postgres" ""\n')
+    (root / "pgbouncer.ini").write_text(
+        f"[databases]\n* = host={host} port={port}\n[pgbouncer]\nlisten_addr = 127.0.0.1\n"
+        f"listen_port = {listen}\nunix_socket_dir =\nauth_type = trust\n"
+        f"auth_file = {root}/users.txt\npool_mode = {mode}\ndefault_pool_size = 4\n"
+        f"max_client_conn = 100\nlogfile = {root}/pgbouncer.log\n"
+        "ignore_startup_parameters = extra_float_digits,options\n")
+    if os.geteuid() == 0:
+        shutil.chown(root, "postgres", "postgres")
+        for child in root.iterdir():
+            shutil.chown(child, "postgres", "postgres")
+    prefix = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+    proc = subprocess.Popen([*prefix, binary, str(root / "pgbouncer.ini")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", listen), timeout=1).close()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    log = root / "pgbouncer.log"
+                    pytest.fail("pgbouncer did not start: "
+                                + (log.read_text()[-2000:] if log.exists() else "no log"))
+                time.sleep(0.05)
+        yield listen
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        shutil.rmtree(root, ignore_errors=True)
