@@ -21,7 +21,7 @@ VALUES (%(app)s, %(event)s, %(entry)s, %(slot_ms)s, %(node)s, %(epoch)s, %(detai
         %(extra)s)
 """
 _FORGET_NODES = "DELETE FROM {schema}.nodes WHERE app = %(app)s AND node = ANY(%(nodes)s)"
-#: every table of an app's state (the run-time entries, once stored here, stay)
+#: every table of an app's state but the run-time entries (they stay)
 _RESET_TABLES = ("lease", "slots", "grants", "overtaken", "definitions", "paused", "history",
                  "nodes", "requests", "backfilled", "lost_reports")
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from ...config import Config
 from .admin import PostgresAdmin
+from .entries import PostgresEntries
 from .events import PostgresEvents
 from .lease import PostgresLease
 from .ledger import PostgresLedger
@@ -37,8 +38,8 @@ _RISKS = (
 
 
 class PostgresStore:
-    """One app's store on one pool: the lease, the slots, the events, the requests and the
-    CLI's calls (not yet: the run-time entries and the worker guard's records)."""
+    """One app's store on one pool: the lease, the slots, the events, the requests, the
+    run-time entries and the CLI's calls (not yet: the worker guard's records)."""
 
     client: Any = None  #: no claim-and-enqueue in one step: the broker is not the store
 
@@ -49,6 +50,7 @@ class PostgresStore:
         self.events = PostgresEvents(place, listen=listen)
         self.requests = PostgresRequests(place)
         self.admin = PostgresAdmin(place, config.history_length)
+        self.entries = PostgresEntries(place, self.events)
 
     def ping(self) -> None:
         """Raise one of the pool's errors unless the server answers."""
