@@ -6,17 +6,18 @@ The transaction, in order:
 1. the events (the previous chunk's sends ride on the next claim): history rows, and
    ``sent`` / ``unsent`` marks on the entries' slots; unfenced, they say what happened;
 2. the fence. A leader's call updates its lease row where holder, epoch and expiry still
-   match (renewing it, and noting its progress): zero rows, and nothing is claimed. The
-   row stays locked until commit, so a takeover waits for the chunk and then finds the
-   lease renewed; a chunk that waited behind a takeover finds the holder changed. A
-   rescue holds no lease: it reads the row for the leader's progress and definitions;
-3. what the items touch: the entries' slot rows locked (in name order, so two claimants
-   never deadlock), their fingerprints, the paused entries, the overtaken and granted
-   slots;
+   match (renewing it, noting its progress, raising the generation): zero rows, and
+   nothing is claimed. The row stays locked until commit, so a takeover waits for the
+   chunk and then finds the lease renewed; a chunk that waited behind a takeover finds
+   the holder changed. A rescue holds no lease: it raises the row's generation and reads
+   the leader's progress and definitions. A generation below the one the caller saw
+   (or a loss a node reported) rolls the whole transaction back (:class:`OlderState`);
+3. what the items touch (:mod:`.chunk_reads`);
 4. the decisions, in Python (:func:`.rules.decide`), then one write per table. A grant
-   is an ``INSERT … ON CONFLICT DO NOTHING RETURNING`` on (entry, slot): a slot granted
-   before to anyone else returns no row, and the whole transaction is rolled back
-   (the rules saw the grants already; this is the last word should they ever disagree).
+   is an ``INSERT … ON CONFLICT … DO UPDATE … WHERE`` it is the same claimant's (or a
+   recovery) ``RETURNING`` on (entry, slot): a slot granted before to anyone else
+   returns no row, and the whole transaction is rolled back (the rules saw the grants
+   already; this is the last word should they ever disagree).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from . import rules
+from .chunk_reads import known, read
 from .lease_sql import NOW_MS
 from .schema import qualified
 
@@ -163,29 +165,6 @@ _HOLDER = """
 SELECT holder FROM {schema}.lease
 WHERE app = %(app)s AND holder IS NOT NULL AND expires_at > clock_timestamp()
 """
-_SLOTS = """
-SELECT entry, slot_ms, epoch, state, node, claimed_ms FROM {schema}.slots
-WHERE app = %(app)s AND entry = ANY(%(names)b::text[]) ORDER BY entry FOR UPDATE
-"""
-_DEFINITIONS = """
-SELECT entry, fingerprint FROM {schema}.definitions
-WHERE app = %(app)s AND entry = ANY(%(names)b::text[])
-"""
-_PAUSED = "SELECT entry FROM {schema}.paused WHERE app = %(app)s AND entry = ANY(%(names)b::text[])"
-_OVERTAKEN = """
-SELECT entry, slot_ms, epoch, state, node, claimed_ms FROM {schema}.overtaken
-WHERE app = %(app)s AND entry = ANY(%(names)b::text[])
-"""
-# One primary-key lookup per slot asked for, whatever the table's size: OFFSET 0 keeps
-# the planner from flattening the LATERAL into a join that reads every grant the app kept.
-_GRANTS = """
-SELECT g.entry, g.slot_ms, g.epoch, g.node
-FROM unnest(%(names)b::text[], %(slots)b::bigint[]) AS w(entry, slot_ms)
-CROSS JOIN LATERAL (
-    SELECT entry, slot_ms, epoch, node FROM {schema}.grants
-    WHERE app = %(app)s AND entry = w.entry AND slot_ms = w.slot_ms OFFSET 0
-) AS g
-"""
 # A grant asked again by its own claimant, or taken over by a recovery, updates the row;
 # anything else conflicting returns nothing.
 _GRANT = """
@@ -231,25 +210,6 @@ FROM unnest(%(names)b::text[], %(fingerprints)b::text[]) AS w(entry, fingerprint
 ON CONFLICT (app, entry) DO UPDATE SET fingerprint = excluded.fingerprint
 """
 _DEFINED_BY = "UPDATE {schema}.lease SET defined_epoch = %(epoch)s WHERE app = %(app)s"
-# How far back the history is whole: after its newest pruned row, else from its oldest.
-_BACKFILL_VIEW = """
-SELECT coalesce(l.history_whole_ms,
-                (SELECT (extract(epoch FROM at) * 1000)::bigint - 1 FROM {schema}.history
-                 WHERE app = %(app)s ORDER BY id LIMIT 1)),
-       l.backfill_floor_ms
-FROM {schema}.lease AS l WHERE l.app = %(app)s
-"""
-_BACKFILLED = """
-SELECT b.entry, b.slot_ms, b.request_id
-FROM unnest(%(names)b::text[], %(slots)b::bigint[]) AS w(entry, slot_ms)
-JOIN {schema}.backfilled AS b ON b.app = %(app)s AND b.entry = w.entry AND b.slot_ms = w.slot_ms
-"""
-_SENT = """
-SELECT DISTINCT h.entry, h.slot_ms
-FROM unnest(%(names)b::text[], %(slots)b::bigint[]) AS w(entry, slot_ms)
-JOIN {schema}.history AS h
-  ON h.app = %(app)s AND h.event = 'sent' AND h.entry = w.entry AND h.slot_ms = w.slot_ms
-"""
 _BACKFILL = """
 INSERT INTO {schema}.backfilled (app, entry, slot_ms, request_id)
 SELECT %(app)s, w.entry, w.slot_ms, w.request_id
@@ -287,7 +247,7 @@ def claim(conn: Any, schema: str, app: str, node: str, fence: Fence, limits: Lim
                                   "claims": any(i.op == "claim" for i in items)})
         else:
             fenced = run(_RESCUE_VIEW, {"busy_ms": limits.busy_ms})
-        reads = _read(run, items) if items else None
+        reads = read(run, items) if items else None
         pipeline.sync()
         fenced_row = fenced.fetchone()
         resetting = fence.lift_above is not None
@@ -301,7 +261,7 @@ def claim(conn: Any, schema: str, app: str, node: str, fence: Fence, limits: Lim
                           generation=generation)
         if reads is None:
             return Answer([], chunk.now_ms, done, generation=generation)
-        _known(chunk, reads)
+        known(chunk, reads)
         answers = [rules.decide(chunk, item) for item in items]
         granted = _write(run, chunk)
         pipeline.sync()
@@ -370,65 +330,6 @@ def write_events(run: Any, node: str, epoch: int, events: Events) -> Any:
     names, slots = marks["sent"]
     cursor = run(_MARK_SENT, {"names": names, "slots": slots})
     return lambda: int(cursor.fetchone()[0])
-
-
-class _Reads(NamedTuple):
-    """The cursors of the reads a chunk queued (their rows come with the sync)."""
-
-    slots: Any
-    definitions: Any
-    paused: Any
-    overtaken: Any
-    grants: Any
-    backfill: Any  #: the history's reach and the floor; then backfilled and sent slots
-    backfilled: Any
-    sent: Any
-
-
-def _read(run: Any, items: Sequence[rules.Item]) -> _Reads:
-    """Queue what the items touch: slot rows locked, fingerprints, pauses, overtaken,
-    grants."""
-    names = sorted({i.name for i in items})
-    claimed = [(i.name, i.slot_ms) for i in items if i.op == "claim"]
-    paused = overtaken = grants = None
-    slots = run(_SLOTS, {"names": names})
-    definitions = run(_DEFINITIONS, {"names": names})
-    if claimed:
-        paused = run(_PAUSED, {"names": names})
-        grants = run(_GRANTS, {"names": [n for n, _ in claimed],
-                               "slots": [s for _, s in claimed]})
-    if any(i.op in ("recover", "backfill") for i in items):
-        overtaken = run(_OVERTAKEN, {"names": names})
-    backfill = backfilled = sent = None
-    asked = [(i.name, i.slot_ms) for i in items if i.op == "backfill"]
-    if asked:
-        pairs = {"names": [n for n, _ in asked], "slots": [s for _, s in asked]}
-        backfill = run(_BACKFILL_VIEW, {})
-        backfilled = run(_BACKFILLED, pairs)
-        sent = run(_SENT, pairs)
-    return _Reads(slots, definitions, paused, overtaken, grants, backfill, backfilled, sent)
-
-
-def _known(chunk: rules.Chunk, reads: _Reads) -> None:
-    """The reads' rows, into ``chunk``."""
-    for entry, slot, epoch, state, node, at in reads.slots.fetchall():
-        chunk.slots[entry] = rules.Row(int(slot), int(epoch), state, node, at)
-    chunk.definitions.update(reads.definitions.fetchall())
-    if reads.paused is not None:
-        chunk.paused.update(row[0] for row in reads.paused.fetchall())
-    if reads.overtaken is not None:
-        for entry, slot, epoch, state, node, at in reads.overtaken.fetchall():
-            chunk.overtaken[(entry, int(slot))] = rules.Row(int(slot), int(epoch), state,
-                                                            node, at)
-    if reads.grants is not None:
-        for entry, slot, epoch, node in reads.grants.fetchall():
-            chunk.grants[(entry, int(slot))] = rules.Row(int(slot), int(epoch), "c", node)
-    if reads.backfill is not None:
-        whole, floor = reads.backfill.fetchone()
-        chunk.history_whole_ms = None if whole is None else int(whole)
-        chunk.floor_ms = int(floor or 0)
-        chunk.backfilled.update(((e, int(s)), r) for e, s, r in reads.backfilled.fetchall())
-        chunk.sent.update((e, int(s)) for e, s in reads.sent.fetchall())
 
 
 def _write(run: Any, chunk: rules.Chunk) -> Any:
