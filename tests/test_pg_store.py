@@ -658,3 +658,17 @@ def test_a_node_reports_the_slots_it_knew_settled_before_a_loss(
     sql(conninfo, "UPDATE {schema}.lost_reports SET expires_at = clock_timestamp()"
                   " WHERE node = 's2'")
     assert ledger.lost_reports() == {"e": 1000, "f": 7000}
+
+
+def test_grants_are_kept_an_hour_or_the_catchup_window_when_longer(
+        make_node: Callable[..., Node], conninfo: str) -> None:
+    lease, ledger = lead(make_node)
+    claim(lease, ledger, *[ClaimItem(f"e{i}", 1000, Op.CLAIM, 1000) for i in range(3)])
+    sql(conninfo, "UPDATE {schema}.grants SET granted_at = clock_timestamp() - interval '2 h'"
+                  " WHERE entry <> 'e0'")
+    ledger.prune(["e0", "e1", "e2"], keep_ms=0, node_keep_s=3600)
+    assert [r[0] for r in sql(conninfo, "SELECT entry FROM {schema}.grants")] == ["e0"]
+    _, patient = make_node("n2", catchup_window=3 * 3600.0)
+    sql(conninfo, "UPDATE {schema}.grants SET granted_at = clock_timestamp() - interval '2 h'")
+    patient.prune(["e0"], keep_ms=0, node_keep_s=3600)
+    assert len(sql(conninfo, "SELECT entry FROM {schema}.grants")) == 1

@@ -70,8 +70,9 @@ _REPORTS = """
 SELECT entry, max(slot_ms) FROM {schema}.lost_reports
 WHERE app = %(app)s AND expires_at > clock_timestamp() GROUP BY entry
 """
-# Grants are kept for ``max_age_s``: longer than any catch-up window, so a slot a
-# catch-up could reach again is still refused by its grant.
+# Grants are kept for ``max_age_s``: longer than the catch-up window, so a slot a
+# catch-up could reach again is still refused by its grant (past it, the entry's slot row
+# refuses anything not later than its last slot).
 _PRUNE_GRANTS = """
 DELETE FROM {schema}.grants
 WHERE app = %(app)s AND granted_at < clock_timestamp() - %(max_age_s)s * interval '1 second'
@@ -177,13 +178,16 @@ def _event(row_id: int, at: float, event: str, entry: str, slot: int | None, nod
     return row
 
 
-def prune_history(conn: Any, schema: str, app: str, *, keep: int, max_age_s: float) -> int:
+def prune_history(conn: Any, schema: str, app: str, *, keep: int, max_age_s: float,
+                  grants_keep_s: float | None = None) -> int:
     """Drop history rows beyond the newest ``keep`` and older than ``max_age_s``, and
-    grants older than ``max_age_s``; how many history rows went."""
+    grants older than ``grants_keep_s`` (default ``max_age_s``); how many history rows
+    went."""
     with conn.transaction():
         gone = _run(conn, schema, app, _PRUNE_HISTORY, keep=keep,
                     max_age_s=max_age_s).fetchone()[0]
-        _run(conn, schema, app, _PRUNE_GRANTS, max_age_s=max_age_s)
+        _run(conn, schema, app, _PRUNE_GRANTS,
+             max_age_s=max_age_s if grants_keep_s is None else grants_keep_s)
     return int(gone)
 
 
