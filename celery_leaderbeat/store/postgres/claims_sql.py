@@ -94,22 +94,22 @@ class GrantConflict(Exception):
     """A slot the rules granted was granted to another claimant meanwhile (rolled back)."""
 
 
+# The history rows, in order, and the slots 'sent' events mark (their overtaken records
+# dropped: sent after all), in one statement; how many were marked.
 _EVENTS = """
-INSERT INTO {schema}.history (app, event, entry, slot_ms, node, epoch, detail)
-SELECT %(app)s, e.event, e.entry, e.slot_ms, %(node)s, %(epoch)s, e.detail
-FROM unnest(%(names)b::text[], %(slots)b::bigint[], %(events)b::text[], %(details)b::text[])
-     AS e(entry, slot_ms, event, detail)
-"""
-_MARK_SENT = """
-WITH marked AS (
-    UPDATE {schema}.slots AS s SET state = 's'
-    FROM unnest(%(names)b::text[], %(slots)b::bigint[]) AS e(entry, slot_ms)
-    WHERE s.app = %(app)s AND s.entry = e.entry AND s.slot_ms = e.slot_ms
+WITH e AS (
+    SELECT * FROM unnest(%(names)b::text[], %(slots)b::bigint[], %(events)b::text[],
+                         %(details)b::text[]) WITH ORDINALITY AS e(entry, slot_ms, event, detail, n)
+), noted AS (
+    INSERT INTO {schema}.history (app, event, entry, slot_ms, node, epoch, detail)
+    SELECT %(app)s, e.event, e.entry, e.slot_ms, %(node)s, %(epoch)s, e.detail FROM e ORDER BY n
+), marked AS (
+    UPDATE {schema}.slots AS s SET state = 's' FROM e
+    WHERE e.event = 'sent' AND s.app = %(app)s AND s.entry = e.entry AND s.slot_ms = e.slot_ms
     RETURNING s.entry
 ), dropped AS (
-    DELETE FROM {schema}.overtaken AS o
-    USING unnest(%(names)b::text[], %(slots)b::bigint[]) AS e(entry, slot_ms)
-    WHERE o.app = %(app)s AND o.entry = e.entry AND o.slot_ms = e.slot_ms
+    DELETE FROM {schema}.overtaken AS o USING e
+    WHERE e.event = 'sent' AND o.app = %(app)s AND o.entry = e.entry AND o.slot_ms = e.slot_ms
 )
 SELECT count(*) FROM marked
 """
@@ -169,21 +169,21 @@ WHERE app = %(app)s AND holder IS NOT NULL AND expires_at > clock_timestamp()
 # anything else conflicting returns nothing.
 _GRANT = """
 INSERT INTO {schema}.grants AS g (app, entry, slot_ms, epoch, node, recovered)
-SELECT %(app)s, w.entry, w.slot_ms, w.epoch, w.node, w.recovered
-FROM unnest(%(names)b::text[], %(slots)b::bigint[], %(epochs)b::bigint[], %(nodes)b::text[],
-            %(recovered)b::boolean[]) AS w(entry, slot_ms, epoch, node, recovered)
+SELECT %(app)s, w.entry, w.slot_ms, %(epoch)s, %(node)s, w.recovered
+FROM unnest(%(names)b::text[], %(slots)b::bigint[], %(recovered)b::boolean[])
+     AS w(entry, slot_ms, recovered)
 ON CONFLICT (app, entry, slot_ms) DO UPDATE
     SET epoch = excluded.epoch, node = excluded.node, recovered = excluded.recovered,
         granted_at = clock_timestamp()
     WHERE excluded.recovered OR (g.epoch = excluded.epoch AND g.node = excluded.node)
 RETURNING g.entry
 """
+# Every row a chunk writes carries its claimant's epoch, node and claim time.
 _STORE = """
 INSERT INTO {schema}.slots AS s (app, entry, slot_ms, epoch, state, node, claimed_ms)
-SELECT %(app)s, w.entry, w.slot_ms, w.epoch, w.state, w.node, w.claimed_ms
-FROM unnest(%(names)b::text[], %(slots)b::bigint[], %(epochs)b::bigint[], %(states)b::text[],
-            %(nodes)b::text[], %(claimed)b::bigint[])
-     AS w(entry, slot_ms, epoch, state, node, claimed_ms)
+SELECT %(app)s, w.entry, w.slot_ms, %(epoch)s, w.state, %(node)s, %(claimed)s::bigint
+FROM unnest(%(names)b::text[], %(slots)b::bigint[], %(states)b::text[])
+     AS w(entry, slot_ms, state)
 ON CONFLICT (app, entry) DO UPDATE
     SET slot_ms = excluded.slot_ms, epoch = excluded.epoch, state = excluded.state,
         node = excluded.node, claimed_ms = excluded.claimed_ms
@@ -316,19 +316,12 @@ def write_events(run: Any, node: str, epoch: int, events: Events) -> Any:
     or (pipelined) a callable that says so once the results are in."""
     if not events.names:
         return 0
-    run(_EVENTS, {"node": node, "epoch": epoch, **events._asdict()})
-    marks: dict[str, tuple[list[str], list[int]]] = {"sent": ([], []), "unsent": ([], [])}
-    for name, slot, event in zip(events.names, events.slots, events.events):
-        if event in marks:
-            marks[event][0].append(name)
-            marks[event][1].append(slot)
-    if marks["unsent"][0]:
-        names, slots = marks["unsent"]
-        run(_MARK_UNSENT, {"names": names, "slots": slots, "epoch": epoch, "node": node})
-    if not marks["sent"][0]:
-        return 0
-    names, slots = marks["sent"]
-    cursor = run(_MARK_SENT, {"names": names, "slots": slots})
+    unsent = [(n, s) for n, s, e in zip(events.names, events.slots, events.events)
+              if e == "unsent"]
+    if unsent:
+        run(_MARK_UNSENT, {"names": [n for n, _ in unsent], "slots": [s for _, s in unsent],
+                           "epoch": epoch, "node": node})
+    cursor = run(_EVENTS, {"node": node, "epoch": epoch, **events._asdict()})
     return lambda: int(cursor.fetchone()[0])
 
 
@@ -336,15 +329,17 @@ def _write(run: Any, chunk: rules.Chunk) -> Any:
     """Queue one statement per table the decisions changed; the grants' cursor (None:
     no grant), whose rows say which grants were written."""
     granted = None
+    epoch, node, claimed = chunk.claimant()
     if chunk.new_grants:
         keys = list(chunk.new_grants)
-        rows = [chunk.new_grants[k] for k in keys]
         granted = run(_GRANT, {"names": [n for n, _ in keys], "slots": [s for _, s in keys],
-                               "epochs": [r.epoch for r in rows],
-                               "nodes": [r.node for r in rows],
-                               "recovered": [k in chunk.recovered for k in keys]})
+                               "recovered": [k in chunk.recovered for k in keys],
+                               "epoch": epoch, "node": node})
     if chunk.written:
-        run(_STORE, _row_columns(list(chunk.written.items())))
+        written = list(chunk.written.items())
+        run(_STORE, {"names": [n for n, _ in written], "slots": [r.slot_ms for _, r in written],
+                     "states": [r.state for _, r in written], "epoch": epoch, "node": node,
+                     "claimed": claimed})
     if chunk.overtaken_added:
         run(_OVERTAKE, _row_columns([(n, r) for (n, _), r in chunk.overtaken_added.items()]))
     if chunk.overtaken_dropped:

@@ -87,6 +87,10 @@ class Chunk:
     defined_epoch: int | None = None
     new_backfills: dict[tuple[str, int], str] = field(default_factory=dict)
 
+    def claimant(self) -> tuple[int, str, int | None]:
+        """The epoch, node and claim time every row this chunk writes carries."""
+        return (self.epoch, "", None) if self.lead else (0, self.node, self.now_ms)
+
     def store(self, name: str, row: Row) -> None:
         self.slots[name] = row
         self.written[name] = row
@@ -163,7 +167,8 @@ def _recover(chunk: Chunk, item: Item, stored: Row | None) -> Answer:
         return GRANTED  # this leader's own recovery, asked again
     if left.claimed_ms is not None and chunk.now_ms < left.claimed_ms + chunk.recover_age_ms:
         return EARLY  # a standby's claim, young enough that it may still publish it
-    row = Row(item.slot_ms, chunk.epoch, CLAIMED)
+    epoch, node, at = chunk.claimant()
+    row = Row(item.slot_ms, epoch, CLAIMED, node, at)
     chunk.grant(item.name, row, recovered=True)
     if over:
         chunk.overtaken.pop(key)
@@ -221,12 +226,12 @@ def _rescue(chunk: Chunk, item: Item, stored: Row | None) -> Answer:
 
 def _granted(chunk: Chunk, item: Item, stored: Row | None, slot_ms: int) -> Answer:
     """Write the item's new state (a paused entry's claim skips past instead)."""
-    node, at = ("", None) if chunk.lead else (chunk.node, chunk.now_ms)
+    epoch, node, at = chunk.claimant()
     if item.op == "claim" and item.name in chunk.paused:
-        chunk.store(item.name, Row(slot_ms, chunk.epoch, SKIPPED, node, at))
+        chunk.store(item.name, Row(slot_ms, epoch, SKIPPED, node, at))
         answer: Answer = PAUSED
     else:
-        row = Row(slot_ms, chunk.epoch, _STATES[item.op], node, at)
+        row = Row(slot_ms, epoch, _STATES[item.op], node, at)
         if item.op == "claim":
             granted = chunk.grants.get((item.name, slot_ms))
             if granted is not None and (granted.epoch, granted.node) != (row.epoch, row.node):
