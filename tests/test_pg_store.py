@@ -672,3 +672,32 @@ def test_grants_are_kept_an_hour_or_the_catchup_window_when_longer(
     sql(conninfo, "UPDATE {schema}.grants SET granted_at = clock_timestamp() - interval '2 h'")
     patient.prune(["e0"], keep_ms=0, node_keep_s=3600)
     assert len(sql(conninfo, "SELECT entry FROM {schema}.grants")) == 1
+
+
+def test_the_heartbeat_keeps_the_lease_past_its_ttl_and_stops_when_told(
+        make_node: Callable[..., Node]) -> None:
+    lease, _ = make_node("n1", lease_ttl=1.0, renew_interval=0.2)
+    assert lease.try_acquire()
+    lease.start_heartbeat(time.monotonic)  # the main loop is always back on time
+    time.sleep(2.5)
+    assert lease.holder()[0] == lease.token and lease.is_held()
+    assert lease.heartbeat_stopped() is None
+    lease.stop_heartbeat()
+
+
+def test_a_lease_the_database_lost_while_it_was_valid_is_told_apart_from_a_takeover(
+        make_node: Callable[..., Node], conninfo: str) -> None:
+    lease, _ = make_node("n1", lease_ttl=30.0)
+    assert lease.try_acquire()
+    sql(conninfo, "UPDATE {schema}.lease SET holder = NULL")  # an older copy came back
+    with pytest.raises(LeaseLostError):
+        lease.renew()
+    assert lease.vanished_while_held
+    other, _ = make_node("n2", lease_ttl=30.0)
+    assert other.try_acquire()
+    sql(conninfo, "UPDATE {schema}.lease SET expires_at = clock_timestamp()")
+    third, _ = make_node("n3", lease_ttl=30.0)
+    assert third.try_acquire()
+    with pytest.raises(LeaseLostError):
+        other.renew()
+    assert not other.vanished_while_held

@@ -7,14 +7,19 @@ answers meanwhile.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Any, cast
 
 from ...config import Config
 from ...errors import LeaseLostError
+from ..lease import Heartbeat
 from . import lease_sql
 from .place import Place, channel, holder_id
+
+logger = logging.getLogger(__name__)
 
 
 class PostgresLease:
@@ -38,6 +43,7 @@ class PostgresLease:
         self.on_generation: Callable[[int], None] = lambda generation: None
         self._valid_until = 0.0
         self._lost = threading.Event()
+        self._heartbeat: Heartbeat | None = None
 
     @property
     def ttl_ms(self) -> int:
@@ -80,9 +86,15 @@ class PostgresLease:
                                 ttl_ms=self.ttl_ms)
         current = token == self.token
         if now_ms is None:
-            if current:
-                self.mark_lost()
+            valid = self.clock() < self._valid_until
             who = self.holder()[0]
+            if current:
+                if who is None and valid:
+                    self.vanished_while_held = True
+                    logger.warning("leaderbeat: the lease %s vanished while still valid: the "
+                                   "database lost writes (a replica promoted, a backup "
+                                   "restored)", token)
+                self.mark_lost()
             lost = LeaseLostError(f"lease {token} lost; held by {who or 'nobody'}")
             lost.holder, lost.answered = who, True
             raise lost
@@ -137,6 +149,26 @@ class PostgresLease:
         self._measured(started, now_ms)
         assert self.clock_skew is not None
         return self.clock_skew
+
+    def start_heartbeat(self, wake_by: Callable[[], float]) -> Heartbeat:
+        """Renew in the background while the main loop keeps its word (the Redis lease's
+        thread: it holds a weak reference and calls :meth:`renew`)."""
+        self.stop_heartbeat()
+        self._heartbeat = Heartbeat(cast(Any, self), wake_by)
+        self._heartbeat.start()
+        return self._heartbeat
+
+    def heartbeat_stopped(self) -> str | None:
+        """Why the heartbeat thread ended, if it did."""
+        beat = self._heartbeat
+        if beat is None or beat.is_alive():
+            return None
+        return beat.stopped_because or "ended"
+
+    def stop_heartbeat(self) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
+            self._heartbeat = None
 
     def mark_lost(self) -> None:
         self._lost.set()
