@@ -701,3 +701,25 @@ def test_a_lease_the_database_lost_while_it_was_valid_is_told_apart_from_a_takeo
     with pytest.raises(LeaseLostError):
         other.renew()
     assert not other.vanished_while_held
+
+
+def test_a_leader_starting_again_after_a_loss_still_does_when_its_first_claim_failed(
+        make_node: Callable[..., Node], conninfo: str) -> None:
+    lease, ledger = lead(make_node)
+    claim(lease, ledger, ClaimItem("e", 1000, Op.CLAIM, 1000))
+    claim(lease, ledger, ClaimItem("e", 2000, Op.CLAIM, 2000))
+    sql(conninfo, "UPDATE {schema}.lease SET generation = 1")
+    with pytest.raises(RolledBackError):
+        claim(lease, ledger, ClaimItem("e", 3000, Op.CLAIM, 3000))
+    ledger.reset_generation()
+    failing = ["claim"]
+
+    def fail_once(site: str, when: str) -> None:
+        if when == "before" and site in failing:
+            failing.remove(site)
+            raise psycopg.OperationalError("connection refused")
+
+    ledger.place.fault = fail_once
+    with pytest.raises(UNREACHABLE):
+        claim(lease, ledger, ClaimItem("e", 3000, Op.CLAIM, 3000))
+    assert claim(lease, ledger, ClaimItem("e", 3000, Op.CLAIM, 3000)) == [None]

@@ -148,10 +148,11 @@ class PostgresLedger:
             ahead_ms=int(self.config.max_clock_skew * 1000) + _AHEAD_GRACE_MS,
             recover_age_ms=int(self.config.lease_ttl * 1000), wait_ms=self._wait_ms)
         lift = self.generation if self._reset_generation else None
-        self._reset_generation = False
         fence = claims_sql.Fence(holder, epoch, int(self.config.lease_ttl * 1000),
                                  self.generation, lift)
         got = self._claim(fence, limits, events, items)
+        if not got.lost:
+            self._reset_generation = False  # kept until a claim answered: it may be retried
         if got.lost:
             lost = LeaseLostError(f"claim refused: lease {token} lost; held by "
                                   f"{got.holder or 'nobody'}")
@@ -185,7 +186,6 @@ class PostgresLedger:
         columns = _events(events)
         if not columns.names:
             return 0
-
         try:
             marked, generation = self.place.run(claims_sql.record, self.config.node_id, epoch,
                                                 columns, self.generation)
