@@ -723,3 +723,37 @@ def test_a_leader_starting_again_after_a_loss_still_does_when_its_first_claim_fa
     with pytest.raises(UNREACHABLE):
         claim(lease, ledger, ClaimItem("e", 3000, Op.CLAIM, 3000))
     assert claim(lease, ledger, ClaimItem("e", 3000, Op.CLAIM, 3000)) == [None]
+
+
+def test_a_leader_and_a_standby_claiming_the_same_entries_at_once_never_deadlock(
+        make_node: Callable[..., Node], conninfo: str) -> None:
+    lease, ledger = lead(make_node, lease_ttl=60.0)
+    names = [f"e{i}" for i in range(20)]
+    base = server_ms(conninfo) - 3_600_000
+    claim(lease, ledger, *[ClaimItem(n, base, Op.ANCHOR, base) for n in names])
+    _, standby = make_node("s1")
+    errors: list[Exception] = []
+    done = threading.Event()
+
+    def rescuer() -> None:
+        while not done.is_set():
+            try:
+                standby.rescue([ClaimItem(n, base + 1, Op.CLAIM, base + 1, base) for n in names])
+            except psycopg.Error as exc:
+                errors.append(exc)
+
+    thread = threading.Thread(target=rescuer)
+    thread.start()
+    try:
+        for k in range(1, 80):
+            slot = base + 1000 * k
+            sent = [Event(n, slot - 1000, "sent") for n in names]
+            try:
+                claim(lease, ledger, *[ClaimItem(n, slot, Op.CLAIM, slot) for n in names],
+                      events=tuple(sent))
+            except psycopg.Error as exc:
+                errors.append(exc)
+    finally:
+        done.set()
+        thread.join(30)
+    assert not [e for e in errors if isinstance(e, psycopg.errors.DeadlockDetected)]

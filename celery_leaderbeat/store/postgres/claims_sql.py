@@ -1,17 +1,19 @@
 """A chunk's claim in one transaction: fence, read, decide (:mod:`.rules`), write.
 
 Two round trips (psycopg's pipeline mode): 1-3 below, then the writes and the commit.
-The transaction, in order:
+The transaction, in order (the lease row before slot rows, as in every call that locks
+both, so no two calls deadlock):
 
-1. the events (the previous chunk's sends ride on the next claim): history rows, and
-   ``sent`` / ``unsent`` marks on the entries' slots; unfenced, they say what happened;
-2. the fence. A leader's call updates its lease row where holder, epoch and expiry still
+1. the fence. A leader's call updates its lease row where holder, epoch and expiry still
    match (renewing it, noting its progress, raising the generation): zero rows, and
    nothing is claimed. The row stays locked until commit, so a takeover waits for the
    chunk and then finds the lease renewed; a chunk that waited behind a takeover finds
    the holder changed. A rescue holds no lease: it raises the row's generation and reads
    the leader's progress and definitions. A generation below the one the caller saw
    (or a loss a node reported) rolls the whole transaction back (:class:`OlderState`);
+2. the events (the previous chunk's sends ride on the next claim): history rows, and
+   ``sent`` / ``unsent`` marks on the entries' slots; written whatever the fence said:
+   they say what already happened;
 3. what the items touch (:mod:`.chunk_reads`);
 4. the decisions, in Python (:func:`.rules.decide`), then one write per table. A grant
    is an ``INSERT … ON CONFLICT … DO UPDATE … WHERE`` it is the same claimant's (or a
@@ -238,7 +240,8 @@ def claim(conn: Any, schema: str, app: str, node: str, fence: Fence, limits: Lim
     with conn.pipeline() as pipeline, conn.transaction():
         if limits.wait_ms:
             conn.execute(BOUNDS, {"wait": f"{limits.wait_ms}ms"})
-        marked = write_events(run, node, fence.epoch, events)
+        # the lease row first, then slot rows, in every call that takes both: two calls
+        # never wait for each other's locks in opposite orders
         if fence.holder is not None:
             fenced = run(_FENCE, {"holder": fence.holder, "epoch": fence.epoch,
                                   "reset": fence.lift_above is not None,
@@ -247,6 +250,7 @@ def claim(conn: Any, schema: str, app: str, node: str, fence: Fence, limits: Lim
                                   "claims": any(i.op == "claim" for i in items)})
         else:
             fenced = run(_RESCUE_VIEW, {"busy_ms": limits.busy_ms})
+        marked = write_events(run, node, fence.epoch, events)
         reads = read(run, items) if items else None
         pipeline.sync()
         fenced_row = fenced.fetchone()
