@@ -696,3 +696,28 @@ def test_slots_before_the_election_of_the_leader_that_led_last_are_recorded(
         state.nothing_published_twice_and_no_beat_exited()
     finally:
         state.teardown()  # resumes every node, lets time run, checks I1, I2, I4
+
+
+def test_slots_before_the_election_of_a_standby_cut_off_at_the_loss_are_recorded(
+        regression_redis, caplog):
+    """Found by the model (LEADERBEAT_MODEL_STEPS=30, 150 examples; shrunk by hand): Redis
+    restarted empty under the leader, whose calls then stalled past its lease; a standby's
+    rescue claim lost its reply, so the standby started following again only then, and it
+    was elected after the loss grace. Its margin must start after the newest slot a live
+    node knew settled (its memory, the standbys' reports), not at the moment it started
+    following again: the slots between came due while Redis held nothing a rescuer could
+    follow, and were neither sent nor recorded."""
+    caplog.set_level(logging.CRITICAL)
+    LeaderbeatModel.server = regression_redis
+    state = LeaderbeatModel()
+    state.start_three_nodes()
+    try:
+        state.time_passes(seconds=12.0)
+        state.redis_restarts_empty()
+        state.a_redis_call_fails(ahead=13, kind="delay")
+        state.a_redis_call_fails(ahead=12, kind="delay")
+        state.a_redis_call_fails(ahead=26, kind="after")
+        state.time_passes(seconds=6.0)
+        state.nothing_published_twice_and_no_beat_exited()
+    finally:
+        state.teardown()  # resumes every node, lets time run, checks I1, I2, I4
