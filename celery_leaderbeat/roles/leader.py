@@ -353,11 +353,26 @@ class Leader:
             clock, anchor_ms = self._unaware.pop(name)
             self.shared.backlog.extend(self._margin_events(name, clock, reports[name], anchor_ms))
 
-    def _margin_events(self, name: str, clock: Any, settled: int | None,
-                       anchor_ms: int) -> list[Event]:
-        """``name``'s slots after ``settled`` (from ``since`` when None) up to its anchor,
-        after the margin, recorded ``missed`` with the margin's reason."""
-        since = self.since if settled is None else max(self.since, from_ms(settled + 1))
+    def _margin_events(self, name: str, clock: Any, known: int | None, anchor_ms: int, *,
+                       stored: int | None = None) -> list[Event]:
+        """``name``'s slots up to its anchor, after the margin, recorded ``missed`` with the
+        margin's reason: from the slot after ``known`` (the newest a live node knows was
+        settled: this process's memory, or a node's report of the loss) or ``stored`` (the
+        slot Redis still holds settled), whichever is newer.
+
+        A slot a live node knows settled starts the margin even before ``since``: this
+        leader may have been elected only after the loss (it led before it, paused, and
+        stepped down on finding it), and the slots between that slot and its election
+        came due while Redis held no state a rescuer could follow. A slot only Redis
+        holds (an older snapshot) starts it no earlier than ``since``: the leaders before
+        the loss sent the slots after it, unknown to every live node.
+        """
+        if known is not None:
+            since = from_ms(max(known, stored if stored is not None else known) + 1)
+        elif stored is not None:
+            since = max(self.since, from_ms(stored + 1))
+        else:
+            since = self.since
         listed, older = margin_slots(clock, since, from_ms(anchor_ms))
         events = [Event(name, to_ms(slot), "missed", MARGIN_REASON) for slot in listed]
         if older:
@@ -399,9 +414,9 @@ class Leader:
             # Rolled back: a slot Redis still holds was settled, but an anchor ('a') is only
             # where an entry starts: nothing before it was settled under it (a leader elected
             # after the loss may have anchored afresh, knowing of none, and led no further)
-            if state is not None and state.state != ANCHOR:
-                settled = max(settled or 0, state.slot_ms)
-            events += self._margin_events(item.name, tracked.clock, settled, item.slot_ms)
+            held = state.slot_ms if state is not None and state.state != ANCHOR else None
+            events += self._margin_events(item.name, tracked.clock, settled, item.slot_ms,
+                                          stored=held)
         return events
 
     def _mark_definitions(self) -> None:
