@@ -11,6 +11,8 @@ from celery.schedules import crontab, schedule
 from celery_leaderbeat.entries import EntryOptions
 from celery_leaderbeat.roles.agenda import (
     Agenda,
+    Known,
+    Reading,
     Unsent,
     adopt_refused_anchors,
     load,
@@ -54,8 +56,9 @@ def claimed(due) -> list[list[tuple[str, datetime, str]]]:
 
 def load_at(now: datetime, entries: dict, states: dict | None = None, *, epoch: int = 2,
             options: dict | None = None):
-    return load(entries, states or {}, start=now, tz=UTC, options=options or {},
-                default=LATEST, epoch=epoch)
+    return load(entries, states or {}, start=now,
+                reading=Reading(tz=UTC, options=options or {}, default=LATEST),
+                known=Known(epoch=epoch))
 
 
 def test_an_entry_with_no_stored_slot_is_anchored_at_now_and_fires_one_interval_later():

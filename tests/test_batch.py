@@ -10,7 +10,7 @@ from celery.schedules import schedule
 
 from celery_leaderbeat.config import Config
 from celery_leaderbeat.entries import EntryOptions
-from celery_leaderbeat.roles.agenda import Agenda, load
+from celery_leaderbeat.roles.agenda import Agenda, Known, Reading, load
 from celery_leaderbeat.roles.batch import LeaderGate, RescueGate, run_batch
 from celery_leaderbeat.store.keys import Keys
 from celery_leaderbeat.store.lease import Lease
@@ -86,8 +86,10 @@ def test_a_leader_refused_a_slot_a_standby_rescued_records_who_had_it(node, redi
     assert leader.lease.try_acquire()
     now = datetime.fromtimestamp(redis_ms(redis_client) / 1000, UTC)
     tracked = load({"e": SimpleNamespace(schedule=schedule(timedelta(seconds=1)))}, {},
-                   start=now - timedelta(seconds=10), tz=UTC, options={},
-                   default=EntryOptions(CatchupPolicy("skip"), None, None), epoch=1).tracked
+                   start=now - timedelta(seconds=10),
+                   reading=Reading(tz=UTC, options={},
+                                   default=EntryOptions(CatchupPolicy("skip"), None, None)),
+                   known=Known(epoch=1)).tracked
     leader.ledger.claim(*leader.lease.credentials(),
                         [ClaimItem("e", to_ms(now - timedelta(seconds=10)), Op.ANCHOR)])
     slot = now - timedelta(seconds=9)
@@ -112,8 +114,9 @@ def test_a_crash_mid_catchup_leaves_each_claimed_unsent_slot_in_the_slots_hash(n
     assert leader.lease.try_acquire()
     options = EntryOptions(CatchupPolicy("all"), None, None)
     entry = SimpleNamespace(schedule=schedule(timedelta(seconds=10)))
-    tracked = load({"e": entry}, {}, start=T0, tz=UTC, options={"e": options},
-                   default=options, epoch=1).tracked
+    tracked = load({"e": entry}, {}, start=T0,
+                   reading=Reading(tz=UTC, options={"e": options}, default=options),
+                   known=Known(epoch=1)).tracked
     leader.ledger.claim(*leader.lease.credentials(), [ClaimItem("e", to_ms(T0), Op.ANCHOR)])
     due = Agenda(tracked).pop_due(T0 + timedelta(seconds=35), since=T0 + timedelta(seconds=35))
     assert [len(p.send) for _, p in due] == [3]  # three missed slots, all to be sent
@@ -142,8 +145,9 @@ def test_a_rescue_gate_sends_what_it_was_granted_and_marks_it_rescued(node, redi
                for i in range(3)}
     leader.ledger.claim(*leader.lease.credentials(),
                         [ClaimItem(name, to_ms(start), Op.ANCHOR) for name in entries])
-    tracked = load(entries, standby.ledger.load(), start=now, tz=UTC, options={},
-                   default=options, epoch=None).tracked
+    tracked = load(entries, standby.ledger.load(), start=now,
+                   reading=Reading(tz=UTC, options={}, default=options),
+                   known=Known(epoch=None)).tracked
     agenda = Agenda(tracked)
     due = agenda.pop_due(now - timedelta(seconds=2), since=start,
                          policy=CatchupPolicy("skip"))

@@ -17,10 +17,10 @@ from celery.schedules import schedule
 
 from celery_leaderbeat.config import Config
 from celery_leaderbeat.entries import EntryOptions
-from celery_leaderbeat.roles.agenda import Agenda, Tracked, Unsent, load
+from celery_leaderbeat.roles.agenda import Agenda, Known, Reading, Tracked, Unsent, load
 from celery_leaderbeat.roles.batch import LeaderGate, RescueGate, report_unsent, run_batch
 from celery_leaderbeat.roles.memory import SentMemory
-from celery_leaderbeat.roles.requests import Request, carry_out
+from celery_leaderbeat.roles.requests import LeaderSide, Request, carry_out
 from celery_leaderbeat.store.keys import Keys
 from celery_leaderbeat.store.lease import Lease
 from celery_leaderbeat.store.ledger import (
@@ -208,15 +208,17 @@ def test_a_leader_that_led_until_redis_lost_its_data_carries_on_after_what_it_se
     memory.note("e", to_ms(now - timedelta(seconds=1)))
     entries = {"e": SimpleNamespace(schedule=schedule(timedelta(seconds=10)))}
     opts = EntryOptions.defaults(Config.from_values({"redis_url": "redis://x", "key_prefix": "t", "node_id": "n"}))
-    loaded = load(entries, {}, start=now + timedelta(seconds=5), tz=UTC, options={},
-                  default=opts, epoch=1, remembered=memory.newest, trust_memory=True)
+    loaded = load(entries, {}, start=now + timedelta(seconds=5),
+                  reading=Reading(tz=UTC, options={}, default=opts),
+                  known=Known(epoch=1, remembered=memory.newest_known, trust_memory=True))
     assert [(i.op, i.slot_ms) for i in loaded.anchors] == [(Op.RESTORE,
                                                            to_ms(now - timedelta(seconds=1)))]
     assert loaded.tracked["e"].next_fire == now + timedelta(seconds=9)
     # an older snapshot: the stored slot is behind the remembered one
     stale = {"e": SlotState(to_ms(now - timedelta(seconds=21)), 3, "s")}
-    loaded = load(entries, stale, start=now, tz=UTC, options={}, default=opts, epoch=4,
-                  remembered=memory.newest, trust_memory=True)
+    loaded = load(entries, stale, start=now,
+                  reading=Reading(tz=UTC, options={}, default=opts),
+                  known=Known(epoch=4, remembered=memory.newest_known, trust_memory=True))
     assert loaded.anchors[0].op == Op.RESTORE
     assert loaded.tracked["e"].last == now - timedelta(seconds=1)
 
@@ -230,12 +232,14 @@ def test_a_node_that_did_not_lead_until_redis_lost_its_data_keeps_the_margin():
     entries = {"e": SimpleNamespace(schedule=schedule(timedelta(seconds=1)))}
     opts = EntryOptions.defaults(Config.from_values({"redis_url": "redis://x", "key_prefix": "t", "node_id": "n"}))
     start = now + timedelta(seconds=5)
-    empty = load(entries, {}, start=start, tz=UTC, options={}, default=opts, epoch=9,
-                 remembered=memory.newest)
+    empty = load(entries, {}, start=start,
+                 reading=Reading(tz=UTC, options={}, default=opts),
+                 known=Known(epoch=9, remembered=memory.newest_known))
     assert [(i.op, i.slot_ms) for i in empty.anchors] == [(Op.ANCHOR, to_ms(start))]
     rolled_back = load(entries, {"e": SlotState(to_ms(now - timedelta(seconds=20)), 2, "s")},
-                       start=start, tz=UTC, options={}, default=opts, epoch=9,
-                       remembered=memory.newest)
+                       start=start,
+                       reading=Reading(tz=UTC, options={}, default=opts),
+                       known=Known(epoch=9, remembered=memory.newest_known))
     assert [(i.op, i.slot_ms) for i in rolled_back.anchors] == [(Op.ROLLED_BACK, to_ms(start))]
     assert rolled_back.tracked["e"].last == start
 
@@ -245,12 +249,15 @@ def test_a_changed_definition_starts_again_from_now(node, redis_client):
     opts = EntryOptions.defaults(Config.from_values({"redis_url": "redis://x", "key_prefix": "t", "node_id": "n"}))
     entries = {"e": SimpleNamespace(schedule=schedule(timedelta(seconds=10)))}
     stored = {"e": SlotState(to_ms(now - timedelta(seconds=3)), 1, "s")}
-    loaded = load(entries, stored, start=now, tz=UTC, options={}, default=opts, epoch=2,
-                  fingerprint_of=lambda *a: "new", definitions={"e": "old"})
+    loaded = load(entries, stored, start=now,
+                  reading=Reading(tz=UTC, options={}, default=opts,
+                                  fingerprint_of=lambda *a: "new"),
+                  known=Known(epoch=2, definitions={"e": "old"}))
     assert [i.op for i in loaded.anchors] == [Op.REANCHOR]
     assert loaded.tracked["e"].next_fire == now + timedelta(seconds=10)
-    same = load(entries, stored, start=now, tz=UTC, options={}, default=opts, epoch=2,
-                fingerprint_of=lambda *a: "old", definitions={"e": "old"})
+    same = load(entries, stored, start=now,
+                reading=Reading(tz=UTC, options={}, default=opts, fingerprint_of=lambda *a: "old"),
+                known=Known(epoch=2, definitions={"e": "old"}))
     assert same.anchors == [] and same.tracked["e"].next_fire == now + timedelta(seconds=7)
 
 
@@ -273,10 +280,10 @@ def _backfill(leader: SimpleNamespace, slots: tuple[int, ...], last: int,
                                Request("backfill", "e", id=request_id, slots_ms=slots).dumps())
     sent: list[int] = []
     token, epoch = leader.lease.credentials()
-    carry_out(leader.ledger, RedisRequests(leader.ledger.client, leader.keys), epoch,
-              leader.keys.prefix,
-              lambda name, slot, task_id: sent.append(to_ms(slot)) or True,
-              from_ms(last), known=lambda name: True, stored=lambda name: last, token=token)
+    carry_out(LeaderSide(leader.ledger, RedisRequests(leader.ledger.client, leader.keys), epoch,
+                         token, leader.keys.prefix,
+                         lambda name, slot, task_id: sent.append(to_ms(slot)) or True,
+                         known=lambda name: True, stored=lambda name: last), from_ms(last))
     skipped = [h["detail"] for h in leader.ledger.history(50)
                if h.get("event") == "skipped" and h.get("slot") in {str(s) for s in slots}]
     return sent, skipped
@@ -434,8 +441,9 @@ def test_a_paused_leaders_claimed_chunk_is_recovered_by_its_next_election_once(
     stored, definitions = leader.ledger.load_with_definitions()
     opts = EntryOptions.defaults(leader.config)
     entries = {n: SimpleNamespace(schedule=schedule(timedelta(seconds=5))) for n in names}
-    loaded = load(entries, stored, start=from_ms(base + 30_000), tz=UTC, options={},
-                  default=opts, epoch=leader.lease.epoch, definitions=definitions)
+    loaded = load(entries, stored, start=from_ms(base + 30_000),
+                  reading=Reading(tz=UTC, options={}, default=opts),
+                  known=Known(epoch=leader.lease.epoch, definitions=definitions))
     unsent = list(loaded.unsent) + [
         Unsent(n, from_ms(s), st.state == "c", st.claimed_ms, overtaken=True)
         for (n, s), st in leader.ledger.overtaken().items()]
@@ -471,8 +479,9 @@ def test_an_entry_the_leader_no_longer_schedules_is_not_rescued_and_restarts_whe
     opts = EntryOptions.defaults(leader.config)
     stored, definitions = leader.ledger.load_with_definitions()
     back = load({"row": SimpleNamespace(schedule=schedule(timedelta(seconds=5)))}, stored,
-                start=now, tz=UTC, options={}, default=opts, epoch=1, definitions=definitions,
-                fingerprint_of=lambda *a: "fp")
+                start=now,
+                reading=Reading(tz=UTC, options={}, default=opts, fingerprint_of=lambda *a: "fp"),
+                known=Known(epoch=1, definitions=definitions))
     assert [(i.op, i.slot_ms) for i in back.anchors] == [(Op.REANCHOR, to_ms(now))]
     assert leader.ledger.claim(*leader.lease.credentials(), back.anchors) == [None]
     assert leader.ledger.load_with_definitions()[1]["row"] == "fp"
@@ -515,8 +524,9 @@ def test_a_leader_that_led_until_redis_lost_its_data_carries_on_after_what_anyon
     memory.know("e", to_ms(now - timedelta(seconds=60)))  # and saw 09:59 sent by another
     entries = {"e": SimpleNamespace(schedule=schedule(timedelta(seconds=60)))}
     opts = EntryOptions.defaults(Config.from_values({"redis_url": "redis://x", "key_prefix": "t", "node_id": "n"}))
-    loaded = load(entries, {}, start=now + timedelta(seconds=5), tz=UTC, options={},
-                  default=opts, epoch=9, remembered=memory.newest_known, trust_memory=True)
+    loaded = load(entries, {}, start=now + timedelta(seconds=5),
+                  reading=Reading(tz=UTC, options={}, default=opts),
+                  known=Known(epoch=9, remembered=memory.newest_known, trust_memory=True))
     assert [(i.op, i.slot_ms) for i in loaded.anchors] == \
         [(Op.RESTORE, to_ms(now - timedelta(seconds=60)))]
     assert loaded.tracked["e"].next_fire == now

@@ -348,21 +348,23 @@ def test_a_jittered_entry_keeps_its_own_fire_time(monkeypatch):
 
 
 
-def test_a_gated_base_scheduler_keeps_sending_slot_by_slot_through_its_own_entries(
+def test_a_wrapped_base_scheduler_keeps_sending_slot_by_slot_through_its_own_entries(
         redis_server, key_prefix, tmp_path):
-    # the gate reads entries from its snapshot (a database scheduler's .schedule is a
+    # the wrapper reads entries from its snapshot (a database scheduler's .schedule is a
     # query) and tells the base what was sent: chunk senders would bypass both
     app = make_app(redis_server.url_for(0), key_prefix, {"a": {"task": NOOP, "schedule": 0.5}},
                    leaderbeat_base_scheduler="celery.beat:PersistentScheduler")
-    gated = Scheduler(app=app, schedule_filename=str(tmp_path / "beat-schedule"))
+    wrapped = Scheduler(app=app, schedule_filename=str(tmp_path / "beat-schedule"))
     plain = Scheduler(app=make_app(redis_server.url_for(0), key_prefix + "-plain",
                                    {"a": {"task": NOOP, "schedule": 0.5}}))
     try:
-        assert type(gated) is not Scheduler
-        assert gated._connect().sender is None
-        assert plain._connect().sender is not None
+        assert type(wrapped) is not Scheduler
+        wrapped._connect()
+        plain._connect()
+        assert wrapped.chunk_sender(1) is None
+        assert plain.chunk_sender(1) is not None
     finally:
-        gated.close()
+        wrapped.close()
         plain.close()
 
 

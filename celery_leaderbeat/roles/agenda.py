@@ -13,6 +13,7 @@ import heapq
 import logging
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone, tzinfo
 from typing import Any, NamedTuple
 
@@ -94,22 +95,48 @@ def _no_fingerprint(name: str, entry: Any, tz: tzinfo, jitter: float | None) -> 
     return ""
 
 
+def small_change(changed: Collection[str], tracked: int) -> bool:
+    """Is a change of the ``changed`` entries, out of ``tracked``, taken in entry by entry?
+    A larger one reloads the whole schedule: one read of every state costs less then."""
+    return len(changed) <= max(100, tracked // 10)
+
+
+@dataclass(frozen=True)
+class Reading:
+    """How :func:`load` reads the entries: their options and zone, clocks, fingerprints."""
+
+    tz: tzinfo  # the app's: for entries without a zone of their own
+    options: Mapping[str, EntryOptions]
+    default: EntryOptions  # an entry's options when it has none of its own
+    clock_of: ClockOf = _build
+    fingerprint_of: FingerprintOf = _no_fingerprint
+
+
+@dataclass(frozen=True)
+class Known:
+    """What the process that loads knows beside the stored states (see :func:`load`)."""
+
+    epoch: int | None  # the leader's own (None: a standby)
+    #: the fingerprints stored beside the slot states (None: not read, a standby)
+    definitions: Mapping[str, str] | None = None
+    #: the newest slot of an entry this process knows was settled
+    remembered: Callable[[str], int | None] = lambda name: None
+    trust_memory: bool = False  # it led until Redis lost writes: nobody sent later
+    rolled_back: bool = False  # Redis went back to older state: no stored slot trusted
+    trusted_epoch: int | None = None  # except one stored under this epoch
+    anchored: Collection[str] = ()  # run-time entries whose state is their store's anchor
+    runtime: Collection[str] = ()  # the entries defined at run time
+
+
 def load(schedule: Mapping[str, Any], stored: Mapping[str, SlotState], *, start: datetime,
-         tz: tzinfo, options: Mapping[str, EntryOptions], default: EntryOptions,
-         epoch: int | None, clock_of: ClockOf = _build,
-         fingerprint_of: FingerprintOf = _no_fingerprint,
-         definitions: Mapping[str, str] | None = None,
-         remembered: Callable[[str], int | None] = lambda name: None,
-         trust_memory: bool = False, rolled_back: bool = False,
-         trusted_epoch: int | None = None, anchored: Collection[str] = (),
-         runtime: Collection[str] = ()) -> Loaded:
+         reading: Reading, known: Known) -> Loaded:
     """Track every entry of ``schedule`` from its stored last slot, else from ``start``.
 
-    ``epoch`` is the leader's own: a claimed or unsent slot of any other epoch
-    was left behind by an earlier leader. ``definitions`` are the fingerprints
+    ``known.epoch`` is the leader's own: a claimed or unsent slot of any other epoch
+    was left behind by an earlier leader. ``known.definitions`` are the fingerprints
     stored beside the slot states (a leader loads them; an entry whose stored
     fingerprint differs from its own starts again from ``start``).
-    ``remembered`` gives the newest slot this process published of an entry: a
+    ``known.remembered`` gives the newest slot this process knows settled of an entry: a
     stored slot older than that means Redis lost writes. With ``trust_memory``
     (this process led until Redis lost them: nobody can have sent later slots)
     the entry carries on after what was published; otherwise another node may
@@ -120,13 +147,19 @@ def load(schedule: Mapping[str, Any], stored: Mapping[str, SlotState], *, start:
     ``trusted_epoch`` (the leader's own, when another node reported the loss:
     what this leader wrote is still there).
 
-    ``runtime`` names the entries defined at run time: their phase is the entry
+    ``known.runtime`` names the entries defined at run time: their phase is the entry
     store's (the save, by Redis TIME), the same on every node. ``anchored`` are those
     whose state in ``stored`` is that anchor, not Redis's (none stored yet, or an older
     one): the leader writes it as it is, with no margin, so a standby can rescue from
     it. A run-time entry whose definition changed and whose timing did not keeps its
     phase: only the leader's fingerprint is written.
     """
+    tz, options, default = reading.tz, reading.options, reading.default
+    clock_of, fingerprint_of = reading.clock_of, reading.fingerprint_of
+    epoch, definitions, remembered = known.epoch, known.definitions, known.remembered
+    trust_memory, rolled_back, trusted_epoch = (known.trust_memory, known.rolled_back,
+                                                known.trusted_epoch)
+    anchored, runtime = known.anchored, known.runtime
     tracked: dict[str, Tracked] = {}
     anchors: list[ClaimItem] = []
     unsent: list[Unsent] = []

@@ -95,7 +95,7 @@ def install_clock(monkeypatch: Any, clock: FakeClock) -> list[str]:
         batch,
         degraded,
         leader,
-        node,
+        shared,
         standby,
     )
     from celery_leaderbeat.store import lease, ledger, registry  # noqa: F401

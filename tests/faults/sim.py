@@ -131,7 +131,7 @@ def _sent_by() -> str:
 def _wait_without_sleeping(self: Standby, timeout: float) -> None:
     """``Standby._wait`` for a driven clock: read what was published, never sleep."""
     if self._pubsub is None:
-        self._pubsub = self.node.store.events.subscribe()
+        self._pubsub = self.shared.store.events.subscribe()
     while (message := self._pubsub.next(0.0)) is not None:
         if message == RELEASED:
             self._next_attempt = 0.0
@@ -146,8 +146,8 @@ class SimNode:
 
     @property
     def client(self) -> FaultyRedis:
-        assert self.scheduler._node is not None
-        return self.scheduler._node.client
+        assert self.scheduler._shared is not None
+        return self.scheduler._shared.client
 
     @property
     def leading(self) -> bool:
@@ -155,7 +155,7 @@ class SimNode:
 
     @property
     def heartbeat(self) -> SteppedHeartbeat | None:
-        node = self.scheduler._node
+        node = self.scheduler._shared
         beat = node.lease._heartbeat if node is not None else None
         return beat if isinstance(beat, SteppedHeartbeat) else None
 
@@ -272,7 +272,7 @@ class Sim:
     def crash(self, node_id: str) -> None:
         """The process dies: no release, its heartbeat ends, its sockets close."""
         sim_node = self.nodes.pop(node_id)
-        node = sim_node.scheduler._node
+        node = sim_node.scheduler._shared
         if node is not None:
             node.lease.stop_heartbeat()
             sim_node.client.drop_connections()

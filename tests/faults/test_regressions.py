@@ -17,7 +17,7 @@ from datetime import timedelta
 import pytest
 
 from celery_leaderbeat.ops.cluster import Cluster
-from celery_leaderbeat.roles.node import utcnow
+from celery_leaderbeat.roles.shared import utcnow
 from tests.support.redis_server import RedisServer
 
 from . import scenario
