@@ -17,15 +17,7 @@ from celery_leaderbeat.roles.agenda import (
     margin_slots,
 )
 from celery_leaderbeat.roles.batch import chunks, missed_events
-from celery_leaderbeat.store.ledger import (
-    CLAIMED,
-    SENT,
-    SKIPPED,
-    UNSENT,
-    ClaimItem,
-    Op,
-    SlotState,
-)
+from celery_leaderbeat.store.types import CLAIMED, SENT, SKIPPED, UNSENT, ClaimItem, Op, SlotState
 from celery_leaderbeat.timing.policy import CatchupPolicy
 from celery_leaderbeat.timing.slots import clock_for, to_ms
 

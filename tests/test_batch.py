@@ -14,8 +14,9 @@ from celery_leaderbeat.roles.agenda import Agenda, load
 from celery_leaderbeat.roles.batch import LeaderGate, RescueGate, run_batch
 from celery_leaderbeat.store.keys import Keys
 from celery_leaderbeat.store.lease import Lease
-from celery_leaderbeat.store.ledger import ClaimItem, Ledger, Op, SlotState
+from celery_leaderbeat.store.ledger import Ledger
 from celery_leaderbeat.store.scripts import Scripts
+from celery_leaderbeat.store.types import ClaimItem, Op, SlotState
 from celery_leaderbeat.timing.policy import CatchupPolicy
 from celery_leaderbeat.timing.slots import to_ms
 

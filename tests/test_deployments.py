@@ -18,8 +18,9 @@ from celery_leaderbeat.config import Config
 from celery_leaderbeat.store.connection import make_client
 from celery_leaderbeat.store.keys import Keys
 from celery_leaderbeat.store.lease import Lease
-from celery_leaderbeat.store.ledger import ClaimItem, Event, Ledger, Op
+from celery_leaderbeat.store.ledger import Ledger
 from celery_leaderbeat.store.scripts import Scripts
+from celery_leaderbeat.store.types import ClaimItem, Event, Op
 from tests.deployments.cluster import RedisClusterSet
 from tests.deployments.sentinel import MASTER, SentinelSet
 from tests.deployments.tls import make_certificates, tls_server

@@ -8,8 +8,9 @@ from celery_leaderbeat.config import Config
 from celery_leaderbeat.errors import LeaseLostError
 from celery_leaderbeat.store.keys import Keys
 from celery_leaderbeat.store.lease import Lease
-from celery_leaderbeat.store.ledger import ClaimItem, Event, Ledger, Op
+from celery_leaderbeat.store.ledger import Ledger
 from celery_leaderbeat.store.scripts import Scripts
+from celery_leaderbeat.store.types import ClaimItem, Event, Op
 
 
 @pytest.fixture

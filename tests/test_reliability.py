@@ -23,18 +23,10 @@ from celery_leaderbeat.roles.memory import SentMemory
 from celery_leaderbeat.roles.requests import Request, carry_out
 from celery_leaderbeat.store.keys import Keys
 from celery_leaderbeat.store.lease import Lease
-from celery_leaderbeat.store.ledger import (
-    BACKFILL_REFUSALS,
-    DIFFERS,
-    EARLY,
-    ClaimItem,
-    Event,
-    Ledger,
-    Op,
-    SlotState,
-)
+from celery_leaderbeat.store.ledger import BACKFILL_REFUSALS, DIFFERS, EARLY, Ledger
 from celery_leaderbeat.store.queue import RedisRequests
 from celery_leaderbeat.store.scripts import Scripts
+from celery_leaderbeat.store.types import ClaimItem, Event, Op, SlotState
 from celery_leaderbeat.timing.slots import clock_for, from_ms, to_ms
 
 UTC = timezone.utc

@@ -19,7 +19,7 @@ from celery import Celery, signals
 
 from celery_leaderbeat.roles.publish import publish
 from celery_leaderbeat.scheduler import Scheduler
-from celery_leaderbeat.store.ledger import ClaimItem, Op
+from celery_leaderbeat.store.types import ClaimItem, Op
 from celery_leaderbeat.timing.slots import to_ms
 from tests.support.beat import NOOP
 from tests.support.queues import take_messages

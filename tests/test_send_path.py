@@ -17,7 +17,8 @@ from celery import Celery, signals
 
 from celery_leaderbeat.roles.enqueue import one_step_fallback
 from celery_leaderbeat.scheduler import Scheduler
-from celery_leaderbeat.store.ledger import ENQUEUED, ClaimItem, Op
+from celery_leaderbeat.store.ledger import ENQUEUED
+from celery_leaderbeat.store.types import ClaimItem, Op
 from celery_leaderbeat.timing import cronengine as _cronengine
 from celery_leaderbeat.timing.policy import CatchupPolicy
 from celery_leaderbeat.timing.schedules import cron

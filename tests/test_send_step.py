@@ -22,8 +22,9 @@ from celery_leaderbeat.roles.enqueue import Enqueuer, one_step_fallback
 from celery_leaderbeat.roles.routing import Routes
 from celery_leaderbeat.scheduler import Scheduler
 from celery_leaderbeat.store.keys import Keys
-from celery_leaderbeat.store.ledger import UNQUEUED, ClaimItem, Op
+from celery_leaderbeat.store.ledger import UNQUEUED
 from celery_leaderbeat.store.redis_store import redis_store
+from celery_leaderbeat.store.types import ClaimItem, Op
 from tests.faults.seam import AFTER, Seam, faulty_client
 from tests.support.beat import NOOP
 

@@ -18,8 +18,8 @@ from celery_leaderbeat.store.base import GuardRun, Store
 from celery_leaderbeat.store.entry_store import EntryExists, EntryUnknown
 from celery_leaderbeat.store.events import ENTRIES, RELEASED, REQUEST
 from celery_leaderbeat.store.keys import Keys
-from celery_leaderbeat.store.ledger import ClaimItem, Event, Op
 from celery_leaderbeat.store.redis_store import redis_store
+from celery_leaderbeat.store.types import ClaimItem, Event, Op
 
 STORES = ["redis"]
 

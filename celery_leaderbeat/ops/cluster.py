@@ -21,8 +21,8 @@ from ..entries import EntryOptions, split_entries
 from ..errors import BackfillRefused, EntryNotFound
 from ..roles.requests import Request, submit
 from ..store.base import Store
-from ..store.ledger import STATE_NAMES
 from ..store.redis_store import connect
+from ..store.types import STATE_NAMES
 from ..timing.clocks import IntervalClock
 from ..timing.slots import clock_for, from_ms, slot_id, to_ms
 

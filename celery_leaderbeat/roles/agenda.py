@@ -17,7 +17,7 @@ from datetime import datetime, timedelta, timezone, tzinfo
 from typing import Any, NamedTuple
 
 from ..entries import EntryOptions
-from ..store.ledger import CLAIMED, UNSENT, ClaimItem, Op, SlotState
+from ..store.types import CLAIMED, UNSENT, ClaimItem, Op, SlotState
 from ..timing.clocks import IntervalClock
 from ..timing.policy import CatchupPolicy
 from ..timing.slots import Plan, SlotClock, clock_for, from_ms, plan, to_ms

@@ -30,18 +30,8 @@ from typing import Any, Protocol
 
 from ..errors import LeaseLostError, NotReplicatedError
 from ..store.base import LeaseStore, SlotStore
-from ..store.ledger import (
-    DIFFERS,
-    EARLY,
-    ENQUEUED,
-    PAUSED,
-    SKIPPED,
-    UNQUEUED,
-    ClaimItem,
-    Event,
-    Op,
-    SlotState,
-)
+from ..store.ledger import DIFFERS, EARLY, ENQUEUED, PAUSED, UNQUEUED
+from ..store.types import SKIPPED, ClaimItem, Event, Op, SlotState
 from ..timing.slots import Plan, from_ms, to_ms
 from .agenda import Tracked, Unsent
 from .memory import SentMemory

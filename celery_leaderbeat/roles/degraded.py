@@ -18,7 +18,7 @@ from datetime import datetime
 from ..config import Config
 from ..errors import LeaseLostError, NotReplicatedError
 from ..store.base import LeaseStore, SlotStore
-from ..store.ledger import ClaimItem, Event, Op, SlotState
+from ..store.types import ClaimItem, Event, Op, SlotState
 from ..timing.slots import from_ms, to_ms
 from .agenda import Agenda
 from .memory import SentMemory

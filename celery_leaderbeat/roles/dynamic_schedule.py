@@ -39,7 +39,7 @@ from ..errors import ConfigurationError
 from ..store.base import EntryDefinitions
 from ..store.dynamic import Entry
 from ..store.entry_store import Stored
-from ..store.ledger import ANCHOR, SlotState
+from ..store.types import ANCHOR, SlotState
 from ..timing.slots import to_ms
 
 logger = logging.getLogger(__name__)

@@ -33,7 +33,7 @@ from typing import Any
 import kombu
 from celery import signals
 
-from ..store.ledger import SENT
+from ..store.types import SENT
 from ..timing.slots import to_ms
 from .messages import Captured, Messages
 from .publish import DeclaringOnce, publish, send_many

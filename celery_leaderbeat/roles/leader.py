@@ -17,7 +17,8 @@ from typing import Any
 
 from ..errors import LeaseLostError, NotReplicatedError
 from ..store.base import STORE_ERRORS, STORE_UNREACHABLE
-from ..store.ledger import ANCHOR, CLAIMED, REMOVED, ClaimItem, Event, Op
+from ..store.ledger import REMOVED
+from ..store.types import ANCHOR, CLAIMED, ClaimItem, Event, Op
 from ..timing.slots import from_ms, to_ms
 from .agenda import Agenda, Loaded, Tracked, Unsent, adopt_refused_anchors, margin_slots
 from .batch import CHUNK, LeaderGate, report_unsent, run_batch, say_capped_once

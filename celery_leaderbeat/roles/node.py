@@ -12,7 +12,7 @@ from ..config import Config
 from ..entries import EntryOptions
 from ..store.base import LeaseStore, SlotStore, Store
 from ..store.keys import Keys
-from ..store.ledger import ANCHOR, Event, SlotState
+from ..store.types import ANCHOR, Event, SlotState
 from ..timing.slots import SlotClock, clock_for
 from .agenda import Loaded, load
 from .dynamic_schedule import reanchor

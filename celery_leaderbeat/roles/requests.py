@@ -25,7 +25,7 @@ from typing import Any
 
 from ..store.base import RequestQueue, SlotStore
 from ..store.events import REQUEST
-from ..store.ledger import Event
+from ..store.types import Event
 from ..timing.slots import from_ms, to_ms
 from .memory import SentMemory
 

@@ -27,7 +27,7 @@ from ..config import Config
 from ..errors import LeaseLostError
 from ..store.base import STORE_ERRORS
 from ..store.events import ENTRIES, RELEASED
-from ..store.ledger import ANCHOR, ClaimItem, Event, Op
+from ..store.types import ANCHOR, ClaimItem, Event, Op
 from ..timing.slots import Plan, from_ms, to_ms
 from .agenda import Agenda, Tracked
 from .batch import RescueGate, run_batch

@@ -60,7 +60,7 @@ from typing import Any, NamedTuple, Protocol
 from .connection import ERRORS, REFUSED, UNREACHABLE
 from .entry_store import Changes, Saved, Stored
 from .lease import Heartbeat
-from .ledger import Claimed, ClaimItem, Event, SlotState
+from .types import Claimed, ClaimItem, Event, SlotState
 
 #: what a failed store call raises: no answer, or an error answer (``except STORE_ERRORS``)
 STORE_ERRORS = ERRORS

@@ -11,33 +11,13 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 from ..config import Config
 from ..errors import LeaseLostError, NotReplicatedError, RolledBackError
 from .keys import Keys
 from .scripts import Scripts, status, text
-
-#: states of an entry's last slot, as stored in the slots hash
-CLAIMED, SENT, SKIPPED, ANCHOR, UNSENT = "c", "s", "k", "a", "u"
-STATE_NAMES = {CLAIMED: "claimed", SENT: "sent", SKIPPED: "skipped", ANCHOR: "anchor",
-               UNSENT: "unsent (reported)"}
-
-
-class Op:
-    """What a claim asks for, per item (``claim.lua`` turns each into a state)."""
-
-    CLAIM = "claim"  # claim the slot to send it: state 'c'
-    SKIP = "skip"  # advance past a slot not sent: state 'k'
-    ANCHOR = "anchor"  # the entry's first slot, only if it has no state yet: state 'a'
-    REANCHOR = "reanchor"  # the definition changed: start again from this slot, state 'a'
-    RESTORE = "restore"  # this node sent the slot and Redis lost that: state 's'
-    ROLLED_BACK = "skip"  # Redis went back to older state: start again past it, state 'k'
-    RECOVER = "recover"  # re-send an earlier claimant's unconfirmed slot: state 'c'
-    BACKFILL = "backfill"  # send a slot the schedule passed unsent: the stored slot stays
-    DEFINE = "define"  # the leader's fingerprint of an entry, and the mark of its epoch
-
+from .types import Claimed, ClaimItem, Event, Op, SlotState
 
 #: why ``claim.lua`` refused a backfill of a slot (its answer -> the history's detail)
 BACKFILL_REFUSALS = {
@@ -87,62 +67,6 @@ _AHEAD_GRACE_MS = 1000
 #: a rescue waits while the lease holder claimed something this recently (ms): a live
 #: leader in the middle of a burst gets to its slots; a dead one stops claiming
 _BUSY_LEADER_MS = 1000
-
-
-@dataclass(frozen=True)
-class SlotState:
-    """An entry's last slot as recorded in Redis; ``node`` (and ``claimed_ms``, by Redis
-    TIME) are set for a standby's rescue."""
-
-    slot_ms: int
-    epoch: int
-    state: str
-    node: str | None = None
-    claimed_ms: int | None = None
-
-    @classmethod
-    def parse(cls, raw: Any) -> SlotState:
-        slot, epoch, state, *rest = text(raw).split("|", 3)
-        node, claimed = None, None
-        if rest:
-            node, _, at = rest[0].rpartition("|")
-            if not node or not at.isdigit():  # written by an older version: no claim time
-                node, at = rest[0], ""
-            claimed = int(at) if at else None
-        return cls(int(slot), int(epoch), state, node, claimed)
-
-    def claimant(self) -> str:
-        """Who claimed it, for a log line or the history."""
-        return f"standby {self.node} (rescue)" if self.node else f"the leader of epoch {self.epoch}"
-
-
-@dataclass(frozen=True)
-class ClaimItem:
-    name: str
-    slot_ms: int
-    op: str  # an Op
-    fire_ms: int = 0  # the slot plus its jitter; a rescue waits for fire + rescue_after
-    prev_ms: int | None = None  # rescue: the slot the rescuer planned from (must be stored)
-    fingerprint: str = ""  # the definition the claimant plans (see :mod:`fingerprint`)
-    #: broker commands (name, key, argument) the script runs if it grants the claim
-    enqueue: tuple[tuple[str, str, Any], ...] = ()
-
-
-@dataclass(frozen=True)
-class Event:
-    """A history event about one slot (``sent``, ``unsent``, ``missed``, ``skipped`` ...)."""
-
-    name: str
-    slot_ms: int
-    event: str
-    detail: str = ""
-
-
-class Claimed(NamedTuple):
-    """What one claim call answered: per item ``None`` (granted) or why not."""
-
-    results: list[SlotState | None | str]  # str: PAUSED, "early" (not late enough), "unknown"
-    redis_now_ms: int
 
 
 class Ledger:
@@ -374,7 +298,7 @@ class Ledger:
             raw = self.client.hgetall(self.keys.slots).items()
         else:
             raw = zip(names, self.client.hmget(self.keys.slots, list(names))) if names else []
-        return {text(k): SlotState.parse(v) for k, v in raw if v is not None}
+        return {text(k): parse_slot_state(v) for k, v in raw if v is not None}
 
     def load_with_definitions(self, names: Sequence[str] | None = None
                               ) -> tuple[dict[str, SlotState], dict[str, str]]:
@@ -393,7 +317,7 @@ class Ledger:
             raw_slots, raw_defs = pipe.execute()
             slots = {n: v for n, v in zip(names, raw_slots) if v is not None}
             definitions = {n: v for n, v in zip(names, raw_defs) if v is not None}
-        return ({text(k): SlotState.parse(v) for k, v in slots.items()},
+        return ({text(k): parse_slot_state(v) for k, v in slots.items()},
                 {text(k): text(v) for k, v in definitions.items() if text(k) != DEFINED_BY})
 
     def prune(self, scheduled: Iterable[str], *, keep_ms: int, node_keep_s: float) -> list[int]:
@@ -427,7 +351,7 @@ class Ledger:
         out = {}
         for field, value in self.client.hgetall(self.keys.overtaken).items():
             name, _, slot = text(field).rpartition("|")
-            out[(name, int(slot))] = SlotState.parse(value)
+            out[(name, int(slot))] = parse_slot_state(value)
         return out
 
     def forget_overtaken(self, fields: Sequence[tuple[str, int]]) -> None:
@@ -515,10 +439,22 @@ def _lead_result(reply: Any) -> SlotState | None | str:
         return EARLY
     if reply is None or reply is False:
         return UNKNOWN
-    return SlotState.parse(reply)
+    return parse_slot_state(reply)
 
 
 def _rescue_result(reply: Any) -> SlotState | None | str:
     if reply == 3:
         return DIFFERS
     return _lead_result(reply)
+
+
+def parse_slot_state(raw: Any) -> SlotState:
+    """A slot state as the slots hash stores it: ``slot|epoch|state[|node|claimed_ms]``."""
+    slot, epoch, state, *rest = text(raw).split("|", 3)
+    node, claimed = None, None
+    if rest:
+        node, _, at = rest[0].rpartition("|")
+        if not node or not at.isdigit():  # written by an older version: no claim time
+            node, at = rest[0], ""
+        claimed = int(at) if at else None
+    return SlotState(int(slot), int(epoch), state, node, claimed)

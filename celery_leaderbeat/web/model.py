@@ -24,7 +24,7 @@ from celery.schedules import schedule as celery_schedule
 from ..entries import EntryOptions
 from ..ops.cluster import Cluster, EntryRow, HistoryEvent, Leader, NodeRow
 from ..store.connection import describe
-from ..store.ledger import STATE_NAMES, SlotState
+from ..store.types import STATE_NAMES, SlotState
 from ..timing.slots import clock_for, from_ms, slot_id
 
 logger = logging.getLogger(__name__)
