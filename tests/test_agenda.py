@@ -17,7 +17,7 @@ from celery_leaderbeat.roles.agenda import (
     margin_slots,
 )
 from celery_leaderbeat.roles.batch import chunks, missed_events
-from celery_leaderbeat.store.types import CLAIMED, SENT, SKIPPED, UNSENT, ClaimItem, Op, SlotState
+from celery_leaderbeat.store.types import ClaimItem, Op, SlotState, SlotStatus
 from celery_leaderbeat.timing.policy import CatchupPolicy
 from celery_leaderbeat.timing.slots import clock_for, to_ms
 
@@ -35,7 +35,7 @@ def at(seconds: float) -> datetime:
     return T0 + timedelta(seconds=seconds)
 
 
-def stored(seconds: float, epoch: int = 1, state: str = SENT) -> SlotState:
+def stored(seconds: float, epoch: int = 1, state: SlotStatus = SlotStatus.SENT) -> SlotState:
     return SlotState(to_ms(at(seconds)), epoch, state)
 
 
@@ -67,9 +67,11 @@ def test_an_entry_with_a_stored_slot_continues_from_it_without_an_anchor():
 
 def test_claimed_and_unsent_slots_of_an_earlier_epoch_are_unsent_only_claimed_ones_unreported():
     entries = {n: every(10) for n in ("claimed", "reported", "sent", "skipped", "mine")}
-    states = {"claimed": stored(10, 1, CLAIMED), "reported": stored(20, 1, UNSENT),
-              "sent": stored(30, 1, SENT), "skipped": stored(40, 1, SKIPPED),
-              "mine": stored(50, 2, CLAIMED)}
+    states = {"claimed": stored(10, 1, SlotStatus.CLAIMED),
+              "reported": stored(20, 1, SlotStatus.UNSENT),
+              "sent": stored(30, 1, SlotStatus.SENT),
+              "skipped": stored(40, 1, SlotStatus.SKIPPED),
+              "mine": stored(50, 2, SlotStatus.CLAIMED)}
     loaded = load_at(at(60), entries, states, epoch=2)
     assert loaded.unsent == [Unsent("claimed", at(10), True), Unsent("reported", at(20), False)]
 

@@ -10,7 +10,7 @@ from celery_leaderbeat.store.keys import Keys
 from celery_leaderbeat.store.lease import Lease
 from celery_leaderbeat.store.ledger import Ledger
 from celery_leaderbeat.store.scripts import Scripts
-from celery_leaderbeat.store.types import ClaimItem, Event, Op
+from celery_leaderbeat.store.types import ClaimItem, Code, Event, Op, Refused, SlotState, SlotStatus
 
 
 @pytest.fixture
@@ -27,9 +27,10 @@ def parts(redis_client, key_prefix):
 def test_a_slot_is_granted_once_and_a_skip_of_it_is_refused_after(parts):
     lease, ledger = parts("a")
     assert lease.try_acquire()
-    assert ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 1000, Op.CLAIM)]) == [None]
+    assert ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 1000, Op.CLAIM)]) == [Code.GRANTED]
     refused = ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 1000, Op.SKIP)])
-    assert refused[0] is not None and refused[0].slot_ms == 1000 and refused[0].state == "c"
+    assert refused == [Refused(SlotState(1000, lease.epoch, SlotStatus.CLAIMED),
+                              f"already claimed by the leader of epoch {lease.epoch}")]
 
 
 def test_claims_are_monotonic_per_entry(parts):
@@ -37,8 +38,8 @@ def test_claims_are_monotonic_per_entry(parts):
     assert lease.try_acquire()
     items = [ClaimItem("e", 2000, Op.CLAIM), ClaimItem("e", 1000, Op.CLAIM), ClaimItem("f", 500, Op.CLAIM)]
     results = ledger.claim(lease.token, lease.epoch, items)
-    assert results[0] is None and results[2] is None
-    assert results[1] is not None and results[1].slot_ms == 2000
+    assert results[0] is Code.GRANTED and results[2] is Code.GRANTED
+    assert isinstance(results[1], Refused) and results[1].state.slot_ms == 2000
 
 
 def test_a_node_that_lost_the_lease_is_granted_nothing(parts, redis_client, key_prefix):
@@ -55,10 +56,11 @@ def test_a_node_that_lost_the_lease_is_granted_nothing(parts, redis_client, key_
 def test_an_anchor_is_written_only_when_the_entry_has_no_state(parts):
     lease, ledger = parts("a")
     assert lease.try_acquire()
-    assert ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 1000, Op.ANCHOR)]) == [None]
+    assert ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 1000, Op.ANCHOR)]) == [Code.GRANTED]
     again = ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 5000, Op.ANCHOR)])
-    assert again[0].slot_ms == 1000 and again[0].state == "a"
-    assert ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 1001, Op.CLAIM)]) == [None]
+    assert isinstance(again[0], Refused)
+    assert (again[0].state.slot_ms, again[0].state.state) == (1000, SlotStatus.ANCHOR)
+    assert ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 1001, Op.CLAIM)]) == [Code.GRANTED]
 
 
 def test_sent_marks_only_the_current_slot_and_writes_history(parts):
@@ -66,7 +68,7 @@ def test_sent_marks_only_the_current_slot_and_writes_history(parts):
     assert lease.try_acquire()
     ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 1000, Op.CLAIM)])
     assert ledger.record(lease.epoch, [Event("e", 999, "sent"), Event("e", 1000, "sent")]) == 1
-    assert ledger.load()["e"].state == "s"
+    assert ledger.load()["e"].state == SlotStatus.SENT
     events = [(h["event"], h.get("entry")) for h in ledger.history()]
     assert ("sent", "e") in events and events[0] == ("elected", None)
 
@@ -74,10 +76,10 @@ def test_sent_marks_only_the_current_slot_and_writes_history(parts):
 def test_a_skip_advances_the_last_slot_without_a_claim(parts):
     lease, ledger = parts("a")
     assert lease.try_acquire()
-    assert ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 3000, Op.SKIP)]) == [None]
+    assert ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 3000, Op.SKIP)]) == [Code.GRANTED]
     state = ledger.load()["e"]
-    assert (state.slot_ms, state.state, state.epoch) == (3000, "k", lease.epoch)
-    assert ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 2000, Op.CLAIM)])[0] is not None
+    assert (state.slot_ms, state.state, state.epoch) == (3000, SlotStatus.SKIPPED, lease.epoch)
+    assert ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 2000, Op.CLAIM)])[0] is not Code.GRANTED
 
 
 def test_a_claim_renews_the_lease(parts, redis_client, key_prefix):
@@ -92,7 +94,7 @@ def test_thousands_of_claims_in_one_call_are_chunked_and_all_granted(parts):
     lease, ledger = parts("a")
     assert lease.try_acquire()
     items = [ClaimItem(f"e{i}", 1000, Op.CLAIM) for i in range(4500)]
-    assert ledger.claim(lease.token, lease.epoch, items) == [None] * 4500
+    assert ledger.claim(lease.token, lease.epoch, items) == [Code.GRANTED] * 4500
     assert len(ledger.load()) == 4500
 
 
@@ -119,7 +121,7 @@ def test_with_min_replicas_a_claim_returns_once_a_replica_has_it(make_redis_serv
         assert time.monotonic() < deadline, "replica never acknowledged a write"
     lease, ledger = _replicated_parts(master.client(), key_prefix, 1)
     assert lease.try_acquire()
-    assert ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 1000, Op.CLAIM)]) == [None]
+    assert ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 1000, Op.CLAIM)]) == [Code.GRANTED]
     assert replica.client().hget(Keys(key_prefix).slots, "e") is not None
 
 
@@ -161,10 +163,10 @@ def test_a_retried_claim_whose_reply_was_lost_is_granted_again_not_refused(parts
     lease, ledger = parts("a")
     assert lease.try_acquire()
     item = ClaimItem("e", 1000, Op.CLAIM)
-    assert ledger.claim(lease.token, lease.epoch, [item]) == [None]
+    assert ledger.claim(lease.token, lease.epoch, [item]) == [Code.GRANTED]
     # the same call again, as redis-py's retry sends it when the first reply is lost
-    assert ledger.claim(lease.token, lease.epoch, [item]) == [None]
-    assert ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 999, Op.CLAIM)])[0] is not None
+    assert ledger.claim(lease.token, lease.epoch, [item]) == [Code.GRANTED]
+    assert ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 999, Op.CLAIM)])[0] is not Code.GRANTED
 
 
 def test_the_same_slot_claimed_under_an_older_epoch_is_refused(parts, redis_client, key_prefix):
@@ -175,7 +177,7 @@ def test_the_same_slot_claimed_under_an_older_epoch_is_refused(parts, redis_clie
     new, new_ledger = parts("b")
     assert new.try_acquire()
     refused = new_ledger.claim(new.token, new.epoch, [ClaimItem("e", 1000, Op.CLAIM)])
-    assert refused[0] is not None and refused[0].epoch == old.epoch
+    assert isinstance(refused[0], Refused) and refused[0].state.epoch == old.epoch
 
 
 def test_an_unsent_event_marks_a_claimed_slot_reported_but_not_a_newer_one(parts):
@@ -183,7 +185,7 @@ def test_an_unsent_event_marks_a_claimed_slot_reported_but_not_a_newer_one(parts
     assert lease.try_acquire()
     ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 1000, Op.CLAIM)])
     ledger.record(lease.epoch, [Event("e", 1000, "unsent", "lease expired")])
-    assert ledger.load()["e"].state == "u"
+    assert ledger.load()["e"].state == SlotStatus.UNSENT
     ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 2000, Op.CLAIM)])
     ledger.record(lease.epoch, [Event("e", 1000, "unsent", "late")])
-    assert ledger.load()["e"].state == "c"
+    assert ledger.load()["e"].state == SlotStatus.CLAIMED

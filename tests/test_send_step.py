@@ -29,7 +29,7 @@ from tests.faults.seam import AFTER, Seam, faulty_client
 from tests.support.beat import NOOP
 
 #: a leader's claim of a chunk in a batch
-BATCH_CLAIM = "EVALSHA[claim] ledger.Ledger._call<ledger.Ledger.claim<batch.LeaderGate.claim"
+BATCH_CLAIM = "EVALSHA[lead] ledger.Ledger._lead<ledger.Ledger.claim<batch.LeaderGate.claim"
 
 
 def make_app(broker_url: str, prefix: str, schedule: dict, **settings: Any) -> Celery:

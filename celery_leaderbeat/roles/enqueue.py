@@ -33,7 +33,7 @@ from typing import Any
 import kombu
 from celery import signals
 
-from ..store.types import SENT
+from ..store.types import SlotStatus
 from ..timing.slots import to_ms
 from .messages import Captured, Messages
 from .publish import DeclaringOnce, publish, send_many
@@ -261,7 +261,7 @@ class Enqueuer:
         for name, slot, epoch, captured in doubt:
             state = stored.get(name)
             if (state is not None and state.slot_ms == to_ms(slot) and state.epoch == epoch
-                    and state.state == SENT and state.node is None
+                    and state.state == SlotStatus.SENT and state.node is None
                     and not (node is not None and node.sent.covers(name, state.slot_ms))):
                 went.append((name, slot, captured))
                 if node is not None:

@@ -18,7 +18,7 @@ from typing import Any
 from ..errors import LeaseLostError, NotReplicatedError
 from ..store.base import STORE_ERRORS, STORE_UNREACHABLE
 from ..store.ledger import REMOVED
-from ..store.types import ANCHOR, CLAIMED, ClaimItem, Event, Op
+from ..store.types import Code, Event, Op, SlotStatus
 from ..timing.slots import from_ms, to_ms
 from .agenda import Agenda, Loaded, Tracked, Unsent, adopt_refused_anchors, margin_slots
 from .batch import CHUNK, LeaderGate, report_unsent, run_batch, say_capped_once
@@ -121,7 +121,7 @@ class Leader:
             # entry's next slot before this leader was elected): reported all the same
             for (name, slot_ms), state in node.ledger.overtaken().items():
                 if name in loaded.tracked:
-                    unsent.append(Unsent(name, from_ms(slot_ms), state.state == CLAIMED,
+                    unsent.append(Unsent(name, from_ms(slot_ms), state.state == SlotStatus.CLAIMED,
                                          state.claimed_ms, overtaken=True))
         if loaded.anchors:
             refused = _anchor(node, loaded, "new")
@@ -266,7 +266,7 @@ class Leader:
             # snapshot that still held this leader's lease brings back requests already
             # carried out, and nothing else in this tick has noticed yet (a rollback found
             # here re-anchors first; then requests queued before the loss are dropped)
-            node.ledger.claim(*lease.credentials(), [])
+            node.ledger.check_generation(*lease.credentials())
             carry_out(node.ledger, node.store.requests, lease.epoch or 0, node.keys.prefix,
                       self._publish,
                       utcnow(), known=lambda name: name in self.tracked,
@@ -364,7 +364,7 @@ class Leader:
         reports = self.node.ledger.lost_reports()  # what nodes that saw a loss knew settled
         for item, result in zip(loaded.anchors, refused):
             tracked = loaded.tracked.get(item.name)
-            if item.op not in (Op.ANCHOR, Op.ROLLED_BACK) or result is not None \
+            if item.op not in (Op.ANCHOR, Op.ROLLED_BACK) or result is not Code.GRANTED \
                     or tracked is None:
                 continue
             self._unaware.pop(item.name, None)
@@ -379,7 +379,7 @@ class Leader:
             # Rolled back: a slot Redis still holds was settled, but an anchor ('a') is only
             # where an entry starts: nothing before it was settled under it (a leader elected
             # after the loss may have anchored afresh, knowing of none, and led no further)
-            if state is not None and state.state != ANCHOR:
+            if state is not None and state.state != SlotStatus.ANCHOR:
                 settled = max(settled or 0, state.slot_ms)
             events += self._margin_events(item.name, tracked.clock, settled, item.slot_ms)
         return events
@@ -393,7 +393,7 @@ class Leader:
         after the election: the rescue gap is one round trip.
         """
         try:
-            self.node.ledger.claim(*self.node.lease.credentials(), [ClaimItem("", 0, Op.DEFINE)])
+            self.node.ledger.mark_definitions(*self.node.lease.credentials())
         except NotReplicatedError as exc:  # a mark sends nothing: safe to go on
             logger.warning("leaderbeat: %s for the mark of the definitions; going on", exc)
 
@@ -524,12 +524,12 @@ def _say_anchored(loaded: Any) -> None:
 
 def _anchor(node: Node, loaded: Loaded, what: str) -> list[Any]:
     """Claim the anchors of ``what`` (new, changed) entries; a refused one is adopted.
-    Returns, per anchor, None when it was granted, else why not."""
+    Returns, per anchor, what the claim answered."""
     try:
         refused = node.ledger.claim(*node.lease.credentials(), loaded.anchors)
     except NotReplicatedError as exc:  # anchors send nothing: safe to go on
         logger.warning("leaderbeat: %s for the anchors of %s entries; going on", exc, what)
-        refused = [None] * len(loaded.anchors)
+        refused = [Code.GRANTED] * len(loaded.anchors)
     adopt_refused_anchors(loaded, refused)
     _say_anchored(loaded)
     return list(refused)
