@@ -17,7 +17,7 @@ from celery_leaderbeat.roles.agenda import (
     margin_slots,
 )
 from celery_leaderbeat.roles.batch import chunks, missed_events
-from celery_leaderbeat.store.types import ClaimItem, Op, SlotState, SlotStatus
+from celery_leaderbeat.store.types import ClaimItem, Code, Op, Refused, SlotState, SlotStatus
 from celery_leaderbeat.timing.policy import CatchupPolicy
 from celery_leaderbeat.timing.slots import clock_for, to_ms
 
@@ -85,7 +85,7 @@ def test_an_entry_uses_its_own_options_and_the_others_the_default():
 
 def test_a_refused_anchor_starts_the_entry_from_the_slot_that_refused_it():
     loaded = load_at(at(100), {"a": every(10), "b": every(10)})
-    adopt_refused_anchors(loaded, [stored(95), None])
+    adopt_refused_anchors(loaded, [Refused(stored(95), "already claimed"), Code.GRANTED])
     assert (loaded.tracked["a"].last, loaded.tracked["a"].next_fire) == (at(95), at(105))
     assert (loaded.tracked["b"].last, loaded.tracked["b"].next_fire) == (at(100), at(110))
 
