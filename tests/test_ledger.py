@@ -2,15 +2,28 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
+import redis
 
 from celery_leaderbeat.config import Config
-from celery_leaderbeat.errors import LeaseLostError
+from celery_leaderbeat.errors import LeaseLostError, ScriptError
 from celery_leaderbeat.store.keys import Keys
 from celery_leaderbeat.store.lease import Lease
-from celery_leaderbeat.store.ledger import Ledger
+from celery_leaderbeat.store.ledger import Ledger, decode
 from celery_leaderbeat.store.scripts import Scripts
-from celery_leaderbeat.store.types import ClaimItem, Code, Event, Op, Refused, SlotState, SlotStatus
+from celery_leaderbeat.store.types import (
+    BackfillReason,
+    BackfillRefused,
+    ClaimItem,
+    Code,
+    Event,
+    Op,
+    Refused,
+    SlotState,
+    SlotStatus,
+)
 
 
 @pytest.fixture
@@ -189,3 +202,65 @@ def test_an_unsent_event_marks_a_claimed_slot_reported_but_not_a_newer_one(parts
     ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 2000, Op.CLAIM)])
     ledger.record(lease.epoch, [Event("e", 1000, "unsent", "late")])
     assert ledger.load()["e"].state == SlotStatus.CLAIMED
+
+
+def _slot_scripts() -> dict[str, str]:
+    from importlib import resources
+
+    from celery_leaderbeat.store.scripts import SLOT_SCRIPTS
+    lua = resources.files("celery_leaderbeat.store").joinpath("lua")
+    return {name: lua.joinpath(f"{name}.lua").read_text() for name in (*SLOT_SCRIPTS, "prelude")}
+
+
+def test_every_code_a_slot_script_names_is_in_the_python_enums():
+    tables = {"CODE": {c.name for c in Code}, "REASON": {r.name for r in BackfillReason},
+              "STATUS": {s.name for s in SlotStatus}}
+    named = {(table, name) for text in _slot_scripts().values()
+             for table, name in re.findall(r"\b(CODE|REASON|STATUS)\.(\w+)", text)}
+    assert {table for table, _ in named} == set(tables)
+    assert {(t, n) for t, n in named if n not in tables[t]} == set()
+
+
+def test_no_slot_script_answers_an_item_with_a_bare_number():
+    """Per-item answers come from the code tables (a bare 0 meant four things once)."""
+    for name, text in _slot_scripts().items():
+        assert re.findall(r"\bresult\s*=\s*-?\d|\breturn\s+-?\d", text) == [], name
+
+
+def test_a_code_a_script_reads_that_is_not_in_a_table_is_an_error_in_the_script(redis_client):
+    from celery_leaderbeat.store.scripts import code_tables
+    script = redis_client.register_script(code_tables() + "\nreturn CODE.NO_SUCH_CODE")
+    with pytest.raises(redis.ResponseError, match="no such code: NO_SUCH_CODE"):
+        script()
+
+
+def test_an_answer_this_version_does_not_understand_names_the_script_the_code_and_the_item():
+    item = ClaimItem("e", 1000, Op.CLAIM)
+    assert decode("lead", [item], [1, 0, 0, 7, 1]) == [Code.GRANTED]
+    with pytest.raises(ScriptError, match=r"lead\.lua answered 99 for claim of 'e' at 1000"):
+        decode("lead", [item], [1, 0, 0, 7, 99])
+    with pytest.raises(ScriptError, match=r"rescue\.lua answered None"):
+        decode("rescue", [item], [1, 0, 0, 7, None])
+    with pytest.raises(ScriptError, match=r"backfill\.lua answered b'soon'"):
+        decode("backfill", [item], [1, 0, 0, 7, b"soon"])
+    with pytest.raises(ScriptError, match="2 results for 1 items"):
+        decode("lead", [item], [1, 0, 0, 7, 1, 1])
+
+
+def test_a_rolled_back_entry_starts_again_past_its_slot_as_skipped(parts):
+    lease, ledger = parts("a")
+    assert lease.try_acquire()
+    assert Op.ROLLED_BACK != Op.SKIP
+    assert ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 3000, Op.ROLLED_BACK)]) == [
+        Code.GRANTED]
+    assert ledger.load()["e"].state == SlotStatus.SKIPPED
+
+
+def test_a_backfill_refusal_is_a_reason_and_a_rescue_of_an_unknown_op_an_error(parts):
+    lease, ledger = parts("a")
+    assert lease.try_acquire()
+    ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 3000, Op.CLAIM)])
+    assert ledger.backfill(lease.token, lease.epoch, "e", [4000], "r1") == [
+        BackfillRefused(BackfillReason.LATER)]
+    with pytest.raises(redis.ResponseError, match="rescue.lua: op anchor is not a rescue"):
+        ledger.rescue([ClaimItem("e", 4000, Op.ANCHOR)])
