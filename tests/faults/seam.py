@@ -56,10 +56,18 @@ BEFORE, AFTER, DELAY, LATE, DROP, REPEAT = "before", "after", "delay", "late", "
 KINDS = (BEFORE, AFTER, DELAY, LATE, DROP, REPEAT)
 
 def _script_names() -> dict[str, str]:
-    """EVALSHA digest -> script name: every script the package registers."""
-    from celery_leaderbeat.store.scripts import NAMES, source
+    """EVALSHA digest -> script name: every ``store/lua/*.lua`` of the package, as the
+    loader sends it (a slot script with the code tables and the prelude before it)."""
+    from importlib import resources
 
-    return {hashlib.sha1(source(name).encode()).hexdigest(): name for name in NAMES}
+    from celery_leaderbeat.store.scripts import source
+
+    names = {}
+    for item in resources.files("celery_leaderbeat.store").joinpath("lua").iterdir():
+        if item.name.endswith(".lua"):
+            name = item.name[:-len(".lua")]
+            names[hashlib.sha1(source(name).encode()).hexdigest()] = name
+    return names
 
 
 #: EVALSHA digest -> script name, for call-site labels
