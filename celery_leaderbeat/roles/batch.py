@@ -183,7 +183,7 @@ class Outcome:
     differs: list[str] = field(default_factory=list)  # rescue: the leader plans another definition
 
 
-@dataclass
+@dataclass(slots=True)
 class _Row:
     """One slot of a chunk: what was asked and what the claim answered."""
 
@@ -191,7 +191,7 @@ class _Row:
     slot: datetime
     slot_ms: int
     item: ClaimItem
-    result: ClaimResult = Code.GRANTED
+    result: ClaimResult
 
     @property
     def key(self) -> tuple[str, datetime]:
@@ -286,29 +286,28 @@ class _Batch:
         wanted = [(t.name, slot) for (t, slot, op, _), ms in zip(chunk, slots_ms)
                   if op == Op.CLAIM and not self.memory.covers(t.name, ms)]
         commands = dict(zip(wanted, self.sender.prepare(wanted)))
-        rows = [_Row(t, slot, ms, ClaimItem(t.name, ms, op, ms if fire is slot else to_ms(fire),
-                                            to_ms(prev), t.fingerprint,
-                                            commands.get((t.name, slot)) or ()))
-                for (t, slot, op, prev), ms in zip(chunk, slots_ms)
-                for fire in [t.clock.fire_time(slot)]]
+        items = [ClaimItem(t.name, ms, op, ms if fire is slot else to_ms(fire), to_ms(prev),
+                           t.fingerprint, commands.get((t.name, slot)) or ())
+                 for (t, slot, op, prev), ms in zip(chunk, slots_ms)
+                 for fire in [t.clock.fire_time(slot)]]
         writing, self.pending = self.pending, []  # written by the claim call, even when refused
         self.outcome.events += writing
         replicated = True
         try:
-            results = self.gate.claim([row.item for row in rows], writing)
+            results = self.gate.claim(items, writing)
         except NotReplicatedError as exc:
             # Granted on the master, but a failover could lose the claims: sending could
             # then duplicate. Not sending keeps G1; what was granted is recorded unsent,
             # what was refused is handled as any refusal.
             logger.warning("leaderbeat: %s; not sending this chunk", exc)
-            results, replicated = exc.results or [Code.GRANTED] * len(rows), False
+            results, replicated = exc.results or [Code.GRANTED] * len(items), False
         except LeaseLostError:
             raise  # the events were written: the script writes them before its check
         except Exception:
             self.backlog.extend(writing)  # may not have been written: written again later
             raise
-        for row, result in zip(rows, results):
-            row.result = result
+        rows = [_Row(t, slot, ms, item, result) for (t, slot, _, _), ms, item, result
+                in zip(chunk, slots_ms, items, results)]
         return rows, replicated
 
     def send(self, rows: Sequence[_Row], replicated: bool

@@ -13,7 +13,14 @@ from enum import Enum, IntEnum
 from typing import Any, NamedTuple
 
 
-class SlotStatus(str, Enum):
+class _Word(str, Enum):
+    """An enum whose members are the words the store keeps, and print as them."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+
+class SlotStatus(_Word):
     """The state of an entry's last slot, stored as one letter in the slots hash."""
 
     CLAIMED = "c"  # granted to be sent, not confirmed yet
@@ -28,7 +35,7 @@ class SlotStatus(str, Enum):
         return "unsent (reported)" if self is SlotStatus.UNSENT else self.name.lower()
 
 
-class Op(str, Enum):
+class Op(_Word):
     """What a claim asks for, per item (the claim scripts turn each into a state)."""
 
     CLAIM = "claim"  # claim the slot to send it: claimed
@@ -106,7 +113,7 @@ class Code(IntEnum):
     UNKNOWN = 6
 
 
-class BackfillReason(str, Enum):
+class BackfillReason(_Word):
     """Why a backfill of a slot was refused (decided by the store, at the claim)."""
 
     LATER = "later"
