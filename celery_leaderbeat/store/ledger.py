@@ -66,7 +66,7 @@ class Ledger:
         self.scripts = scripts
         self.keys = keys
         self.config = config
-        #: the highest generation of the state this node has seen (see check_generation in prelude.lua)
+        #: the highest generation of the state this node has seen (see prelude.lua)
         self.generation = 0
         #: set by a leader re-anchoring every entry after Redis went back to older state
         self._reset_generation = False
