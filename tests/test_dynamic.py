@@ -18,7 +18,7 @@ from celery_leaderbeat.errors import ConfigurationError
 from celery_leaderbeat.roles.dynamic_schedule import reanchor
 from celery_leaderbeat.store.entry_store import EntryStore
 from celery_leaderbeat.store.keys import Keys
-from celery_leaderbeat.store.types import SlotState, SlotStatus
+from celery_leaderbeat.store.types import SlotState
 from celery_leaderbeat.timing.schedules import cron
 
 TASK = "proj.tasks.report"
@@ -159,8 +159,8 @@ def test_a_node_far_behind_the_removed_cap_reads_everything_again(app, store, mo
 
 
 def test_reanchor_starts_an_entry_at_its_anchor_only_when_its_slot_is_older_or_exact():
-    stored = {"old": SlotState(1000, 3, SlotStatus.SENT), "new": SlotState(9000, 3, SlotStatus.SENT)}
-    anchors = {name: SlotState(ms, 0, SlotStatus.ANCHOR) for name, ms in
+    stored = {"old": SlotState(1000, 3, "s"), "new": SlotState(9000, 3, "s")}
+    anchors = {name: SlotState(ms, 0, "a") for name, ms in
                (("old", 5000), ("new", 5000), ("fresh", 7000))}
     out = reanchor(stored, anchors)
     assert out["old"].slot_ms == 5000 and out["new"] == stored["new"]

@@ -45,9 +45,6 @@ LOST_AT = "|lost_at"
 #: lease ttls (a leader elected after the loss looks for reports during one ttl)
 LOST_KEPT_TTLS = 3
 
-#: what ``anchor.lua`` sets (the rest of a leader's claims go through ``lead.lua``)
-_ANCHOR_OPS = frozenset({Op.ANCHOR, Op.REANCHOR, Op.RESTORE, Op.ROLLED_BACK, Op.DEFINE})
-
 #: claim items and history events per script call at most (bounds one call's run time)
 _MAX_PER_CALL = 2000
 
@@ -87,18 +84,11 @@ class Ledger:
         no longer leads, and NotReplicatedError when ``min_replicas`` replicas did not
         acknowledge.
         """
-        anchors = [item.op in _ANCHOR_OPS for item in items]
-        if any(anchors) and not all(anchors):
-            raise ValueError("a claim sets anchors or claims slots, not both in one call")
-        script = "anchor" if items and all(anchors) else "lead"
         results: list[ClaimResult] = []
         for batch_events, batch_items in _calls(events, items):
-            if script == "anchor":
-                reply = self._anchor(token, epoch, batch_events, batch_items)
-            else:
-                reply = self._lead(token, epoch, batch_events, batch_items)
-            self._check_fenced(reply, script, token)
-            results += decode(script, batch_items, reply)
+            reply = self._lead(token, epoch, batch_events, batch_items)
+            self._check_fenced(reply, "lead", token)
+            results += decode("lead", batch_items, reply)
             if self.config.min_replicas and batch_items:
                 self._wait_for_replicas(results)
         return results
@@ -273,15 +263,6 @@ class Ledger:
         if any(item.enqueue for item in items):
             args += _enqueue_section(items, keys)
         return self.scripts.lead(keys=keys, args=args)
-
-    def _anchor(self, token: str, epoch: int, events: Sequence[Event],
-                items: Sequence[ClaimItem]) -> Any:
-        args: list[Any] = [token, self._ttl_ms(), epoch, self.config.history_length,
-                           self.config.node_id, self._ahead_ms(), *self._seen(),
-                           *_event_args(events)]
-        for item in items:
-            args += [item.name, item.slot_ms, item.op.value, item.fingerprint]
-        return self._call("anchor", args)
 
     def _call(self, script: str, args: list[Any]) -> Any:
         return getattr(self.scripts, script)(keys=self._keys(), args=args)

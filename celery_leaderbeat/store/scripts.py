@@ -20,7 +20,7 @@ from .keys import Keys
 from .types import BackfillReason, Code, SlotStatus
 
 #: the scripts about slots, which share ``prelude.lua`` and the code tables
-SLOT_SCRIPTS = ("lead", "anchor", "rescue", "record", "backfill", "define", "check")
+SLOT_SCRIPTS = ("lead", "rescue", "record", "backfill", "define", "check")
 NAMES = ("acquire", "renew", "release", "guard", "prune", "lost", *SLOT_SCRIPTS)
 
 
@@ -69,7 +69,6 @@ class Scripts:
     prune: Any
     lost: Any
     lead: Any
-    anchor: Any
     rescue: Any
     record: Any
     backfill: Any

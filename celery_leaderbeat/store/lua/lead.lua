@@ -1,6 +1,5 @@
 -- lead.lua: the leader's claim of slots (KEYS and replies: prelude.lua). Fenced: nothing is
--- granted unless KEYS[1] holds ``token``; a slot only when newer than the stored one. Ops:
--- 'claim' to send it, 'skip' past it, 'recover' an unconfirmed slot an earlier claimant left.
+-- granted unless KEYS[1] holds ``token``; a slot only when newer than the stored one.
 -- ARGV: token, ttl (ms), epoch, history max length, node id, ahead (ms a slot's fire time
 -- may lie ahead of the store's clock), recover age (ms a standby's claim must be old before
 -- 'recover' takes it), the highest generation seen ('' none; 'reset': lift the counter above
@@ -9,9 +8,10 @@
 -- section: per item its broker commands as one word ('l' LPUSH or 'e' PEXPIRE, each with
 -- a KEYS index from 11: 'l11e12'; '' none), then one argument per command; last its length.
 -- A granted 'claim' with commands runs them in this same step and is stored sent; a queue
--- that is not a list leaves its claims granted without them (UNQUEUED); a paused entry's is
--- skipped (PAUSED); this leader's own, asked again, stored sent answers ENQUEUED. Per item:
--- a CODE, or the stored value that refused it.
+-- that is not a list leaves its claims granted without them (UNQUEUED). A paused entry's
+-- 'claim' is skipped (PAUSED). A leader's own slot asked again: stored sent answers
+-- ENQUEUED, still claimed is granted again. Per item: a CODE, or the stored value that
+-- refused it.
 local token, ttl, epoch, history_max = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local node, ahead, recover_age = ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7])
 local seen, lift_above, n = ARGV[8], ARGV[9], tonumber(ARGV[10])
@@ -21,7 +21,9 @@ if #KEYS > 10 then
   items_end = #ARGV - 1 - tonumber(ARGV[#ARGV])
   enq = items_end + 1
 end
-local STATE = {claim = STATUS.CLAIMED, skip = STATUS.SKIPPED, recover = STATUS.CLAIMED}
+local STATE = {claim = STATUS.CLAIMED, skip = STATUS.SKIPPED, rolled_back = STATUS.SKIPPED,
+               anchor = STATUS.ANCHOR, reanchor = STATUS.ANCHOR, restore = STATUS.SENT,
+               recover = STATUS.CLAIMED}
 
 local not_list = {}  -- KEYS indices of queues (LPUSH) that are not lists
 local function problem()
@@ -41,7 +43,6 @@ local function problem()
   local names = {}
   for i = 11, items_at - 1, 4 do names[#names + 1] = ARGV[i] end
   for i = items_at, items_end, 5 do
-    if not STATE[ARGV[i + 2]] then return 'op ' .. ARGV[i + 2] .. ' is not a lead claim' end
     names[#names + 1] = ARGV[i]
     local field = ARGV[i] .. '|' .. ARGV[i + 1]
     local over = ARGV[i + 2] == 'recover' and redis.call('HGET', KEYS[4], field)
@@ -83,12 +84,18 @@ local function recover(name, slot, slot_text, stored)
   return nil
 end
 
--- why an item is not granted, or nil
-local function judge(op, name, slot, slot_text, fire, stored)
+-- why an item is not granted as asked, or nil; and the slot to store when granted
+local function judge(op, name, slot, slot_text, fire, fp, stored)
   local s_slot, s_epoch, s_state, s_node
   if stored then s_slot, s_epoch, s_state, s_node = parts(stored) end
   if op == 'claim' and fire > now + ahead then
     return CODE.EARLY
+  elseif op == 'anchor' then
+    return stored or nil
+  elseif op == 'reanchor' then
+    if redis.call('HGET', KEYS[6], name) == fp then return stored or CODE.UNKNOWN end
+    if stored and s_slot > slot then return nil, tostring(s_slot) end
+    return nil
   elseif op == 'recover' then
     return recover(name, slot, slot_text, stored)
   elseif not stored then
@@ -139,7 +146,13 @@ for i = items_at, items_end, 5 do
     progressed = true
   end
   local stored = redis.call('HGET', KEYS[2], name)
-  local result = judge(op, name, slot, slot_text, fire, stored)
+  local result, moved = nil, nil
+  if op == 'define' then
+    define(name, fp, epoch)
+    result = CODE.GRANTED
+  else
+    result, moved = judge(op, name, slot, slot_text, fire, fp, stored)
+  end
   if result == nil then
     if op == 'claim' and redis.call('HEXISTS', KEYS[5], name) == 1 then
       redis.call('HSET', KEYS[2], name, slot_text .. '|' .. epoch .. '|' .. STATUS.SKIPPED)
@@ -148,7 +161,7 @@ for i = items_at, items_end, 5 do
       local _, s_epoch, s_node
       if stored then _, s_epoch, _, s_node = parts(stored) end
       local state = (op == 'claim' and ncmds > 0) and STATUS.SENT or STATE[op]
-      store_slot(name, slot_text, epoch, state, '', stored,
+      store_slot(name, moved or slot_text, epoch, state, '', stored,
                  op == 'recover' or (s_epoch == epoch and s_node == ''))
       run_commands(spec, cmds)
       if ncmds > 0 then  -- enqueued: its 'sent' event is written here, not by the caller

@@ -1,5 +1,4 @@
--- prelude.lua: what the slot scripts share (lead, anchor, rescue, record, backfill, define,
--- check).
+-- prelude.lua: what the slot scripts share (lead, rescue, record, backfill, define, check).
 -- The loader puts the code tables (CODE, REASON, STATUS, from store/types.py) before it.
 -- KEYS, the same in every slot script:
 --  [1] leader key  [2] slots hash: entry -> "<slot_ms>|<epoch>|<state>[|<node>|<claimed ms>]"
