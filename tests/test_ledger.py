@@ -8,7 +8,7 @@ import pytest
 import redis
 
 from celery_leaderbeat.config import Config
-from celery_leaderbeat.errors import LeaseLostError, ScriptError
+from celery_leaderbeat.errors import LeaseLostError, RolledBackError, ScriptError
 from celery_leaderbeat.store.keys import Keys
 from celery_leaderbeat.store.lease import Lease
 from celery_leaderbeat.store.ledger import Ledger, decode
@@ -264,3 +264,15 @@ def test_a_backfill_refusal_is_a_reason_and_a_rescue_of_an_unknown_op_an_error(p
         BackfillRefused(BackfillReason.LATER)]
     with pytest.raises(redis.ResponseError, match="rescue.lua: op anchor is not a rescue"):
         ledger.rescue([ClaimItem("e", 4000, Op.ANCHOR)])
+
+
+def test_the_generation_check_says_when_redis_lost_writes_or_another_node_leads(parts):
+    lease, ledger = parts("a")
+    assert lease.try_acquire()
+    ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 1000, Op.CLAIM)])
+    ledger.check_generation(lease.token, lease.epoch)  # nothing lost, still leading
+    with pytest.raises(LeaseLostError, match="check refused"):
+        ledger.check_generation("someone|9", 9)
+    ledger.generation += 10  # this node saw writes Redis no longer has
+    with pytest.raises(RolledBackError):
+        ledger.check_generation(lease.token, lease.epoch)

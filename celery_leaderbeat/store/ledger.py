@@ -97,8 +97,7 @@ class Ledger:
         """Leader: raise when Redis lost writes this node saw (RolledBackError) or ``token``
         no longer leads (LeaseLostError); before acting on state a restore may have
         brought back. Renews the lease; writes nothing else."""
-        reply = self._call("check", [token, self._ttl_ms(), epoch, self._ahead_ms(),
-                                     *self._seen()])
+        reply = self._call("check", [token, self._ttl_ms(), self._ahead_ms(), *self._seen()])
         self._check_fenced(reply, "check", token)
 
     def mark_definitions(self, token: str, epoch: int) -> None:
