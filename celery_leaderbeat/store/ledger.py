@@ -465,19 +465,11 @@ def _decode_one(script: str, item: ClaimItem, answer: Any) -> ClaimResult:
         if script == "backfill":
             return BackfillRefused(BackfillReason(text(answer)))
         if isinstance(answer, (bytes, str)):
-            state = parse_slot_state(answer)
-            return Refused(state, _refusal(item.slot_ms, state))
+            return Refused.by(parse_slot_state(answer), item.slot_ms)
     except ValueError:
         pass
     raise ScriptError(f"{script}.lua answered {answer!r} for {item.op.value} of {item.name!r} "
                       f"at {item.slot_ms}, which this version does not understand")
-
-
-def _refusal(slot_ms: int, state: SlotState) -> str:
-    """Who holds the slot asked for, or a newer one, for the history."""
-    if state.slot_ms == slot_ms:
-        return f"already claimed by {state.claimant()}"
-    return f"a newer slot was claimed by {state.claimant()}"
 
 
 def parse_slot_state(raw: Any) -> SlotState:

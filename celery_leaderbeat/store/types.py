@@ -147,6 +147,12 @@ class Refused:
     state: SlotState
     reason: str  # for the history: who holds it
 
+    @classmethod
+    def by(cls, state: SlotState, slot_ms: int) -> Refused:
+        """A claim of ``slot_ms`` refused by ``state``, with who holds it said."""
+        held = "already claimed" if state.slot_ms == slot_ms else "a newer slot was claimed"
+        return cls(state, f"{held} by {state.claimant()}")
+
 
 @dataclass(frozen=True)
 class BackfillRefused:
