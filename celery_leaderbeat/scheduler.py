@@ -41,9 +41,9 @@ from .send.sender import Enqueuer
 from .store.base import STORE_ERRORS, STORE_REFUSED, LeaseStore, SlotStore
 from .store.connection import describe
 from .store.keys import Keys
-from .store.ledger import Event
 from .store.redis_store import connect
 from .store.registry import Registration
+from .store.types import Event
 
 __all__ = ["LEADER", "STANDBY", "Scheduler", "gate_class", "wrap_class"]
 

@@ -19,15 +19,7 @@ from celery_leaderbeat.roles.agenda import (
     margin_slots,
 )
 from celery_leaderbeat.roles.batch import chunks, missed_events
-from celery_leaderbeat.store.ledger import (
-    CLAIMED,
-    SENT,
-    SKIPPED,
-    UNSENT,
-    ClaimItem,
-    Op,
-    SlotState,
-)
+from celery_leaderbeat.store.types import ClaimItem, Code, Op, Refused, SlotState, SlotStatus
 from celery_leaderbeat.timing.policy import CatchupPolicy
 from celery_leaderbeat.timing.slots import clock_for, to_ms
 
@@ -45,7 +37,7 @@ def at(seconds: float) -> datetime:
     return T0 + timedelta(seconds=seconds)
 
 
-def stored(seconds: float, epoch: int = 1, state: str = SENT) -> SlotState:
+def stored(seconds: float, epoch: int = 1, state: SlotStatus = SlotStatus.SENT) -> SlotState:
     return SlotState(to_ms(at(seconds)), epoch, state)
 
 
@@ -78,9 +70,11 @@ def test_an_entry_with_a_stored_slot_continues_from_it_without_an_anchor():
 
 def test_claimed_and_unsent_slots_of_an_earlier_epoch_are_unsent_only_claimed_ones_unreported():
     entries = {n: every(10) for n in ("claimed", "reported", "sent", "skipped", "mine")}
-    states = {"claimed": stored(10, 1, CLAIMED), "reported": stored(20, 1, UNSENT),
-              "sent": stored(30, 1, SENT), "skipped": stored(40, 1, SKIPPED),
-              "mine": stored(50, 2, CLAIMED)}
+    states = {"claimed": stored(10, 1, SlotStatus.CLAIMED),
+              "reported": stored(20, 1, SlotStatus.UNSENT),
+              "sent": stored(30, 1, SlotStatus.SENT),
+              "skipped": stored(40, 1, SlotStatus.SKIPPED),
+              "mine": stored(50, 2, SlotStatus.CLAIMED)}
     loaded = load_at(at(60), entries, states, epoch=2)
     assert loaded.unsent == [Unsent("claimed", at(10), True), Unsent("reported", at(20), False)]
 
@@ -94,7 +88,7 @@ def test_an_entry_uses_its_own_options_and_the_others_the_default():
 
 def test_a_refused_anchor_starts_the_entry_from_the_slot_that_refused_it():
     loaded = load_at(at(100), {"a": every(10), "b": every(10)})
-    adopt_refused_anchors(loaded, [stored(95), None])
+    adopt_refused_anchors(loaded, [Refused(stored(95), "already claimed"), Code.GRANTED])
     assert (loaded.tracked["a"].last, loaded.tracked["a"].next_fire) == (at(95), at(105))
     assert (loaded.tracked["b"].last, loaded.tracked["b"].next_fire) == (at(100), at(110))
 

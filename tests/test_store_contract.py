@@ -18,8 +18,8 @@ from celery_leaderbeat.store.base import GuardRun, Store
 from celery_leaderbeat.store.entry_store import EntryExists, EntryUnknown
 from celery_leaderbeat.store.events import ENTRIES, RELEASED, REQUEST
 from celery_leaderbeat.store.keys import Keys
-from celery_leaderbeat.store.ledger import ClaimItem, Event, Op
 from celery_leaderbeat.store.redis_store import redis_store
+from celery_leaderbeat.store.types import ClaimItem, Code, Event, Op, Refused, SlotStatus
 
 STORES = ["redis"]
 
@@ -79,13 +79,13 @@ def test_a_lease_taken_over_cannot_be_renewed_by_its_old_holder(backend):
 def test_a_claimed_slot_stays_claimed_and_only_the_lease_holder_claims(backend):
     a, b = backend.make("a"), backend.make("b")
     assert a.lease.try_acquire()
-    assert a.ledger.claim(*a.lease.credentials(), [ClaimItem("e", 1000, Op.CLAIM)]) == [None]
+    assert a.ledger.claim(*a.lease.credentials(), [ClaimItem("e", 1000, Op.CLAIM)]) == [Code.GRANTED]
     skip = a.ledger.claim(*a.lease.credentials(), [ClaimItem("e", 1000, Op.SKIP)])
-    assert skip[0] is not None and not isinstance(skip[0], str)
-    assert (skip[0].slot_ms, skip[0].state) == (1000, "c")
+    assert isinstance(skip[0], Refused)
+    assert (skip[0].state.slot_ms, skip[0].state.state) == (1000, SlotStatus.CLAIMED)
     earlier = a.ledger.claim(*a.lease.credentials(), [ClaimItem("e", 500, Op.CLAIM)])
-    assert earlier[0] is not None and not isinstance(earlier[0], str)
-    assert earlier[0].slot_ms == 1000
+    assert isinstance(earlier[0], Refused)
+    assert earlier[0].state.slot_ms == 1000
     with pytest.raises(LeaseLostError):
         b.ledger.claim("not-the-token", 99, [ClaimItem("e", 2000, Op.CLAIM)])
     assert a.ledger.load()["e"].slot_ms == 1000
@@ -96,10 +96,10 @@ def test_a_rescue_is_granted_once_and_only_for_an_entry_whose_phase_is_known(bac
     assert leader.lease.try_acquire()
     leader.ledger.claim(*leader.lease.credentials(), [ClaimItem("e", 1000, Op.ANCHOR)])
     slot = backend.now_ms() - 3000  # past its fire time by more than rescue_after (2 s)
-    assert s1.ledger.rescue([ClaimItem("new", slot, Op.CLAIM, slot)]).results == ["unknown"]
-    assert s1.ledger.rescue([ClaimItem("e", slot, Op.CLAIM, slot)]).results == [None]
+    assert s1.ledger.rescue([ClaimItem("new", slot, Op.CLAIM, slot)]).results == [Code.UNKNOWN]
+    assert s1.ledger.rescue([ClaimItem("e", slot, Op.CLAIM, slot)]).results == [Code.GRANTED]
     refused = s2.ledger.rescue([ClaimItem("e", slot, Op.CLAIM, slot)]).results[0]
-    assert refused is not None and not isinstance(refused, str) and refused.node == "s1"
+    assert isinstance(refused, Refused) and refused.state.node == "s1"
 
 
 def test_a_sent_record_marks_the_slot_sent_and_joins_the_history(backend):
@@ -107,7 +107,7 @@ def test_a_sent_record_marks_the_slot_sent_and_joins_the_history(backend):
     assert a.lease.try_acquire()
     a.ledger.claim(*a.lease.credentials(), [ClaimItem("e", 1000, Op.CLAIM)])
     assert a.ledger.record(a.lease.epoch, [Event("e", 1000, "sent")]) == 1
-    assert a.ledger.load()["e"].state == "s"
+    assert a.ledger.load()["e"].state == SlotStatus.SENT
     assert ("sent", "e") in [(h["event"], h.get("entry")) for h in a.ledger.history()]
 
 

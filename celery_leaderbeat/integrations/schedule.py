@@ -15,7 +15,7 @@ from ..entries import EntryOptions, split_entries
 from ..errors import ConfigurationError
 from ..roles.dynamic_schedule import DynamicSchedule
 from ..store.base import EntryDefinitions
-from ..store.ledger import SlotState
+from ..store.types import SlotState
 from ..timing.slots import clock_for
 from .attributes import Attributes
 

@@ -44,7 +44,7 @@ from ..roles.leader import Leader
 from ..roles.shared import Shared
 from ..roles.standby import Standby
 from ..store.base import STORE_ERRORS
-from ..store.ledger import ClaimItem, Op
+from ..store.types import ClaimItem, Op
 from ..timing.slots import clock_for, to_ms
 from .adapter import Adapter, Snapshot
 from .schedule import CHANGE_LOG

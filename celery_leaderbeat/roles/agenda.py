@@ -18,7 +18,7 @@ from datetime import datetime, timedelta, timezone, tzinfo
 from typing import Any, NamedTuple
 
 from ..entries import EntryOptions
-from ..store.ledger import CLAIMED, UNSENT, ClaimItem, Op, SlotState
+from ..store.types import ClaimItem, ClaimResult, Op, Refused, SlotState, SlotStatus
 from ..timing.clocks import IntervalClock
 from ..timing.policy import CatchupPolicy
 from ..timing.slots import Plan, SlotClock, clock_for, from_ms, plan, to_ms
@@ -200,8 +200,9 @@ def load(schedule: Mapping[str, Any], stored: Mapping[str, SlotState], *, start:
             last = max(start, from_ms(state.slot_ms))
         else:
             last = from_ms(state.slot_ms)
-            if state.state in (CLAIMED, UNSENT) and state.epoch != epoch:
-                unsent.append(Unsent(name, last, state.state == CLAIMED, state.claimed_ms))
+            if state.state in (SlotStatus.CLAIMED, SlotStatus.UNSENT) and state.epoch != epoch:
+                unsent.append(Unsent(name, last, state.state == SlotStatus.CLAIMED,
+                                     state.claimed_ms))
         tracked[name] = Tracked(name, clock, opts, last, fp)
     return Loaded(tracked, anchors, unsent, frozenset(n for n in tracked if n in runtime)
                   if len(tracked) < len(runtime) else frozenset(n for n in runtime if n in tracked))
@@ -238,11 +239,11 @@ def margin_slots(clock: SlotClock, since: datetime, anchor: datetime
     return slots, older
 
 
-def adopt_refused_anchors(loaded: Loaded, refused: Sequence[SlotState | None | str]) -> None:
+def adopt_refused_anchors(loaded: Loaded, results: Sequence[ClaimResult]) -> None:
     """An anchor refused: another leader stored a slot since ``load``; start from that one."""
-    for item, state in zip(loaded.anchors, refused):
-        if isinstance(state, SlotState):
-            loaded.tracked[item.name].advance(from_ms(state.slot_ms))
+    for item, result in zip(loaded.anchors, results):
+        if isinstance(result, Refused):
+            loaded.tracked[item.name].advance(from_ms(result.state.slot_ms))
 
 
 class Agenda:

@@ -17,7 +17,8 @@ from typing import Any
 
 from ..errors import LeaseLostError, NotReplicatedError
 from ..store.base import STORE_ERRORS, STORE_UNREACHABLE
-from ..store.ledger import ANCHOR, CLAIMED, REMOVED, ClaimItem, Event, Op
+from ..store.ledger import REMOVED
+from ..store.types import Code, Event, Op, SlotStatus
 from ..timing.slots import from_ms, to_ms
 from .agenda import (
     Agenda,
@@ -121,7 +122,7 @@ class Leader:
             # entry's next slot before this leader was elected): reported all the same
             for (name, slot_ms), state in shared.ledger.overtaken().items():
                 if name in loaded.tracked:
-                    unsent.append(Unsent(name, from_ms(slot_ms), state.state == CLAIMED,
+                    unsent.append(Unsent(name, from_ms(slot_ms), state.state == SlotStatus.CLAIMED,
                                          state.claimed_ms, overtaken=True))
         if loaded.anchors:
             refused = _anchor(shared, loaded, "new")
@@ -284,7 +285,7 @@ class Leader:
         # snapshot that still held this leader's lease brings back requests already
         # carried out, and nothing else in this tick has noticed yet (a rollback found
         # here re-anchors first; then requests queued before the loss are dropped)
-        shared.ledger.claim(*lease.credentials(), [])
+        shared.ledger.check_generation(*lease.credentials())
         token, _ = lease.credentials()
         carry_out(LeaderSide(shared.ledger, shared.store.requests, lease.epoch or 0, token,
                              shared.keys.prefix, self._publish,
@@ -399,7 +400,7 @@ class Leader:
         reports = self.shared.ledger.lost_reports()  # what nodes that saw a loss knew settled
         for item, result in zip(loaded.anchors, refused):
             tracked = loaded.tracked.get(item.name)
-            if item.op not in (Op.ANCHOR, Op.ROLLED_BACK) or result is not None \
+            if item.op not in (Op.ANCHOR, Op.ROLLED_BACK) or result is not Code.GRANTED \
                     or tracked is None:
                 continue
             self._unaware.pop(item.name, None)
@@ -414,7 +415,7 @@ class Leader:
             # Rolled back: a slot Redis still holds was settled, but an anchor ('a') is only
             # where an entry starts: nothing before it was settled under it (a leader elected
             # after the loss may have anchored afresh, knowing of none, and led no further)
-            held = state.slot_ms if state is not None and state.state != ANCHOR else None
+            held = state.slot_ms if state is not None and state.state != SlotStatus.ANCHOR else None
             events += self._margin_events(item.name, tracked.clock, settled, item.slot_ms,
                                           stored=held)
         return events
@@ -428,8 +429,7 @@ class Leader:
         after the election: the rescue gap is one round trip.
         """
         try:
-            self.shared.ledger.claim(*self.shared.lease.credentials(),
-                                     [ClaimItem("", 0, Op.DEFINE)])
+            self.shared.ledger.mark_definitions(*self.shared.lease.credentials())
         except NotReplicatedError as exc:  # a mark sends nothing: safe to go on
             logger.warning("leaderbeat: %s for the mark of the definitions; going on", exc)
 
@@ -562,12 +562,12 @@ def _say_anchored(loaded: Any) -> None:
 
 def _anchor(shared: Shared, loaded: Loaded, what: str) -> list[Any]:
     """Claim the anchors of ``what`` (new, changed) entries; a refused one is adopted.
-    Returns, per anchor, None when it was granted, else why not."""
+    Returns, per anchor, what the claim answered."""
     try:
         refused = shared.ledger.claim(*shared.lease.credentials(), loaded.anchors)
     except NotReplicatedError as exc:  # anchors send nothing: safe to go on
         logger.warning("leaderbeat: %s for the anchors of %s entries; going on", exc, what)
-        refused = [None] * len(loaded.anchors)
+        refused = [Code.GRANTED] * len(loaded.anchors)
     adopt_refused_anchors(loaded, refused)
     _say_anchored(loaded)
     return list(refused)

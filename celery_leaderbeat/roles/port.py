@@ -16,7 +16,7 @@ from datetime import datetime, tzinfo
 from typing import Any, Protocol
 
 from ..entries import EntryOptions
-from ..store.ledger import Event, SlotState
+from ..store.types import Event, SlotState
 
 
 class CelerySide(Protocol):

@@ -25,7 +25,7 @@ from typing import Any
 
 from ..store.base import RequestQueue, SlotStore
 from ..store.events import REQUEST
-from ..store.ledger import Event
+from ..store.types import BackfillRefused, Event
 from ..timing.slots import from_ms, to_ms
 from .memory import SentMemory
 
@@ -193,10 +193,10 @@ def _ask_backfill(leader: LeaderSide, request: Request) -> list[tuple[int, str |
             out.append((slot_ms, "skipped", "backfill: sent before (by this node)"))
         else:
             ask.append(slot_ms)
-    refusals = leader.ledger.backfill(leader.token, leader.epoch, request.entry, ask,
-                                      request.id) if ask else []
-    out += [(slot_ms, None if refusal is None else "skipped", refusal or "")
-            for slot_ms, refusal in zip(ask, refusals)]
+    results = leader.ledger.backfill(leader.token, leader.epoch, request.entry, ask,
+                                     request.id) if ask else []
+    out += [(slot_ms, "skipped", result.reason.detail) if isinstance(result, BackfillRefused)
+            else (slot_ms, None, "") for slot_ms, result in zip(ask, results)]
     return sorted(out)
 
 

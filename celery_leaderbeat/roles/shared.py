@@ -12,7 +12,7 @@ from ..config import Config
 from ..entries import EntryOptions
 from ..store.base import LeaseStore, SlotStore, Store
 from ..store.keys import Keys
-from ..store.ledger import ANCHOR, Event, SlotState
+from ..store.types import Event, SlotState, SlotStatus
 from ..timing.slots import SlotClock, clock_for, from_ms, to_ms
 from .agenda import Known, Loaded, Reading, load
 from .batch import Send
@@ -82,7 +82,7 @@ class Shared:
             # what this node saw settled, by anyone; not an anchor (nothing sent yet): one
             # laid after Redis lost writes must not hide what this node knew before it
             for name, state in stored.items():
-                if state.state != ANCHOR:
+                if state.state != SlotStatus.ANCHOR:
                     self.sent.know(name, state.slot_ms)
         if only is not None:
             schedule = {name: schedule[name] for name in only if name in schedule}

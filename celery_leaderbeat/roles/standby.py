@@ -27,10 +27,10 @@ from ..config import Config
 from ..errors import LeaseLostError
 from ..store.base import STORE_ERRORS
 from ..store.events import ENTRIES, RELEASED
-from ..store.ledger import ANCHOR, ClaimItem, Event, Op
+from ..store.types import ClaimItem, Code, Event, Op, SlotStatus
 from ..timing.slots import Plan, from_ms, to_ms
 from .agenda import Agenda, Tracked, small_change
-from .batch import RescueGate, run_batch
+from .batch import Outcome, RescueGate, run_batch
 from .dynamic_schedule import POLL
 from .shared import Shared, utcnow
 
@@ -178,14 +178,7 @@ class Standby:
 
     def _rescue(self, version: int) -> None:
         if self.agenda is None or version != self._version:
-            agenda = self.agenda
-            changed = self.shared.celery.changed_since(self._version) \
-                if agenda is not None else None
-            if (agenda is not None and changed is not None
-                    and small_change(changed, len(agenda.tracked))):
-                self._update(changed, version)
-            else:
-                self._load(version)
+            self._follow(version)
         # asked whatever else changes: in a storm of run-time edits the version moves on
         # every tick, and an entry left unknown would never be rescued
         if self._unknown and \
@@ -221,6 +214,22 @@ class Standby:
                 return
         finally:
             self.agenda.push_all(due)
+        self._rescued(outcome)
+
+    def _follow(self, version: int) -> None:
+        """Read the schedule's changes since the agenda was built, or the whole of it."""
+        agenda = self.agenda
+        changed = self.shared.celery.changed_since(self._version) \
+            if agenda is not None else None
+        if (agenda is not None and changed is not None
+                and small_change(changed, len(agenda.tracked))):
+            self._update(changed, version)
+        else:
+            self._load(version)
+
+    def _rescued(self, outcome: Outcome) -> None:
+        """Say what a rescue batch sent; set aside what it could not claim and why."""
+        assert self.agenda is not None
         self.shared.celery.observe(outcome.events)
         if outcome.sent:
             logger.warning("leaderbeat: standby %s rescued %d slot(s) nobody had claimed %.1f s "
@@ -253,9 +262,9 @@ class Standby:
         results = self.shared.ledger.rescue(claims).results if claims else []
         self._inflight = None
         late = time.monotonic() - started >= self._publish_window()
-        events = []
+        events: list[Event] = []
         for item, result in zip(claims, results):
-            if result is not None or self.shared.sent.covers(item.name, item.slot_ms):
+            if result is not Code.GRANTED or self.shared.sent.covers(item.name, item.slot_ms):
                 continue  # not ours, or sent before the reply went missing
             slot = from_ms(item.slot_ms)
             if not late and self.shared.celery.send_slot(item.name, slot, 0):
@@ -289,7 +298,7 @@ class Standby:
         unclaimed = []
         for tracked, p in due:
             state = stored.get(tracked.name)
-            if state is not None and state.state != ANCHOR:
+            if state is not None and state.state != SlotStatus.ANCHOR:
                 self.shared.sent.know(tracked.name, state.slot_ms)  # settled, by whoever
             if state is not None and (not p.send or state.slot_ms >= to_ms(p.send[-1])):
                 tracked.advance(max(from_ms(state.slot_ms), p.last))

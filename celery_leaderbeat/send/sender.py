@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 from celery import signals
 
-from ..store.ledger import SENT
+from ..store.types import SlotStatus
 from ..timing.slots import to_ms
 from .base import ONE_STEP, PLAIN, SINGLE_WRITE, SchedulerSide
 from .chunk import ChunkSender
@@ -189,7 +189,7 @@ class Enqueuer:
         for name, slot, epoch, captured in doubt:
             state = stored.get(name)
             if (state is not None and state.slot_ms == to_ms(slot) and state.epoch == epoch
-                    and state.state == SENT and state.node is None
+                    and state.state == SlotStatus.SENT and state.node is None
                     and not (memory is not None and memory.covers(name, state.slot_ms))):
                 went.append((name, slot, captured))
                 if memory is not None:

@@ -31,8 +31,8 @@ module but for the capability below).
 
 The implementation today is Redis (:func:`~celery_leaderbeat.store.redis_store.connect`):
 :class:`~celery_leaderbeat.store.lease.Lease` (``acquire.lua``, ``renew.lua``,
-``release.lua``), :class:`~celery_leaderbeat.store.ledger.Ledger` (``claim.lua``,
-``prune.lua``), pub/sub for the events, a list for the requests, ``entries.lua`` for
+``release.lua``), :class:`~celery_leaderbeat.store.ledger.Ledger` (``lead.lua``,
+``rescue.lua``, ``record.lua`` ... and ``prune.lua``), pub/sub for the events, a list for the requests, ``entries.lua`` for
 the entries, ``guard.lua`` for the guard. A second store, say PostgreSQL for a site
 with no Redis, would implement the same protocols: the lease as one row updated under
 an advisory lock (the epoch a column bumped on each acquisition: the fencing token),
@@ -60,7 +60,7 @@ from typing import Any, NamedTuple, Protocol
 from .connection import ERRORS, REFUSED, UNREACHABLE
 from .entry_store import Changes, Saved, Stored
 from .lease import Heartbeat
-from .ledger import Claimed, ClaimItem, Event, SlotState
+from .types import Claimed, ClaimItem, ClaimResult, Event, SlotState
 
 #: what a failed store call raises: no answer, or an error answer (``except STORE_ERRORS``)
 STORE_ERRORS = ERRORS
@@ -114,12 +114,17 @@ class SlotStore(Protocol):
     """Each entry's last slot, claimed atomically; the history; the node registry."""
 
     def claim(self, token: str, epoch: int, items: Sequence[ClaimItem],
-              events: Sequence[Event] = ()) -> list[SlotState | None | str]:
+              events: Sequence[Event] = ()) -> list[ClaimResult]:
         """Leader: write ``events``, then claim ``items`` in order, fenced by ``token``."""
+    def check_generation(self, token: str, epoch: int) -> None:
+        """Leader: raise when the store lost writes this node saw, or ``token`` no longer
+        leads; before acting on state a restore may have brought back."""
+    def mark_definitions(self, token: str, epoch: int) -> None:
+        """Leader: mark the stored definitions as the ones this leader plans."""
     def backfill(self, token: str, epoch: int, name: str, slots: Sequence[int],
-                 request_id: str) -> list[str | None]:
-        """Leader: grant a backfill of each slot (None) or say why not, from what the store
-        holds now (sent by anyone, unconfirmed, backfilled before, due before a loss)."""
+                 request_id: str) -> list[ClaimResult]:
+        """Leader: grant a backfill of each slot or say why not, from what the store holds
+        now (sent by anyone, unconfirmed, backfilled before, due before a loss)."""
     def lost_at(self) -> int | None:
         """The store's time (ms) when a leader last started again after the store lost
         writes; None if never."""

@@ -184,7 +184,8 @@ class Sim:
         progress = getattr(self.keys, "progress", None)
         if progress is not None:  # the leader's progress, a Redis TIME, read by rescues
             aged = RedisTimeValue(self.admin, progress, self.clock, lambda: self.step_seconds)
-            self.seam.around = lambda label: aged() if label.startswith("EVALSHA[claim]") else None
+            claims = ("EVALSHA[lead]", "EVALSHA[rescue]")  # the progress's writer and reader
+            self.seam.around = lambda label: aged() if label.startswith(claims) else None
         self.seam.on_drop = lambda node_id: self.clients[node_id].drop_connections()
         self.clients: dict[str, FaultyRedis] = {}  # each node id's latest client
         self._frozen: set[str] = set()

@@ -48,8 +48,8 @@ def cli(world: World) -> Cluster:
 
 
 #: a leader's claim of a chunk in a batch, and its record of the batch's last chunk
-BATCH_CLAIM = "EVALSHA[claim] ledger.Ledger._call<ledger.Ledger.claim<batch.LeaderGate.claim"
-BATCH_RECORD = "EVALSHA[claim] ledger.Ledger._call<ledger.Ledger.record<batch.LeaderGate.record"
+BATCH_CLAIM = "EVALSHA[lead] ledger.Ledger._lead<ledger.Ledger.claim<batch.LeaderGate.claim"
+BATCH_RECORD = "EVALSHA[record] ledger.Ledger._call<ledger.Ledger.record<batch.LeaderGate.record"
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +80,7 @@ def play_scenario(server: RedisServer, monkeypatch: pytest.MonkeyPatch,
 def test_a_claim_that_fails_before_reaching_redis_does_not_resend_the_previous_chunk(
         empty_redis, monkeypatch, caplog):
     """Found by the sweep: a chunk's 'sent' rode on the next claim; when that call failed the
-    chunk was pushed back un-advanced and claim.lua granted the same value again."""
+    chunk was pushed back un-advanced and lead.lua granted the same value again."""
     caplog.set_level(logging.ERROR)
     seam = Seam()
     seam.aim(BATCH_CLAIM, BEFORE, occurrence=2)  # the second chunk of the first burst
@@ -118,7 +118,7 @@ def test_a_backfill_reaching_into_the_future_does_not_send_a_slot_twice(empty_re
 
 
 #: a standby's rescue claim
-RESCUE_CLAIM = "EVALSHA[claim] ledger.Ledger._call<ledger.Ledger.rescue<batch.RescueGate.claim"
+RESCUE_CLAIM = "EVALSHA[rescue] ledger.Ledger._call<ledger.Ledger.rescue<batch.RescueGate.claim"
 
 
 def test_a_rescue_claim_whose_reply_is_lost_leaves_no_slot_unrecorded(
