@@ -261,6 +261,34 @@ def test_the_sweep_forgets_runs_whose_record_and_liveness_both_lapsed(
     assert store.guard.start(run_of(1))[:2] == ("run", "")  # forgotten: it may run
 
 
+def test_waiting_slots_lapse_with_the_record_ttl_and_the_sweep_then_sends_nothing(
+        make_store: Callable[..., PostgresStore], conninfo: str) -> None:
+    store = make_store()
+    store.guard.start(run_of(1, "buffer_one"))
+    assert store.guard.start(run_of(2, "buffer_one"))[0] == "wait"
+    sql(conninfo, "UPDATE {schema}.guard_locks SET waiting_until = clock_timestamp()")
+    lapse_lock(conninfo)
+    assert store.guard.sweep() == []
+    assert sql(conninfo, "SELECT * FROM {schema}.guard_waiting") == []
+    assert store.guard.start(run_of(3, "buffer_one"))[0] == "run"
+
+
+def test_a_reset_forgets_the_guards_records_too(
+        make_store: Callable[..., PostgresStore], conninfo: str) -> None:
+    store = make_store()
+    store.guard.start(run_of(1, "buffer_one"))
+    store.guard.start(run_of(2, "buffer_one"))
+    other = make_store(app="other")
+    other.guard.start(run_of(1, "buffer_one"))
+    store.admin.reset()
+    assert store.guard.runs(["e-1"]) == {} and store.guard.decisions() == {}
+    for table in ("guard_runs", "guard_fence", "guard_locks", "guard_waiting",
+                  "guard_decisions"):
+        apps = {r[0] for r in sql(conninfo, "SELECT app FROM {schema}." + table)}
+        assert apps <= {"other"}, table
+    assert store.guard.start(run_of(3, "buffer_one"))[0] == "run"
+
+
 def race(guards: list[Any], runs: list[GuardRun]) -> list[str]:
     """Each guard starts its run at the same moment, on its own connection; the answers."""
     answers: list[str] = []
