@@ -248,6 +248,16 @@ def test_the_sweep_hands_a_lapsed_lock_to_the_first_waiting_slot_and_again_if_un
     assert store.guard.start(run_of(2, "buffer_all", "w2", handed_over=True))[0] == "duplicate"
 
 
+def test_the_sweep_finds_a_lapsed_lock_behind_more_than_a_hundred_entries_still_running(
+        make_store: Callable[..., PostgresStore], conninfo: str) -> None:
+    store = make_store()
+    for name in [f"busy{n:03}" for n in range(120)] + ["zz"]:
+        store.guard.start(run_of(1, "buffer_one", entry=name))
+        store.guard.start(run_of(2, "buffer_one", entry=name))
+    lapse_lock(conninfo, "zz")
+    assert store.guard.sweep() == ["msg-zz-2"]
+
+
 def test_the_sweep_forgets_runs_whose_record_and_liveness_both_lapsed(
         make_store: Callable[..., PostgresStore], conninfo: str) -> None:
     store = make_store()

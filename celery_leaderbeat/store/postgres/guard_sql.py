@@ -29,7 +29,8 @@ class Ttls(NamedTuple):
 
 
 # The upserts lock the row whether it exists or not (DO UPDATE locks the one found, and
-# retries when a sweep deletes it meanwhile); the assignment changes nothing.
+# retries when a sweep deletes it meanwhile); the assignment changes nothing. The run's
+# returns the server's clock, read once both rows are locked.
 _ENTRY = """
 INSERT INTO {schema}.guard_locks AS g (app, entry) VALUES (%(app)s, %(entry)s)
 ON CONFLICT (app, entry) DO UPDATE SET app = g.app
@@ -39,7 +40,8 @@ RETURNING holder, lock_until, held_slot_ms, held_worker, held_cancelled, held_un
 _RUN = """
 INSERT INTO {schema}.guard_runs AS r (app, run_id) VALUES (%(app)s, %(run_id)s)
 ON CONFLICT (app, run_id) DO UPDATE SET app = r.app
-RETURNING state, token, worker, record_until, alive_token, alive_worker, alive_until
+RETURNING state, token, worker, record_until, alive_token, alive_worker, alive_until,
+          clock_timestamp()
 """
 _LATER = "%(now)s + %(ms)s * interval '1 millisecond'"
 _SET_LOCK = ("UPDATE {schema}.guard_locks SET holder = %(holder)s, lock_until = " + _LATER
@@ -48,9 +50,10 @@ _FREE_LOCK = """
 UPDATE {schema}.guard_locks SET holder = NULL, lock_until = NULL, held_until = NULL
 WHERE app = %(app)s AND entry = %(entry)s
 """
-_SET_HELD = ("UPDATE {schema}.guard_locks SET held_slot_ms = %(slot_ms)s,"
-             " held_worker = %(worker)s, held_cancelled = false, held_until = " + _LATER
-             + " WHERE app = %(app)s AND entry = %(entry)s")
+_TAKE_LOCK = ("UPDATE {schema}.guard_locks SET holder = %(task)s, lock_until = " + _LATER
+              + ", held_slot_ms = %(slot_ms)s, held_worker = %(worker)s,"
+              " held_cancelled = false, held_until = " + _LATER
+              + " WHERE app = %(app)s AND entry = %(entry)s")
 # the held record's expiry is kept (a record gone stays one without expiry, as SET KEEPTTL)
 _CANCEL_HELD = """
 UPDATE {schema}.guard_locks SET held_cancelled = true,
@@ -104,6 +107,11 @@ _SET_RECORD = ("UPDATE {schema}.guard_runs SET state = %(state)s, token = %(toke
 _SET_ALIVE = ("UPDATE {schema}.guard_runs SET alive_token = %(token)s,"
               " alive_worker = %(worker)s, alive_until = " + _LATER
               + " WHERE app = %(app)s AND run_id = %(run_id)s")
+_STARTED = ("UPDATE {schema}.guard_runs SET state = 's', token = %(token)s,"
+            " worker = %(worker)s,"
+            " record_until = %(now)s + %(record_ms)s * interval '1 millisecond',"
+            " alive_token = %(token)s, alive_worker = %(worker)s, alive_until = "
+            + _LATER + " WHERE app = %(app)s AND run_id = %(run_id)s")
 _END_ALIVE = """
 UPDATE {schema}.guard_runs SET alive_token = NULL, alive_worker = NULL, alive_until = NULL
 WHERE app = %(app)s AND run_id = %(run_id)s
@@ -116,12 +124,18 @@ ON CONFLICT (app) DO UPDATE SET fence = greatest(f.fence + 1, excluded.fence)
 RETURNING fence
 """
 _NOW = "SELECT clock_timestamp()"
-# entries with waiting slots; one a concurrent call holds is looked at by the next sweep
+# entries with waiting slots whose lock lapsed, or whose waiting slots did: only those,
+# so the 100 looked at are ones to act on however many entries have slots waiting behind
+# a live run (a row lock re-checks the condition on the row's newest version); one a
+# concurrent call holds is looked at by the next sweep
 _WAITING_ENTRIES = """
-SELECT entry, holder, lock_until, waiting_until FROM {schema}.guard_locks
-WHERE app = %(app)s AND entry IN (SELECT DISTINCT entry FROM {schema}.guard_waiting
-                                  WHERE app = %(app)s LIMIT 100)
-ORDER BY entry FOR UPDATE SKIP LOCKED
+SELECT g.entry, g.holder, g.lock_until, g.waiting_until FROM {schema}.guard_locks AS g
+WHERE g.app = %(app)s
+  AND (g.lock_until IS NULL OR g.lock_until <= clock_timestamp()
+       OR g.waiting_until IS NULL OR g.waiting_until <= clock_timestamp())
+  AND EXISTS (SELECT 1 FROM {schema}.guard_waiting AS w
+              WHERE w.app = g.app AND w.entry = g.entry)
+ORDER BY g.entry LIMIT 100 FOR UPDATE SKIP LOCKED
 """
 # runs whose record and liveness both lapsed: nothing reads them any more
 _PRUNE_RUNS = """
@@ -159,8 +173,7 @@ class Call:
         self.now: Any = None
         entry = self.q(_ENTRY).fetchone()
         record = self.q(_RUN).fetchone()
-        self.now = conn.execute(_NOW).fetchone()[0]
-        now = self.now
+        self.now = now = record[7]
         self.lock: str | None = _live(entry[0], entry[1], now)
         self.held_slot: int = (_live(entry[2], entry[5], now) or 0)
         self.held_cancelled = bool(_live(entry[4], entry[5], now))
@@ -286,8 +299,8 @@ def start_run(conn: Any, schema: str, app: str, run: GuardRun, ttls: Ttls,
                 return refused[0], refused[1], 0
             waited = take_lock(call)
         token = int(conn.execute(qualified(_FENCE, schema), {"app": app}).fetchone()[0])
-        call.record("s", token, run.worker)
-        call.q(_SET_ALIVE, token=token, worker=run.worker, ms=ttls.lease_ms)
+        call.q(_STARTED, token=token, worker=run.worker, record_ms=ttls.record_ms,
+               ms=ttls.lease_ms)
         notes = [f"retry {run.retry}" if run.retry else "after wait" if waited else ""]
         if held:
             call.history("started", "; ".join(
@@ -300,8 +313,7 @@ def start_run(conn: Any, schema: str, app: str, run: GuardRun, ttls: Ttls,
 def take_lock(call: Call) -> bool:
     """The slot starts: it holds its entry's lock and waits no more; True if it waited."""
     run, lease_ms = call.run, call.ttls.lease_ms
-    call.q(_SET_LOCK, holder=run.task_id, ms=lease_ms)
-    call.q(_SET_HELD, slot_ms=run.slot_ms, worker=run.worker, ms=lease_ms)
+    call.q(_TAKE_LOCK, slot_ms=run.slot_ms, worker=run.worker, ms=lease_ms)
     waited = bool(call.q(_STOP_WAITING).rowcount == 1)
     call.count("started_after_wait" if waited else "started")
     return waited
