@@ -30,6 +30,7 @@ from celery_leaderbeat.store.postgres.place import Place
 from celery_leaderbeat.store.postgres.schema import qualified
 from celery_leaderbeat.store.postgres.store import PostgresStore, open_store
 from celery_leaderbeat.store.redis_store import connect
+from tests import test_store_contract as contract
 from tests.support.postgres import HOST, PORT, USER, postgres_database
 from tests.support.redis_server import RedisServer
 
@@ -327,6 +328,21 @@ def test_two_workers_racing_to_start_one_slot_on_two_connections_one_runs(
             answers = race(guards, [run_of(s, policy, w, entry=entry)
                                     for s, w in zip(slots, ("w1", "w2"))])
             assert answers.count("run") == 1, (policy, answers)
+
+
+@pytest.mark.parametrize("test", [
+    contract.test_a_guarded_slot_runs_once_while_alive_and_never_after_it_finished,
+    contract.test_an_entry_with_overlap_skip_does_not_start_while_another_run_is_alive,
+    contract.test_each_retry_of_a_slot_is_a_run_of_its_own_started_once,
+    contract.test_a_run_superseded_by_a_later_start_can_neither_renew_nor_finish_it,
+], ids=lambda test: test.__name__)
+def test_the_store_contracts_guard_tests_pass_on_postgresql(
+        make_store: Callable[..., PostgresStore], conninfo: str, test: Any) -> None:
+    def now_ms() -> int:
+        return int(sql(conninfo, "SELECT (extract(epoch FROM clock_timestamp()) * 1000)"
+                                 "::bigint")[0][0])
+
+    test(contract.Backend(make_store, now_ms))
 
 
 class LoseOnce:
