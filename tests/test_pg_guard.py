@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import secrets
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -343,6 +344,78 @@ def test_the_store_contracts_guard_tests_pass_on_postgresql(
                                  "::bigint")[0][0])
 
     test(contract.Backend(make_store, now_ms))
+
+
+class Workers:
+    """Threads that start slots of two entries on stores of their own, end the runs, and
+    publish each handed-over message (start it again): who ran what, and any overlap."""
+
+    def __init__(self, guards: list[Any], policy: str) -> None:
+        self.guards, self.policy = guards, policy
+        self.mutex = threading.Lock()
+        self.active: dict[str, str] = {}
+        self.overlaps: list[tuple[str, str]] = []
+        self.ran: list[str] = []
+        self.messages: list[str] = []
+        self.errors: list[Exception] = []
+
+    def deliver(self, guard: Any, run: GuardRun) -> None:
+        decision, _, token = guard.start(run)
+        if decision != "run":
+            return
+        with self.mutex:
+            if run.entry in self.active:
+                self.overlaps.append((self.active[run.entry], run.task_id))
+            self.active[run.entry] = run.task_id
+            self.ran.append(run.task_id)
+        time.sleep(0.002)  # the task's body
+        with self.mutex:
+            self.active.pop(run.entry, None)  # its body ended before the guard hears
+        ours, message = guard.end(run, token, "ok")
+        if ours and message:
+            with self.mutex:
+                self.messages.append(message)
+
+    def handed(self) -> GuardRun | None:
+        with self.mutex:
+            message = self.messages.pop(0) if self.messages else None
+        if message is None:
+            return None
+        entry, _, k = message.removeprefix("msg-").rpartition("-")
+        return run_of(int(k), self.policy, entry=entry, handed_over=True)
+
+    def work(self, n: int, rounds: int) -> None:
+        guard = self.guards[n]
+        try:
+            for i in range(rounds):
+                self.deliver(guard, run_of(n * 1000 + i, self.policy, f"w{n}",
+                                           entry=f"x{i % 2}"))
+                if (run := self.handed()) is not None:
+                    self.deliver(guard, run)
+        except Exception as exc:  # noqa: BLE001 - a deadlock, or any error: the test says so
+            self.errors.append(exc)
+
+    def drain(self) -> None:
+        while (run := self.handed()) is not None:
+            self.deliver(self.guards[0], run)
+
+
+@pytest.mark.parametrize("policy", ["skip", "buffer_one", "buffer_all"])
+def test_workers_on_three_connections_never_run_two_slots_of_an_entry_at_once(
+        make_store: Callable[..., PostgresStore], policy: str) -> None:
+    workers = Workers([make_store(f"w{n}").guard for n in range(3)], policy)
+    threads = [threading.Thread(target=workers.work, args=(n, 30)) for n in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    workers.drain()
+    assert workers.errors == [] and workers.overlaps == []
+    delivered = {run_of(n * 1000 + i, entry=f"x{i % 2}").task_id
+                 for n in range(3) for i in range(30)}
+    assert set(workers.ran) <= delivered and len(workers.ran) == len(set(workers.ran))
+    if policy == "buffer_all":  # every slot ran, in the end
+        assert set(workers.ran) == delivered
 
 
 class LoseOnce:
