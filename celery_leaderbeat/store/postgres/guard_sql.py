@@ -44,8 +44,9 @@ RETURNING state, token, worker, record_until, alive_token, alive_worker, alive_u
           clock_timestamp()
 """
 _LATER = "%(now)s + %(ms)s * interval '1 millisecond'"
-_SET_LOCK = ("UPDATE {schema}.guard_locks SET holder = %(holder)s, lock_until = " + _LATER
-             + " WHERE app = %(app)s AND entry = %(entry)s")
+# the lock handed to a waiting slot: the run that held it is gone, and its slot with it
+_HAND_LOCK = ("UPDATE {schema}.guard_locks SET holder = %(holder)s, lock_until = " + _LATER
+              + ", held_until = NULL WHERE app = %(app)s AND entry = %(entry)s")
 _FREE_LOCK = """
 UPDATE {schema}.guard_locks SET holder = NULL, lock_until = NULL, held_until = NULL
 WHERE app = %(app)s AND entry = %(entry)s
@@ -167,19 +168,33 @@ class Holder(NamedTuple):
 class Call:
     """One call about one run, its rows locked: what they say now, and the writes."""
 
-    def __init__(self, conn: Any, schema: str, app: str, run: GuardRun, ttls: Ttls) -> None:
+    def __init__(self, conn: Any, schema: str, app: str, run: GuardRun, ttls: Ttls,
+                 now: Any = None) -> None:
         self.conn, self.schema, self.app, self.run, self.ttls = conn, schema, app, run, ttls
         self.policy = "allow_all" if run.overlap == "allow" else run.overlap
-        self.now: Any = None
-        entry = self.q(_ENTRY).fetchone()
-        record = self.q(_RUN).fetchone()
-        self.now = now = record[7]
-        self.lock: str | None = _live(entry[0], entry[1], now)
-        self.held_slot: int = (_live(entry[2], entry[5], now) or 0)
+        self.now = now
+        self.lock: str | None = None
+        self.held_slot, self.held_cancelled = 0, False
+        self.holder: Holder | None = None
+        self.alive = False
+
+    @classmethod
+    def locked(cls, conn: Any, schema: str, app: str, run: GuardRun, ttls: Ttls) -> Call:
+        """The call with its entry's row and its run's row locked, and what they say."""
+        call = cls(conn, schema, app, run, ttls)
+        entry = call.q(_ENTRY).fetchone()
+        record = call.q(_RUN).fetchone()
+        call.now = record[7]
+        call.read(entry, record)
+        return call
+
+    def read(self, entry: Any, record: Any) -> None:
+        now = self.now
+        self.lock = _live(entry[0], entry[1], now)
+        self.held_slot = _live(entry[2], entry[5], now) or 0
         self.held_cancelled = bool(_live(entry[4], entry[5], now))
         if entry[6] is not None and entry[6] <= now:  # the waiting slots lapsed
             self.q(_FORGET_WAITING)
-        self.holder: Holder | None = None
         self.alive = _live(record[4], record[6], now) is not None
         if _live(record[0], record[3], now):
             self.holder = Holder(record[0], record[1], record[2])
@@ -205,21 +220,23 @@ class Call:
         row = self.q(_FIRST_WAITING).fetchone()
         return (row[0], row[1]) if row else None
 
-    def promote(self) -> str:
-        """Hand the lock to the first waiting slot for two leases; its message, or ""."""
+    def promote(self) -> str | None:
+        """Hand the lock to the first waiting slot for two leases; its message, or None
+        when none waits."""
         first = self.first_waiting()
         if first is None:
-            return ""
-        self.q(_FREE_LOCK)
-        self.q(_SET_LOCK, holder=first[0], ms=2 * self.ttls.lease_ms)
+            return None
+        self.q(_HAND_LOCK, holder=first[0], ms=2 * self.ttls.lease_ms)
         return first[1]
 
     def hand_on(self) -> str:
         """The run holding the lock ended: free it and hand it on; the message, or ""."""
         if self.lock != self.run.task_id:
             return ""
-        self.q(_FREE_LOCK)
-        return self.promote()
+        message = self.promote()
+        if message is None:
+            self.q(_FREE_LOCK)
+        return message or ""
 
     def record(self, state: str, token: int, worker: str) -> None:
         self.q(_SET_RECORD, state=state, token=token, worker=worker, ms=self.ttls.record_ms)
@@ -237,7 +254,7 @@ def renew_run(conn: Any, schema: str, app: str, run: GuardRun, ttls: Ttls,
     """Keep the run alive (its record too unless finished) and its entry's lock;
     ``(False, worker of the run holding the slot)`` when superseded."""
     with conn.transaction():
-        call = Call(conn, schema, app, run, ttls)
+        call = Call.locked(conn, schema, app, run, ttls)
         if call.holder and call.holder.token != token:
             return False, call.holder.worker
         call.q(_SET_ALIVE, token=token, worker=run.worker, ms=ttls.lease_ms)
@@ -253,7 +270,7 @@ def finish_run(conn: Any, schema: str, app: str, run: GuardRun, ttls: Ttls, toke
     """Record the run finished and hand its entry's turn on: ``(True, message or "")``;
     ``(False, worker)`` when superseded (noted in the history only)."""
     with conn.transaction():
-        call = Call(conn, schema, app, run, ttls)
+        call = Call.locked(conn, schema, app, run, ttls)
         if call.holder and call.holder.token != token:
             call.history("finished", f"{detail}; superseded: the slot ran again on "
                                      f"{call.holder.worker}")
@@ -269,7 +286,7 @@ def release_run(conn: Any, schema: str, app: str, run: GuardRun, ttls: Ttls,
     """This worker terminated the run: record it finished, hand the turn on (the message
     to publish, or "")."""
     with conn.transaction():
-        call = Call(conn, schema, app, run, ttls)
+        call = Call.locked(conn, schema, app, run, ttls)
         held = call.holder
         if call.lock != run.task_id or held is None or held.state != "s":
             return ""
@@ -283,7 +300,7 @@ def start_run(conn: Any, schema: str, app: str, run: GuardRun, ttls: Ttls,
               will_ask_again: bool) -> tuple[str, str, int]:
     """Start the run or say why not: guard.lua's start, its answer as a triple."""
     with conn.transaction():
-        call = Call(conn, schema, app, run, ttls)
+        call = Call.locked(conn, schema, app, run, ttls)
         held = call.holder
         if held and held.state == "f":
             call.history("skipped", f"duplicate: already ran on {held.worker}")
@@ -376,25 +393,15 @@ def sweep_waiting(conn: Any, schema: str, app: str, lease_ms: int) -> list[str]:
         now = conn.execute(_NOW).fetchone()[0]
         for entry, holder, lock_until, waiting_until in rows:
             run = GuardRun("", entry, 0, "", "", "")
-            call = _SweepCall(conn, schema, app, run, Ttls(0, lease_ms), now)
+            call = Call(conn, schema, app, run, Ttls(0, lease_ms), now)
             if waiting_until is None or waiting_until <= now:
                 call.q(_FORGET_WAITING)
             elif _live(holder, lock_until, now) is None:
                 message = call.promote()
-                if message:
+                if message is not None:
                     out.append(message)
         conn.execute(qualified(_PRUNE_RUNS, schema), {"app": app, "now": now})
     return out
-
-
-class _SweepCall(Call):
-    """A sweep's look at one entry, its row locked by the sweep's own query."""
-
-    def __init__(self, conn: Any, schema: str, app: str, run: GuardRun, ttls: Ttls,
-                 now: Any) -> None:
-        self.conn, self.schema, self.app, self.run, self.ttls = conn, schema, app, run, ttls
-        self.policy, self.now = "", now
-        self.lock, self.holder, self.alive = None, None, False
 
 
 def read_runs(conn: Any, schema: str, app: str,
