@@ -1,12 +1,13 @@
 """The worker guard's records on PostgreSQL: the seam's :class:`GuardStore` over
-:mod:`.guard_sql` (``guard.lua``'s rules, one transaction per call)."""
+:mod:`.guard_sql` (``guard.lua``'s rules, one transaction per call, each a
+:class:`~.guard_call.Call` on its locked rows)."""
 
 from __future__ import annotations
 
 from ...config import Config
 from ..base import GuardDecision, GuardRun, RunRecord
 from . import guard_sql
-from .guard_sql import Ttls
+from .guard_call import Ttls
 from .place import Place
 
 
