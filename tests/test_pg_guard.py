@@ -33,6 +33,7 @@ from celery_leaderbeat.store.postgres.schema import qualified
 from celery_leaderbeat.store.postgres.store import PostgresStore, open_store
 from celery_leaderbeat.store.redis_store import connect
 from tests import test_store_contract as contract
+from tests.support.pg_cluster import pgbouncer
 from tests.support.postgres import HOST, PORT, USER, postgres_database
 from tests.support.redis_server import RedisServer
 
@@ -417,6 +418,27 @@ def test_workers_on_three_connections_never_run_two_slots_of_an_entry_at_once(
     assert set(workers.ran) <= delivered and len(workers.ran) == len(set(workers.ran))
     if policy == "buffer_all":  # every slot ran, in the end
         assert set(workers.ran) == delivered
+
+
+def test_the_guard_works_behind_a_transaction_pooler(conninfo: str) -> None:
+    name = conninfo.rpartition("dbname=")[2]
+    with pgbouncer(PORT, HOST) as port:
+        bounced = f"host=127.0.0.1 port={port} user={USER} dbname={name}"
+        stores = [open_store(bounced, Config(redis_url="", key_prefix="app", node_id=w),
+                             listen=False) for w in ("w1", "w2")]
+        try:
+            guards = [store.guard for store in stores]
+            for k in range(20):  # enough statements to be prepared, were that on
+                answers = race(guards, [run_of(1, "buffer_one", w, entry=f"r{k}")
+                                        for w in ("w1", "w2")])
+                assert answers.count("run") == 1
+            _, _, token = guards[0].start(run_of(100, "buffer_one", entry="b"))
+            assert guards[1].start(run_of(101, "buffer_one", entry="b"))[0] == "wait"
+            assert guards[0].end(run_of(100, "buffer_one", entry="b"), token, "ok") == (
+                True, "msg-b-101")
+        finally:
+            for store in stores:
+                store.close()
 
 
 class LoseOnce:
