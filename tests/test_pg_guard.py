@@ -512,6 +512,94 @@ def test_a_renew_a_release_and_a_sweep_whose_reply_is_lost_answer_alike_on_the_r
         assert store.guard.sweep() == ["msg-e-2"]
 
 
+class Worker:
+    """A worker as the guard's caller is: it asks again once after a failed call; a
+    start answered "running" (its own lost start) waits the liveness out and asks again;
+    a hand-over it never heard of is sent by a sweep once the hand-over lapsed."""
+
+    def __init__(self, store: PostgresStore, conninfo: str) -> None:
+        self.store, self.conninfo = store, conninfo
+        self.bodies: list[str] = []  # the slots whose task body ran here
+
+    def again(self, call: Callable[[], Any]) -> Any:
+        try:
+            return call()
+        except psycopg.OperationalError:
+            return call()
+
+    def start(self, run: GuardRun) -> tuple[str, int]:
+        """The guard's decision, and the token; the body runs on "run"."""
+        decision, why, token = self.again(lambda: self.store.guard.start(run))
+        if decision == "duplicate" and why.startswith("running"):
+            lapse_alive(self.conninfo, run.run_id)
+            decision, why, token = self.again(lambda: self.store.guard.start(run))
+        if decision == "run":
+            self.bodies.append(run.task_id)
+            assert self.again(lambda: self.store.guard.renew(run, token))
+        return decision, token
+
+    def end(self, run: GuardRun, token: int) -> str:
+        """End the run; the message of the slot handed the turn (sent by a sweep when
+        the hand-over's reply was lost)."""
+        ours, message = self.again(lambda: self.store.guard.end(run, token, "ok"))
+        assert ours
+        if not message:
+            lapse_lock(self.conninfo, run.entry)
+            message = next(iter(self.again(self.store.guard.sweep)), "")
+        return str(message)
+
+
+def hand_over_with_a_fault(store: PostgresStore, conninfo: str, faults: Faults) -> None:
+    """Slot 1 runs, slot 2 waits, slot 1 ends and hands it the turn, slot 2 runs."""
+    app = store.place.app
+    store.place.fault = faults
+    worker = Worker(store, conninfo)
+    first, second = run_of(1, "buffer_one", entry=app), run_of(2, "buffer_one", entry=app)
+    decision, token = worker.start(first)
+    assert decision == "run"
+    assert worker.start(second)[0] == "wait"
+    assert worker.end(first, token) == f"msg-{second.task_id}"
+    handed = run_of(2, "buffer_one", entry=app, handed_over=True)
+    decision, token = worker.start(handed)
+    assert decision == "run"
+    assert worker.end(handed, token) == ""
+    store.place.fault = None
+    assert sorted(worker.bodies) == [first.task_id, second.task_id], faults.fired
+    runs = store.guard.runs([first.task_id, second.task_id])
+    assert {k: v.state for k, v in runs.items()} == {
+        first.task_id: "finished", second.task_id: "finished"}, faults.fired
+    assert sql(conninfo, "SELECT 1 FROM {schema}.guard_waiting WHERE app = %(app)s",
+               app=app) == []
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_a_fault_at_any_call_of_a_hand_over_still_runs_each_slot_once(
+        make_store: Callable[..., PostgresStore], conninfo: str, when: str) -> None:
+    fired = []
+    for at in range(9):  # the scenario makes 8 calls
+        faults = Faults(at, when)
+        hand_over_with_a_fault(make_store("w1", f"fault{at}"), conninfo, faults)
+        fired.append(faults.fired)
+    assert all(fired[:8]) and not fired[8]
+    assert {site.partition("/")[0] for site in fired[:8]} == {
+        "start_run", "renew_run", "finish_run", "sweep_waiting"}
+
+
+class Faults:
+    """Fails the ``at``-th guard call (from 0), ``when`` before it ran or after it
+    committed; the first time only."""
+
+    def __init__(self, at: int, when: str) -> None:
+        self.at, self.when, self.calls, self.fired = at, when, 0, ""
+
+    def __call__(self, site: str, when: str) -> None:
+        if when == "before":
+            self.calls += 1
+        if self.calls - 1 == self.at and when == self.when and not self.fired:
+            self.fired = f"{site}/{when}"
+            raise psycopg.OperationalError(f"fault: {site} {when}")
+
+
 # --- the same steps against the Redis store ------------------------------------------
 
 POLICIES = ("skip", "buffer_one", "buffer_all", "cancel_other", "allow_all", "allow")
