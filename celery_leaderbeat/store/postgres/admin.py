@@ -23,7 +23,8 @@ VALUES (%(app)s, %(event)s, %(entry)s, %(slot_ms)s, %(node)s, %(epoch)s, %(detai
 _FORGET_NODES = "DELETE FROM {schema}.nodes WHERE app = %(app)s AND node = ANY(%(nodes)s)"
 #: every table of an app's state but the run-time entries (they stay)
 _RESET_TABLES = ("lease", "slots", "grants", "overtaken", "definitions", "paused", "history",
-                 "nodes", "requests", "backfilled", "lost_reports")
+                 "nodes", "requests", "backfilled", "lost_reports", "guard_runs",
+                 "guard_fence", "guard_locks", "guard_waiting", "guard_decisions")
 
 
 class PostgresAdmin:

@@ -14,6 +14,7 @@ from ...config import Config
 from .admin import PostgresAdmin
 from .entries import PostgresEntries
 from .events import PostgresEvents
+from .guard import PostgresGuard
 from .lease import PostgresLease
 from .ledger import PostgresLedger
 from .place import Place
@@ -39,7 +40,7 @@ _RISKS = (
 
 class PostgresStore:
     """One app's store on one pool: the lease, the slots, the events, the requests, the
-    run-time entries and the CLI's calls (not yet: the worker guard's records)."""
+    run-time entries, the CLI's calls and the worker guard's records."""
 
     client: Any = None  #: no claim-and-enqueue in one step: the broker is not the store
 
@@ -51,6 +52,7 @@ class PostgresStore:
         self.requests = PostgresRequests(place)
         self.admin = PostgresAdmin(place, config.history_length)
         self.entries = PostgresEntries(place, self.events)
+        self.guard = PostgresGuard(place, config)
 
     def ping(self) -> None:
         """Raise one of the pool's errors unless the server answers."""
