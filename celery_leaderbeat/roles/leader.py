@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Collection
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from ..errors import LeaseLostError, NotReplicatedError
@@ -87,6 +87,8 @@ class Leader:
         self._unaware: dict[str, tuple[Any, int]] = {}
         self._lost_reports_at = 0.0  # monotonic: when to look for reports of a loss again
         self._lost_reports_until = 0.0  # monotonic: when to stop looking
+        #: a fresh process elected over state it never saw: its catch-up waits until then
+        self._catchup_held: tuple[datetime, datetime] | None = None  # (elected, until)
 
     @property
     def tracked(self) -> dict[str, Tracked]:
@@ -94,7 +96,50 @@ class Leader:
 
     def elected(self, version: int) -> None:
         """Load the state in Redis; report what an earlier leader claimed and never sent."""
+        self._hold_catchup_if_fresh()
         self.reload(version, report=True)
+
+    def _hold_catchup_if_fresh(self) -> None:
+        """A process that began following the store less than a loss grace ago, elected
+        over state it holds, cannot tell that state from an older snapshot restored between
+        two calls of a leader that is still alive: the slots that leader sent after the
+        snapshot are due before this election, and it reports the loss within the grace.
+        So this leader claims no slot due before its election until a loss grace after
+        its start; slots due later are sent as usual. A cluster's first start (a store
+        that was never written) holds nothing back."""
+        grace = loss_grace(self.node.config)
+        left = self.node.started + grace - time.monotonic()
+        if left > 0 and self.node.ledger.generation > 0:
+            now = utcnow()
+            self._catchup_held = (now, now + timedelta(seconds=left))
+            logger.info("leaderbeat: %s started %.1f s ago, over state it never saw: slots "
+                        "due before its election wait %.1f s, until any loss is reported",
+                        self.node.config.node_id, grace - left, left)
+
+    def _held_back(self, part: list[Any], now: datetime) -> list[Any]:
+        """The due entries of ``part`` that may be claimed now; those whose plan sends a
+        slot due before the election while the catch-up is held wait (see
+        :meth:`_hold_catchup_if_fresh`) until the hold ends, or until their first slot
+        after the election, which may change their plan."""
+        if self._catchup_held is None:
+            return part
+        elected, until = self._catchup_held
+        if now >= until:
+            self._catchup_held = None
+            return part
+        ready = []
+        for tracked, plan_ in part:
+            clock = tracked.clock
+            if all(clock.fire_time(slot) >= elected for slot in plan_.send):
+                ready.append((tracked, plan_))
+                continue
+            try:
+                first = clock.fire_time(clock.next_after(elected))
+            except Exception:  # noqa: BLE001 - a user's schedule: the hold's end will do
+                first = until
+            tracked.next_fire = first if now < first < until else until
+            self.agenda.push(tracked)
+        return ready
 
     def reload(self, version: int, *, report: bool = False) -> None:
         """Rebuild what the leader tracks from the schedule and the state in Redis."""
@@ -281,6 +326,7 @@ class Leader:
             # burst is planned: its first message leaves milliseconds after the slot.
             limit: int | None = CHUNK
             while part := self.agenda.pop_due(now, self.since, limit=limit):
+                part = self._held_back(part, now)
                 due += part
                 say_capped_once(part, self._capped)
                 outcome = run_batch(part, self.gate, node.chunk_send(node.lease.epoch or 0),

@@ -445,12 +445,12 @@ def test_a_restore_only_a_standby_knows_of_is_not_sent_again_by_a_new_leader(
         assert duplicates(world.sim.published, world.sim.prefix) == []
 
 
-@pytest.mark.xfail(strict=True, reason="Redis restored from an older snapshot, the leader "
-                   "gone, and the only node that remembers stopped while a new process is "
-                   "elected: its catch-up sends again a slot sent after the snapshot before "
-                   "anyone can tell it")
 def test_a_restore_nobody_active_knows_of_is_not_sent_again_by_a_new_leader(
         empty_redis, caplog):
+    """Redis restored from an older snapshot, the leader gone, and the only node that
+    remembers stopped while a new process is elected: the new leader holds its catch-up
+    back for a loss grace after its start; the stopped node resumes within it and reports
+    the loss, so the slot sent after the snapshot is not sent again."""
     caplog.set_level(logging.ERROR)
     with three_nodes(empty_redis) as world:
         world.run(1.0)
@@ -723,9 +723,6 @@ def test_slots_before_the_election_of_a_standby_cut_off_at_the_loss_are_recorded
         state.teardown()  # resumes every node, lets time run, checks I1, I2, I4
 
 
-@pytest.mark.xfail(strict=True, reason="Redis restored from an older snapshot between two calls "
-                   "of a live leader, and a process started in that moment is elected: its "
-                   "catch-up sends again a slot the leader sent after the snapshot")
 def test_a_restore_between_two_calls_of_the_leader_is_not_sent_again_by_a_new_process(
         regression_redis, caplog):
     """Found by the model (LEADERBEAT_MODEL_STEPS=30, 400 examples; shrunk by hand): Redis
@@ -733,8 +730,8 @@ def test_a_restore_between_two_calls_of_the_leader_is_not_sent_again_by_a_new_pr
     two calls of the live leader b, and a process started at that moment (a, knowing
     nothing) was elected within a step, before b's next call could find the loss: its
     catch-up sent the latest slot of every entry, which b had sent after the snapshot.
-    The limit is named in docs/limits.md ("a new leader that has not heard of it by its
-    first claim is the gap"); here the node that remembers is alive and answering."""
+    A fresh process elected over state it never saw holds its catch-up back for a loss
+    grace after its start: b reports the loss meanwhile, and a starts every entry again."""
     caplog.set_level(logging.CRITICAL)
     LeaderbeatModel.server = regression_redis
     state = LeaderbeatModel()
