@@ -18,7 +18,7 @@ from typing import Any
 from ..errors import LeaseLostError, NotReplicatedError
 from ..store.base import STORE_ERRORS, STORE_UNREACHABLE
 from ..store.ledger import ANCHOR, CLAIMED, REMOVED, ClaimItem, Event, Op
-from ..timing.slots import from_ms, to_ms
+from ..timing.slots import from_ms, plan, to_ms
 from .agenda import Agenda, Loaded, Tracked, Unsent, adopt_refused_anchors, margin_slots
 from .batch import CHUNK, LeaderGate, report_unsent, run_batch, say_capped_once
 from .degraded import Outage
@@ -89,6 +89,7 @@ class Leader:
         self._lost_reports_until = 0.0  # monotonic: when to stop looking
         #: a fresh process elected over state it never saw: its catch-up waits until then
         self._catchup_held: tuple[datetime, datetime] | None = None  # (elected, until)
+        self._held: set[str] = set()  # entries whose catch-up waits for the hold's end
 
     @property
     def tracked(self) -> dict[str, Tracked]:
@@ -117,28 +118,32 @@ class Leader:
                         self.node.config.node_id, grace - left, left)
 
     def _held_back(self, part: list[Any], now: datetime) -> list[Any]:
-        """The due entries of ``part`` that may be claimed now; those whose plan sends a
-        slot due before the election while the catch-up is held wait (see
-        :meth:`_hold_catchup_if_fresh`) until the hold ends, or until their first slot
-        after the election, which may change their plan."""
+        """The due entries of ``part`` that may be claimed now.
+
+        While the catch-up is held (see :meth:`_hold_catchup_if_fresh`), an entry whose
+        plan sends a slot due before the election waits, its later slots with it (claims
+        go oldest first), until the hold ends; then it is planned as it would have been
+        at the election (the same slots caught up, the window judged from then), and its
+        later slots follow at the next tick.
+        """
         if self._catchup_held is None:
             return part
         elected, until = self._catchup_held
-        if now >= until:
-            self._catchup_held = None
-            return part
         ready = []
         for tracked, plan_ in part:
-            clock = tracked.clock
-            if all(clock.fire_time(slot) >= elected for slot in plan_.send):
-                ready.append((tracked, plan_))
+            if now >= until and tracked.name in self._held:
+                self._held.discard(tracked.name)
+                plan_ = plan(tracked.clock, last=tracked.last, now=elected, since=self.since,
+                             policy=tracked.options.policy)
+            elif now < until and (tracked.name in self._held or any(
+                    tracked.clock.fire_time(slot) < elected for slot in plan_.send)):
+                self._held.add(tracked.name)
+                tracked.next_fire = until
+                self.agenda.push(tracked)
                 continue
-            try:
-                first = clock.fire_time(clock.next_after(elected))
-            except Exception:  # noqa: BLE001 - a user's schedule: the hold's end will do
-                first = until
-            tracked.next_fire = first if now < first < until else until
-            self.agenda.push(tracked)
+            ready.append((tracked, plan_))
+        if now >= until and not self._held:
+            self._catchup_held = None
         return ready
 
     def reload(self, version: int, *, report: bool = False) -> None:
