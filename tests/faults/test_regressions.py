@@ -18,13 +18,14 @@ import pytest
 
 from celery_leaderbeat.ops.cluster import Cluster
 from celery_leaderbeat.roles.node import utcnow
+from celery_leaderbeat.roles.standby import loss_grace
 from tests.support.redis_server import RedisServer
 
 from . import scenario
 from .invariants import duplicates, unaccounted
 from .model_world import World
 from .seam import AFTER, BEFORE, LATE, Seam
-from .sim import Sim
+from .sim import TASK, Sim
 from .test_model import LeaderbeatModel
 
 
@@ -748,3 +749,42 @@ def test_a_restore_between_two_calls_of_the_leader_is_not_sent_again_by_a_new_pr
         state.nothing_published_twice_and_no_beat_exited()
     finally:
         state.teardown()  # starts a again, lets time run, checks I1, I2, I4
+
+
+def test_a_fresh_beat_restarted_on_a_free_lease_sends_on_time_and_catches_up_within_the_grace(
+        empty_redis, monkeypatch, caplog):
+    """A single beat killed and started again once its lease lapsed is a fresh process
+    elected over state it never saw: its catch-up waits for the loss grace (nobody is
+    there to report a loss, so it is sent by then), and an entry with nothing to catch up
+    sends its slots due after the election on time."""
+    caplog.set_level(logging.ERROR)
+    schedule = {
+        # skip: nothing to catch up, nothing held back
+        "fast": {"task": TASK, "schedule": 1.0, "options": {"leaderbeat": {"catchup": "skip"}}},
+        "slow": {"task": TASK, "schedule": 4.0},  # latest: its newest missed slot is sent
+    }
+    sim = Sim(empty_redis.url, "fresh", schedule).install(monkeypatch)
+    try:
+        sim.start("a")
+        sim.run(12.0)
+        sim.crash("a")
+        sim.run(15.0)  # the lease (ttl 10 s) lapses; slots of both entries are missed
+        node = sim.start("a")
+        while not node.leading:
+            sim.step()
+        elected = sim.clock.time()
+        grace = loss_grace(node.scheduler.lb_config)
+        sim.run(grace + 6.0)
+        after = [p for p in sim.published if p.node == "a" and p.at >= elected]
+        fast = [p for p in after if p.name == "fast"]
+        assert fast and all(p.slot_ms / 1000 >= elected for p in fast)
+        assert all(p.at - p.slot_ms / 1000 <= 2 * sim.step_seconds for p in fast), \
+            [(p.header_slot, p.at - p.slot_ms / 1000) for p in fast]
+        caught_up = [p for p in after if p.name == "slow" and p.slot_ms / 1000 < elected]
+        assert len(caught_up) == 1, after
+        assert caught_up[0].at <= elected + grace + 2 * sim.step_seconds, \
+            (caught_up[0].at - elected, grace)
+        assert duplicates(sim.published, sim.prefix) == []
+        assert sim.exits == []
+    finally:
+        sim.close()
