@@ -106,8 +106,8 @@ class Leader:
         two calls of a leader that is still alive: the slots that leader sent after the
         snapshot are due before this election, and it reports the loss within the grace.
         So this leader claims no slot due before its election until a loss grace after
-        its start; slots due later are sent as usual. A cluster's first start (a store
-        that was never written) holds nothing back."""
+        its start (see :meth:`_held_back`); an entry with nothing to catch up sends as
+        usual. A cluster's first start (a store never written) holds nothing back."""
         grace = loss_grace(self.node.config)
         left = self.node.started + grace - time.monotonic()
         if left > 0 and self.node.ledger.generation > 0:
