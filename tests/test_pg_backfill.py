@@ -8,12 +8,11 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from celery_leaderbeat.config import Config
 from celery_leaderbeat.store.ledger import BACKFILL_REFUSALS, ClaimItem, Event, Op
 from celery_leaderbeat.store.postgres import lease_sql, state_sql
 from celery_leaderbeat.store.postgres.schema import qualified
 from celery_leaderbeat.store.postgres.store import PostgresStore, open_store
-from tests.support.postgres import HOST, PORT, USER, postgres_database
+from tests.support.postgres import HOST, PORT, USER, pg_config, postgres_database
 
 
 @pytest.fixture
@@ -29,8 +28,7 @@ def sql(conninfo: str, text: str) -> None:
 
 @pytest.fixture
 def store(conninfo: str) -> Iterator[PostgresStore]:
-    made = open_store(conninfo, Config(redis_url="", key_prefix="app", node_id="n1",
-                                       history_length=1000))
+    made = open_store(conninfo, pg_config(key_prefix="app", node_id="n1", history_length=1000))
     yield made
     made.close()
 
@@ -91,7 +89,7 @@ def test_a_slot_claimed_unconfirmed_by_an_earlier_leader_is_not_backfilled(
         store: PostgresStore, conninfo: str) -> None:
     _, b, c = _three_slots(store, conninfo)
     sql(conninfo, "UPDATE {schema}.lease SET expires_at = clock_timestamp()")
-    newer = open_store(conninfo, Config(redis_url="", key_prefix="app", node_id="n2"))
+    newer = open_store(conninfo, pg_config(key_prefix="app", node_id="n2"))
     try:
         assert newer.lease.try_acquire()
         token, epoch = newer.lease.credentials()

@@ -9,12 +9,12 @@ import time
 import psycopg
 import pytest
 
-from celery_leaderbeat.config import Config
 from celery_leaderbeat.errors import RolledBackError
-from celery_leaderbeat.store.ledger import ClaimItem, Op, SlotState
 from celery_leaderbeat.store.postgres import lease_sql
 from celery_leaderbeat.store.postgres.store import open_store
+from celery_leaderbeat.store.types import ClaimItem, Op, SlotState
 from tests.support.pg_cluster import Cluster, pg_cluster
+from tests.support.postgres import pg_config
 from tests.support.proxy import TcpProxy
 
 
@@ -49,7 +49,7 @@ def test_a_promoted_async_replica_that_lacks_claims_is_refused_until_the_leader_
     with pg_cluster() as primary, pg_cluster(standby_of=primary) as replica:
         proxy = TcpProxy("127.0.0.1", primary.port)  # the address the nodes know (a VIP)
         conninfo = f"host=127.0.0.1 port={proxy.port} user=postgres dbname=postgres"
-        config = Config(redis_url="", key_prefix="app", node_id="n1", lease_ttl=30.0)
+        config = pg_config(key_prefix="app", node_id="n1", lease_ttl=30.0)
         store = open_store(conninfo, config)
         lease, ledger = store.lease, store.ledger
         try:
@@ -97,7 +97,7 @@ def test_a_replica_promoted_under_synchronous_replication_has_every_claim() -> N
                 time.sleep(0.05)
         proxy = TcpProxy("127.0.0.1", primary.port)
         conninfo = f"host=127.0.0.1 port={proxy.port} user=postgres dbname=postgres"
-        config = Config(redis_url="", key_prefix="app", node_id="n1", lease_ttl=30.0)
+        config = pg_config(key_prefix="app", node_id="n1", lease_ttl=30.0)
         store = open_store(conninfo, config)
         lease, ledger = store.lease, store.ledger
         try:

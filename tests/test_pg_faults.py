@@ -15,14 +15,13 @@ from typing import Any
 import psycopg
 import pytest
 
-from celery_leaderbeat.config import Config
 from celery_leaderbeat.errors import LeaseLostError
-from celery_leaderbeat.store.ledger import ClaimItem, Event, Op, SlotState
 from celery_leaderbeat.store.postgres import lease_sql
 from celery_leaderbeat.store.postgres.pool import ERRORS
 from celery_leaderbeat.store.postgres.schema import qualified
 from celery_leaderbeat.store.postgres.store import PostgresStore, open_store
-from tests.support.postgres import HOST, PORT, USER, postgres_database
+from celery_leaderbeat.store.types import ClaimItem, Event, Op, SlotState
+from tests.support.postgres import HOST, PORT, USER, pg_config, postgres_database
 
 ENTRIES = ("a", "b")
 #: the steps whose answers a retry may change (see the test)
@@ -63,9 +62,9 @@ class Run:
 
 
 def scenario(conninfo: str, app: str, faults: Faults) -> Run:
-    config = {"redis_url": "", "key_prefix": app, "lease_ttl": 30.0, "rescue_after": 2.0}
-    leader = open_store(conninfo, Config(node_id="n1", **config))  # type: ignore[arg-type]
-    standby = open_store(conninfo, Config(node_id="s1", **config))  # type: ignore[arg-type]
+    config = {"key_prefix": app, "lease_ttl": 30.0, "rescue_after": 2.0}
+    leader = open_store(conninfo, pg_config(node_id="n1", **config))
+    standby = open_store(conninfo, pg_config(node_id="s1", **config))
     leader.place.fault = standby.place.fault = faults
     run = Run()
     try:

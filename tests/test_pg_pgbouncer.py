@@ -9,11 +9,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from celery_leaderbeat.config import Config
-from celery_leaderbeat.store.ledger import ClaimItem, Event, Op
 from celery_leaderbeat.store.postgres.store import PostgresStore, open_store
+from celery_leaderbeat.store.types import ClaimItem, Event, Op
 from tests.support.pg_cluster import pgbouncer
-from tests.support.postgres import HOST, PORT, USER, postgres_database
+from tests.support.postgres import HOST, PORT, USER, pg_config, postgres_database
 
 
 @pytest.fixture
@@ -23,7 +22,7 @@ def bounced() -> Iterator[str]:
 
 
 def _store(conninfo: str, node: str) -> PostgresStore:
-    return open_store(conninfo, Config(redis_url="", key_prefix="app", node_id=node),
+    return open_store(conninfo, pg_config(key_prefix="app", node_id=node),
                       listen=False)
 
 

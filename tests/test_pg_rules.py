@@ -3,9 +3,9 @@ the cases ``claim.lua`` decides that the store tests do not reach one by one."""
 
 from __future__ import annotations
 
-from celery_leaderbeat.store.ledger import ClaimItem, Op
 from celery_leaderbeat.store.postgres import rules
 from celery_leaderbeat.store.postgres.rules import Chunk, Row, decide
+from celery_leaderbeat.store.types import ClaimItem, Op
 
 NOW = 1_000_000
 

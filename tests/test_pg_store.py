@@ -15,7 +15,6 @@ from typing import Any
 import psycopg
 import pytest
 
-from celery_leaderbeat.config import Config
 from celery_leaderbeat.errors import ConfigurationError, LeaseLostError, RolledBackError
 from celery_leaderbeat.store.ledger import (
     DIFFERS,
@@ -40,7 +39,7 @@ from celery_leaderbeat.store.postgres.schema import (
 )
 from celery_leaderbeat.store.postgres.store import open_store
 from tests.support.pg_cluster import pg_cluster
-from tests.support.postgres import HOST, PORT, USER, postgres_database
+from tests.support.postgres import HOST, PORT, USER, pg_config, postgres_database
 
 SCHEMA = "leaderbeat"
 
@@ -60,7 +59,7 @@ def make_node(conninfo: str) -> Iterator[Callable[..., Node]]:
     made: list[Node] = []
 
     def make(node_id: str, app: str = "app", **settings: Any) -> Node:
-        config = Config(redis_url="", key_prefix=app, node_id=node_id, **settings)
+        config = pg_config(key_prefix=app, node_id=node_id, **settings)
         store = open_store(conninfo, config)
         node = (store.lease, store.ledger)
         made.append(node)
@@ -473,7 +472,7 @@ def test_a_rescue_waits_until_the_newest_leader_defined_its_entries(
 
 def test_after_a_server_restart_one_call_fails_and_the_next_succeeds() -> None:
     with pg_cluster() as cluster:
-        config = Config(redis_url="", key_prefix="app", node_id="n1")
+        config = pg_config(key_prefix="app", node_id="n1")
         store = open_store(cluster.conninfo, config)
         lease = store.lease
         try:
@@ -489,7 +488,7 @@ def test_after_a_server_restart_one_call_fails_and_the_next_succeeds() -> None:
 
 def test_after_the_server_was_killed_and_started_again_the_lease_carries_on() -> None:
     with pg_cluster() as cluster:
-        config = Config(redis_url="", key_prefix="app", node_id="n1", lease_ttl=30.0)
+        config = pg_config(key_prefix="app", node_id="n1", lease_ttl=30.0)
         store = open_store(cluster.conninfo, config)
         lease, ledger = store.lease, store.ledger
         try:

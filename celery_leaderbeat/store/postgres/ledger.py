@@ -16,7 +16,6 @@ from ..types import (
     Claimed,
     ClaimItem,
     ClaimResult,
-    Code,
     Event,
     Op,
     Refused,
