@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from celery_leaderbeat.store.postgres.store import PostgresStore, open_store
-from celery_leaderbeat.store.types import ClaimItem, Event, Op
+from celery_leaderbeat.store.types import ClaimItem, Code, Event, Op
 from tests.support.pg_cluster import pgbouncer
 from tests.support.postgres import HOST, PORT, USER, pg_config, postgres_database
 
@@ -35,7 +35,7 @@ def test_the_lease_claims_and_requests_work_behind_a_transaction_pooler(bounced:
             slot = 1000 * (round_ + 1)
             items = [ClaimItem(f"e{i}", slot, Op.CLAIM, slot) for i in range(20)]
             sent = [Event(f"e{i}", slot - 1000, "sent") for i in range(20)] if round_ else []
-            assert leader.ledger.claim(token, epoch, items, sent) == [None] * 20
+            assert leader.ledger.claim(token, epoch, items, sent) == [Code.GRANTED] * 20
             leader.lease.renew()
         assert standby.ledger.rescue([ClaimItem("e0", 1000, Op.CLAIM, 1000, 0)]).results[0]
         standby.requests.push("r1")
