@@ -51,7 +51,8 @@ def _three_slots(store: PostgresStore, conninfo: str) -> tuple[int, int, int]:
     a, b, c = now - 30_000, now - 20_000, now - 10_000
     token, epoch = store.lease.credentials()
     for slot in (a, b, c):
-        assert store.ledger.claim(token, epoch, [ClaimItem("e", slot, Op.CLAIM, slot)]) == [Code.GRANTED]
+        item = ClaimItem("e", slot, Op.CLAIM, slot)
+        assert store.ledger.claim(token, epoch, [item]) == [Code.GRANTED]
     store.ledger.record(epoch, [Event("e", a, "sent"), Event("e", c, "sent")])
     return a, b, c
 
@@ -103,7 +104,8 @@ def test_a_slot_claimed_unconfirmed_by_an_earlier_leader_is_not_backfilled(
         token, epoch = newer.lease.credentials()
         later = c + 5000
         sql(conninfo, f"UPDATE {{schema}}.slots SET state = 'c', slot_ms = {b}")
-        assert newer.ledger.claim(token, epoch, [ClaimItem("e", later, Op.CLAIM, later)]) == [Code.GRANTED]
+        item = ClaimItem("e", later, Op.CLAIM, later)
+        assert newer.ledger.claim(token, epoch, [item]) == [Code.GRANTED]
         assert ("e", b) in newer.ledger.overtaken()
         assert newer.ledger.backfill(token, epoch, "e", [b], "req-9") == [
             BackfillRefused(BackfillReason.UNCONFIRMED)]

@@ -406,7 +406,8 @@ def test_a_rescue_is_refused_before_rescue_after_and_granted_once_after(
     lease, ledger = lead(make_node, rescue_after=2.0)
     now = server_ms(conninfo)
     first = now - 60_000
-    assert claim(lease, ledger, ClaimItem("e", first, Op.ANCHOR, first, fingerprint="f1")) == [Code.GRANTED]
+    anchor = ClaimItem("e", first, Op.ANCHOR, first, fingerprint="f1")
+    assert claim(lease, ledger, anchor) == [Code.GRANTED]
     _, standby = make_node("s1", rescue_after=2.0)
     _, other = make_node("s2", rescue_after=2.0)
     recent = now - 500
@@ -456,7 +457,8 @@ def test_a_rescue_waits_until_the_newest_leader_defined_its_entries(
     lead(make_node, "n2")  # elected, has not defined yet
     _, standby = make_node("s1")
     late = now - 5000
-    assert standby.rescue([ClaimItem("e", late, Op.CLAIM, late, first, "f1")]).results == [Code.EARLY]
+    late_item = ClaimItem("e", late, Op.CLAIM, late, first, "f1")
+    assert standby.rescue([late_item]).results == [Code.EARLY]
 
 
 # --- the server restarted ---------------------------------------------------------------
@@ -489,7 +491,8 @@ def test_after_the_server_was_killed_and_started_again_the_lease_carries_on() ->
             with pytest.raises(UNREACHABLE):
                 ledger.claim(token, epoch, [ClaimItem("e", 1000, Op.CLAIM, 1000)])
             cluster.start()  # the failed call checked the pool: no broken connection is left
-            assert ledger.claim(token, epoch, [ClaimItem("e", 1000, Op.CLAIM, 1000)]) == [Code.GRANTED]
+            first = ClaimItem("e", 1000, Op.CLAIM, 1000)
+            assert ledger.claim(token, epoch, [first]) == [Code.GRANTED]
         finally:
             lease.place.pool.close()
 
