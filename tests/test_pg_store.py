@@ -491,8 +491,8 @@ def test_after_the_server_was_killed_and_started_again_the_lease_carries_on() ->
             with pytest.raises(UNREACHABLE):
                 ledger.claim(token, epoch, [ClaimItem("e", 1000, Op.CLAIM, 1000)])
             cluster.start()  # the failed call checked the pool: no broken connection is left
-            first = ClaimItem("e", 1000, Op.CLAIM, 1000)
-            assert ledger.claim(token, epoch, [first]) == [Code.GRANTED]
+            again = ClaimItem("e", 1000, Op.CLAIM, 1000)
+            assert ledger.claim(token, epoch, [again]) == [Code.GRANTED]
         finally:
             lease.place.pool.close()
 
