@@ -15,10 +15,10 @@ import pytest
 import redis
 
 from celery_leaderbeat.config import Config
+from celery_leaderbeat.store.base import GuardRun
 from celery_leaderbeat.store.connection import make_client
 from celery_leaderbeat.store.keys import Keys
 from celery_leaderbeat.store.lease import Lease
-from celery_leaderbeat.store.base import GuardRun
 from celery_leaderbeat.store.ledger import Ledger
 from celery_leaderbeat.store.runs import RedisRuns
 from celery_leaderbeat.store.scripts import Scripts
