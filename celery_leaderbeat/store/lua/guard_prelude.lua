@@ -13,7 +13,8 @@
 -- act only for the run whose token the record holds.
 local task, worker, record_ttl, lease, policy, history_max = ARGV[1], ARGV[2], ARGV[3],
   ARGV[4], ARGV[5], ARGV[6]                      -- policy: an overlap policy, 'allow' allow_all
-local entry, slot, epoch, detail = ARGV[7], ARGV[8], ARGV[9], ARGV[10]  -- detail: an outcome
+local entry, slot, epoch = ARGV[7], ARGV[8], ARGV[9]
+local detail = ARGV[10]  -- finish, release: the outcome; start: 'wait' or ''
 local token, retry, message = ARGV[11], tonumber(ARGV[12] or '0') or 0, ARGV[13]
 local handed_over, slot_text = ARGV[14] == '1', ARGV[15]  -- slot_text: ISO 8601, for people
 if policy == 'allow' then policy = 'allow_all' end

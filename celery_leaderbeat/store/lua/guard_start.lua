@@ -1,7 +1,7 @@
 -- guard_start.lua: a worker asks to start one run. A run that finished, or still runs (its
 -- liveness lives, even once its record expired), is a duplicate; one recorded started whose
 -- liveness lapsed was taken for dead with its worker and may run again. ``detail`` 'wait':
--- the caller will ask again (a "running" answer is then not recorded yet). Overlap (first
+-- the caller will ask again, so a "running" answer is not recorded yet. Overlap (first
 -- runs only; a retry continues its slot's run): the entry is busy when its lock is held by
 -- another task or other slots wait; docs/architecture.md tells each policy. Only the lock's
 -- holder starts; a waiting slot starts when the lock is handed to it. A start gets a token
@@ -16,7 +16,8 @@ if state == 'f' then
   return {'duplicate', 'finished on ' .. by}
 end
 if state and redis.call('EXISTS', KEYS[2]) == 1 then
-  if detail ~= 'wait' then history('skipped', 'duplicate: running on ' .. by) end
+  local will_ask_again = detail == 'wait'
+  if not will_ask_again then history('skipped', 'duplicate: running on ' .. by) end
   return {'duplicate', 'running on ' .. by}
 end
 
