@@ -17,7 +17,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import redis
 
@@ -32,15 +32,31 @@ logger = logging.getLogger(__name__)
 LOSS = -3
 
 
-class Lease:
-    """This node's view of the leader lease."""
+class Acquired(NamedTuple):
+    """A store's answer to an attempt to take the lease."""
 
-    def __init__(self, client: Any, scripts: Scripts, keys: Keys, config: Config, *,
-                 clock: Callable[[], float] = time.monotonic,
+    acquired: bool
+    epoch: int | None  #: acquired: the new epoch
+    holder: str | None  #: refused: the holder's token (None: nobody, held back after a loss)
+    pttl: int  #: refused: the holder's remaining ttl in ms (:data:`LOSS`: held back)
+    generation: int  #: the store's state generation (see claim.lua)
+    now: float  #: the store's clock (s), so every attempt also measures clock skew
+
+
+class Renewed(NamedTuple):
+    """A store's answer to a renewal: renewed (with its clock), or who holds the lease."""
+
+    renewed: bool
+    holder: str | None
+    now: float | None
+
+
+class LeaseView:
+    """This node's view of the leader lease; a store says how to ask (the ``_ask_*``
+    methods), this class what the answers mean for the node."""
+
+    def __init__(self, config: Config, *, clock: Callable[[], float] = time.monotonic,
                  wall: Callable[[], float] | None = None) -> None:
-        self.client = client
-        self.scripts = scripts
-        self.keys = keys
         self.config = config
         self.clock = clock
         self.wall = wall or (lambda: time.time())  # looked up per call: tests may shift it
@@ -122,27 +138,23 @@ class Lease:
         A reply that never comes changes nothing here: the next attempt asks again.
         """
         started = self.clock()
-        reply = self.scripts.acquire(
-            keys=[self.keys.leader, self.keys.epoch, self.keys.history, self.keys.generation],
-            args=[self.config.node_id, self.ttl_ms, self.config.history_length,
-                  self.highest_epoch, self.highest_generation,
-                  "1" if self.led_last or despite_loss else "0"])
-        acquired = status(reply, "acquire") == 1
-        self._measured(started, reply[-2], reply[-1])
-        generation = int(reply[-3])
+        answer = self._ask_acquire(self.led_last or despite_loss)
+        acquired = answer.acquired
+        self._measured(started, answer.now)
+        generation = answer.generation
         self.on_generation(generation)
-        self.held_back = not acquired and not reply[1] and int(reply[2]) == LOSS
+        self.held_back = not acquired and not answer.holder and answer.pttl == LOSS
         if self.held_back:
             return False
         self.highest_generation = max(self.highest_generation, generation)
         self.led_last = acquired
         if not acquired:
-            self.observe_epoch(_epoch_of(reply[1]))
+            self.observe_epoch(_epoch_of(answer.holder))
             # another node leads: what this node sent before its lease vanished is no longer
             # all that was sent (a leader elected later must not carry on from its memory)
             self.vanished_while_held = False
             return False
-        self.epoch = int(reply[1])
+        self.epoch = answer.epoch
         self.observe_epoch(self.epoch)
         self.token = f"{self.config.node_id}|{self.epoch}"
         self._lost.clear()
@@ -162,36 +174,36 @@ class Lease:
         if token is None:
             raise LeaseLostError("no lease to renew")
         started = self.clock()
-        reply = self.scripts.renew(keys=[self.keys.leader], args=[token, self.ttl_ms])
+        answer = self._ask_renew(token)
         current = token == self.token
-        if status(reply, "renew") == 0:
+        if not answer.renewed:
             if current:
-                if not (len(reply) > 1 and reply[1]) and self.clock() < self._valid_until:
+                if not answer.holder and self.clock() < self._valid_until:
                     self.vanished_while_held = True
                     logger.warning("leaderbeat: the lease %s vanished while still valid: Redis "
                                    "lost its data (restarted empty, or an older snapshot)", token)
                 self.mark_lost()
-            holder = text(reply[1]) if len(reply) > 1 and reply[1] else None
+            holder = answer.holder
             lost = LeaseLostError(f"lease {token} lost; held by {holder or 'nobody'}")
             lost.holder, lost.answered = holder, True
             raise lost
         if not current:
             return
         self.confirm(started)
-        self._measured(started, reply[1], reply[2])
+        if answer.now is not None:
+            self._measured(started, answer.now)
 
-    def _measured(self, started: float, seconds: Any, micros: Any) -> None:
-        """A call that began at monotonic ``started`` read Redis TIME: note the skew."""
-        redis_now = int(seconds) + int(micros) / 1e6
+    def _measured(self, started: float, store_now: float) -> None:
+        """A call that began at monotonic ``started`` read the store's clock: note the skew."""
         elapsed = self.clock() - started
-        self.clock_skew = self.wall() - elapsed / 2 - redis_now
+        self.clock_skew = self.wall() - elapsed / 2 - store_now
 
     def measure_skew(self) -> float:
-        """Compare this node's clock with Redis ``TIME`` (one round trip)."""
+        """Compare this node's clock with the store's (one round trip)."""
         before = self.wall()
-        seconds, micros = self.client.time()
+        store_now = self._ask_time()
         after = self.wall()
-        self.clock_skew = (before + after) / 2 - (int(seconds) + int(micros) / 1e6)
+        self.clock_skew = (before + after) / 2 - store_now
         return self.clock_skew
 
     def mark_lost(self) -> None:
@@ -205,18 +217,11 @@ class Lease:
         self._valid_until = 0.0
         if token is None:
             return False
-        reply = self.scripts.release(
-            keys=[self.keys.leader, self.keys.history],
-            args=[token, self.config.history_length, self.keys.events, reason])
-        return bool(reply)
+        return self._ask_release(token, reason)
 
     def holder(self) -> tuple[str | None, int]:
-        """The token in the leader key and its remaining ttl in ms (-2 when none)."""
-        pipe = self.client.pipeline(transaction=False)
-        pipe.get(self.keys.leader)
-        pipe.pttl(self.keys.leader)
-        token, pttl = pipe.execute()
-        return (text(token) if token else None), int(pttl)
+        """The holder's token and its remaining ttl in ms (-2 when none)."""
+        return self._ask_holder()
 
     def start_heartbeat(self, wake_by: Callable[[], float]) -> Heartbeat:
         """Renew in the background while the main loop keeps its word (see Heartbeat)."""
@@ -238,6 +243,69 @@ class Lease:
             self._heartbeat = None
 
 
+    def _ask_acquire(self, may_lead_despite_loss: bool) -> Acquired:
+        raise NotImplementedError
+
+    def _ask_renew(self, token: str) -> Renewed:
+        raise NotImplementedError
+
+    def _ask_release(self, token: str, reason: str) -> bool:
+        raise NotImplementedError
+
+    def _ask_holder(self) -> tuple[str | None, int]:
+        raise NotImplementedError
+
+    def _ask_time(self) -> float:
+        raise NotImplementedError
+
+
+class Lease(LeaseView):
+    """The lease in Redis: ``acquire.lua``, ``renew.lua``, ``release.lua`` on one client."""
+
+    def __init__(self, client: Any, scripts: Scripts, keys: Keys, config: Config, *,
+                 clock: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], float] | None = None) -> None:
+        super().__init__(config, clock=clock, wall=wall)
+        self.client = client
+        self.scripts = scripts
+        self.keys = keys
+
+    def _ask_acquire(self, may_lead_despite_loss: bool) -> Acquired:
+        reply = self.scripts.acquire(
+            keys=[self.keys.leader, self.keys.epoch, self.keys.history, self.keys.generation],
+            args=[self.config.node_id, self.ttl_ms, self.config.history_length,
+                  self.highest_epoch, self.highest_generation,
+                  "1" if may_lead_despite_loss else "0"])
+        acquired = status(reply, "acquire") == 1
+        now = int(reply[-2]) + int(reply[-1]) / 1e6
+        if acquired:
+            return Acquired(True, int(reply[1]), None, 0, int(reply[-3]), now)
+        return Acquired(False, None, text(reply[1]) if reply[1] else None, int(reply[2]),
+                        int(reply[-3]), now)
+
+    def _ask_renew(self, token: str) -> Renewed:
+        reply = self.scripts.renew(keys=[self.keys.leader], args=[token, self.ttl_ms])
+        if status(reply, "renew") == 1:
+            return Renewed(True, None, int(reply[1]) + int(reply[2]) / 1e6)
+        return Renewed(False, text(reply[1]) if len(reply) > 1 and reply[1] else None, None)
+
+    def _ask_release(self, token: str, reason: str) -> bool:
+        return bool(self.scripts.release(
+            keys=[self.keys.leader, self.keys.history],
+            args=[token, self.config.history_length, self.keys.events, reason]))
+
+    def _ask_holder(self) -> tuple[str | None, int]:
+        pipe = self.client.pipeline(transaction=False)
+        pipe.get(self.keys.leader)
+        pipe.pttl(self.keys.leader)
+        token, pttl = pipe.execute()
+        return (text(token) if token else None), int(pttl)
+
+    def _ask_time(self) -> float:
+        seconds, micros = self.client.time()
+        return int(seconds) + int(micros) / 1e6
+
+
 class Heartbeat(threading.Thread):
     """Renews one lease every ``renew_interval``, whatever the main loop is doing.
 
@@ -249,7 +317,7 @@ class Heartbeat(threading.Thread):
     and records why it ended in ``stopped_because``.
     """
 
-    def __init__(self, lease: Lease, wake_by: Callable[[], float]) -> None:
+    def __init__(self, lease: LeaseView, wake_by: Callable[[], float]) -> None:
         super().__init__(name=f"leaderbeat-heartbeat-{lease.epoch}", daemon=True)
         self._lease = weakref.ref(lease)
         self._token = lease.token
