@@ -1,7 +1,8 @@
 """What any store must do (``celery_leaderbeat.store.base``), run against each store.
 
-Only the Redis store exists; a second one (PostgreSQL, say) adds itself to
-``STORES`` and must pass every test here unchanged. The tests use only the
+Run against the Redis store and the in-memory store (the reference implementation);
+a third one (PostgreSQL, say) adds itself to ``STORES`` and :func:`backend`, and must
+pass every test here unchanged. The tests use only the
 protocols: no key, no Redis command.
 """
 
@@ -19,9 +20,12 @@ from celery_leaderbeat.store.entry_store import EntryExists, EntryUnknown
 from celery_leaderbeat.store.events import ENTRIES, RELEASED, REQUEST
 from celery_leaderbeat.store.keys import Keys
 from celery_leaderbeat.store.ledger import ClaimItem, Event, Op
+from celery_leaderbeat.store.memory import MemoryStore
+from celery_leaderbeat.store.memory_state import MemoryState
 from celery_leaderbeat.store.redis_store import redis_store
 
-STORES = ["redis"]
+#: every store; a new one adds its name here and a branch to :func:`backend`
+STORES = ["redis", "memory"]
 
 
 class Backend:
@@ -47,6 +51,15 @@ def backend(request: pytest.FixtureRequest, key_prefix: str) -> Any:
             return int(seconds) * 1000 + int(micros) // 1000
 
         return Backend(make, now_ms)
+    if request.param == "memory":
+        state = MemoryState()
+
+        def make_memory(node: str) -> Store:
+            config = Config.from_values({"redis_url": "memory://", "key_prefix": key_prefix,
+                                         "node_id": node})
+            return MemoryStore(state, config, key_prefix)
+
+        return Backend(make_memory, state.now_ms)
     raise AssertionError(request.param)
 
 

@@ -19,6 +19,7 @@ from .base import (
     LeaseStore,
     RequestQueue,
     SlotStore,
+    Store,
 )
 from .connection import make_client, server_warnings
 from .entry_store import EntryStore
@@ -63,8 +64,12 @@ def redis_store(client: Any, keys: Keys, config: Config) -> RedisStore:
     return RedisStore(client, keys, config)
 
 
-def connect(config: Config) -> RedisStore:
+def connect(config: Config) -> Store:
     """The store these settings name, on a new client (one per process: never share it
-    across a fork)."""
+    across a fork); ``memory://`` names the in-memory store of this process."""
+    if config.redis_url.startswith("memory://"):
+        from .memory import connect as memory_store
+
+        return memory_store(config)
     client = make_client(config.redis_url, config.redis_options, config.socket_timeout)
     return redis_store(client, Keys(config.key_prefix), config)

@@ -1,0 +1,378 @@
+"""The in-memory store: the reference implementation of :mod:`~celery_leaderbeat.store.base`.
+
+Selected by ``leaderbeat_redis_url = "memory://"`` (or ``memory://<name>``: every
+store of one name in one process shares one state). It holds everything in this
+process, so it is **not shared between processes**: it serves tests and a
+single-process development setup, never a cluster of beats on several hosts.
+
+It keeps every rule the Redis store keeps, with the same atomicity (one lock per
+state: each call is one step, as one Lua script is on Redis), fencing, epochs,
+rescue rules, answers and bounds; the Lua scripts are the specification and each
+part names the script it follows. The store's clock is injectable
+(:class:`~celery_leaderbeat.store.memory_state.MemoryState`'s ``clock``), and every
+ttl runs on it. It offers neither optional capability: no claim-and-enqueue in one
+step (``client`` is None), and it cannot lose writes, so the loss checks never fire.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..config import Config
+from ..errors import EntryExists, EntryNotFound
+from .base import (
+    ClusterAdmin,
+    EntryDefinitions,
+    Events,
+    GuardStore,
+    LeaseStore,
+    RequestQueue,
+    SlotStore,
+)
+from .entry_store import REMOVED_CAP, Changes, Saved, Stored
+from .events import ENTRIES, RELEASED, REQUEST
+from .lease import Acquired, LeaseView, Renewed
+from .memory_guard import MemoryGuard
+from .memory_ledger import MemoryLedger
+from .memory_state import MemoryState, Subscriber, parse_id, row_id
+
+#: the states of the ``memory://<name>`` stores of this process, by name
+_STATES: dict[str, MemoryState] = {}
+_STATES_LOCK = threading.Lock()
+
+
+class MemoryLease(LeaseView):
+    """The lease of one in-memory store: ``acquire.lua``, ``renew.lua``, ``release.lua``."""
+
+    def __init__(self, state: MemoryState, config: Config, *,
+                 clock: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], float] | None = None) -> None:
+        super().__init__(config, clock=clock, wall=wall)
+        self.state = state
+
+    def _ask_acquire(self, may_lead_despite_loss: bool) -> Acquired:
+        s, node = self.state, self.config.node_id
+        with s.lock:
+            now, generation = s.clock(), s.generation or 0
+            current = s.leader()
+            if current:
+                holder, _, held = current.rpartition("|")
+                if holder != node and not (held.isdigit() and int(held) < self.highest_epoch):
+                    return Acquired(False, None, current, s.keyed.pttl("leader"), generation, now)
+            if generation < self.highest_generation and not may_lead_despite_loss:
+                return Acquired(False, None, None, -3, generation, now)
+            epoch = max((s.epoch_counter or 0) + 1, self.highest_epoch + 1)
+            s.epoch_counter = epoch
+            s.keyed.set("leader", f"{node}|{epoch}", self.ttl_ms)
+            s.add_history({"event": "elected", "node": node, "epoch": epoch},
+                          self.config.history_length)
+            return Acquired(True, epoch, None, 0, generation, now)
+
+    def _ask_renew(self, token: str) -> Renewed:
+        s = self.state
+        with s.lock:
+            current = s.leader()
+            if current != token:
+                return Renewed(False, current, None)
+            s.keyed.expire("leader", self.ttl_ms)
+            return Renewed(True, None, s.clock())
+
+    def _ask_release(self, token: str, reason: str) -> bool:
+        return release(self.state, token, reason, self.config.history_length)
+
+    def _ask_holder(self) -> tuple[str | None, int]:
+        with self.state.lock:
+            return self.state.leader(), self.state.keyed.pttl("leader")
+
+    def _ask_time(self) -> float:
+        return self.state.clock()
+
+
+def release(state: MemoryState, token: str, reason: str, keep: int) -> bool:
+    """``release.lua``: give the lease up if ``token`` holds it, and wake the standbys."""
+    with state.lock:
+        if state.leader() != token:
+            return False
+        state.keyed.delete("leader")
+        node, _, epoch = token.rpartition("|")
+        state.add_history({"event": "released", "node": node, "epoch": epoch,
+                           "reason": reason}, keep)
+        state.publish(RELEASED)
+        return True
+
+
+class MemoryEvents:
+    """The events of one in-memory store: each subscriber keeps what it has not read."""
+
+    def __init__(self, state: MemoryState) -> None:
+        self.state = state
+
+    def subscribe(self) -> Subscriber:
+        subscriber = Subscriber()
+        with self.state.lock:
+            self.state.subscribers.add(subscriber)
+        return subscriber
+
+    def publish(self, message: str) -> None:
+        with self.state.lock:
+            self.state.publish(message)
+
+
+class MemoryRequests:
+    """The CLI's requests of one in-memory store."""
+
+    def __init__(self, state: MemoryState) -> None:
+        self.state = state
+
+    def push(self, request: str) -> None:
+        with self.state.lock:
+            self.state.requests.append(request)
+            self.state.publish(REQUEST)
+
+    def now_ms(self) -> int:
+        return self.state.now_ms()
+
+    def pop(self, limit: int = 1000) -> list[str]:
+        with self.state.lock:
+            taken = self.state.requests[:limit]
+            del self.state.requests[:limit]
+            return taken
+
+    def requeue(self, requests: Sequence[str]) -> None:
+        with self.state.lock:
+            self.state.requests[:0] = list(requests)
+
+    def mark_backfilled(self, entry: str, slot_ms: int, request_id: str) -> bool:
+        with self.state.lock:
+            field = f"{entry}|{slot_ms}"
+            if field in self.state.backfilled:
+                return False
+            self.state.backfilled[field] = request_id
+            return True
+
+    def backfilled(self, entry: str) -> set[int]:
+        with self.state.lock:
+            return {int(slot) for name, _, slot in
+                    (field.rpartition("|") for field in self.state.backfilled) if name == entry}
+
+
+class MemoryEntries:
+    """The run-time entries of one in-memory store: ``entries.lua``."""
+
+    def __init__(self, state: MemoryState) -> None:
+        self.state = state
+
+    def _bump(self) -> int:
+        self.state.entries_version += 1
+        return self.state.entries_version
+
+    def save(self, name: str, *, fingerprint: str, timing: str, enabled: bool,
+             definition: str, how: str = "upsert", anchor_ms: int | None = None,
+             first_ms: int | None = None) -> Saved:
+        s = self.state
+        with s.lock:
+            current = s.entries.get(name)
+            micros = s.now_us()
+            anchor = (micros // 1_000_000 + (1 if micros % 1_000_000 else 0)) * 1000
+            if current is not None:
+                if how == "create":
+                    raise EntryExists(name, "a runtime entry of that name is stored")
+                if current.fingerprint == fingerprint and current.enabled == enabled:
+                    return Saved(False, current.version, current.anchor_ms)
+                if current.timing == timing and (current.enabled or not enabled):
+                    anchor = current.anchor_ms
+            elif how == "update":
+                raise EntryNotFound(name, "among the runtime entries")
+            if anchor_ms is not None:
+                anchor = anchor_ms
+            version = self._bump()
+            kept = anchor_ms is not None or (current is not None and current.kept)
+            s.entries[name] = Stored(name, version, anchor, fingerprint, timing, enabled, None,
+                                     definition, kept)
+            s.entries_changed[name] = version
+            s.entries_removed.pop(name, None)
+            if enabled:
+                first = anchor if first_ms is None else min(anchor, first_ms)
+                s.slots.setdefault(name, f"{first}|0|a")
+            s.publish(ENTRIES)
+            return Saved(True, version, anchor)
+
+    def delete(self, name: str) -> bool:
+        s = self.state
+        with s.lock:
+            if s.entries.pop(name, None) is None:
+                return False
+            version = self._bump()
+            s.entries_changed.pop(name, None)
+            s.entries_removed[name] = version
+            extra = len(s.entries_removed) - REMOVED_CAP
+            if extra > 0:
+                oldest = sorted(s.entries_removed.items(), key=lambda kv: kv[1])[:extra]
+                s.entries_floor = oldest[-1][1]
+                for gone, _ in oldest:
+                    del s.entries_removed[gone]
+            s.publish(ENTRIES)
+            return True
+
+    def finish(self, name: str, fingerprint: str, slot_ms: int) -> bool:
+        s = self.state
+        with s.lock:
+            current = s.entries.get(name)
+            if current is None or current.fingerprint != fingerprint or not current.enabled:
+                return False
+            version = self._bump()
+            s.entries[name] = Stored(name, version, current.anchor_ms, current.fingerprint,
+                                     current.timing, False, slot_ms, current.definition,
+                                     current.kept)
+            s.entries_changed[name] = version
+            s.publish(ENTRIES)
+            return True
+
+    def get(self, name: str) -> Stored | None:
+        with self.state.lock:
+            stored: Stored | None = self.state.entries.get(name)
+            return stored
+
+    def all(self) -> dict[str, Stored]:
+        with self.state.lock:
+            return dict(self.state.entries)
+
+    def names(self) -> list[str]:
+        with self.state.lock:
+            return list(self.state.entries)
+
+    def changes(self, seen: int) -> Changes:
+        s = self.state
+        with s.lock:
+            version = s.entries_version
+            if version == seen:
+                return Changes(version, seen < 0, {}, [])
+            full = seen < s.entries_floor or seen > version
+            if full:
+                names = list(s.entries)
+            else:
+                names = sorted((n for n, v in s.entries_changed.items() if v > seen),
+                               key=lambda n: s.entries_changed[n])
+            removed = [] if full else sorted(
+                (n for n, v in s.entries_removed.items() if v > seen),
+                key=lambda n: s.entries_removed[n])
+            return Changes(version, full or seen < 0, {n: s.entries[n] for n in names}, removed)
+
+
+class MemoryAdmin:
+    """What the CLI reads and does in one in-memory store."""
+
+    def __init__(self, state: MemoryState, config: Config, name: str) -> None:
+        self.state = state
+        self.config = config
+        self._where = f"memory://{name}"
+
+    @property
+    def where(self) -> str:
+        return self._where
+
+    def step_down(self, token: str, reason: str) -> bool:
+        return release(self.state, token, reason, self.config.history_length)
+
+    def paused(self) -> dict[str, dict[str, Any]]:
+        with self.state.lock:
+            return {name: json.loads(record) for name, record in self.state.paused.items()}
+
+    def pause(self, name: str, record: dict[str, Any]) -> None:
+        with self.state.lock:
+            self.state.paused[name] = json.dumps(record)
+
+    def resume(self, name: str) -> bool:
+        with self.state.lock:
+            return self.state.paused.pop(name, None) is not None
+
+    def note(self, fields: dict[str, str]) -> None:
+        with self.state.lock:
+            self.state.add_history(fields, self.config.history_length)
+
+    def all_history(self) -> list[dict[str, str]]:
+        with self.state.lock:
+            return [{**fields, "id": row_id(at)} for at, fields in self.state.history]
+
+    def follow(self, last_id: str = "$", block_ms: int = 1000
+               ) -> tuple[str, list[dict[str, str]]]:
+        s = self.state
+        deadline = time.monotonic() + block_ms / 1000
+        with s.lock:
+            if last_id == "$":
+                last_id = row_id(s.history[-1][0]) if s.history else "0-0"
+            after = parse_id(last_id)
+            while True:
+                rows = [{**f, "id": row_id(at)} for at, f in s.history if at > after][:500]
+                left = deadline - time.monotonic()
+                if rows or left <= 0:
+                    return (rows[-1]["id"] if rows else last_id), rows
+                s.changed.wait(left)
+
+    def forget_nodes(self, node_ids: list[str]) -> None:
+        with self.state.lock:
+            for node in node_ids:
+                self.state.nodes.pop(node, None)
+
+    def reset(self) -> int:
+        s = self.state
+        with s.lock:
+            kept = (s.entries, s.entries_version, s.entries_floor, s.entries_changed,
+                    s.entries_removed, s.subscribers)
+            deleted = s.keyed.clear() + sum(1 for part in (
+                s.slots, s.overtaken, s.paused, s.definitions, s.backfilled, s.lost, s.nodes,
+                s.requests, s.history, s.waiting, s.messages, s.waiting_entries, s.decisions)
+                if part)
+            deleted += sum(1 for value in (s.epoch_counter, s.generation, s.loss, s.floor)
+                           if value is not None)
+            fresh = MemoryState(s.clock)
+            for field, value in vars(fresh).items():
+                if field not in ("lock", "changed"):
+                    setattr(s, field, value)
+            (s.entries, s.entries_version, s.entries_floor, s.entries_changed,
+             s.entries_removed, s.subscribers) = kept
+            return deleted
+
+
+class MemoryStore:
+    """Every part of :class:`~celery_leaderbeat.store.base.Store` on one in-memory state."""
+
+    client: Any = None  # no claim-and-enqueue in one step: a chunk is claimed, then sent
+
+    def __init__(self, state: MemoryState, config: Config, name: str = "") -> None:
+        self.state = state
+        self.lease: LeaseStore = MemoryLease(state, config)
+        self.ledger: SlotStore = MemoryLedger(state, config)
+        self.events: Events = MemoryEvents(state)
+        self.requests: RequestQueue = MemoryRequests(state)
+        self.entries: EntryDefinitions = MemoryEntries(state)
+        self.guard: GuardStore = MemoryGuard(state, config)
+        self.admin: ClusterAdmin = MemoryAdmin(state, config, name)
+
+    def ping(self) -> None:
+        """Always answers: the state is in this process."""
+
+    def warnings(self) -> list[str]:
+        return []
+
+    def close(self) -> None:
+        """Nothing to let go: the state stays for the other stores of its name."""
+
+
+def shared_state(name: str, clock: Callable[[], float] | None = None) -> MemoryState:
+    """The state of ``memory://<name>`` in this process (made on first use)."""
+    with _STATES_LOCK:
+        state = _STATES.get(name)
+        if state is None:
+            state = _STATES[name] = MemoryState(clock or time.time)
+        return state
+
+
+def connect(config: Config) -> MemoryStore:
+    """The in-memory store ``leaderbeat_redis_url = "memory://<name>"`` names."""
+    name = config.redis_url.split("://", 1)[1].strip("/")
+    return MemoryStore(shared_state(name), config, name)
