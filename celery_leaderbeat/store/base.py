@@ -54,13 +54,38 @@ claimed first and then published in one kombu batch, as every other store would 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Protocol
 
 from .connection import ERRORS, REFUSED, UNREACHABLE
-from .entry_store import Changes, Saved, Stored
 from .lease import Heartbeat
 from .ledger import Claimed, ClaimItem, Event, SlotState
+from .records import Changes, GuardDecision, GuardRun, RunRecord, Saved, Stored
+
+#: what the seam speaks in, for the roles and the integrations to import from here
+__all__ = [
+    "STORE_ERRORS",
+    "STORE_REFUSED",
+    "STORE_UNREACHABLE",
+    "Changes",
+    "ClaimItem",
+    "Claimed",
+    "ClusterAdmin",
+    "EntryDefinitions",
+    "Event",
+    "Events",
+    "GuardDecision",
+    "GuardRun",
+    "GuardStore",
+    "LeaseStore",
+    "RequestQueue",
+    "RunRecord",
+    "Saved",
+    "SlotState",
+    "SlotStore",
+    "Store",
+    "Stored",
+    "Subscription",
+]
 
 #: what a failed store call raises: no answer, or an error answer (``except STORE_ERRORS``)
 STORE_ERRORS = ERRORS
@@ -212,47 +237,6 @@ class EntryDefinitions(Protocol):
     def names(self) -> list[str]: ...
     def changes(self, seen: int) -> Changes:
         """What changed since version ``seen`` (-1: everything), in one call."""
-
-
-@dataclass(frozen=True)
-class GuardRun:
-    """One guarded run of one slot, as the worker guard records it."""
-
-    task_id: str  #: the slot's deterministic task id: what makes two deliveries one run
-    entry: str
-    slot_ms: int
-    epoch: Any  #: the fencing epoch the slot was sent under ("" when the message has none)
-    overlap: str  #: the entry's overlap policy (``skip``, ``buffer_one``, ... ``allow_all``)
-    worker: str  #: ``host:pid`` of the worker running it
-    retry: int = 0  #: Celery's retry number: each retry of a slot is a run of its own
-    #: the message that starts the slot when it has to wait (JSON; buffer and cancel policies)
-    message: str = ""
-    #: this delivery is a waiting slot's message, published when its turn came
-    handed_over: bool = False
-    slot_text: str = ""  #: the slot as people read it (ISO 8601), for the history
-
-    @property
-    def run_id(self) -> str:
-        """What makes two deliveries one run: the slot's task id, and the retry number."""
-        return self.task_id if not self.retry else f"{self.task_id}~{self.retry}"
-
-
-class GuardDecision(NamedTuple):
-    """What the guard said to a delivery: run it (under ``token``), or why not."""
-
-    #: ``run``, ``duplicate``, ``overlap`` (skipped), ``wait`` (it starts when its turn
-    #: comes) or ``cancel`` (it waits, and the run ``why`` names is to be revoked)
-    decision: str
-    why: str
-    token: int = 0  #: ``run``: the run's fencing token, above every token handed out before
-
-
-class RunRecord(NamedTuple):
-    """What the guard knows of one slot's run."""
-
-    state: str  #: ``started`` or ``finished``
-    worker: str
-    alive: bool  #: its liveness has not lapsed (a started run that is not alive was lost)
 
 
 class GuardStore(Protocol):

@@ -33,12 +33,13 @@ from .base import (
     RequestQueue,
     SlotStore,
 )
-from .entry_store import REMOVED_CAP, Changes, Saved, Stored
+from .entry_store import REMOVED_CAP
 from .events import ENTRIES, RELEASED, REQUEST
 from .lease import Acquired, LeaseView, Renewed
 from .memory_guard import MemoryGuard
 from .memory_ledger import MemoryLedger
 from .memory_state import MemoryState, Subscriber, parse_id, row_id
+from .records import Changes, Saved, Stored
 
 #: the states of the ``memory://<name>`` stores of this process, by name
 _STATES: dict[str, MemoryState] = {}

@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..config import Config
-from .base import GuardDecision, GuardRun, RunRecord
 from .memory_state import MemoryState
+from .records import GuardDecision, GuardRun, RunRecord
 
 
 class _GuardCall:

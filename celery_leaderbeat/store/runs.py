@@ -15,7 +15,7 @@ higher one, and only the run holding the record's token may renew or finish it.
 
 from __future__ import annotations
 
-from .base import GuardDecision, GuardRun, RunRecord
+from .records import GuardDecision, GuardRun, RunRecord
 from .scripts import RedisPart, text
 
 
