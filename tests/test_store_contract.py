@@ -360,6 +360,12 @@ def test_the_history_is_read_whole_oldest_first_and_followed_from_an_id(backend)
     last, newer = a.admin.follow(rows[0]["id"], block_ms=100)
     assert [r["event"] for r in newer] == ["resumed"] and last == rows[-1]["id"]
     assert a.admin.follow(last, block_ms=10) == (last, [])
+    now, nothing = a.admin.follow(None, block_ms=10)  # from now: what comes next
+    assert nothing == []
+    a.admin.note({"event": "paused", "entry": "f"})
+    assert [(r["event"], r["entry"]) for r in a.admin.follow(now, block_ms=100)[1]] == [
+        ("paused", "f")]
+    assert all(r["at"].isdigit() for r in a.admin.all_history())
 
 
 def test_reset_forgets_the_state_and_keeps_the_run_time_entries(backend):

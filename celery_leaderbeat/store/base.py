@@ -175,7 +175,8 @@ class SlotStore(Protocol):
     def overtaken(self) -> dict[tuple[str, int], SlotState]: ...
     def forget_overtaken(self, fields: Sequence[tuple[str, int]]) -> None: ...
     def history(self, count: int = 50) -> list[dict[str, str]]:
-        """The newest ``count`` history events, oldest first, each with its ``id``."""
+        """The newest ``count`` history events, oldest first, each with its ``id`` and ``at``
+        (see :meth:`ClusterAdmin.all_history`)."""
     def register_node(self, role: str, info: dict[str, Any]) -> dict[str, Any] | None: ...
     def unregister_node(self) -> None: ...
     def nodes(self) -> dict[str, dict[str, Any]]: ...
@@ -287,12 +288,12 @@ class ClusterAdmin(Protocol):
     def note(self, fields: dict[str, str]) -> None:
         """Add one event to the history."""
     def all_history(self) -> list[dict[str, str]]:
-        """Every history event kept, oldest first, each with its ``id``
-        (``<ms>-<seq>``: the ms is when it was written)."""
-    def follow(self, last_id: str = "$", block_ms: int = 1000
+        """Every history event kept, oldest first, each with its ``id`` (opaque: a cursor
+        for :meth:`follow`) and ``at`` (when the store wrote it: ms by the store's clock)."""
+    def follow(self, cursor: str | None = None, block_ms: int = 1000
                ) -> tuple[str, list[dict[str, str]]]:
-        """Events after ``last_id`` (``$``: from now), waiting up to ``block_ms``; the last
-        id read, to pass next time."""
+        """Events after ``cursor`` (an event's ``id``, or what the last call answered;
+        None: from now), waiting up to ``block_ms``; the cursor to pass next time."""
     def forget_nodes(self, node_ids: list[str]) -> None:
         """Remove these nodes from the registry."""
     def reset(self) -> int:

@@ -442,6 +442,7 @@ class Ledger:
         for event_id, fields in reversed(rows):
             row = {text(k): text(v) for k, v in fields.items()}
             row["id"] = text(event_id)
+            row["at"] = row["id"].partition("-")[0]  # the stream id starts with when (ms)
             out.append(row)
         return out
 

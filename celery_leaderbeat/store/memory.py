@@ -38,7 +38,7 @@ from .events import ENTRIES, RELEASED, REQUEST
 from .lease import Acquired, LeaseView, Renewed
 from .memory_guard import MemoryGuard
 from .memory_ledger import MemoryLedger
-from .memory_state import MemoryState, Subscriber, parse_id, row_id
+from .memory_state import MemoryState, Subscriber, parse_id, row, row_id
 from .records import Changes, Saved, Stored
 
 #: the states of the ``memory://<name>`` stores of this process, by name
@@ -297,21 +297,21 @@ class MemoryAdmin:
 
     def all_history(self) -> list[dict[str, str]]:
         with self.state.lock:
-            return [{**fields, "id": row_id(at)} for at, fields in self.state.history]
+            return [row(at, fields) for at, fields in self.state.history]
 
-    def follow(self, last_id: str = "$", block_ms: int = 1000
+    def follow(self, cursor: str | None = None, block_ms: int = 1000
                ) -> tuple[str, list[dict[str, str]]]:
         s = self.state
         deadline = time.monotonic() + block_ms / 1000
         with s.lock:
-            if last_id == "$":
-                last_id = row_id(s.history[-1][0]) if s.history else "0-0"
-            after = parse_id(last_id)
+            if cursor is None:
+                cursor = row_id(s.history[-1][0]) if s.history else "0-0"
+            after = parse_id(cursor)
             while True:
-                rows = [{**f, "id": row_id(at)} for at, f in s.history if at > after][:500]
+                rows = [row(at, f) for at, f in s.history if at > after][:500]
                 left = deadline - time.monotonic()
                 if rows or left <= 0:
-                    return (rows[-1]["id"] if rows else last_id), rows
+                    return (rows[-1]["id"] if rows else cursor), rows
                 s.changed.wait(left)
 
     def forget_nodes(self, node_ids: list[str]) -> None:

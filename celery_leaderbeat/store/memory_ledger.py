@@ -25,7 +25,7 @@ from .ledger import (
     Ledger,
     SlotState,
 )
-from .memory_state import MemoryState, parts, row_id
+from .memory_state import MemoryState, parts, row
 
 _STATES = {"claim": "c", "skip": "k", "anchor": "a", "reanchor": "a", "restore": "s",
            "recover": "c"}
@@ -415,7 +415,7 @@ class MemoryLedger(Ledger):
     def history(self, count: int = 50) -> list[dict[str, str]]:
         with self.state.lock:
             rows = self.state.history[-count:] if count > 0 else []
-            return [{**fields, "id": row_id(at)} for at, fields in rows]
+            return [row(at, fields) for at, fields in rows]
 
     def register_node(self, role: str, info: dict[str, Any]) -> dict[str, Any] | None:
         record = dict(info, role=role, last_seen=time.time())

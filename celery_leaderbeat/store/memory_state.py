@@ -159,6 +159,11 @@ def row_id(at: tuple[int, int]) -> str:
     return f"{at[0]}-{at[1]}"
 
 
+def row(at: tuple[int, int], fields: dict[str, str]) -> dict[str, str]:
+    """A history event as the seam answers it: its fields, ``id`` and ``at``."""
+    return {**fields, "id": row_id(at), "at": str(at[0])}
+
+
 def parse_id(text: str) -> tuple[int, int]:
     ms, _, seq = text.partition("-")
     return int(ms), int(seq or 0)
