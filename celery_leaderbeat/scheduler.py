@@ -36,9 +36,10 @@ from .ops.telemetry import Telemetry
 from .roles.dynamic_schedule import DynamicSchedule
 from .roles.enqueue import Enqueuer
 from .roles.leader import Leader, Resign
+from .roles.lease import LeaseView
 from .roles.node import Node
 from .roles.standby import Standby
-from .store.base import STORE_ERRORS, STORE_REFUSED, LeaseStore, SlotStore
+from .store.base import STORE_ERRORS, STORE_REFUSED, SlotStore
 from .store.connection import describe
 from .store.keys import Keys
 from .store.ledger import Event
@@ -116,7 +117,7 @@ class Scheduler(ScheduleState, Sending, Trouble, Lifecycle, beat.Scheduler):
         return self._standby
 
     @property
-    def lease(self) -> LeaseStore:
+    def lease(self) -> LeaseView:
         return self._connect().lease
 
     @property
@@ -138,7 +139,7 @@ class Scheduler(ScheduleState, Sending, Trouble, Lifecycle, beat.Scheduler):
             logger.info("leaderbeat: metrics on http://0.0.0.0:%d/metrics, probes on /healthz "
                         "and /readyz", config.metrics_port)
         self._telemetry.metrics.overlap_from(store.guard.decisions)
-        lease = store.lease
+        lease = LeaseView(store.lease, config)
         lease.on_renew = lambda seconds: self._telemetry.metrics.renewed(seconds)
         self._node = Node(config=config, keys=self.keys, store=store, lease=lease,
                           ledger=store.ledger,

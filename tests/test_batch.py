@@ -12,6 +12,7 @@ from celery_leaderbeat.config import Config
 from celery_leaderbeat.entries import EntryOptions
 from celery_leaderbeat.roles.agenda import Agenda, load
 from celery_leaderbeat.roles.batch import LeaderGate, RescueGate, run_batch
+from celery_leaderbeat.roles.lease import LeaseView
 from celery_leaderbeat.store.keys import Keys
 from celery_leaderbeat.store.lease import Lease
 from celery_leaderbeat.store.ledger import ClaimItem, Ledger, Op, SlotState
@@ -29,7 +30,7 @@ def node(redis_client, key_prefix):
         config = Config.from_values({"redis_url": "redis://x", "key_prefix": key_prefix,
                                      "node_id": name})
         scripts, keys = Scripts(redis_client), Keys(key_prefix)
-        return SimpleNamespace(lease=Lease(redis_client, scripts, keys, config),
+        return SimpleNamespace(lease=LeaseView(Lease(redis_client, scripts, keys, config), config),
                                ledger=Ledger(redis_client, scripts, keys, config))
     return make
 
@@ -169,7 +170,7 @@ def test_a_rescue_of_an_entrys_next_slot_keeps_the_older_unconfirmed_claim_visib
     leader.ledger.claim(*leader.lease.credentials(), [ClaimItem("e", older, Op.CLAIM)])
     # ... the leader is paused before publishing (its progress goes stale: a rescue waits
     # while a live leader claims, see test_reliability); a standby rescues the next slot
-    redis_client.delete(Keys(leader.lease.keys.prefix).progress)
+    redis_client.delete(Keys(leader.lease.store.keys.prefix).progress)
     assert standby.ledger.rescue([rescue_item("e", newer)]).results == [None]
     overtaken = standby.ledger.overtaken()
     assert list(overtaken) == [("e", older)]

@@ -6,6 +6,7 @@ import pytest
 
 from celery_leaderbeat.config import Config
 from celery_leaderbeat.errors import LeaseLostError
+from celery_leaderbeat.roles.lease import LeaseView
 from celery_leaderbeat.store.keys import Keys
 from celery_leaderbeat.store.lease import Lease
 from celery_leaderbeat.store.ledger import ClaimItem, Event, Ledger, Op
@@ -19,7 +20,7 @@ def parts(redis_client, key_prefix):
                                      "node_id": node})
         scripts = Scripts(redis_client)
         keys = Keys(key_prefix)
-        return Lease(redis_client, scripts, keys, config), Ledger(redis_client, scripts, keys, config)
+        return LeaseView(Lease(redis_client, scripts, keys, config), config), Ledger(redis_client, scripts, keys, config)
     return make
 
 
@@ -101,7 +102,7 @@ def _replicated_parts(client, prefix: str, min_replicas: int):
                                  "min_replicas": min_replicas})
     scripts = Scripts(client)
     keys = Keys(prefix)
-    return Lease(client, scripts, keys, config), Ledger(client, scripts, keys, config)
+    return LeaseView(Lease(client, scripts, keys, config), config), Ledger(client, scripts, keys, config)
 
 
 def test_with_min_replicas_a_claim_returns_once_a_replica_has_it(make_redis_server, key_prefix):
@@ -142,7 +143,7 @@ def test_with_default_settings_and_no_replica_wait_answers_before_the_socket_tim
                                  "node_id": "a", "min_replicas": 1})
     client = make_client(server.url, {}, config.socket_timeout)
     scripts, keys = Scripts(client), Keys(key_prefix)
-    lease, ledger = Lease(client, scripts, keys, config), Ledger(client, scripts, keys, config)
+    lease, ledger = LeaseView(Lease(client, scripts, keys, config), config), Ledger(client, scripts, keys, config)
     assert lease.try_acquire()
     with pytest.raises(NotReplicatedError, match="0 of leaderbeat_min_replicas=1"):
         ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 1000, Op.CLAIM)])

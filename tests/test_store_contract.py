@@ -16,6 +16,7 @@ import pytest
 
 from celery_leaderbeat.config import Config
 from celery_leaderbeat.errors import LeaseLostError
+from celery_leaderbeat.roles.lease import LeaseView
 from celery_leaderbeat.store.base import GuardRun, Store
 from celery_leaderbeat.store.entry_store import EntryExists, EntryUnknown
 from celery_leaderbeat.store.events import ENTRIES, RELEASED, REQUEST
@@ -29,12 +30,28 @@ from celery_leaderbeat.store.redis_store import redis_store
 STORES = ["redis", "memory"]
 
 
-class Backend:
-    """One store under test: a Store per node, and the store's own clock."""
+class Seen:
+    """What one node sees of a store: the store's parts, and its lease through the node's
+    own view of it (``lease``; the store's own part is ``store.lease``)."""
 
-    def __init__(self, make: Callable[[str], Store], now_ms: Callable[[], int]) -> None:
-        self.make = make
+    def __init__(self, store: Store, config: Config) -> None:
+        self.store = store
+        self.lease = LeaseView(store.lease, config)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+
+class Backend:
+    """One store under test: what a node sees of it per node id, and the store's clock."""
+
+    def __init__(self, make: Callable[[str], tuple[Store, Config]],
+                 now_ms: Callable[[], int]) -> None:
+        self._make = make
         self.now_ms = now_ms
+
+    def make(self, node: str) -> Seen:
+        return Seen(*self._make(node))
 
 
 @pytest.fixture(params=STORES)
@@ -42,10 +59,10 @@ def backend(request: pytest.FixtureRequest, key_prefix: str) -> Any:
     if request.param == "redis":
         client = request.getfixturevalue("redis_client")
 
-        def make(node: str) -> Store:
+        def make(node: str) -> tuple[Store, Config]:
             config = Config.from_values({"redis_url": "redis://x", "key_prefix": key_prefix,
                                          "node_id": node})
-            return redis_store(client, Keys(key_prefix), config)
+            return redis_store(client, Keys(key_prefix), config), config
 
         def now_ms() -> int:
             seconds, micros = client.time()
@@ -55,10 +72,10 @@ def backend(request: pytest.FixtureRequest, key_prefix: str) -> Any:
     if request.param == "memory":
         state = MemoryState()
 
-        def make_memory(node: str) -> Store:
+        def make_memory(node: str) -> tuple[Store, Config]:
             config = Config.from_values({"redis_url": "memory://", "key_prefix": key_prefix,
                                          "node_id": node})
-            return MemoryStore(state, config, key_prefix)
+            return MemoryStore(state, config, key_prefix), config
 
         return Backend(make_memory, state.now_ms)
     raise AssertionError(request.param)
@@ -503,16 +520,10 @@ def test_a_store_that_cannot_enqueue_in_one_step_says_so_and_closes(backend):
     a.close()
 
 
-#: members of the seam that are this node's own view of the lease and of the losses it
-#: saw, not questions to the store: they move to the roles' side (one object), and until
-#: then each store shares their code (LeaseView, Ledger)
-NODE_SIDE = {
-    ("LeaseStore", "token"), ("LeaseStore", "clock_skew"),
-    ("LeaseStore", "vanished_while_held"), ("LeaseStore", "confirmed_at"),
-    ("LeaseStore", "longest_gap"), ("LeaseStore", "held_back"), ("LeaseStore", "on_renew"),
-    ("LeaseStore", "on_generation"), ("LeaseStore", "confirm"),
-    ("SlotStore", "loss_reported"), ("SlotStore", "below"),
-}
+#: members of the seam that are this node's own view of the losses it saw, not questions
+#: to the store: they move to the roles' side, and until then each store shares their
+#: code (Ledger)
+NODE_SIDE = {("SlotStore", "loss_reported"), ("SlotStore", "below")}
 
 _PARTS = {"lease": "LeaseStore", "ledger": "SlotStore", "events": "Events",
           "requests": "RequestQueue", "entries": "EntryDefinitions", "guard": "GuardStore",
@@ -556,7 +567,7 @@ def test_the_suite_exercises_every_member_of_the_seam(key_prefix):
                  and f is not test_the_suite_exercises_every_member_of_the_seam]:
         state = MemoryState()
 
-        def make(node: str, state: MemoryState = state) -> Any:
+        def make(node: str, state: MemoryState = state) -> tuple[Any, Config]:
             config = Config.from_values({"redis_url": "memory://", "key_prefix": key_prefix,
                                          "node_id": node})
             store = MemoryStore(state, config, key_prefix)
@@ -564,7 +575,7 @@ def test_the_suite_exercises_every_member_of_the_seam(key_prefix):
             for attr, protocol in _PARTS.items():
                 object.__setattr__(recording, attr, _Recording(getattr(store, attr), protocol,
                                                                seen))
-            return recording
+            return recording, config
 
         test(Backend(make, state.now_ms))
     seen |= {("Store", attr) for attr in _PARTS}

@@ -29,7 +29,7 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from ..errors import LeaseLostError, NotReplicatedError
-from ..store.base import LeaseStore, SlotStore
+from ..store.base import SlotStore
 from ..store.ledger import (
     DIFFERS,
     EARLY,
@@ -44,6 +44,7 @@ from ..store.ledger import (
 )
 from ..timing.slots import Plan, from_ms, to_ms
 from .agenda import Tracked, Unsent
+from .lease import LeaseView
 from .memory import SentMemory
 
 logger = logging.getLogger(__name__)
@@ -116,7 +117,7 @@ class LeaderGate:
     detail = ""
     records_refusals = True
 
-    def __init__(self, lease: LeaseStore, ledger: SlotStore) -> None:
+    def __init__(self, lease: LeaseView, ledger: SlotStore) -> None:
         self.lease = lease
         self.ledger = ledger
 

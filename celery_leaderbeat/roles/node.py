@@ -10,13 +10,14 @@ from typing import Any
 
 from ..config import Config
 from ..entries import EntryOptions
-from ..store.base import LeaseStore, SlotStore, Store
+from ..store.base import SlotStore, Store
 from ..store.keys import Keys
 from ..store.ledger import ANCHOR, Event, SlotState
 from ..timing.slots import SlotClock, clock_for
 from .agenda import Loaded, load
 from .dynamic_schedule import reanchor
 from .fingerprint import fingerprint
+from .lease import LeaseView
 from .memory import SentMemory
 
 #: publishes one slot of one entry under a fencing epoch (0: a standby's rescue), with
@@ -31,7 +32,7 @@ class Node:
     config: Config
     keys: Keys
     store: Store  # the store's seam (store/base.py): Redis today
-    lease: LeaseStore  # store.lease, store.ledger: what the roles use most
+    lease: LeaseView  # this node's view of store.lease; store.ledger: what the roles use most
     ledger: SlotStore
     send: SendSlot
     schedule: Callable[[], Mapping[str, Any]]  # entry name -> Celery ScheduleEntry

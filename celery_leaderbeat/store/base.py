@@ -53,13 +53,21 @@ claimed first and then published in one kombu batch, as every other store would 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
 from .connection import ERRORS, REFUSED, UNREACHABLE
-from .lease import Heartbeat
 from .ledger import Claimed, ClaimItem, Event, SlotState
-from .records import Changes, GuardDecision, GuardRun, RunRecord, Saved, Stored
+from .records import (
+    Acquired,
+    Changes,
+    GuardDecision,
+    GuardRun,
+    Renewed,
+    RunRecord,
+    Saved,
+    Stored,
+)
 
 #: what the seam speaks in, for the roles and the integrations to import from here
 __all__ = [
@@ -96,43 +104,26 @@ STORE_REFUSED = REFUSED
 
 
 class LeaseStore(Protocol):
-    """This node's view of the one lease: who leads, under which fencing epoch."""
+    """The one lease, as the store holds it: one holder at a time, a fencing epoch that
+    only goes up. What an answer means for a node (its deadline, self-fencing, the
+    heartbeat) is the roles' side (:mod:`celery_leaderbeat.roles.lease`)."""
 
-    token: str | None  #: this node's lease token while it holds the lease
-    epoch: int | None  #: the fencing epoch of this node's lease
-    highest_epoch: int  #: the highest epoch seen: a new lease's epoch is above it
-    clock_skew: float | None  #: seconds this node's clock is ahead of the store's
-    vanished_while_held: bool  #: the store lost the lease while this node held it
-    confirmed_at: float | None  #: when the latest call that proved the lease began
-    longest_gap: float  #: the longest time between two such calls since it was taken
-    led_last: bool  #: this node held the lease last, as far as it knows
-    held_back: bool  #: the last attempt was refused: the store lost writes, another led last
-    on_renew: Callable[[float | None], None]  #: told how long each heartbeat renewal took
-    on_generation: Callable[[int], None]  #: told the state generation each acquire read
-
-    @property
-    def ttl_ms(self) -> int: ...
-    @property
-    def lost(self) -> bool: ...
-    def try_acquire(self, *, despite_loss: bool = False) -> bool:
-        """Take the lease if nobody holds it; a new, higher epoch. After the store lost
-        writes, only the node that led last, or one ``despite_loss``."""
-    def renew(self, token: str | None = None) -> None:
-        """Extend this node's lease; raise LeaseLostError when it is no longer held."""
-    def release(self, reason: str = "released") -> bool:
-        """Give the lease up (fenced: nothing more can be claimed under it)."""
+    def acquire(self, seen_epoch: int, seen_generation: int = 0, *,
+                despite_loss: bool = False) -> Acquired:
+        """Take the lease if nobody holds it (or this node's id holds it, or a holder
+        whose epoch is below ``seen_epoch``): an epoch above every one handed out and
+        above ``seen_epoch``. A store that detects lost writes refuses (``pttl`` LOSS)
+        while its state is older than ``seen_generation``, unless ``despite_loss``."""
+    def renew(self, token: str) -> Renewed:
+        """Extend the lease held under ``token`` by one ttl; refused (with the holder)
+        once another token holds it or it lapsed."""
+    def release(self, token: str, reason: str) -> bool:
+        """Give the lease held under ``token`` up (fenced: nothing more can be claimed
+        under it), note it in the history and publish ``released``; False: not held."""
     def holder(self) -> tuple[str | None, int]:
-        """The holder's token (None: nobody) and its remaining ttl in ms."""
-    def is_held(self) -> bool: ...
-    def credentials(self) -> tuple[str, int]: ...
-    def remaining(self) -> float: ...
-    def confirm(self, started: float) -> None: ...
-    def observe_epoch(self, epoch: int | None) -> None: ...
-    def measure_skew(self) -> float: ...
-    def mark_lost(self) -> None: ...
-    def start_heartbeat(self, wake_by: Callable[[], float]) -> Heartbeat: ...
-    def heartbeat_stopped(self) -> str | None: ...
-    def stop_heartbeat(self) -> None: ...
+        """The holder's token (None: nobody) and its remaining ttl in ms (-2: none)."""
+    def now(self) -> float:
+        """The store's clock (seconds): what every lease and skew decision is measured by."""
 
 
 class SlotStore(Protocol):

@@ -35,45 +35,44 @@ from .base import (
 )
 from .entry_store import REMOVED_CAP
 from .events import ENTRIES, RELEASED, REQUEST
-from .lease import Acquired, LeaseView, Renewed
 from .memory_guard import MemoryGuard
 from .memory_ledger import MemoryLedger
 from .memory_state import MemoryState, Subscriber, parse_id, row, row_id
-from .records import Changes, Saved, Stored
+from .records import LOSS, Acquired, Changes, Renewed, Saved, Stored
 
 #: the states of the ``memory://<name>`` stores of this process, by name
 _STATES: dict[str, MemoryState] = {}
 _STATES_LOCK = threading.Lock()
 
 
-class MemoryLease(LeaseView):
+class MemoryLease:
     """The lease of one in-memory store: ``acquire.lua``, ``renew.lua``, ``release.lua``."""
 
-    def __init__(self, state: MemoryState, config: Config, *,
-                 clock: Callable[[], float] = time.monotonic,
-                 wall: Callable[[], float] | None = None) -> None:
-        super().__init__(config, clock=clock, wall=wall)
+    def __init__(self, state: MemoryState, config: Config) -> None:
         self.state = state
+        self.config = config
+        self.ttl_ms = int(config.lease_ttl * 1000)
 
-    def _ask_acquire(self, may_lead_despite_loss: bool) -> Acquired:
+    def acquire(self, seen_epoch: int, seen_generation: int = 0, *,
+                despite_loss: bool = False) -> Acquired:
         s, node = self.state, self.config.node_id
         with s.lock:
             now, generation = s.clock(), s.generation or 0
             current = s.leader()
             if current:
                 holder, _, held = current.rpartition("|")
-                if holder != node and not (held.isdigit() and int(held) < self.highest_epoch):
+                if holder != node and not (held.isdigit() and int(held) < seen_epoch):
                     return Acquired(False, None, current, s.keyed.pttl("leader"), generation, now)
-            if generation < self.highest_generation and not may_lead_despite_loss:
-                return Acquired(False, None, None, -3, generation, now)
-            epoch = max((s.epoch_counter or 0) + 1, self.highest_epoch + 1)
+            if generation < seen_generation and not despite_loss:
+                return Acquired(False, None, None, LOSS, generation, now)
+            epoch = max((s.epoch_counter or 0) + 1, seen_epoch + 1)
             s.epoch_counter = epoch
             s.keyed.set("leader", f"{node}|{epoch}", self.ttl_ms)
             s.add_history({"event": "elected", "node": node, "epoch": epoch},
                           self.config.history_length)
             return Acquired(True, epoch, None, 0, generation, now)
 
-    def _ask_renew(self, token: str) -> Renewed:
+    def renew(self, token: str) -> Renewed:
         s = self.state
         with s.lock:
             current = s.leader()
@@ -82,14 +81,14 @@ class MemoryLease(LeaseView):
             s.keyed.expire("leader", self.ttl_ms)
             return Renewed(True, None, s.clock())
 
-    def _ask_release(self, token: str, reason: str) -> bool:
+    def release(self, token: str, reason: str) -> bool:
         return release(self.state, token, reason, self.config.history_length)
 
-    def _ask_holder(self) -> tuple[str | None, int]:
+    def holder(self) -> tuple[str | None, int]:
         with self.state.lock:
             return self.state.leader(), self.state.keyed.pttl("leader")
 
-    def _ask_time(self) -> float:
+    def now(self) -> float:
         return self.state.clock()
 
 

@@ -82,3 +82,27 @@ class RunRecord(NamedTuple):
     state: str  #: ``started`` or ``finished``
     worker: str
     alive: bool  #: its liveness has not lapsed (a started run that is not alive was lost)
+
+
+#: an acquire's pttl when it was refused for a loss of writes (no holder has a negative ttl
+#: below -2: Redis answers -2 for no key)
+LOSS = -3
+
+
+class Acquired(NamedTuple):
+    """A store's answer to an attempt to take the lease."""
+
+    acquired: bool
+    epoch: int | None  #: acquired: the new epoch
+    holder: str | None  #: refused: the holder's token (None: nobody, held back after a loss)
+    pttl: int  #: refused: the holder's remaining ttl in ms (:data:`LOSS`: held back)
+    generation: int  #: the store's state generation (see claim.lua)
+    now: float  #: the store's clock (s), so every attempt also measures clock skew
+
+
+class Renewed(NamedTuple):
+    """A store's answer to a renewal: renewed (with its clock), or who holds the lease."""
+
+    renewed: bool
+    holder: str | None
+    now: float | None

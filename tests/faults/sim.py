@@ -14,7 +14,7 @@ nothing in it is mocked but these seams, installed by :class:`Sim`:
   notes what would have been published (entry, the ``leaderbeat_slot`` header,
   epoch, task id); the broker is ``memory://``, so no claim enqueues anything
   itself (messages prepared in idle time are built, never sent);
-- the heartbeat thread is a real ``lease.Heartbeat`` whose sleep is a step the
+- the heartbeat thread is a real ``roles.lease.Heartbeat`` whose sleep is a step the
   driver gives (:class:`SteppedHeartbeat`): it renews once per
   ``renew_interval`` of virtual time, in lockstep with the main thread, so a
   replay makes the same calls in the same order;
@@ -43,8 +43,8 @@ import redis
 from celery import Celery
 
 import celery_leaderbeat.integrations.guard as guard_module
+import celery_leaderbeat.roles.lease as lease_module
 import celery_leaderbeat.scheduler as scheduler_module
-import celery_leaderbeat.store.lease as lease_module
 from celery_leaderbeat.config import Config
 from celery_leaderbeat.roles.enqueue import Enqueuer
 from celery_leaderbeat.roles.standby import Standby

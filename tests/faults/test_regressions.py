@@ -190,7 +190,7 @@ def test_a_redis_error_on_a_standby_while_the_leader_is_paused_loses_no_slot_unr
         world.run(12.0)
         assert world.sim.leader() == "a"
         world.sim.nodes["a"].paused = True  # SIGSTOP: its lease runs out in 10 s
-        world.sim.seam.aim("EVALSHA[acquire] lease.Lease.try_acquire", BEFORE)  # c's next try
+        world.sim.seam.aim("EVALSHA[acquire] lease.Lease.acquire<lease.LeaseView.try_acquire", BEFORE)  # c's next try
         world.run(12.0)
         world.sim.crash("a")
         world.run(1.0)
