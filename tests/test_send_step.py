@@ -13,7 +13,6 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
-import redis
 from celery import Celery, signals
 from kombu import Connection, Exchange, Queue
 
@@ -21,6 +20,7 @@ import celery_leaderbeat.scheduler as scheduler_module
 from celery_leaderbeat.roles.enqueue import Enqueuer, one_step_fallback
 from celery_leaderbeat.roles.routing import Routes
 from celery_leaderbeat.scheduler import Scheduler
+from celery_leaderbeat.store.errors import StoreError
 from celery_leaderbeat.store.keys import Keys
 from celery_leaderbeat.store.ledger import UNQUEUED, ClaimItem, Op
 from celery_leaderbeat.store.redis_store import redis_store
@@ -28,7 +28,7 @@ from tests.faults.seam import AFTER, Seam, faulty_client
 from tests.support.beat import NOOP
 
 #: a leader's claim of a chunk in a batch
-BATCH_CLAIM = "EVALSHA[claim] ledger.Ledger._call<ledger.Ledger.claim<batch.LeaderGate.claim"
+BATCH_CLAIM = "EVALSHA[claim] ledger.claim<chunk.lead"
 
 
 def make_app(broker_url: str, prefix: str, schedule: dict, **settings: Any) -> Celery:
@@ -222,7 +222,7 @@ def test_a_claim_whose_state_write_would_fail_writes_nothing_and_once_mended_enq
         client.hset(key, "not", "a stream")
         generation = client.get(scheduler.keys.generation)
         item = ClaimItem("a", 2000, Op.CLAIM, 2000, enqueue=(("lpush", "q", "payload"),))
-        with pytest.raises(redis.ResponseError, match=f"{key} holds a hash.*nothing was written"):
+        with pytest.raises(StoreError, match=f"{key} holds a hash.*nothing was written"):
             ledger.claim(token, epoch, [item])
         assert "a" not in ledger.load()
         assert client.llen("q") == 0

@@ -30,6 +30,7 @@ from typing import Any, Protocol
 
 from ..errors import LeaseLostError, NotReplicatedError
 from ..store.base import SlotStore
+from ..store.calls import named
 from ..store.ledger import (
     DIFFERS,
     EARLY,
@@ -121,6 +122,7 @@ class LeaderGate:
         self.lease = lease
         self.ledger = ledger
 
+    @named("chunk.lead")
     def claim(self, items: Sequence[ClaimItem],
               events: Sequence[Event]) -> Sequence[SlotState | None | str]:
         try:
@@ -134,6 +136,7 @@ class LeaderGate:
     def may_send(self) -> bool:
         return self.lease.is_held()
 
+    @named("chunk.lead_record")
     def record(self, events: Sequence[Event]) -> None:
         self.ledger.record(self.lease.epoch or 0, events)
 
@@ -154,6 +157,7 @@ class RescueGate:
         #: the items of a claim call whose reply has not come (yet, or ever)
         self.inflight: tuple[list[ClaimItem], float] | None = None
 
+    @named("chunk.rescue")
     def claim(self, items: Sequence[ClaimItem],
               events: Sequence[Event]) -> Sequence[SlotState | None | str]:
         started = self.clock()
@@ -170,6 +174,7 @@ class RescueGate:
         recovered the slot."""
         return self._claimed_at is None or self.clock() - self._claimed_at < self.window
 
+    @named("chunk.rescue_record")
     def record(self, events: Sequence[Event]) -> None:
         self.ledger.record(0, events)
 

@@ -56,7 +56,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
-from .connection import ERRORS, REFUSED, UNREACHABLE
+from .errors import StoreError, StoreRefused, StoreUnreachable
 from .ledger import Claimed, ClaimItem, Event, SlotState
 from .records import (
     Acquired,
@@ -96,11 +96,11 @@ __all__ = [
 ]
 
 #: what a failed store call raises: no answer, or an error answer (``except STORE_ERRORS``)
-STORE_ERRORS = ERRORS
+STORE_ERRORS: tuple[type[Exception], ...] = (StoreError,)
 #: of those, the ones that mean the store could not be reached at all (an outage)
-STORE_UNREACHABLE = UNREACHABLE
+STORE_UNREACHABLE: tuple[type[Exception], ...] = (StoreUnreachable,)
 #: of those, the store refusing the credentials or a command (retrying cannot help)
-STORE_REFUSED = REFUSED
+STORE_REFUSED: tuple[type[Exception], ...] = (StoreRefused,)
 
 
 class LeaseStore(Protocol):

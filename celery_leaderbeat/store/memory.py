@@ -33,6 +33,7 @@ from .base import (
     RequestQueue,
     SlotStore,
 )
+from .calls import PARTS, Hook, store_call, through_boundary
 from .entry_store import REMOVED_CAP
 from .events import ENTRIES, RELEASED, REQUEST
 from .memory_guard import MemoryGuard
@@ -343,7 +344,8 @@ class MemoryStore:
 
     client: Any = None  # no claim-and-enqueue in one step: a chunk is claimed, then sent
 
-    def __init__(self, state: MemoryState, config: Config, name: str = "") -> None:
+    def __init__(self, state: MemoryState, config: Config, name: str = "", *,
+                 hook: Hook | None = None) -> None:
         self.state = state
         self.lease: LeaseStore = MemoryLease(state, config)
         self.ledger: SlotStore = MemoryLedger(state, config)
@@ -352,9 +354,14 @@ class MemoryStore:
         self.entries: EntryDefinitions = MemoryEntries(state)
         self.guard: GuardStore = MemoryGuard(state, config)
         self.admin: ClusterAdmin = MemoryAdmin(state, config, name)
+        self._hook = hook
+        through_boundary(self, PARTS, hook=hook)
 
     def ping(self) -> None:
-        """Always answers: the state is in this process."""
+        """Always answers (the state is in this process), unless a test's hook fails it."""
+        if self._hook is not None:
+            with store_call("store.ping"):
+                self._hook("store.ping", lambda: None)
 
     def warnings(self) -> list[str]:
         return []

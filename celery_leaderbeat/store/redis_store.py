@@ -7,6 +7,8 @@ it sends nothing to Redis: each script is loaded on its first call.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from ..config import Config
@@ -21,7 +23,8 @@ from .base import (
     SlotStore,
     Store,
 )
-from .connection import make_client, server_warnings
+from .calls import PARTS, store_call, through_boundary
+from .connection import ERRORS, make_client, server_warnings, store_error
 from .entry_store import EntryStore
 from .events import RedisEvents
 from .keys import Keys
@@ -49,14 +52,26 @@ class RedisStore:
         self.guard: GuardStore = RedisRuns(client, scripts, keys, config)
         self.admin: ClusterAdmin = RedisAdmin(client, scripts, keys, config)
 
+        through_boundary(self, PARTS, errors=ERRORS, translate=store_error)
+
     def ping(self) -> None:
-        self.client.ping()
+        with store_call("store.ping"), _translated():
+            self.client.ping()
 
     def warnings(self) -> list[str]:
-        return server_warnings(self.client)
+        with store_call("store.warnings"), _translated():
+            return server_warnings(self.client)
 
     def close(self) -> None:
         self.client.close()
+
+
+@contextmanager
+def _translated() -> Iterator[None]:
+    try:
+        yield
+    except ERRORS as exc:
+        raise store_error(exc) from exc
 
 
 def redis_store(client: Any, keys: Keys, config: Config) -> RedisStore:
