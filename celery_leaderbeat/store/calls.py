@@ -79,7 +79,7 @@ class Boundary:
 
     def __getattr__(self, member: str) -> Any:
         value = getattr(self._part, member)
-        if member.startswith("_") or not callable(value):
+        if member.startswith("_") or member in NOT_CALLS or not callable(value):
             return value
         site = f"{self._name}.{member}"
         returned = self._returns.get(member)
@@ -103,6 +103,10 @@ class Boundary:
     def __setattr__(self, member: str, value: Any) -> None:
         setattr(self._part, member, value)
 
+
+#: members of a part that ask the store nothing: the node's own note of the generations it
+#: saw (see ``SlotStore``), kept by the part until the roles keep it
+NOT_CALLS = frozenset({"observe_generation", "reset_generation"})
 
 #: the parts of a store, each behind a boundary of its name
 PARTS = ("lease", "ledger", "events", "requests", "entries", "guard", "admin")

@@ -379,6 +379,12 @@ def shared_state(name: str, clock: Callable[[], float] | None = None) -> MemoryS
         return state
 
 
+def forget(name: str) -> None:
+    """Drop the state of ``memory://<name>`` (a test done with it)."""
+    with _STATES_LOCK:
+        _STATES.pop(name, None)
+
+
 def connect(config: Config) -> MemoryStore:
     """The in-memory store ``leaderbeat_redis_url = "memory://<name>"`` names."""
     name = config.redis_url.split("://", 1)[1].strip("/")

@@ -177,20 +177,25 @@ class Sim:
         self.nodes: dict[str, SimNode] = {}
         self.published: list[Published] = []
         self.exits: list[str] = []
-        self.admin = redis.Redis.from_url(self.redis_url, socket_timeout=5)
-        self.expiry = RedisExpiry(self.admin, f"{self.keys.tag}:*", self.clock)
-        self.clock.listeners.append(self.expiry)
         self.seam.on_stall = self._stall
-        progress = getattr(self.keys, "progress", None)
-        if progress is not None:  # the leader's progress, a Redis TIME, read by rescues
-            aged = RedisTimeValue(self.admin, progress, self.clock, lambda: self.step_seconds)
-            self.seam.around = lambda label: aged() if label.startswith("EVALSHA[claim]") else None
-        self.seam.on_drop = lambda node_id: self.clients[node_id].drop_connections()
         self.clients: dict[str, FaultyRedis] = {}  # each node id's latest client
+        self.admin = self._admin()
         self._frozen: set[str] = set()
         self._building: str | None = None
         self.schedules: dict[str, Mapping[str, Mapping[str, Any]]] = {}  # per-node override
         self.on_publish: list[Callable[[Published], None]] = []
+
+    def _admin(self) -> Any:
+        """The test's own client, and Redis's clocks kept in step with the virtual one."""
+        admin = redis.Redis.from_url(self.redis_url, socket_timeout=5)
+        self.expiry = RedisExpiry(admin, f"{self.keys.tag}:*", self.clock)
+        self.clock.listeners.append(self.expiry)
+        progress = getattr(self.keys, "progress", None)
+        if progress is not None:  # the leader's progress, a Redis TIME, read by rescues
+            aged = RedisTimeValue(admin, progress, self.clock, lambda: self.step_seconds)
+            self.seam.around = lambda label: aged() if label.startswith("EVALSHA[claim]") else None
+        self.seam.on_drop = lambda node_id: self.clients[node_id].drop_connections()
+        return admin
 
     # -- seams -------------------------------------------------------------------------
 
@@ -275,7 +280,8 @@ class Sim:
         node = sim_node.scheduler._node
         if node is not None:
             node.lease.stop_heartbeat()
-            sim_node.client.drop_connections()
+            if sim_node.client is not None:
+                sim_node.client.drop_connections()
 
     def stop(self, node_id: str) -> None:
         """A graceful shutdown (SIGTERM): ``close()`` releases the lease."""
@@ -283,7 +289,8 @@ class Sim:
         try:
             sim_node.scheduler.close()
         finally:
-            sim_node.client.drop_connections()
+            if sim_node.client is not None:
+                sim_node.client.drop_connections()
 
     def leader(self) -> str | None:
         leaders = [n for n, s in self.nodes.items() if s.leading]
@@ -352,4 +359,5 @@ class Sim:
     def close(self) -> None:
         for node_id in list(self.nodes):
             self.crash(node_id)
-        self.admin.close()
+        if self.admin is not None:
+            self.admin.close()

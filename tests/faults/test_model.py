@@ -51,6 +51,7 @@ from celery_leaderbeat.roles.node import utcnow
 from tests.support.redis_server import RedisServer
 
 from .invariants import duplicates
+from .memory_sim import MemoryWorld
 from .model_world import NODES, World
 from .seam import KINDS
 
@@ -63,11 +64,11 @@ SHRINK = os.environ.get("LEADERBEAT_MODEL_SHRINK") == "1"
 class LeaderbeatModel(RuleBasedStateMachine):
     """Rules act on a :class:`World`; invariants are checked after each one."""
 
-    server: RedisServer  # set by the test before the machine runs
+    server: RedisServer | None  # set by the test before the machine runs (None: memory)
 
     def __init__(self) -> None:
         super().__init__()
-        self.world = World(self.server)
+        self.world = World(self.server) if self.server is not None else MemoryWorld()
 
     def cli(self) -> Cluster:
         """What ``celery leaderbeat ...`` uses: a Cluster on a client of its own."""
@@ -185,20 +186,71 @@ def model_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServe
         yield server
 
 
+@pytest.fixture(params=["redis", pytest.param("memory", marks=pytest.mark.xfail(
+    reason="on the in-memory store the model's first examples reach the gap "
+           "test_slots_due_while_nobody_may_lead_after_two_losses_are_recorded pins"))])
+def store(request: pytest.FixtureRequest) -> RedisServer | None:
+    """The module's Redis, or the in-memory store (None)."""
+    if request.param == "memory":
+        return None
+    server: RedisServer = request.getfixturevalue("model_redis")
+    return server
+
+
 @pytest.mark.xdist_group("heavy")  # CPU-heavy: never beside another heavy test
-def test_the_protocol_keeps_its_invariants_under_any_sequence_of_faults(
-        model_redis, caplog):
-    """Crashes, pauses, failing calls (every kind), Redis restarted empty or from an older
-    snapshot, schedule changes, step-downs, triggers and backfills, in any order: no slot
-    twice, every due slot sent or recorded."""
-    _run(LeaderbeatModel, model_redis, caplog)
+def test_the_protocol_keeps_its_invariants_under_any_sequence_of_faults(store, caplog):
+    """Crashes, pauses, failing calls (every kind), the store restarted empty or from an
+    older snapshot, schedule changes, step-downs, triggers and backfills, in any order: no
+    slot twice, every due slot sent or recorded. On Redis and on the in-memory store."""
+    _run(LeaderbeatModel, store, caplog)
 
 
-def _run(model: type[LeaderbeatModel], server: RedisServer, caplog: pytest.LogCaptureFixture
-         ) -> None:
+def _run(model: type[LeaderbeatModel], server: RedisServer | None,
+         caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.CRITICAL)
     model.server = server
     run_state_machine_as_test(model, settings=settings(
         max_examples=EXAMPLES, stateful_step_count=STEPS, deadline=None, derandomize=True,
         database=None, suppress_health_check=list(HealthCheck),
         phases=[Phase.explicit, Phase.generate] + ([Phase.shrink] if SHRINK else [])))
+
+
+
+@pytest.mark.xfail(strict=True, reason="slots due while no node may lead after a loss of "
+                   "writes are not recorded: the new leader's margin starts after them")
+def test_slots_due_while_nobody_may_lead_after_two_losses_are_recorded(store):
+    """Found by the model on both stores: Redis restarted empty twice while nobody led (the
+    leader crashed, one standby paused, the other holding back for the node that led last);
+    the slots due until a new process leads are neither sent nor recorded."""
+    LeaderbeatModel.server = store
+    state = LeaderbeatModel()
+    try:
+        state.start_three_nodes()
+        state.resume(node='b')
+        state.a_redis_call_fails(ahead=12, kind='delay')
+        state.schedule_change_seen_by_all()
+        state.time_passes(seconds=12.0)
+        state.pause(node='c')
+        state.trigger(entry='s3')
+        state.step_down()
+        state.schedule_change_seen_by_all()
+        state.crash(node='a')
+        state.crash(node='a')
+        state.redis_restarts_empty()
+        state.time_passes(seconds=3.0)
+        state.trigger(entry='s1')
+        state.backfill(ahead=8.0, back=6.0, entry='s3')
+        state.pause(node='a')
+        state.redis_restarts_empty()
+        state.a_redis_call_fails(ahead=21, kind='delay')
+        state.start(node='b')
+        state.crash(node='a')
+        state.trigger(entry='s1')
+        state.schedule_change_seen_by_one_node(node='b')
+        state.schedule_change_seen_by_all()
+        state.pause(node='a')
+        state.resume(node='a')
+    except BaseException:
+        state.world.close()
+        raise
+    state.teardown()
