@@ -10,7 +10,7 @@ from typing import Any
 
 from ..config import Config
 from ..entries import EntryOptions
-from ..store.base import SlotStore, Store
+from ..store.base import SlotStore, Store, one_step_client
 from ..store.keys import Keys
 from ..store.ledger import ANCHOR, Event, SlotState
 from ..timing.slots import SlotClock, clock_for
@@ -60,7 +60,7 @@ class Node:
     @property
     def client(self) -> Any:
         """The store's Redis client: for claim-and-enqueue in one step only (store/base.py)."""
-        return self.store.client
+        return one_step_client(self.store)
 
     def chunk_send(self, epoch: int) -> Any:
         """What a batch sends its chunks through, under ``epoch`` (0: a standby's rescue)."""

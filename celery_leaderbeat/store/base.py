@@ -45,16 +45,16 @@ store must pass.
 One capability is the Redis store's alone, and optional: **claim and enqueue in one
 step** (``roles/enqueue.py``). When the broker is the store's own Redis server and
 database, the claim script runs the broker's commands (``ClaimItem.enqueue``) for
-exactly the slots it grants. A store offers it through its ``client`` attribute (the
-Redis client the enqueuer compares with the broker's); where that is ``None`` (or
-another server, Cluster, Sentinel) no claim carries broker commands: a chunk is
-claimed first and then published in one kombu batch, as every other store would do.
+exactly the slots it grants. A store declares it by being a :class:`OneStepEnqueue`
+(its ``client``: the Redis client the enqueuer compares with the broker's); elsewhere
+(another store, another server, Cluster, Sentinel) no claim carries broker commands:
+a chunk is claimed first and then published in one kombu batch.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from .errors import StoreError, StoreRefused, StoreUnreachable
 from .ledger import Claimed, ClaimItem, Event, SlotState
@@ -85,6 +85,7 @@ __all__ = [
     "GuardRun",
     "GuardStore",
     "LeaseStore",
+    "OneStepEnqueue",
     "RequestQueue",
     "RunRecord",
     "Saved",
@@ -292,6 +293,20 @@ class ClusterAdmin(Protocol):
         records), not the run-time entries; how many records went."""
 
 
+@runtime_checkable
+class OneStepEnqueue(Protocol):
+    """Optional: a store whose claim can run the broker's commands for exactly the slots it
+    grants (the broker being the store's own Redis server and database)."""
+
+    #: the Redis client the enqueuer compares with the broker's connection
+    client: Any
+
+
+def one_step_client(store: Store) -> Any:
+    """The client of ``store``'s claim-and-enqueue in one step; None when it has none."""
+    return store.client if isinstance(store, OneStepEnqueue) else None
+
+
 class Store(Protocol):
     """Everything of one app (one key prefix) in one store, on one connection."""
 
@@ -302,8 +317,6 @@ class Store(Protocol):
     entries: EntryDefinitions
     guard: GuardStore
     admin: ClusterAdmin
-    #: the Redis client, for claim-and-enqueue in one step; None where the store has none
-    client: Any
 
     def ping(self) -> None:
         """Raise one of :data:`STORE_ERRORS` unless the store answers."""

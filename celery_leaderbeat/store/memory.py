@@ -342,8 +342,6 @@ class MemoryAdmin:
 class MemoryStore:
     """Every part of :class:`~celery_leaderbeat.store.base.Store` on one in-memory state."""
 
-    client: Any = None  # no claim-and-enqueue in one step: a chunk is claimed, then sent
-
     def __init__(self, state: MemoryState, config: Config, name: str = "", *,
                  hook: Hook | None = None) -> None:
         self.state = state
