@@ -1,4 +1,4 @@
-"""Slot claims against a real Redis: monotonic, fenced, recorded."""
+"""Slot claims against a real Redis and the in-memory store: monotonic, fenced, recorded."""
 
 from __future__ import annotations
 
@@ -10,17 +10,34 @@ from celery_leaderbeat.roles.lease import LeaseView
 from celery_leaderbeat.store.keys import Keys
 from celery_leaderbeat.store.lease import Lease
 from celery_leaderbeat.store.ledger import ClaimItem, Event, Ledger, Op
+from celery_leaderbeat.store.memory import MemoryStore
+from celery_leaderbeat.store.memory_state import MemoryState
 from celery_leaderbeat.store.scripts import Scripts
 
 
 @pytest.fixture
-def parts(redis_client, key_prefix):
+def redis_parts(redis_client, key_prefix):
     def make(node: str):
         config = Config.from_values({"redis_url": "redis://x", "key_prefix": key_prefix,
                                      "node_id": node})
         scripts = Scripts(redis_client)
         keys = Keys(key_prefix)
         return LeaseView(Lease(redis_client, scripts, keys, config), config), Ledger(redis_client, scripts, keys, config)
+    return make
+
+
+@pytest.fixture(params=["redis", "memory"])
+def parts(request, key_prefix):
+    """A node's lease and ledger on Redis, or on one in-memory store."""
+    if request.param == "redis":
+        return request.getfixturevalue("redis_parts")
+    state = MemoryState()
+
+    def make(node: str):
+        config = Config.from_values({"redis_url": "memory://", "key_prefix": key_prefix,
+                                     "node_id": node})
+        store = MemoryStore(state, config, key_prefix)
+        return LeaseView(store.lease, config), store.ledger
     return make
 
 
@@ -41,7 +58,8 @@ def test_claims_are_monotonic_per_entry(parts):
     assert results[1] is not None and results[1].slot_ms == 2000
 
 
-def test_a_node_that_lost_the_lease_is_granted_nothing(parts, redis_client, key_prefix):
+def test_a_node_that_lost_the_lease_is_granted_nothing(redis_parts, redis_client, key_prefix):
+    parts = redis_parts  # it moves Redis's own keys
     old, old_ledger = parts("old")
     new, _ = parts("new")
     assert old.try_acquire()
@@ -80,7 +98,8 @@ def test_a_skip_advances_the_last_slot_without_a_claim(parts):
     assert ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 2000, Op.CLAIM)])[0] is not None
 
 
-def test_a_claim_renews_the_lease(parts, redis_client, key_prefix):
+def test_a_claim_renews_the_lease(redis_parts, redis_client, key_prefix):
+    parts = redis_parts  # it moves Redis's own keys
     lease, ledger = parts("a")
     assert lease.try_acquire()
     redis_client.pexpire(Keys(key_prefix).leader, 100)
@@ -167,7 +186,8 @@ def test_a_retried_claim_whose_reply_was_lost_is_granted_again_not_refused(parts
     assert ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 999, Op.CLAIM)])[0] is not None
 
 
-def test_the_same_slot_claimed_under_an_older_epoch_is_refused(parts, redis_client, key_prefix):
+def test_the_same_slot_claimed_under_an_older_epoch_is_refused(redis_parts, redis_client, key_prefix):
+    parts = redis_parts  # it moves Redis's own keys
     old, old_ledger = parts("a")
     assert old.try_acquire()
     old_ledger.claim(old.token, old.epoch, [ClaimItem("e", 1000, Op.CLAIM)])
