@@ -145,7 +145,9 @@ def test_a_sent_record_marks_the_slot_sent_and_joins_the_history(backend):
 def test_loss_reports_give_each_entry_the_newest_slot_any_node_reported(backend):
     a, b = backend.make("a"), backend.make("b")
     assert a.ledger.lost_reports() == {}
-    a.ledger.loss_seen = True
+    a.ledger.observe_generation(10)
+    a.ledger.observe_generation(5)  # the store went back: a loss this node saw
+    assert a.ledger.loss_seen is True
     a.ledger.report_lost({"e": 5000, "f": 1000})
     assert a.ledger.loss_seen is False  # reported: said once per loss
     b.ledger.report_lost({"e": 3000, "g": 7000})
