@@ -38,8 +38,7 @@ class Expiring:
 
     def set(self, key: Any, value: Any, px: int | None = None, *, keep_ttl: bool = False) -> None:
         if keep_ttl and self.get(key) is not None:
-            px_until = self._values[key][1]
-            self._values[key] = (value, px_until)
+            self._values[key] = (value, self._values[key][1])
             return
         self._values[key] = (value, None if px is None else self._now_ms() + int(px))
 
@@ -58,7 +57,7 @@ class Expiring:
         return -1 if until is None else until - self._now_ms()
 
     def delete(self, key: Any) -> bool:
-        return self._values.pop(key, None) is not None and True
+        return self._values.pop(key, None) is not None
 
     def clear(self) -> int:
         live = sum(1 for key in list(self._values) if self.get(key) is not None)
