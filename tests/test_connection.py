@@ -91,3 +91,34 @@ def test_memory_urls_name_one_state_per_name_in_a_process():
     finally:
         forget("conn-a")
         forget("conn-b")
+
+
+def test_a_beat_on_the_in_memory_store_leads_alone_and_sends_its_due_slots(
+        make_redis_server, key_prefix):
+    import time
+
+    from celery import Celery
+
+    from celery_leaderbeat.scheduler import LEADER, Scheduler
+    from celery_leaderbeat.store.memory import forget
+    from tests.support.beat import NOOP, Recorder, duplicates
+
+    broker = make_redis_server()
+    app = Celery("proj")
+    app.conf.update(broker_url=broker.url, leaderbeat_redis_url=f"memory://{key_prefix}",
+                    leaderbeat_key_prefix=key_prefix, timezone="UTC", leaderbeat_lease_ttl=3,
+                    leaderbeat_renew_interval=1, leaderbeat_standby_poll=0.2,
+                    beat_schedule={"a": {"task": NOOP, "schedule": 0.5}})
+    scheduler = Scheduler(app=app)
+    recorder = Recorder(broker.client())
+    try:
+        deadline = time.monotonic() + 20
+        while len(recorder.drain_all()) < 2:
+            assert time.monotonic() < deadline, "no slot sent"
+            time.sleep(min(scheduler.tick(), 0.2))
+        assert scheduler.role == LEADER
+    finally:
+        scheduler.close()
+        forget(key_prefix)
+    assert {m.entry for m in recorder.messages} == {"a"} and duplicates(recorder.messages) == []
+    assert recorder.messages[0].headers["leaderbeat_epoch"] == 1
