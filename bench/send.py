@@ -218,7 +218,7 @@ def rabbit(n: int, every: float, seconds: float) -> dict[str, Any]:
     return {"scenario": "rabbit", "kind": "batched", "entries": n, "every": every,
             "window_s": round(elapsed, 1), "sent": count, "expected": round(n * elapsed / every),
             "cpu_s": round(cpu, 2), "cpu_per_1000": round(1000 * cpu / max(count, 1), 3),
-            "batching": "batched by kombu" in log and "Producer" not in log, "load": load()}
+            "batching": "send path single_write" in log and "Producer" not in log, "load": load()}
 
 
 def kill(kind: str, n: int, at: int) -> dict[str, Any]:

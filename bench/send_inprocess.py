@@ -5,6 +5,14 @@
     python bench/send_inprocess.py rabbit [--seconds 30] [--profile]  # steady, RabbitMQ broker
     python bench/send_inprocess.py steady --topic   # the queue bound to a topic exchange:
                                                     # each chunk's queues looked up at send
+    python bench/send_inprocess.py steady|rabbit --path plain|templates|fast|fast-apply
+
+``--path`` picks the send path: ``plain`` (Celery's ``apply_async`` for every
+message, kombu's ``Producer.batch`` on Redis, one publish per message on
+RabbitMQ), ``templates`` (the plain path, messages built from kept shapes),
+``fast`` (the default: on Redis claim and enqueue in one step, on RabbitMQ the
+chunk's frames in one write; both with templates) or ``fast-apply`` (``fast``
+with every message built by ``apply_async``).
 
 The scheduler ticks in this process against a redis-server of its own (its
 state, and the broker for steady and burst; RabbitMQ is the one on
@@ -54,7 +62,7 @@ def shares(stats: pstats.Stats) -> dict[str, float]:
     return {
         "ticks": cum("celery_leaderbeat/scheduler.py", "tick"),
         "redis-py packing": cum("redis/connection.py", "pack"),
-        "building messages": cum("roles/messages.py", "build"),
+        "building messages": cum("send/templates.py", "build"),
         "kombu Producer.publish": sum(v[3] for k, v in raw.items()
                                       if "kombu/messaging.py" in k[0] and k[2] == "publish"
                                       and k[1] > 200),
@@ -63,11 +71,27 @@ def shares(stats: pstats.Stats) -> dict[str, float]:
         "socket reads (wall)": own("<method 'recv' of '_socket.socket' objects>"),
         "run_batch's own": sum(v[2] for k, v in raw.items() if "roles/batch.py" in k[0]
                                and k[2] in ("run_batch", "<listcomp>", "<setcomp>")),
-        "after the grant (enqueued)": cum("roles/enqueue.py", "enqueued"),
+        "after the grant (enqueued)": cum("send/chunk.py", "enqueued"),
         "planning (pop_due)": cum("roles/agenda.py", "pop_due"),
         "send lines": cum("integrations/sending.py", "_say_sending_chunk"),
-        "routing at send (--topic)": cum("roles/routing.py", "commands"),
+        "routing at send (--topic)": cum("send/routing.py", "commands"),
     }
+
+
+def choose_path(path: str) -> None:
+    """Turn the optimisations ``path`` leaves out off, for this process."""
+    if path == "plain":  # the reference: no one step, no single write, no templates
+        from celery_leaderbeat.send import sender
+
+        sender.OPTIMISED = False
+    if path == "templates":  # the plain path but for the templates (one step: by the setting)
+        from celery_leaderbeat.send import single_write
+
+        single_write.gatherable = lambda producer: None  # type: ignore[assignment]
+    if path == "fast-apply":
+        from celery_leaderbeat.send.templates import Messages
+
+        Messages.usable = lambda self: False  # type: ignore[method-assign]
 
 
 def main() -> None:
@@ -77,7 +101,11 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--topic", action="store_true",
                         help="the run's queue bound to a topic exchange (Redis broker)")
+    parser.add_argument("--path", choices=["plain", "templates", "fast", "fast-apply"],
+                        default="fast",
+                        help="the send path (see above)")
     args = parser.parse_args()
+    choose_path(args.path)
     work = Path(tempfile.mkdtemp(prefix="lb-send-inprocess-"))
     logging.basicConfig(filename=str(work / "beat.log"), level=logging.INFO,
                         format="[%(asctime)s: %(levelname)s/%(processName)s] %(message)s")
@@ -96,7 +124,7 @@ def main() -> None:
         app.conf.task_queues = [kombu.Queue(queue, exchange, routing_key="beat.#")]
     app.conf.update(broker_url=AMQP if rabbit else server.url_for(0), leaderbeat_key_prefix="b",
                     beat_schedule=schedule, timezone="UTC", beat_max_loop_interval=1,
-                    task_default_queue=queue,
+                    task_default_queue=queue, leaderbeat_atomic_enqueue=args.path.startswith("fast"),
                     **({"leaderbeat_redis_url": server.url_for(0)} if rabbit else {}))
     client, amqp = server.client(), kombu.Connection(AMQP)
 
@@ -130,7 +158,7 @@ def main() -> None:
         if profile:
             profile.disable()
         cpu, sent = time.process_time() - cpu0, enqueued() - n0
-        print(f"{args.what}: {sent} sent, {cpu:.3f} CPU s, {1000 * cpu / max(sent, 1):.4f} "
+        print(f"{args.what} --path {args.path}: {sent} sent, {cpu:.3f} CPU s, {1000 * cpu / max(sent, 1):.4f} "
               f"CPU s per 1,000 sends{' (profiled)' if profile else ''}")
         if profile:
             parts = shares(pstats.Stats(profile))

@@ -34,11 +34,11 @@ from .integrations.trouble import Trouble
 from .ops.health import Health
 from .ops.telemetry import Telemetry
 from .roles.dynamic_schedule import DynamicSchedule
-from .roles.enqueue import Enqueuer
 from .roles.leader import Leader, Resign
 from .roles.lease import LeaseView
 from .roles.node import Node
 from .roles.standby import Standby
+from .send.sender import Enqueuer
 from .store.base import STORE_ERRORS, STORE_REFUSED, SlotStore
 from .store.connection import describe
 from .store.keys import Keys

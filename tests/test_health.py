@@ -28,7 +28,7 @@ from tests.support.redis_binary import free_port
 
 pytest.importorskip("prometheus_client")  # the metrics port needs it (config.py)
 
-ONE_STEP = "one_step" if kombu.VERSION[:2] == (5, 7) else "batched"
+ONE_STEP = "one_step" if kombu.VERSION[:2] == (5, 7) else "plain"
 
 
 def get(port: int, path: str) -> tuple[int, str]:
@@ -130,16 +130,16 @@ def test_the_send_path_metric_and_status_say_one_step_on_the_brokers_own_redis(
     assert status["send_path"].startswith(ONE_STEP)
 
 
-def test_the_send_path_metric_and_status_say_batched_and_why_when_the_broker_is_another_database(
+def test_the_send_path_metric_and_status_say_plain_and_why_when_the_broker_is_another_database(
         redis_server, key_prefix):
     body, status = _scheduler_metrics(redis_server, key_prefix, broker_db=1)
     lines = [x for x in body.splitlines() if x.startswith("leaderbeat_send_path{")]
-    assert len(lines) == 1 and 'path="batched"' in lines[0] and lines[0].endswith(" 1.0")
+    assert len(lines) == 1 and 'path="plain"' in lines[0] and lines[0].endswith(" 1.0")
     # the first reason found: a kombu outside the known range is checked before the broker
     why = ("the broker is another Redis server or database" if ONE_STEP == "one_step"
            else f"kombu {kombu.__version__}")
     assert f'reason="{why}' in lines[0]
-    assert status["send_path"].startswith(f"batched: {why}")
+    assert status["send_path"].startswith(f"plain: {why}")
 
 
 # -- real beat processes ------------------------------------------------------------------

@@ -16,7 +16,7 @@ from celery_leaderbeat import Entry
 from celery_leaderbeat.config import OVERLAP_POLICIES, Config
 from celery_leaderbeat.entries import split_entries
 from celery_leaderbeat.errors import ConfigurationError
-from celery_leaderbeat.roles.publish import publish
+from celery_leaderbeat.send.plain import publish
 
 TASK = "proj.tasks.report"
 ALLOWED = "skip, buffer_one, buffer_all, cancel_other, allow_all (or Kubernetes' Forbid, Replace, Allow)"

@@ -2,8 +2,8 @@
 
 Messages after the first of a shape (task, options, overlap) are built from it
 with what a slot changes put in. Each test sends two slots of two entries per
-shape through a chunk sender (claim and enqueue in one step, or batched after
-the claim), then sends the same slots through Celery's ``apply_async`` with
+shape through a chunk sender on each path (the plain path, templates after the
+claim, claim and enqueue in one step), then sends the same slots through Celery's ``apply_async`` with
 the same task id and headers, and compares what reached the broker: the
 default queue, a ``task_routes`` queue, a message priority and an entry's own
 queue, with and without ``global_keyprefix``.
@@ -17,8 +17,9 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from celery import Celery, signals
 
-from celery_leaderbeat.roles.publish import publish
 from celery_leaderbeat.scheduler import Scheduler
+from celery_leaderbeat.send import sender as sender_module
+from celery_leaderbeat.send.plain import publish
 from celery_leaderbeat.store.ledger import ClaimItem, Op
 from celery_leaderbeat.timing.slots import to_ms
 from tests.support.beat import NOOP
@@ -27,6 +28,21 @@ from tests.support.queues import take_messages
 UTC = timezone.utc
 SLOTS = [datetime(2020, 1, 1, tzinfo=UTC), datetime(2020, 1, 1, 0, 0, 7, tzinfo=UTC)]
 TAG = re.compile(rb'"delivery_tag": "[^"]*"')
+
+
+#: the send paths on a Redis broker: ``plain``, the reference (Celery builds every message,
+#: kombu's ``Producer.batch`` sends it after the claim); ``templates``, after the claim with
+#: messages built from kept shapes (leaderbeat's state on another database); ``one_step``,
+#: the claim script runs kombu's commands (the state on the broker's own database)
+REDIS_PATHS = ["plain", "templates", "one_step"]
+
+
+@pytest.fixture(params=REDIS_PATHS)
+def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The send path a test's scheduler takes."""
+    if request.param == "plain":
+        monkeypatch.setattr(sender_module, "OPTIMISED", False)
+    return str(request.param)
 
 
 def schedule() -> dict:
@@ -95,17 +111,17 @@ def queued(client) -> dict[tuple[str, str], tuple[str, bytes]]:
 
 
 @pytest.mark.parametrize("keyprefix", ["", "gk:"])
-@pytest.mark.parametrize("fast", [True, False], ids=["fast path", "batched"])
-def test_messages_on_redis_are_what_apply_async_puts_there(redis_server, key_prefix, fast,
+def test_messages_on_redis_are_what_apply_async_puts_there(redis_server, key_prefix, path,
                                                            keyprefix):
-    # fast: leaderbeat's state on the broker's database; batched: on another database
+    fast = path == "one_step"  # leaderbeat's state on the broker's database, else another
     app = make_app(redis_server.url_for(0 if fast else 1),
                    None if fast else redis_server.url_for(0), key_prefix, keyprefix)
     broker = redis_server.client(db=0 if fast else 1)
     scheduler = Scheduler(app=app)
     try:
         send_through_chunks(scheduler)
-        assert scheduler._enqueuer is not None and scheduler._enqueuer.fast is fast
+        assert scheduler._enqueuer is not None and scheduler._enqueuer.path()[0] == (
+            "one_step" if fast else "plain")
         ours = queued(broker)
         send_through_apply_async(scheduler)
         celerys = queued(broker)
@@ -119,7 +135,8 @@ def test_messages_on_redis_are_what_apply_async_puts_there(redis_server, key_pre
     assert {keyprefix + "celery", keyprefix + "other", keyprefix + "mine"} <= lists
     assert any(key.startswith(keyprefix + "celery\x06\x16") for key in lists)  # priority list
     # one shape per task and options, each checked against apply_async and found exact
-    assert len(shapes) == 4 and all(s is not None and s.exact for s in shapes.values())
+    assert len(shapes) == (0 if path == "plain" else 4)
+    assert all(s is not None and s.exact for s in shapes.values())
 
 
 def test_messages_on_another_transport_are_what_apply_async_publishes(redis_server, key_prefix):
@@ -251,7 +268,7 @@ def crontab_far():
 def test_delivery_tags_are_random_uuid4s_as_kombu_makes_them():
     import uuid
 
-    from celery_leaderbeat.roles.messages import delivery_tag
+    from celery_leaderbeat.send.templates import delivery_tag
 
     tags = [delivery_tag() for _ in range(200)]
     assert len(set(tags)) == 200

@@ -2,7 +2,8 @@
 
 A broker on leaderbeat's own Redis server and database takes the fast path:
 the claim script runs kombu's own commands for exactly the slots it grants.
-Anything else goes out in kombu batches after the claim.
+Anything else goes out in kombu batches after the claim. What holds on every path
+(``path``: plain, templates after the claim, one step) is tested on each.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from celery import Celery, signals
 
-from celery_leaderbeat.roles.enqueue import one_step_fallback
 from celery_leaderbeat.scheduler import Scheduler
+from celery_leaderbeat.send import sender as sender_module
+from celery_leaderbeat.send.one_step import one_step_fallback
 from celery_leaderbeat.store.ledger import ENQUEUED, ClaimItem, Op
 from celery_leaderbeat.timing import cronengine as _cronengine
 from celery_leaderbeat.timing.policy import CatchupPolicy
@@ -26,6 +28,35 @@ from tests.support.beat import NOOP
 
 UTC = timezone.utc
 PRIORITY_SEP = "\x06\x16"  # kombu's Redis transport: "<queue><sep><priority step>"
+
+
+#: the send paths on a Redis broker: ``plain``, the reference (Celery builds every message,
+#: kombu's ``Producer.batch`` sends it after the claim); ``templates``, after the claim with
+#: messages built from kept shapes (leaderbeat's state on another database); ``one_step``,
+#: the claim script runs kombu's commands (the state on the broker's own database)
+REDIS_PATHS = ["plain", "templates", "one_step"]
+
+
+@pytest.fixture(params=REDIS_PATHS)
+def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The send path a test's scheduler takes."""
+    if request.param == "plain":
+        monkeypatch.setattr(sender_module, "OPTIMISED", False)
+    return str(request.param)
+
+
+def on_path(redis_server, path: str) -> tuple[str, dict, object]:
+    """(broker url, leaderbeat's settings, a client of the broker's database) for ``path``:
+    one step where leaderbeat's state is on the broker's database, else another database."""
+    db = 0 if path == "one_step" else 1
+    return (redis_server.url_for(db), {"leaderbeat_redis_url": redis_server.url_for(0)},
+            redis_server.client(db=db))
+
+
+def path_taken(scheduler: Scheduler) -> str:
+    """The path the scheduler's chunks take (the templates go on the plain path)."""
+    assert scheduler._enqueuer is not None
+    return scheduler._enqueuer.path()[0]
 
 
 def make_app(broker_url: str, prefix: str, schedule: dict, **settings) -> Celery:
@@ -124,21 +155,19 @@ def test_a_claim_refused_runs_none_of_its_commands_and_a_retried_grant_runs_them
         scheduler.close()
 
 
-@pytest.mark.parametrize("fast", [True, False], ids=["fast", "batched"])
 def test_a_chunks_sends_are_one_log_record_whose_lines_are_the_per_send_lines(
-        redis_server, key_prefix, caplog, fast):
+        redis_server, key_prefix, caplog, path):
     from celery_leaderbeat.roles.batch import CHUNK
 
     caplog.set_level(logging.INFO, logger="celery_leaderbeat.sends")
     n = CHUNK + 50
-    app = make_app(redis_server.url_for(0 if fast else 1), key_prefix,
-                   {f"e{i}": {"task": NOOP, "schedule": 0.5} for i in range(n)},
-                   leaderbeat_redis_url=redis_server.url_for(0))
-    broker = redis_server.client(db=0 if fast else 1)
+    broker_url, settings, broker = on_path(redis_server, path)
+    app = make_app(broker_url, key_prefix,
+                   {f"e{i}": {"task": NOOP, "schedule": 0.5} for i in range(n)}, **settings)
     scheduler = Scheduler(app=app)
     try:
         tick_until(scheduler, lambda: broker.llen("celery") >= n)
-        assert scheduler._enqueuer is not None and scheduler._enqueuer.fast is fast
+        assert path_taken(scheduler) == ("one_step" if path == "one_step" else "plain")
     finally:
         scheduler.close()
     records = [r.getMessage() for r in caplog.records if r.name == "celery_leaderbeat.sends"]
@@ -150,26 +179,35 @@ def test_a_chunks_sends_are_one_log_record_whose_lines_are_the_per_send_lines(
         f"for slot {m['headers']['leaderbeat_slot']}" for m in messages(broker, "celery"))
 
 
-def test_routes_priorities_and_the_global_key_prefix_land_where_kombu_puts_them(
-        redis_server, key_prefix):
+def test_routes_priorities_expiry_and_the_global_key_prefix_land_where_kombu_puts_them(
+        redis_server, key_prefix, path):
     schedule = {
         "plain": {"task": NOOP, "schedule": 0.5},
         "urgent": {"task": NOOP, "schedule": 0.5, "options": {"priority": 7}},
         "routed": {"task": "proj.routed", "schedule": 0.5},
+        "expiring": {"task": NOOP, "schedule": 0.5, "options": {"expires": 3600}},
     }
-    app = make_app(redis_server.url_for(0), key_prefix, schedule,
+    broker_url, settings, client = on_path(redis_server, path)
+    app = make_app(broker_url, key_prefix, schedule,
                    task_routes={"proj.routed": {"queue": "other"}},
-                   broker_transport_options={"global_keyprefix": "gk:"})
-    client = redis_server.client()
+                   broker_transport_options={"global_keyprefix": "gk:"}, **settings)
     scheduler = Scheduler(app=app)
     try:
         tick_until(scheduler, lambda: client.llen(f"gk:celery{PRIORITY_SEP}6") > 0
-                   and client.llen("gk:celery") > 0 and client.llen("gk:other") > 0)
-        assert scheduler._enqueuer is not None and scheduler._enqueuer.fast
+                   and client.llen("gk:celery") > 1 and client.llen("gk:other") > 0)
+        assert path_taken(scheduler) == ("one_step" if path == "one_step" else "plain")
+        sent_at = datetime.now(UTC)
     finally:
         scheduler.close()
-    entries = {m["headers"]["leaderbeat_entry"] for m in messages(client, "gk:celery")}
-    assert entries == {"plain"}
+    queued = messages(client, "gk:celery")
+    entries = {m["headers"]["leaderbeat_entry"] for m in queued}
+    assert entries == {"plain", "expiring"}
+    for m in queued:  # an hour after its send, as apply_async computes it at each publish
+        if m["headers"]["leaderbeat_entry"] == "expiring":
+            left = datetime.fromisoformat(m["headers"]["expires"]) - sent_at
+            assert timedelta(minutes=50) < left <= timedelta(hours=1)
+        else:
+            assert m["headers"]["expires"] is None
     urgent = messages(client, f"gk:celery{PRIORITY_SEP}6")  # priority 7 -> kombu's step 6
     assert {m["headers"]["leaderbeat_entry"] for m in urgent} == {"urgent"}
     assert urgent[0]["properties"]["priority"] == 7
@@ -178,13 +216,14 @@ def test_routes_priorities_and_the_global_key_prefix_land_where_kombu_puts_them(
 
 
 def test_before_task_publish_fires_only_for_granted_slots_and_after_task_publish_once_queued(
-        redis_server, key_prefix):
+        redis_server, key_prefix, path):
     """With a before_task_publish receiver the chunk is claimed first: the signal never
     fires for a slot the claim refuses (a monitor counting it would count a message that
     was never sent); after_task_publish fires once the message is in the queue."""
-    app = make_app(redis_server.url_for(0), key_prefix,
-                   {"a": {"task": NOOP, "schedule": 60.0}, "b": {"task": NOOP, "schedule": 60.0}})
-    client = redis_server.client()
+    broker_url, settings, client = on_path(redis_server, path)
+    app = make_app(broker_url, key_prefix,
+                   {"a": {"task": NOOP, "schedule": 60.0}, "b": {"task": NOOP, "schedule": 60.0}},
+                   **settings)
     before, after = [], []
 
     def on_before(headers=None, **kwargs):
@@ -200,7 +239,9 @@ def test_before_task_publish_fires_only_for_granted_slots_and_after_task_publish
         assert scheduler.lease.try_acquire()
         token, epoch = scheduler.lease.credentials()
         sender = scheduler._chunk_sender(epoch)
-        assert "before_task_publish" in one_step_fallback(scheduler)
+        assert path_taken(scheduler) == "plain"
+        if path == "one_step":
+            assert "before_task_publish" in one_step_fallback(scheduler)
         slot = datetime(2020, 1, 1, tzinfo=UTC)  # in the past: a leader never claims the future
         prepared = sender.prepare([("a", slot), ("b", slot)])
         assert prepared == [None, None] and before == []  # nothing built before the claim
@@ -219,6 +260,33 @@ def test_before_task_publish_fires_only_for_granted_slots_and_after_task_publish
     assert before == [("a", 0)]  # the granted slot only, before its message was queued
     assert after == [("a", 1)]  # after the message was in the queue
     assert [m["headers"]["leaderbeat_entry"] for m in messages(client, "celery")] == ["a"]
+
+
+def test_after_task_publish_fires_once_for_each_slot_sent_with_the_message_sent(
+        redis_server, key_prefix, path):
+    """A monitor counting after_task_publish counts each message in the queue once, with
+    its own task id and headers, whichever path sent it."""
+    broker_url, settings, client = on_path(redis_server, path)
+    app = make_app(broker_url, key_prefix,
+                   {f"e{i}": {"task": NOOP, "schedule": 0.5, "args": [i]} for i in range(5)},
+                   **settings)
+    after: list[tuple[str, str, str]] = []
+
+    def on_after(headers=None, routing_key=None, **kwargs):
+        after.append((headers["id"], headers["leaderbeat_slot"], routing_key))
+
+    signals.after_task_publish.connect(on_after, weak=False)
+    scheduler = Scheduler(app=app)
+    try:
+        tick_until(scheduler, lambda: client.llen("celery") >= 15)
+        assert path_taken(scheduler) == ("one_step" if path == "one_step" else "plain")
+    finally:
+        signals.after_task_publish.disconnect(on_after)
+        scheduler.close()
+    queued = sorted((m["headers"]["id"], m["headers"]["leaderbeat_slot"], "celery")
+                    for m in messages(client, "celery"))
+    assert len(set(queued)) == len(queued)
+    assert sorted(after) == queued
 
 
 def test_a_broker_on_another_database_says_so_once_and_sends_batched_after_the_claim(
@@ -307,3 +375,14 @@ def test_slot_ids_are_uuid5_of_prefix_entry_and_slot():
     for prefix, name in [("lb", "report"), ("", ""), ("p:x", "ünïcode ✓"), ("a" * 50, "b" * 300)]:
         expected = uuid.uuid5(_SLOT_NAMESPACE, f"{prefix}\x1f{name}\x1f{to_ms(slot)}")
         assert slot_id(prefix, name, slot) == str(expected)
+
+
+def test_a_chunk_senders_answer_reads_as_sent_or_unsent_with_its_reason():
+    from celery_leaderbeat.send.base import LEASE_EXPIRED, PUBLISH_FAILED, unsent_reasons
+
+    slots = ["a", "b", "c", "d"]
+    assert unsent_reasons(slots, [True, False]) == [
+        ("a", None), ("b", PUBLISH_FAILED), ("c", LEASE_EXPIRED), ("d", LEASE_EXPIRED)]
+    assert unsent_reasons(slots, [True] * 4) == [(s, None) for s in slots]
+    with pytest.raises(ValueError, match="an answer of 5 for a chunk of 4 slots"):
+        unsent_reasons(slots, [True] * 5)

@@ -1,6 +1,12 @@
-"""On RabbitMQ (py-amqp) a chunk's messages reach the socket in one write, and the same
-rules as a kombu batch hold: nothing counts as sent before that write, a write that
-fails leaves the whole chunk unsent, and a lease lost before it sends nothing.
+"""Sending on RabbitMQ (py-amqp), on each path that applies to it: the plain path (one
+write a message) and the single write (a chunk's messages reach the socket in one write).
+
+Behaviour shared by both is tested on both (``path``): messages as ``apply_async``
+publishes them (routes, headers, priorities, expiry), Celery's signals once per slot, a
+lease lost before anything is written sends nothing. The single write keeps a kombu
+batch's rules: nothing counts as sent before that write, a write that fails leaves the
+whole chunk unsent. A py-amqp outside the releases it was tested with falls back to the
+plain path, said at start.
 
 Each test has queues of its own on the RabbitMQ at 127.0.0.1:5672 (deleted after).
 """
@@ -8,6 +14,7 @@ Each test has queues of its own on the RabbitMQ at 127.0.0.1:5672 (deleted after
 from __future__ import annotations
 
 import contextlib
+import logging
 import socket
 import uuid
 from collections.abc import Iterator
@@ -15,10 +22,12 @@ from datetime import datetime, timezone
 
 import kombu
 import pytest
-from celery import Celery
+from celery import Celery, signals
 
-from celery_leaderbeat.roles.publish import publish
 from celery_leaderbeat.scheduler import Scheduler
+from celery_leaderbeat.send import sender as sender_module
+from celery_leaderbeat.send import single_write
+from celery_leaderbeat.send.plain import publish
 from tests.support.beat import NOOP
 from tests.support.queues import take_messages
 from tests.support.rabbitmq import AMQP_URL as AMQP
@@ -41,9 +50,17 @@ def queues() -> Iterator[dict[str, str]]:
             kombu.Queue(name, channel=conn.channel()).delete()
 
 
+@pytest.fixture(params=["plain", "single_write"])
+def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The send path a test's scheduler takes: the plain one is the reference."""
+    if request.param == "plain":
+        monkeypatch.setattr(sender_module, "OPTIMISED", False)
+    return str(request.param)
+
+
 def make_scheduler(state_url: str, prefix: str, queues: dict[str, str],
-                   **settings) -> Scheduler:
-    entries = {}
+                   extra: dict | None = None, **settings) -> Scheduler:
+    entries = dict(extra or {})
     for i in (1, 2):  # two entries per shape: the second's message is built from the first
         entries[f"plain-{i}"] = {"task": NOOP, "schedule": 60.0, "args": [i, "é" * i]}
         entries[f"urgent-{i}"] = {"task": NOOP, "schedule": 60.0, "args": [i],
@@ -51,6 +68,7 @@ def make_scheduler(state_url: str, prefix: str, queues: dict[str, str],
         entries[f"routed-{i}"] = {"task": "proj.routed", "schedule": 60.0, "args": [i]}
         entries[f"own-{i}"] = {"task": NOOP, "schedule": 60.0, "kwargs": {"i": i},
                                "options": {"queue": queues["own"], "headers": {"h": "x"}}}
+    entries["expiring"] = {"task": NOOP, "schedule": 60.0, "options": {"expires": 3600}}
     app = Celery("proj")
     app.conf.update(broker_url=AMQP, leaderbeat_redis_url=state_url,
                     leaderbeat_key_prefix=prefix, timezone="UTC", beat_schedule=entries,
@@ -98,8 +116,8 @@ class SocketWrites:
         self.transport._write = counted
 
 
-def test_a_chunk_goes_out_in_one_socket_write_as_apply_async_would_publish_it(
-        redis_server, key_prefix, queues):
+def test_a_chunk_goes_out_as_apply_async_would_publish_it_in_one_write_on_the_single_write(
+        redis_server, key_prefix, queues, path):
     scheduler = make_scheduler(redis_server.url, key_prefix, queues)
     try:
         assert scheduler.lease.try_acquire()
@@ -109,9 +127,12 @@ def test_a_chunk_goes_out_in_one_socket_write_as_apply_async_would_publish_it(
         names = [n for n in names if not n.startswith("celery.")]
         # the first chunk connects and declares the queues (py-amqp waits for each answer)
         assert sender.send_many([(n, SLOTS[0]) for n in names]) == [True] * len(names)
+        # as status and nodes show it
+        assert scheduler._send_path() == ("single_write" if path == "single_write" else
+                                          f"plain: {sender_module.OFF}")
         writes = SocketWrites(sender)
         assert sender.send_many([(n, SLOTS[1]) for n in names]) == [True] * len(names)
-        assert writes.count == 1
+        assert writes.count == 1 if path == "single_write" else writes.count >= len(names)
         ours = drain(queues)
         with scheduler.app.producer_or_acquire() as producer:  # Celery's, one by one
             for slot in SLOTS[:2]:
@@ -121,6 +142,12 @@ def test_a_chunk_goes_out_in_one_socket_write_as_apply_async_would_publish_it(
     finally:
         scheduler.close()
     assert len(ours) == 2 * len(names)
+    expiring = [key for key in ours if key[0] == "expiring"]
+    for key in expiring:  # computed from the clock at each publish: a time, an hour ahead
+        ours_expires, celerys_expires = ours.pop(key)[1]["expires"], celerys.pop(key)[1]["expires"]
+        assert abs(datetime.fromisoformat(ours_expires)
+                   - datetime.fromisoformat(celerys_expires)).total_seconds() < 600
+    assert len(expiring) == 2
     assert ours == celerys
 
 
@@ -143,14 +170,15 @@ def test_a_failed_write_leaves_the_whole_chunk_unsent_and_the_next_chunk_reconne
 
 
 def test_a_lease_lost_before_the_write_sends_nothing_of_the_chunk(
-        redis_server, key_prefix, queues):
-    with leading(redis_server.url, key_prefix, queues) as (_, sender, names):
+        redis_server, key_prefix, queues, path):
+    with leading(redis_server.url, key_prefix, queues) as (scheduler, sender, names):
         asked = []
 
         def lease_gone() -> bool:
             asked.append(1)
             return False
 
+        assert scheduler._enqueuer.path()[0] == path
         assert sender.send_many([(n, SLOTS[1]) for n in names], lease_gone) == []
         assert asked == [1]
         arrived = drain(queues)
@@ -162,7 +190,9 @@ def test_with_publisher_confirms_each_message_is_written_and_confirmed_on_its_ow
     """A confirm waits for the broker's answer after each publish: frames kept back
     would never be answered."""
     with leading(redis_server.url, key_prefix, queues,
-                 broker_transport_options={"confirm_publish": True}) as (_, sender, names):
+                 broker_transport_options={"confirm_publish": True}) as (scheduler, sender, names):
+        assert scheduler._enqueuer.path() == (
+            "plain", "publisher confirms are on (each message waits for its answer)")
         writes = SocketWrites(sender)
         assert sender.send_many([(n, SLOTS[1]) for n in names]) == [True] * len(names)
         arrived = drain(queues)
@@ -195,3 +225,79 @@ def test_a_queue_declared_mid_chunk_writes_what_was_kept_first_and_the_answer_sa
     else:
         assert answer == [True] * len(plain)  # written when own-1's queue was declared
         assert {entry for entry, _ in arrived} == set(plain)
+
+
+@pytest.mark.parametrize("receiver", [False, True], ids=["after only", "before and after"])
+def test_celerys_publish_signals_fire_once_for_each_slot_sent(
+        redis_server, key_prefix, queues, path, receiver):
+    """``before_task_publish`` (a receiver connected: every message built by Celery) and
+    ``after_task_publish`` fire once for each slot, with its task id."""
+    before: list[str] = []
+    after: list[str] = []
+
+    def on_before(headers=None, **_):
+        before.append(headers["id"])
+
+    def on_after(headers=None, **_):
+        after.append(headers["id"])
+
+    signals.after_task_publish.connect(on_after, weak=False)
+    if receiver:
+        signals.before_task_publish.connect(on_before, weak=False)
+    try:
+        with leading(redis_server.url, key_prefix, queues) as (scheduler, sender, names):
+            assert scheduler._enqueuer.path()[0] == path
+            before.clear()
+            after.clear()
+            assert sender.send_many([(n, SLOTS[1]) for n in names]) == [True] * len(names)
+            arrived = drain(queues)
+    finally:
+        signals.after_task_publish.disconnect(on_after)
+        signals.before_task_publish.disconnect(on_before)
+    ids = sorted(headers["id"] for _, headers, *_ in arrived.values())
+    assert len(ids) == 2 * len(names)
+    sent = sorted(headers["id"] for (_, slot), (_, headers, *_) in arrived.items()
+                  if slot == SLOTS[1].isoformat())
+    assert sorted(after) == sent
+    assert sorted(before) == (sent if receiver else [])
+
+
+def test_a_py_amqp_outside_the_tested_releases_falls_back_to_the_plain_path_and_says_so(
+        redis_server, key_prefix, queues, monkeypatch, caplog):
+    caplog.set_level(logging.INFO, logger="celery_leaderbeat")
+    monkeypatch.setattr(single_write, "AMQP_RANGE", ((5, 99), (6, 0)))
+    with leading(redis_server.url, key_prefix, queues) as (scheduler, sender, names):
+        path, why = scheduler._enqueuer.path()
+        writes = SocketWrites(sender)
+        assert sender.send_many([(n, SLOTS[1]) for n in names]) == [True] * len(names)
+        arrived = drain(queues)
+    assert path == "plain"
+    assert why.endswith("(the frame writer is known for py-amqp >=5.99,<6.0)")
+    said = [r for r in caplog.records if "send path plain" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelno == logging.WARNING
+    assert writes.count >= len(names)
+    assert len(arrived) == 2 * len(names)
+
+
+class Unserialisable:
+    """An argument JSON cannot carry: Celery's publish of it fails, and only it."""
+
+
+def test_a_message_that_cannot_be_published_fails_only_its_own_slot(
+        redis_server, key_prefix, queues, path, caplog):
+    extra = {"bad": {"task": NOOP, "schedule": 60.0, "args": [Unserialisable()]}}
+    scheduler = make_scheduler(redis_server.url, key_prefix, queues, extra)
+    try:
+        assert scheduler.lease.try_acquire()
+        sender = scheduler._chunk_sender(scheduler.lease.credentials()[1])
+        names = [n for n in scheduler.schedule if not n.startswith("celery.")]
+        names.remove("bad")
+        names.insert(len(names) // 2, "bad")  # in the middle of the chunk
+        answer = sender.send_many([(n, SLOTS[0]) for n in names])
+        assert scheduler._enqueuer.path()[0] == path
+        arrived = drain(queues)
+    finally:
+        scheduler.close()
+    assert answer == [n != "bad" for n in names]
+    assert {entry for entry, _ in arrived} == set(names) - {"bad"}
+    assert "leaderbeat: could not send bad for slot" in caplog.text

@@ -7,6 +7,7 @@ whose reply is lost ran in Redis all the same.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,9 +18,11 @@ from celery import Celery, signals
 from kombu import Connection, Exchange, Queue
 
 import celery_leaderbeat.scheduler as scheduler_module
-from celery_leaderbeat.roles.enqueue import Enqueuer, one_step_fallback
-from celery_leaderbeat.roles.routing import Routes
 from celery_leaderbeat.scheduler import Scheduler
+from celery_leaderbeat.send import sender as sender_module
+from celery_leaderbeat.send.one_step import one_step_fallback
+from celery_leaderbeat.send.routing import Routes
+from celery_leaderbeat.send.sender import Enqueuer
 from celery_leaderbeat.store.errors import StoreError
 from celery_leaderbeat.store.keys import Keys
 from celery_leaderbeat.store.ledger import UNQUEUED, ClaimItem, Op
@@ -29,6 +32,21 @@ from tests.support.beat import NOOP
 
 #: a leader's claim of a chunk in a batch
 BATCH_CLAIM = "EVALSHA[claim] ledger.claim<chunk.lead"
+
+
+#: the send paths on a Redis broker: ``plain``, the reference (Celery builds every message,
+#: kombu's ``Producer.batch`` sends it after the claim); ``templates``, after the claim with
+#: messages built from kept shapes (leaderbeat's state on another database); ``one_step``,
+#: the claim script runs kombu's commands (the state on the broker's own database)
+REDIS_PATHS = ["plain", "templates", "one_step"]
+
+
+@pytest.fixture(params=REDIS_PATHS)
+def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The send path a test's scheduler takes."""
+    if request.param == "plain":
+        monkeypatch.setattr(sender_module, "OPTIMISED", False)
+    return str(request.param)
 
 
 def make_app(broker_url: str, prefix: str, schedule: dict, **settings: Any) -> Celery:
@@ -310,14 +328,14 @@ ROUTINGS = {
 }
 
 
-@pytest.mark.parametrize("fast", [True, False], ids=["one-step", "batched"])
 @pytest.mark.parametrize("kind", sorted(ROUTINGS))
 def test_a_queue_bound_later_to_the_entrys_exchange_receives_its_messages(
-        redis_server, key_prefix, kind, fast, caplog):
+        redis_server, key_prefix, kind, path, caplog):
     """kombu's Redis transport reads the exchange's bindings at every publish: a queue bound
     after beat started its messages of that shape receives the next ones, as with stock
-    beat, on the one-step path and the batched one alike."""
+    beat, on every path alike."""
     first, second, options = ROUTINGS[kind]
+    fast = path == "one_step"  # leaderbeat's state on the broker's database, else another
     broker_url = redis_server.url_for(0 if fast else 1)
     schedule = {name: {"task": NOOP, "schedule": 1.0, "options": options} for name in "ab"}
     app = make_app(broker_url, key_prefix, schedule, task_queues=[first],
@@ -327,7 +345,8 @@ def test_a_queue_bound_later_to_the_entrys_exchange_receives_its_messages(
     scheduler = Scheduler(app=app)
     try:
         tick_until(scheduler, lambda: broker.llen("first") >= 4)  # shapes built and in use
-        assert scheduler._enqueuer is not None and scheduler._enqueuer.fast is fast
+        assert scheduler._enqueuer is not None and scheduler._enqueuer.path()[0] == (
+            "one_step" if fast else "plain")
         bind(broker_url, second)
         bound = broker.llen("first")
         tick_until(scheduler, lambda: broker.llen("first") >= bound + 4)
@@ -373,9 +392,10 @@ def test_one_step_fallback_says_whether_and_why_a_beat_sends_after_its_claims(
 
 
 def test_a_kombu_outside_the_known_range_falls_back_and_names_the_range(
-        redis_server, key_prefix, monkeypatch):
+        redis_server, key_prefix, monkeypatch, caplog):
     import kombu
 
+    caplog.set_level(logging.INFO, logger="celery_leaderbeat")
     monkeypatch.setattr(kombu, "VERSION", (5, 8, 0))
     monkeypatch.setattr(kombu, "__version__", "5.8.0")
     app = make_app(redis_server.url_for(0), key_prefix, {"a": {"task": NOOP, "schedule": 60.0}})
@@ -384,8 +404,13 @@ def test_a_kombu_outside_the_known_range_falls_back_and_names_the_range(
         scheduler._chunk_sender(1)
         assert one_step_fallback(scheduler) == (
             "kombu 5.8.0 (the commands are known for kombu >=5.7,<5.8)")
+        assert scheduler._enqueuer is not None and scheduler._enqueuer.path() == (
+            "plain", "kombu 5.8.0 (the commands are known for kombu >=5.7,<5.8)")
     finally:
         scheduler.close()
+    # said once at start, as a warning: the broker is Redis, one step would apply
+    said = [r for r in caplog.records if "send path plain" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelno == logging.WARNING
 
 
 @pytest.mark.parametrize("keyprefix", ["", "gk:"], ids=["no-prefix", "global-keyprefix"])

@@ -126,12 +126,13 @@ class Lifecycle(Parts):
                                  send_path=self._send_path())
 
     def _send_path(self) -> str | None:
-        """``one_step``, or ``batched: why``; None before this node's first chunk."""
+        """``one_step``, ``single_write``, or ``plain: why``; None before this node's first
+        chunk."""
         enqueuer = getattr(self, "_enqueuer", None)
         if enqueuer is None:
             return None
-        reason = enqueuer.fallback
-        return "one_step" if reason is None else f"batched: {reason}"
+        path, reason = enqueuer.path()
+        return f"{path}: {reason}" if reason else str(path)
 
     def close(self) -> None:
         """Release the lease (standbys take over at once) and close; safe to call twice."""

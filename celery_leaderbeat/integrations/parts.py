@@ -13,10 +13,10 @@ from ..config import Config
 from ..entries import EntryOptions
 from ..ops.telemetry import Telemetry
 from ..roles.dynamic_schedule import DynamicSchedule
-from ..roles.enqueue import Enqueuer
 from ..roles.leader import Leader
 from ..roles.node import Node
 from ..roles.standby import Standby
+from ..send.sender import Enqueuer
 from ..store.keys import Keys
 from ..store.registry import Registration
 

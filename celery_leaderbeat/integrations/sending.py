@@ -9,8 +9,8 @@ from collections.abc import Iterator, Sequence
 from datetime import datetime
 from typing import Any
 
-from ..roles.enqueue import Enqueuer
-from ..roles.publish import publish
+from ..send.plain import publish
+from ..send.sender import Enqueuer
 from ..timing.slots import to_ms
 from .parts import Parts
 
@@ -87,7 +87,8 @@ class Sending(Parts):
                 yield entry, options[name].overlap if name in options else default
 
     def _chunk_sender(self, epoch: int) -> Any:
-        """A batch's sender: claim and enqueue in one step where exact, else kombu batches."""
+        """A batch's chunk sender (``send.base.ChunkSend``), on the path the broker allows:
+        one step, the single write, or the plain path (``Enqueuer.path`` says which)."""
         if self._enqueuer is None or not self._enqueuer.checked:
             said = self._enqueuer is not None  # an unreachable broker is said once
             self._enqueuer = Enqueuer(self, self._connect().client, quiet=said)

@@ -16,7 +16,8 @@ a port nothing is imported and :class:`NullMetrics` does nothing.
   this process: a lease renewal, or a tick whose Redis calls all succeeded; 0 until then)
 - ``leaderbeat_tick_seconds`` (histogram: one scheduler tick)
 - ``leaderbeat_send_path{path, reason}`` (gauge, 1 for the path in use: ``one_step``, claim
-  and enqueue in one step, or ``batched``, sent after the claim, ``reason`` saying why; no
+  and enqueue in one step, ``single_write``, a py-amqp chunk in one socket write, or
+  ``plain``, sent after the claim through kombu, ``reason`` saying why; no
   series until this process first sends a chunk, nor behind ``leaderbeat_base_scheduler``)
 - ``leaderbeat_overlap_decisions_total{entry, policy, decision}`` (counter: the worker
   guard's overlap decisions, started, started_after_wait, buffered, skipped, cancelled;
@@ -95,19 +96,17 @@ class _OverlapDecisions:
         yield family
 
 
-#: the chunk sender a scheduler uses (``roles.enqueue.Enqueuer``), None before its first chunk
+#: the chunk sender a scheduler uses (``send.sender.Enqueuer``), None before its first chunk
 SendPath = Callable[[], Any]
 
 
 def send_path_labels(enqueuer: Any) -> tuple[str, str] | None:
-    """(path, reason) of ``enqueuer`` (``roles.enqueue.Enqueuer``): ``one_step``, or
-    ``batched`` and why (its ``fallback``); None before the scheduler has one."""
+    """(path, reason) of ``enqueuer`` (``send.sender.Enqueuer``): ``one_step`` or
+    ``single_write``, or ``plain`` and why; None before the scheduler has one."""
     if enqueuer is None:
         return None
-    reason = enqueuer.fallback
-    if reason is None:
-        return "one_step", ""
-    return "batched", str(reason)
+    path, reason = enqueuer.path()
+    return str(path), str(reason)
 
 
 class _SendPathCollector:
@@ -121,7 +120,8 @@ class _SendPathCollector:
 
         family = GaugeMetricFamily(
             "leaderbeat_send_path", "how this process sends a chunk: one_step (claim and "
-            "enqueue in one step) or batched (after the claim), and why", labels=["path", "reason"])
+            "enqueue in one step), single_write (py-amqp, one socket write a chunk) or plain "
+            "(after the claim, through kombu), and why", labels=["path", "reason"])
         labels = send_path_labels(self._enqueuer())
         if labels is not None:
             family.add_metric(list(labels), 1)

@@ -29,6 +29,7 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from ..errors import LeaseLostError, NotReplicatedError
+from ..send.base import ChunkSend
 from ..store.base import SlotStore
 from ..store.calls import named
 from ..store.ledger import (
@@ -55,25 +56,6 @@ CHUNK = 100
 
 #: publishes one slot of one entry; False when the broker refused it
 Send = Callable[[str, datetime], bool]
-
-
-class ChunkSend(Protocol):
-    """Sends a chunk's granted slots at once; may hand their broker commands to the claim."""
-
-    def prepare(self, slots: Sequence[tuple[str, datetime]]) -> Sequence[tuple[Any, ...] | None]:
-        """Per slot, broker commands the claim runs if it grants the slot, or None."""
-
-    def enqueued(self, slots: Sequence[tuple[str, datetime]]) -> None:
-        """These slots were granted and enqueued by the claim itself."""
-
-    def send_many(self, slots: Sequence[tuple[str, datetime]],
-                  may_send: Callable[[], bool]) -> list[bool]:
-        """Publish these granted slots; True for each one the broker accepted.
-
-        ``may_send`` is asked again just before anything reaches the broker. A
-        shorter answer means it stopped because it said no (the lease can no
-        longer be confirmed): the rest are recorded unsent ("lease expired").
-        """
 
 
 class _OneByOne:

@@ -54,7 +54,7 @@ class Node:
     #: dynamic entry -> the slot state its slots count from (see :mod:`dynamic_schedule`)
     anchors: Callable[[], Mapping[str, SlotState]] = dict
     exact: Callable[[], Collection[str]] = tuple  # dynamic entries anchored before any state
-    #: a chunk sender (``batch.ChunkSend``) under an epoch; None: ``send``, one slot at a time
+    #: a chunk sender (``send.base.ChunkSend``) under an epoch; None: ``send``, one slot at a time
     sender: Callable[[int], Any] | None = None
 
     @property

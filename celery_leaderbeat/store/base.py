@@ -43,7 +43,7 @@ exceptions to :data:`STORE_ERRORS`. ``tests/test_store_contract.py`` holds what 
 store must pass.
 
 One capability is the Redis store's alone, and optional: **claim and enqueue in one
-step** (``roles/enqueue.py``). When the broker is the store's own Redis server and
+step** (``send/one_step.py``). When the broker is the store's own Redis server and
 database, the claim script runs the broker's commands (``ClaimItem.enqueue``) for
 exactly the slots it grants. A store declares it by being a :class:`OneStepEnqueue`
 (its ``client``: the Redis client the enqueuer compares with the broker's); elsewhere

@@ -40,7 +40,7 @@ class Registration:
         """``following_since``: since when (epoch seconds) this node has followed the
         schedule without a break; a new leader treats slots due after the earliest such
         moment of any live node as on time (a standby could have rescued them).
-        ``send_path``: how this node sends a chunk (``one_step``, or ``batched: why``),
+        ``send_path``: how this node sends a chunk (``one_step``, ``single_write``, or ``plain: why``),
         None before its first chunk; shown by ``nodes`` and ``status``."""
         self._at = time.monotonic()
         previous, self._written = self._written, time.time()

@@ -46,9 +46,9 @@ import celery_leaderbeat.integrations.guard as guard_module
 import celery_leaderbeat.roles.lease as lease_module
 import celery_leaderbeat.scheduler as scheduler_module
 from celery_leaderbeat.config import Config
-from celery_leaderbeat.roles.enqueue import Enqueuer
 from celery_leaderbeat.roles.standby import Standby
 from celery_leaderbeat.scheduler import LEADER, Scheduler
+from celery_leaderbeat.send.sender import Enqueuer
 from celery_leaderbeat.store.events import RELEASED
 from celery_leaderbeat.store.keys import Keys
 from celery_leaderbeat.store.redis_store import RedisStore, redis_store
@@ -208,7 +208,7 @@ class Sim:
         # through ``Enqueuer.publish_one``. ``enqueue.publish`` is left alone: there it
         # builds a message into a capturing producer (nothing is sent), and a recorder in
         # its place would count every message built (in idle time too) as published
-        for name in ("celery_leaderbeat.integrations.sending", "celery_leaderbeat.roles.publish"):
+        for name in ("celery_leaderbeat.integrations.sending", "celery_leaderbeat.send.plain"):
             module = sys.modules.get(name) or importlib.import_module(name)
             monkeypatch.setattr(module, "publish", self._publish)
         sim = self

@@ -13,15 +13,20 @@ was kept is written at the end in one ``transport.write``.
 Nothing of a chunk counts as sent before that write returned: a failed write
 raises (the whole chunk is recorded unsent, as a failed kombu batch is), and
 an exception raised inside discards what was kept. Where anything is not as
-expected (a client library other than py-amqp, no settable frame writer,
-publisher confirms, which wait for each message's answer, a connection not
-made yet) messages are written one by one, as before.
+expected (a client library other than py-amqp or a py-amqp outside
+:data:`AMQP_RANGE`, no settable frame writer, publisher confirms, which wait
+for each message's answer, a connection not made yet) messages are written one
+by one, on the plain path; :func:`single_write_problem` says why at start-up.
 """
 
 from __future__ import annotations
 
 from types import TracebackType
 from typing import Any
+
+#: the py-amqp releases whose frame writer (``method_framing.frame_writer``, the settable
+#: ``Connection.frame_writer``) this was tested with: >=5.4,<5.5; outside it one write a message
+AMQP_RANGE = ((5, 4), (5, 5))
 
 
 class _Kept:
@@ -34,12 +39,43 @@ class _Kept:
         self.parts.append(bytes(data))  # a view of the writer's own buffer, reused: copied
 
 
-def _client(producer: Any) -> Any:
+def _dotted(version: tuple[int, ...]) -> str:
+    return ".".join(str(v) for v in version)
+
+
+def amqp_known() -> bool:
+    """Whether the installed py-amqp is in :data:`AMQP_RANGE` (False: not installed)."""
+    try:
+        import amqp
+    except ImportError:
+        return False
+    low, high = AMQP_RANGE
+    return low <= tuple(amqp.version_info[:2]) < high
+
+
+def single_write_problem(app: Any) -> str | None:
+    """Why ``app``'s chunks cannot go out in one write on py-amqp; None when they can."""
+    try:
+        import amqp
+    except ImportError:
+        return "py-amqp is not installed"
+    low, high = AMQP_RANGE
+    if not amqp_known():
+        return (f"py-amqp {amqp.__version__} (the frame writer is known for py-amqp "
+                f">={_dotted(low)},<{_dotted(high)})")
+    if (app.conf.broker_transport_options or {}).get("confirm_publish"):
+        return "publisher confirms are on (each message waits for its answer)"
+    return None
+
+
+def gatherable(producer: Any) -> Any:
     """The py-amqp connection under ``producer`` when its frames can be gathered, else None."""
     try:
         import amqp
         from amqp import method_framing
     except ImportError:
+        return None
+    if not amqp_known():
         return None
     kombu_conn = getattr(producer, "__connection__", None)  # set by Producer.revive
     if kombu_conn is None or not kombu_conn.connected:  # never connect from here
@@ -62,8 +98,9 @@ class Gathered:
     (set ``gathered.at`` to a slot's index before publishing it).
     """
 
-    def __init__(self, producer: Any) -> None:
+    def __init__(self, producer: Any, *, enabled: bool = True) -> None:
         self.producer = producer
+        self.enabled = enabled
         self.client: Any = None
         self.active = False
         self.at = 0  # the index of the slot being published
@@ -72,7 +109,7 @@ class Gathered:
         self._failed: BaseException | None = None
 
     def __enter__(self) -> Gathered:  # noqa: PYI034 - typing.Self is Python 3.11+
-        client = _client(self.producer)
+        client = gatherable(self.producer) if self.enabled else None
         if client is None:
             return self
         from amqp import method_framing, spec

@@ -191,7 +191,8 @@ class Messages:
     """
 
     def __init__(self, scheduler: Any, capture: Callable[[Any, datetime, int, str], Captured],
-                 channel: Callable[[], Any], routes: Routes | None = None) -> None:
+                 channel: Callable[[], Any], routes: Routes | None = None, *,
+                 templates: bool = True) -> None:
         self.scheduler = scheduler
         self.app = scheduler.app
         self.capture = capture
@@ -213,7 +214,7 @@ class Messages:
             self._repr_levels["maxlevels"] = self.app.conf.task_repr_maxlevels
         except AttributeError:
             pass
-        self.problem = self._app_problem()
+        self.problem = self._app_problem() if templates else "templates are turned off"
         if self.problem:
             logger.info("leaderbeat: every message is built by apply_async (%s)", self.problem)
 

@@ -4,7 +4,7 @@ kombu's Redis transport reads an exchange's bindings (the set
 ``_kombu.binding.<exchange>``) at every publish, so a queue bound later (a
 worker started with a new ``-Q``, a second queue bound to a direct exchange)
 receives the next message. A message built from a kept shape
-(:mod:`.messages`) is routed the same way: its queues are looked up when it is
+(:mod:`.templates`) is routed the same way: its queues are looked up when it is
 sent, with kombu's own exchange types, from bindings read once per batch (one
 ``SMEMBERS`` per exchange a batch's messages go through, none for Celery's usual
 route to a queue by name; a burst is one or two batches, a tick's sends one): a
@@ -13,7 +13,7 @@ up once per batch too. Only direct and topic exchanges are routed here; a
 fanout's ``PUBLISH`` (and any other exchange type) goes through kombu itself.
 This uses parts of kombu's Redis channel that are not public API; it runs only
 on the kombu releases the Redis form of messages is used with
-(``enqueue.KOMBU_RANGE``).
+(``one_step.KOMBU_RANGE``).
 """
 
 from __future__ import annotations

@@ -1,11 +1,12 @@
-"""Sending slots: a deterministic task id and the leaderbeat headers, one or a chunk at a time.
+"""The plain path, the reference: Celery builds each message, kombu sends the chunk.
 
 Every message is built by Celery itself (``apply_async`` / ``send_task``), so
 task routes, queues, priorities, ``global_keyprefix`` and Celery's
 ``before_task_publish`` / ``after_task_publish`` signals behave as in stock
-beat. A chunk of messages goes out through kombu's own batching
-(``Producer.batch()``, kombu 5.7) where the installed kombu and the transport
-have it; otherwise one publish per message.
+beat, with a deterministic task id and the leaderbeat headers added. A chunk
+of messages goes out through kombu's own batching (``Producer.batch()``,
+kombu 5.7) where the installed kombu and the transport have it; otherwise one
+publish per message. The optimisations (:mod:`.sender`) answer as this does.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from celery.beat import BeatLazyFunc
 from kombu.messaging import Producer
 
 from ..timing.slots import slot_id
-from .frames import Gathered
+from .single_write import Gathered
 
 logger = logging.getLogger(__name__)
 
@@ -123,7 +124,8 @@ class _Stopped(Exception):
 def send_many(scheduler: Any, slots: Sequence[tuple[Any, datetime, str]], epoch: int,
               producer: Any = None, may_send: Callable[[], bool] = lambda: True,
               say: Callable[[Any, datetime], None] = lambda entry, slot: None,
-              publish_one: Callable[[Any, datetime, str, Any], None] | None = None) -> list[bool]:
+              publish_one: Callable[[Any, datetime, str, Any], None] | None = None,
+              gather: bool = False) -> list[bool]:
     """Publish several slots (entry, slot, overlap) in one batch; True for each one sent.
 
     ``say`` is called before each message is built (the scheduler's INFO line).
@@ -136,15 +138,15 @@ def send_many(scheduler: Any, slots: Sequence[tuple[Any, datetime, str]], epoch:
     failed flush answers False for every message of the batch (kombu cannot
     tell which ones Redis ran: "delivery is uncertain", so they are recorded
     unsent, the way a failed publish is). On py-amqp the chunk's publish frames
-    are written in one socket write at the end (:class:`~.frames.Gathered`), with
-    the same rules as a batch.
+    may be written in one socket write at the end (``gather``, the single write:
+    :class:`~.single_write.Gathered`), with the same rules as a batch.
     """
     ok = [False] * len(slots)
     try:
         if callable(producer):  # made on first use: connecting can fail like a publish
             producer = producer()
         producer = producer if producer is not None else scheduler.producer
-        with batched(producer), Gathered(producer) as gathered:
+        with batched(producer), Gathered(producer, enabled=gather) as gathered:
             # kombu's batch or gathered frames: nothing reaches the broker before the end
             deferred = batches(producer) or gathered.active
             for i, (entry, slot, overlap) in enumerate(slots):
