@@ -3,7 +3,7 @@
     python bench/django_storm.py [--out bench/results/django_storm.jsonl]
 
 A Django site on PostgreSQL (tests/support/djangosite, its own database) with
-django-celery-beat behind the gate, 5,000 rows (4,000 every 60 s, 900 crontab every
+django-celery-beat wrapped by leaderbeat, 5,000 rows (4,000 every 60 s, 900 crontab every
 minute or every five, 100 every 10 s, and one every second as a heartbeat), three
 beats, a Redis broker. After two healthy 4,000-row bursts, an edit storm from the
 ORM in 20 s: 300 rows disabled, 300 re-enabled (disabled before the second burst),

@@ -73,7 +73,7 @@ def shares(stats: pstats.Stats) -> dict[str, float]:
                                and k[2] in ("run_batch", "<listcomp>", "<setcomp>")),
         "after the grant (enqueued)": cum("send/chunk.py", "enqueued"),
         "planning (pop_due)": cum("roles/agenda.py", "pop_due"),
-        "send lines": cum("integrations/sending.py", "_say_sending_chunk"),
+        "send lines": cum("integrations/sending.py", "say_sending_chunk"),
         "routing at send (--topic)": cum("send/routing.py", "commands"),
     }
 

@@ -61,7 +61,7 @@ def prepared(scheduler: Scheduler, count: int, timeout: float = 600.0) -> None:
         delay = scheduler.tick()
         dynamic = sum(1 for e in scheduler.schedule.values()
                       if getattr(e, "leaderbeat_source", None) == "dynamic")
-        epoch = scheduler._node.lease.epoch if scheduler._node else None
+        epoch = scheduler._shared.lease.epoch if scheduler._shared else None
         if (scheduler.role == LEADER and dynamic == count
                 and scheduler._warmed == (scheduler._schedule_version, epoch)):
             return

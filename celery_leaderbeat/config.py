@@ -78,33 +78,33 @@ def overlap_policy(value: Any) -> str | None:
 
 @dataclass(frozen=True)
 class Config:
-    """The validated settings of one beat process."""
+    """The validated settings of one beat process (their defaults: :data:`DEFAULTS`)."""
 
     redis_url: str
     key_prefix: str
     node_id: str
-    redis_options: Mapping[str, Any] = field(default_factory=dict)
-    lease_ttl: float = 10.0
-    renew_interval: float = 10.0 / 3
-    standby_poll: float = 1.0
-    catchup: str = "latest"
-    catchup_window: float | None = None
-    max_catchup: int = 100
-    recover_unsent: bool = False
-    redis_down_policy: str = "pause"
-    degraded_max_seconds: float = 60.0
-    max_clock_skew: float = 2.0
-    history_length: int = 10_000
-    min_replicas: int = 0
-    rescue_after: float = 2.0
-    guard: bool = False
-    guard_expires: float = 7200.0
-    overlap: str = "allow_all"
-    metrics_port: int | None = None
+    redis_options: Mapping[str, Any]
+    lease_ttl: float
+    renew_interval: float
+    standby_poll: float
+    catchup: str
+    catchup_window: float | None
+    max_catchup: int
+    recover_unsent: bool
+    redis_down_policy: str
+    degraded_max_seconds: float
+    max_clock_skew: float
+    history_length: int
+    min_replicas: int
+    rescue_after: float
+    guard: bool
+    guard_expires: float
+    overlap: str
+    metrics_port: int | None
     #: the Scheduler class the lease and claims are put around (None: our own schedule)
-    base_scheduler: type | None = None
+    base_scheduler: type | None
     #: claim and enqueue in one step where the broker is leaderbeat's Redis
-    atomic_enqueue: bool = True
+    atomic_enqueue: bool
     #: Celery's ``beat_cron_starting_deadline``: the catch-up window of crontab entries
     cron_starting_deadline: float | None = None
     #: start-up warnings (Celery settings this scheduler does not use, a newer Celery)
@@ -168,32 +168,18 @@ class Config:
         node_id = v.check("node_id", raw.get("node_id"),
                           lambda x: isinstance(x, str) and bool(x) and "|" not in x,
                           "must be a non-empty string without '|'")
-        ttl = v.number("lease_ttl", raw.get("lease_ttl"), minimum=1.0)
-        renew = raw.get("renew_interval")
-        if renew is None and ttl is not None:
-            renew = ttl / 3
-        renew = v.number("renew_interval", renew, minimum=0.1)
-        if ttl is not None and renew is not None and not ttl > 2 * renew:
-            problems.append(f"leaderbeat_lease_ttl={ttl!r} must be more than "
-                            f"2 × leaderbeat_renew_interval ({renew!r})")
-        poll = v.number("standby_poll", raw.get("standby_poll"), minimum=0.05)
-        if ttl is not None and poll is not None and poll > ttl:
-            problems.append(f"leaderbeat_standby_poll={poll!r} must not exceed "
-                            f"leaderbeat_lease_ttl ({ttl!r})")
+        ttl, renew, poll = _lease_timing(v, raw)
         catchup, window, max_catchup = (raw.get("catchup"), raw.get("catchup_window"),
                                         raw.get("max_catchup"))
         problems += catchup_problems(catchup, window, max_catchup,
                                      named=lambda key: f"leaderbeat_{key}")
         window = _seconds(window)
-        guard = v.check("guard", raw.get("guard"), lambda x: isinstance(x, bool),
-                        "must be True or False")
+        guard = v.flag("guard", raw.get("guard"))
         recover = raw.get("recover_unsent")
         if recover is None:
             recover = guard is True  # the guard makes re-sending safe: each slot runs once
-        recover = v.check("recover_unsent", recover, lambda x: isinstance(x, bool),
-                          "must be True or False")
-        atomic = v.check("atomic_enqueue", raw.get("atomic_enqueue"),
-                         lambda x: isinstance(x, bool), "must be True or False")
+        recover = v.flag("recover_unsent", recover)
+        atomic = v.flag("atomic_enqueue", raw.get("atomic_enqueue"))
         guard_expires = v.number("guard_expires", raw.get("guard_expires"), minimum=60.0)
         overlap = overlap_policy(v.check("overlap", raw.get("overlap"),
                                          lambda x: overlap_policy(x) is not None, OVERLAP_RULE))
@@ -202,25 +188,10 @@ class Config:
                        f"must be one of {', '.join(REDIS_DOWN_POLICIES)}")
         degraded = v.number("degraded_max_seconds", raw.get("degraded_max_seconds"), minimum=0.0)
         skew = v.number("max_clock_skew", raw.get("max_clock_skew"), minimum=0.0)
-        history = v.check("history_length", raw.get("history_length"),
-                          lambda x: isinstance(x, int) and not isinstance(x, bool) and x >= 100,
-                          "must be an integer of at least 100")
-        replicas = v.check("min_replicas", raw.get("min_replicas"),
-                           lambda x: isinstance(x, int) and not isinstance(x, bool) and x >= 0,
-                           "must be an integer of at least 0")
+        history = v.integer("history_length", raw.get("history_length"), minimum=100)
+        replicas = v.integer("min_replicas", raw.get("min_replicas"), minimum=0)
         rescue = v.number("rescue_after", raw.get("rescue_after"), minimum=0.5)
-        metrics_port = raw.get("metrics_port")
-        env_port = os.environ.get("LEADERBEAT_METRICS_PORT")
-        if env_port:
-            metrics_port = int(env_port) if env_port.isdigit() else env_port
-        if metrics_port is not None:
-            named = "LEADERBEAT_METRICS_PORT" if env_port else "leaderbeat_metrics_port"
-            if (isinstance(metrics_port, bool) or not isinstance(metrics_port, int)
-                    or not 0 < metrics_port < 65536):
-                problems.append(f"{named}={metrics_port!r} must be a TCP port (1-65535)")
-            elif importlib.util.find_spec("prometheus_client") is None:
-                problems.append(f"{named}={metrics_port!r} needs prometheus-client: "
-                                "pip install 'celery-leaderbeat[metrics]'")
+        metrics_port = _metrics_port(raw.get("metrics_port"), problems)
         base = _base_scheduler(raw.get("base_scheduler"), problems)
         if replicas and isinstance(url, str) and "+cluster" in url:
             problems.append(f"leaderbeat_min_replicas={replicas!r} is not supported with Redis "
@@ -228,7 +199,8 @@ class Config:
         if problems:
             raise ConfigurationError(problems)
         assert ttl is not None and renew is not None and poll is not None
-        assert degraded is not None and skew is not None
+        assert degraded is not None and skew is not None and rescue is not None
+        assert guard_expires is not None
         return cls(
             redis_url=url, key_prefix=prefix, node_id=node_id, redis_options=dict(options),
             lease_ttl=float(ttl), renew_interval=float(renew), standby_poll=float(poll),
@@ -236,15 +208,51 @@ class Config:
             max_catchup=max_catchup,  # type: ignore[arg-type]  # checked above
             recover_unsent=recover, redis_down_policy=down,
             degraded_max_seconds=float(degraded), max_clock_skew=float(skew),
-            history_length=history, min_replicas=replicas, rescue_after=float(rescue or DEFAULTS["rescue_after"]),
-            guard=guard, guard_expires=float(guard_expires or DEFAULTS["guard_expires"]),
-            overlap=overlap or str(DEFAULTS["overlap"]), metrics_port=metrics_port,
+            history_length=history, min_replicas=replicas, rescue_after=float(rescue),
+            guard=guard, guard_expires=float(guard_expires),
+            overlap=str(overlap), metrics_port=metrics_port,
             base_scheduler=base, atomic_enqueue=atomic,
         )
 
 
 #: start-up warnings already logged by this process
 _SAID: set[str] = set()
+
+
+def _lease_timing(v: _Validator, raw: Mapping[str, Any]) -> tuple[Any, Any, Any]:
+    """``lease_ttl``, ``renew_interval`` (a third of the ttl unless given) and
+    ``standby_poll``, checked alone and against each other (None: a problem said)."""
+    problems = v.problems
+    ttl = v.number("lease_ttl", raw.get("lease_ttl"), minimum=1.0)
+    renew = raw.get("renew_interval")
+    if renew is None and ttl is not None:
+        renew = ttl / 3
+    renew = v.number("renew_interval", renew, minimum=0.1)
+    if ttl is not None and renew is not None and not ttl > 2 * renew:
+        problems.append(f"leaderbeat_lease_ttl={ttl!r} must be more than "
+                        f"2 × leaderbeat_renew_interval ({renew!r})")
+    poll = v.number("standby_poll", raw.get("standby_poll"), minimum=0.05)
+    if ttl is not None and poll is not None and poll > ttl:
+        problems.append(f"leaderbeat_standby_poll={poll!r} must not exceed "
+                        f"leaderbeat_lease_ttl ({ttl!r})")
+    return ttl, renew, poll
+
+
+def _metrics_port(setting: Any, problems: list[str]) -> Any:
+    """The metrics port: ``LEADERBEAT_METRICS_PORT`` in the environment wins over the
+    setting (two beats on one host need two ports from one settings module)."""
+    port = setting
+    env_port = os.environ.get("LEADERBEAT_METRICS_PORT")
+    if env_port:
+        port = int(env_port) if env_port.isdigit() else env_port
+    if port is not None:
+        named = "LEADERBEAT_METRICS_PORT" if env_port else "leaderbeat_metrics_port"
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+            problems.append(f"{named}={port!r} must be a TCP port (1-65535)")
+        elif importlib.util.find_spec("prometheus_client") is None:
+            problems.append(f"{named}={port!r} needs prometheus-client: "
+                            "pip install 'celery-leaderbeat[metrics]'")
+    return port
 
 
 def _cron_starting_deadline(conf: Any, problems: list[str]) -> float | None:
@@ -335,6 +343,14 @@ class _Validator:
             self.problems.append(f"leaderbeat_{name}={value!r} {rule}")
         return value
 
+    def flag(self, name: str, value: Any) -> Any:
+        return self.check(name, value, lambda x: isinstance(x, bool), "must be True or False")
+
+    def integer(self, name: str, value: Any, *, minimum: int) -> Any:
+        return self.check(name, value,
+                          lambda x: isinstance(x, int) and not isinstance(x, bool) and x >= minimum,
+                          f"must be an integer of at least {minimum}")
+
     def number(self, name: str, value: Any, *, minimum: float) -> float | None:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             self.problems.append(f"leaderbeat_{name}={value!r} must be a number of seconds")
@@ -377,7 +393,7 @@ def resolve_base(value: Any) -> type | None:
     if getattr(cls, "leaderbeat_scheduler", False):  # set on celery_leaderbeat.Scheduler
         raise ConfigurationError(
             f"{setting}={value!r} is celery_leaderbeat.Scheduler itself: name the scheduler "
-            "it gates, e.g. 'django_celery_beat.schedulers:DatabaseScheduler'")
+            "it wraps, e.g. 'django_celery_beat.schedulers:DatabaseScheduler'")
     return cls
 
 

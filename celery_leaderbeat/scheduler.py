@@ -9,7 +9,7 @@ keeps only what Celery calls and the per-process Redis client; the rest of the
 class is in :mod:`celery_leaderbeat.integrations`: the schedule and its
 versions (``schedule``), sending (``sending``), Redis and clock trouble
 (``trouble``), the role changes and Celery's lifecycle traps (``lifecycle``),
-and the gate around another scheduler class (``gate``).
+and the wrapper around another scheduler class (``wrap``).
 """
 
 from __future__ import annotations
@@ -26,27 +26,27 @@ from celery import beat
 from .config import Config
 from .entries import EntryOptions
 from .errors import LeaseLostError, NotReplicatedError, RolledBackError
-from .integrations.gate import GateMixin
 from .integrations.lifecycle import LEADER, STANDBY, Lifecycle, _collector_paused
 from .integrations.schedule import ScheduleState
 from .integrations.sending import Sending
 from .integrations.trouble import Trouble
+from .integrations.wrap import WrapMixin
 from .ops.health import Health
 from .ops.telemetry import Telemetry
 from .roles.dynamic_schedule import DynamicSchedule
 from .roles.leader import Leader, Resign
 from .roles.lease import LeaseView
-from .roles.node import Node
+from .roles.shared import Shared
 from .roles.standby import Standby
 from .send.sender import Enqueuer
 from .store.base import STORE_ERRORS, STORE_REFUSED, SlotStore
 from .store.connection import describe
 from .store.keys import Keys
-from .store.ledger import Event
 from .store.redis_store import connect
 from .store.registry import Registration
+from .store.types import Event
 
-__all__ = ["LEADER", "STANDBY", "Scheduler", "gate_class"]
+__all__ = ["LEADER", "STANDBY", "Scheduler", "gate_class", "wrap_class"]
 
 logger = logging.getLogger(__name__)
 
@@ -55,11 +55,14 @@ class Scheduler(ScheduleState, Sending, Trouble, Lifecycle, beat.Scheduler):
     """Highly available beat scheduler: run it on any number of nodes.
 
     With ``leaderbeat_base_scheduler`` set, constructing this class gives an
-    instance of that scheduler class behind the gate (:mod:`celery_leaderbeat.integrations.gate`).
+    instance of that scheduler class wrapped (:mod:`celery_leaderbeat.integrations.wrap`).
     """
 
     #: marks leaderbeat's own class, which no ``leaderbeat_base_scheduler`` may name
     leaderbeat_scheduler = True
+    #: slots go out a chunk at a time (:meth:`chunk_sender`); a wrapped base scheduler
+    #: sends them one by one, through its own entries and bookkeeping
+    sends_chunks = True
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         made = cls
@@ -67,7 +70,7 @@ class Scheduler(ScheduleState, Sending, Trouble, Lifecycle, beat.Scheduler):
             app = kwargs.get("app", args[0] if args else None)
             base = Config.from_app(app).base_scheduler if app is not None else None
             if base is not None:
-                made = gate_class(base)
+                made = wrap_class(base)
         return super().__new__(made)
 
     def __init__(self, app: Any, *args: Any, lazy: bool = False, **kwargs: Any) -> None:
@@ -76,7 +79,7 @@ class Scheduler(ScheduleState, Sending, Trouble, Lifecycle, beat.Scheduler):
         self._entry_options: dict[str, EntryOptions] = {}
         self._schedule_version = 0
         self._pid: int | None = None
-        self._node: Node | None = None
+        self._shared: Shared | None = None
         self._enqueuer: Enqueuer | None = None
         self._leader: Leader | None = None
         self._standby: Standby | None = None
@@ -112,9 +115,9 @@ class Scheduler(ScheduleState, Sending, Trouble, Lifecycle, beat.Scheduler):
         return self._leader
 
     @property
-    def standing_by(self) -> Standby | None:
-        """The standby room (it exists once the process has connected)."""
-        return self._standby
+    def enqueuer(self) -> Enqueuer | None:
+        """What this process sends its chunks through (None before its first chunk)."""
+        return self._enqueuer
 
     @property
     def lease(self) -> LeaseView:
@@ -124,10 +127,11 @@ class Scheduler(ScheduleState, Sending, Trouble, Lifecycle, beat.Scheduler):
     def ledger(self) -> SlotStore:
         return self._connect().ledger
 
-    def _connect(self) -> Node:
-        """This process's store and parts (made again after a ``worker -B`` fork)."""
-        if self._pid == os.getpid() and self._node is not None:
-            return self._node
+    def _connect(self) -> Shared:
+        """What this process's roles share: its store, this scheduler as their Celery side
+        (made again after a ``worker -B`` fork)."""
+        if self._pid == os.getpid() and self._shared is not None:
+            return self._shared
         self._pid = os.getpid()
         config = self.lb_config
         store = connect(config)
@@ -141,34 +145,36 @@ class Scheduler(ScheduleState, Sending, Trouble, Lifecycle, beat.Scheduler):
         self._telemetry.metrics.overlap_from(store.guard.decisions)
         lease = LeaseView(store.lease, config)
         lease.on_renew = lambda seconds: self._telemetry.metrics.renewed(seconds)
-        self._node = Node(config=config, keys=self.keys, store=store, lease=lease,
-                          ledger=store.ledger,
-                          send=self._send_slot, schedule=self._slot_entries,
-                          options=lambda: self._entry_options, tz=self.app.timezone,
-                          max_interval=lambda: float(self.max_interval),
-                          wake_by=lambda: self._wake_by, observe=self._observe,
-                          progress=self._progress, changed_since=self._changed_since,
-                          # a gated base scheduler sends slot by slot, through its own
-                          # entries and bookkeeping (``gate.py``)
-                          sender=self._chunk_sender
-                          if type(self)._send_slot is Sending._send_slot else None)
+        shared = self._shared = Shared(config=config, keys=self.keys, store=store, lease=lease,
+                                       ledger=store.ledger, celery=self)
         self._enqueuer = None  # made again in this process, on the first batch
         self._dynamic = self._follow_dynamic(store.entries)
-        if self._dynamic is not None:
-            self._node.anchors = lambda: self._dynamic.anchors if self._dynamic else {}
-            self._node.exact = lambda: self._dynamic.exact if self._dynamic else ()
-        lease.on_generation = self._node.ledger.observe_generation
+        lease.on_generation = shared.ledger.observe_generation
         self._leader = None
-        self._standby = Standby(self._node)
-        return self._node
+        self._standby = Standby(shared)
+        return shared
 
-    def _progress(self) -> None:
+    # -- the Celery side, as the roles see it (roles/port.py) ------------------------------
+
+    def chunk_sender(self, epoch: int) -> Any | None:
+        """A batch's sender under ``epoch``: claim and enqueue in one step where exact,
+        else kombu batches; None where slots go one by one (:attr:`sends_chunks`)."""
+        return self._chunk_sender(epoch) if self.sends_chunks else None
+
+    def loop_interval(self) -> float:
+        return float(self.max_interval)
+
+    def wake_by(self) -> float:
+        return self._wake_by
+
+    def progress(self) -> None:
         """A long batch moved on: the heartbeat gives the loop another ttl."""
         self._wake_by = time.monotonic()
 
-    def _observe(self, events: Sequence[Event]) -> None:
+    def observe(self, events: Sequence[Event]) -> None:
+        """What became of slots: signals and metrics."""
         self._telemetry.slots(events, len(self.schedule),
-                              lambda: self._node.lease.epoch if self._node else None)
+                              lambda: self._shared.lease.epoch if self._shared else None)
         if self._labels_version != self._schedule_version:  # a removed entry's series go
             self._labels_version = self._schedule_version
             self._telemetry.metrics.keep_entries(self.schedule)
@@ -201,8 +207,8 @@ class Scheduler(ScheduleState, Sending, Trouble, Lifecycle, beat.Scheduler):
                 delay = 0.0
             else:
                 delay = self._leader.tick(self._schedule_version)
-                if self._node is not None and self._node.sender is not None:
-                    delay = self._warm(delay, self._node.lease.epoch or 0)
+                if self.sends_chunks:
+                    delay = self._warm(delay, node.lease.epoch or 0)
             self._refresh_registration()
         except Resign as exc:
             self._step_down(str(exc), release=exc.release)
@@ -234,8 +240,12 @@ class Scheduler(ScheduleState, Sending, Trouble, Lifecycle, beat.Scheduler):
 
 
 @functools.cache
-def gate_class(base: type) -> type:
-    """``LeaderbeatGate<Base>(GateMixin, Scheduler, Base)``, built once per base class."""
-    name = f"LeaderbeatGate{base.__name__}"
-    return type(name, (GateMixin, Scheduler, base), {"__module__": __name__, "__qualname__": name,
-                                                     "gated": base})
+def wrap_class(base: type) -> type:
+    """``Leaderbeat<Base>(WrapMixin, Scheduler, Base)``, built once per base class."""
+    name = f"Leaderbeat{base.__name__}"
+    return type(name, (WrapMixin, Scheduler, base), {"__module__": __name__, "__qualname__": name,
+                                                     "wrapped": base})
+
+
+#: ``wrap_class`` under the name this module has exported since the setting came
+gate_class = wrap_class

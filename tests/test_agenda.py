@@ -11,21 +11,15 @@ from celery.schedules import crontab, schedule
 from celery_leaderbeat.entries import EntryOptions
 from celery_leaderbeat.roles.agenda import (
     Agenda,
+    Known,
+    Reading,
     Unsent,
     adopt_refused_anchors,
     load,
     margin_slots,
 )
 from celery_leaderbeat.roles.batch import chunks, missed_events
-from celery_leaderbeat.store.ledger import (
-    CLAIMED,
-    SENT,
-    SKIPPED,
-    UNSENT,
-    ClaimItem,
-    Op,
-    SlotState,
-)
+from celery_leaderbeat.store.types import ClaimItem, Code, Op, Refused, SlotState, SlotStatus
 from celery_leaderbeat.timing.policy import CatchupPolicy
 from celery_leaderbeat.timing.slots import clock_for, to_ms
 
@@ -43,7 +37,7 @@ def at(seconds: float) -> datetime:
     return T0 + timedelta(seconds=seconds)
 
 
-def stored(seconds: float, epoch: int = 1, state: str = SENT) -> SlotState:
+def stored(seconds: float, epoch: int = 1, state: SlotStatus = SlotStatus.SENT) -> SlotState:
     return SlotState(to_ms(at(seconds)), epoch, state)
 
 
@@ -54,8 +48,9 @@ def claimed(due) -> list[list[tuple[str, datetime, str]]]:
 
 def load_at(now: datetime, entries: dict, states: dict | None = None, *, epoch: int = 2,
             options: dict | None = None):
-    return load(entries, states or {}, start=now, tz=UTC, options=options or {},
-                default=LATEST, epoch=epoch)
+    return load(entries, states or {}, start=now,
+                reading=Reading(tz=UTC, options=options or {}, default=LATEST),
+                known=Known(epoch=epoch))
 
 
 def test_an_entry_with_no_stored_slot_is_anchored_at_now_and_fires_one_interval_later():
@@ -75,9 +70,11 @@ def test_an_entry_with_a_stored_slot_continues_from_it_without_an_anchor():
 
 def test_claimed_and_unsent_slots_of_an_earlier_epoch_are_unsent_only_claimed_ones_unreported():
     entries = {n: every(10) for n in ("claimed", "reported", "sent", "skipped", "mine")}
-    states = {"claimed": stored(10, 1, CLAIMED), "reported": stored(20, 1, UNSENT),
-              "sent": stored(30, 1, SENT), "skipped": stored(40, 1, SKIPPED),
-              "mine": stored(50, 2, CLAIMED)}
+    states = {"claimed": stored(10, 1, SlotStatus.CLAIMED),
+              "reported": stored(20, 1, SlotStatus.UNSENT),
+              "sent": stored(30, 1, SlotStatus.SENT),
+              "skipped": stored(40, 1, SlotStatus.SKIPPED),
+              "mine": stored(50, 2, SlotStatus.CLAIMED)}
     loaded = load_at(at(60), entries, states, epoch=2)
     assert loaded.unsent == [Unsent("claimed", at(10), True), Unsent("reported", at(20), False)]
 
@@ -91,7 +88,7 @@ def test_an_entry_uses_its_own_options_and_the_others_the_default():
 
 def test_a_refused_anchor_starts_the_entry_from_the_slot_that_refused_it():
     loaded = load_at(at(100), {"a": every(10), "b": every(10)})
-    adopt_refused_anchors(loaded, [stored(95), None])
+    adopt_refused_anchors(loaded, [Refused(stored(95), "already claimed"), Code.GRANTED])
     assert (loaded.tracked["a"].last, loaded.tracked["a"].next_fire) == (at(95), at(105))
     assert (loaded.tracked["b"].last, loaded.tracked["b"].next_fire) == (at(100), at(110))
 

@@ -10,15 +10,16 @@ from celery.schedules import schedule
 
 from celery_leaderbeat.config import Config
 from celery_leaderbeat.entries import EntryOptions
-from celery_leaderbeat.roles.agenda import Agenda, load
+from celery_leaderbeat.roles.agenda import Agenda, Known, Reading, load
 from celery_leaderbeat.roles.batch import LeaderGate, RescueGate, run_batch
 from celery_leaderbeat.roles.lease import LeaseView
 from celery_leaderbeat.store.keys import Keys
 from celery_leaderbeat.store.lease import Lease
-from celery_leaderbeat.store.ledger import ClaimItem, Ledger, Op, SlotState
+from celery_leaderbeat.store.ledger import Ledger
 from celery_leaderbeat.store.memory import MemoryStore
 from celery_leaderbeat.store.memory_state import MemoryState
 from celery_leaderbeat.store.scripts import Scripts
+from celery_leaderbeat.store.types import ClaimItem, Code, Op, Refused, SlotState, SlotStatus
 from celery_leaderbeat.timing.policy import CatchupPolicy
 from celery_leaderbeat.timing.slots import to_ms
 
@@ -84,18 +85,18 @@ def test_a_rescue_waits_until_redis_time_says_the_slot_is_rescue_after_late(node
     now = store_ms()
     # a standby whose clock runs fast asks for a slot that, by Redis, is only 1 s late
     early = standby.ledger.rescue([rescue_item("e", now - 1000)])
-    assert early.results == ["early"]
+    assert early.results == [Code.EARLY]
     assert early.redis_now_ms >= now
     late = standby.ledger.rescue([rescue_item("e", now - 2100)])
-    assert late.results == [None]
+    assert late.results == [Code.GRANTED]
     stored = standby.ledger.load()["e"]
-    assert (stored.slot_ms, stored.epoch, stored.state, stored.node) == (now - 2100, 0, "c",
-                                                                         "standby")
+    assert (stored.slot_ms, stored.epoch, stored.state, stored.node) == (
+        now - 2100, 0, SlotStatus.CLAIMED, "standby")
 
 
 def test_a_standby_never_rescues_an_entry_whose_phase_it_cannot_know(node, store_ms):
     now = store_ms()
-    assert node("standby").ledger.rescue([rescue_item("new", now - 5000)]).results == ["unknown"]
+    assert node("standby").ledger.rescue([rescue_item("new", now - 5000)]).results == [Code.UNKNOWN]
     assert node("standby").ledger.load() == {}
 
 
@@ -107,8 +108,8 @@ def test_two_standbys_rescuing_one_slot_are_granted_it_once(node, store_ms):
     first = node("s1").ledger.rescue([rescue_item("e", slot)]).results
     again = node("s1").ledger.rescue([rescue_item("e", slot)]).results  # its retried call
     second = node("s2").ledger.rescue([rescue_item("e", slot)]).results
-    assert first == [None] and again == [None]
-    assert isinstance(second[0], SlotState) and second[0].node == "s1"
+    assert first == [Code.GRANTED] and again == [Code.GRANTED]
+    assert isinstance(second[0], Refused) and second[0].state.node == "s1"
 
 
 def test_a_leader_refused_a_slot_a_standby_rescued_records_who_had_it(node, store_ms):
@@ -116,12 +117,14 @@ def test_a_leader_refused_a_slot_a_standby_rescued_records_who_had_it(node, stor
     assert leader.lease.try_acquire()
     now = datetime.fromtimestamp(store_ms() / 1000, UTC)
     tracked = load({"e": SimpleNamespace(schedule=schedule(timedelta(seconds=1)))}, {},
-                   start=now - timedelta(seconds=10), tz=UTC, options={},
-                   default=EntryOptions(CatchupPolicy("skip"), None, None), epoch=1).tracked
+                   start=now - timedelta(seconds=10),
+                   reading=Reading(tz=UTC, options={},
+                                   default=EntryOptions(CatchupPolicy("skip"), None, None)),
+                   known=Known(epoch=1)).tracked
     leader.ledger.claim(*leader.lease.credentials(),
                         [ClaimItem("e", to_ms(now - timedelta(seconds=10)), Op.ANCHOR)])
     slot = now - timedelta(seconds=9)
-    assert standby.ledger.rescue([rescue_item("e", to_ms(slot))]).results == [None]
+    assert standby.ledger.rescue([rescue_item("e", to_ms(slot))]).results == [Code.GRANTED]
     agenda = Agenda(tracked)
     due = agenda.pop_due(slot, since=slot)  # the leader, slow: it wants that very slot
     sent: list[tuple[str, datetime]] = []
@@ -142,8 +145,9 @@ def test_a_crash_mid_catchup_leaves_each_claimed_unsent_slot_in_the_slots_hash(n
     assert leader.lease.try_acquire()
     options = EntryOptions(CatchupPolicy("all"), None, None)
     entry = SimpleNamespace(schedule=schedule(timedelta(seconds=10)))
-    tracked = load({"e": entry}, {}, start=T0, tz=UTC, options={"e": options},
-                   default=options, epoch=1).tracked
+    tracked = load({"e": entry}, {}, start=T0,
+                   reading=Reading(tz=UTC, options={"e": options}, default=options),
+                   known=Known(epoch=1)).tracked
     leader.ledger.claim(*leader.lease.credentials(), [ClaimItem("e", to_ms(T0), Op.ANCHOR)])
     due = Agenda(tracked).pop_due(T0 + timedelta(seconds=35), since=T0 + timedelta(seconds=35))
     assert [len(p.send) for _, p in due] == [3]  # three missed slots, all to be sent
@@ -158,7 +162,7 @@ def test_a_crash_mid_catchup_leaves_each_claimed_unsent_slot_in_the_slots_hash(n
     with pytest.raises(Crash):
         run_batch(due, LeaderGate(leader.lease, leader.ledger), send)
     stored = leader.ledger.load()["e"]
-    assert (stored.slot_ms, stored.state) == (to_ms(T0 + timedelta(seconds=20)), "c"), (
+    assert (stored.slot_ms, stored.state) == (to_ms(T0 + timedelta(seconds=20)), SlotStatus.CLAIMED), (
         "the claimed, unsent second slot must be what the next leader sees")
 
 
@@ -172,8 +176,9 @@ def test_a_rescue_gate_sends_what_it_was_granted_and_marks_it_rescued(node, stor
                for i in range(3)}
     leader.ledger.claim(*leader.lease.credentials(),
                         [ClaimItem(name, to_ms(start), Op.ANCHOR) for name in entries])
-    tracked = load(entries, standby.ledger.load(), start=now, tz=UTC, options={},
-                   default=options, epoch=None).tracked
+    tracked = load(entries, standby.ledger.load(), start=now,
+                   reading=Reading(tz=UTC, options={}, default=options),
+                   known=Known(epoch=None)).tracked
     agenda = Agenda(tracked)
     due = agenda.pop_due(now - timedelta(seconds=2), since=start,
                          policy=CatchupPolicy("skip"))
@@ -183,7 +188,7 @@ def test_a_rescue_gate_sends_what_it_was_granted_and_marks_it_rescued(node, stor
     assert outcome.sent == 3 == len(sent)
     assert {s for _, s in sent} == {start + timedelta(seconds=5)}
     states = standby.ledger.load()
-    assert {st.state for st in states.values()} == {"s"} and {st.node for st in states.values()} == {
+    assert {st.state for st in states.values()} == {SlotStatus.SENT} and {st.node for st in states.values()} == {
         "standby"}
     assert sorted(h for h in history(standby.ledger) if h[0] == "sent") == [
         ("sent", name, "rescued") for name in sorted(entries)]
@@ -200,9 +205,9 @@ def test_a_rescue_of_an_entrys_next_slot_keeps_the_older_unconfirmed_claim_visib
     # ... the leader is paused before publishing (its progress goes stale: a rescue waits
     # while a live leader claims, see test_reliability); a standby rescues the next slot
     redis_client.delete(Keys(leader.lease.store.keys.prefix).progress)
-    assert standby.ledger.rescue([rescue_item("e", newer)]).results == [None]
+    assert standby.ledger.rescue([rescue_item("e", newer)]).results == [Code.GRANTED]
     overtaken = standby.ledger.overtaken()
     assert list(overtaken) == [("e", older)]
-    assert (overtaken[("e", older)].epoch, overtaken[("e", older)].state) == (1, "c")
+    assert (overtaken[("e", older)].epoch, overtaken[("e", older)].state) == (1, SlotStatus.CLAIMED)
     standby.ledger.forget_overtaken(list(overtaken))
     assert standby.ledger.overtaken() == {}

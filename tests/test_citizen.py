@@ -74,8 +74,8 @@ def test_a_send_at_epoch_zero_the_standby_rescue_says_it_is_a_rescue(
     slot = datetime(2026, 12, 1, 6, 0, tzinfo=UTC)
     try:
         with caplog.at_level(logging.INFO, logger="celery_leaderbeat.sends"):
-            assert scheduler._send_slot("report", slot, 0)
-            assert scheduler._send_slot("report", slot, 3, "trigger-id-1")
+            assert scheduler.send_slot("report", slot, 0)
+            assert scheduler.send_slot("report", slot, 3, "trigger-id-1")
     finally:
         scheduler.close()
     rescue, requested = sends_said(caplog)
@@ -94,7 +94,7 @@ def test_the_sends_logger_can_be_quieted_alone(make_redis_server, key_prefix, ca
     sends.setLevel(logging.WARNING)
     try:
         with caplog.at_level(logging.INFO, logger="celery_leaderbeat"):
-            assert scheduler._send_slot("report", datetime(2026, 12, 1, 6, tzinfo=UTC), 1)
+            assert scheduler.send_slot("report", datetime(2026, 12, 1, 6, tzinfo=UTC), 1)
     finally:
         sends.setLevel(logging.NOTSET)
         scheduler.close()

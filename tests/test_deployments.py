@@ -19,8 +19,18 @@ from celery_leaderbeat.roles.lease import LeaseView
 from celery_leaderbeat.store.connection import make_client
 from celery_leaderbeat.store.keys import Keys
 from celery_leaderbeat.store.lease import Lease
-from celery_leaderbeat.store.ledger import ClaimItem, Event, Ledger, Op
+from celery_leaderbeat.store.ledger import Ledger
 from celery_leaderbeat.store.scripts import Scripts
+from celery_leaderbeat.store.types import (
+    BackfillReason,
+    BackfillRefused,
+    ClaimItem,
+    Code,
+    Event,
+    Op,
+    Refused,
+    SlotStatus,
+)
 from tests.deployments.cluster import RedisClusterSet
 from tests.deployments.sentinel import MASTER, SentinelSet
 from tests.deployments.tls import make_certificates, tls_server
@@ -79,10 +89,17 @@ def exercise_every_call(url: str, prefix: str, **options) -> None:
     assert lease.try_acquire()                                  # acquire.lua
     lease.renew()                                               # renew.lua
     assert lease.holder()[0] == lease.token                     # pipeline(transaction=False)
-    granted = ledger.claim(lease.token, lease.epoch, [ClaimItem("a", 1000, Op.CLAIM)])  # claim.lua
-    assert granted == [None]
-    assert ledger.record(lease.epoch, [Event("a", 1000, "sent")]) == 1          # claim.lua, record mode
-    assert ledger.load()["a"].state == "s"                      # HGETALL
+    granted = ledger.claim(lease.token, lease.epoch, [ClaimItem("a", 1000, Op.CLAIM)])  # lead.lua
+    assert granted == [Code.GRANTED]
+    assert ledger.record(lease.epoch, [Event("a", 1000, "sent")]) == 1          # record.lua
+    assert ledger.load()["a"].state == SlotStatus.SENT                          # HGETALL
+    ledger.check_generation(lease.token, lease.epoch)                           # check.lua
+    ledger.mark_definitions(lease.token, lease.epoch)                           # define.lua
+    assert ledger.backfill(lease.token, lease.epoch, "a", [500], "r1") == [    # backfill.lua
+        BackfillRefused(BackfillReason.HORIZON)]
+    assert ledger.rescue([ClaimItem("a", 1000, Op.CLAIM, 1000)]).results == [  # rescue.lua
+        Refused(ledger.load()["a"], "already claimed by the leader of epoch "
+                f"{lease.epoch}")]
     assert [row["event"] for row in ledger.history()][-1] == "sent"             # XREVRANGE
     ledger.register_node("leader", {"pid": 1})                  # HSET
     assert "n1" in ledger.nodes()

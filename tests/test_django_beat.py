@@ -1,4 +1,4 @@
-"""django-celery-beat's DatabaseScheduler behind the gate, on PostgreSQL, in real beats.
+"""django-celery-beat's DatabaseScheduler wrapped by leaderbeat, on PostgreSQL, in real beats.
 
 Three ``celery beat`` processes of a small Django site (tests/support/djangosite) share
 one database and one Redis. Rows are added, disabled and changed through the ORM while

@@ -1,4 +1,4 @@
-"""django-celery-beat's database as the gate writes and lists it, in-process, on PostgreSQL.
+"""django-celery-beat's database as the wrapper writes and lists it, in-process, on PostgreSQL.
 
 Cheap (no beat process), so it also runs on the oldest django-celery-beat allowed.
 """

@@ -18,7 +18,7 @@ from celery_leaderbeat.errors import ConfigurationError
 from celery_leaderbeat.roles.dynamic_schedule import reanchor
 from celery_leaderbeat.store.entry_store import EntryStore
 from celery_leaderbeat.store.keys import Keys
-from celery_leaderbeat.store.ledger import SlotState
+from celery_leaderbeat.store.types import SlotState
 from celery_leaderbeat.timing.schedules import cron
 
 TASK = "proj.tasks.report"

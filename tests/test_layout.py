@@ -10,7 +10,7 @@ The layers, lowest first (a module may import its own layer and the ones below):
 - ``send/``: the send path (a chunk of granted slots to the broker), its optimisations
 - ``roles/``: leader, standby and what they share
 - ``ops/``, ``integrations/`` and ``web/``: the command line, the cluster view,
-  telemetry; the gate around another scheduler, the worker guard; the web view
+  telemetry; wrapping another scheduler, the worker guard; the web view
 - ``scheduler``: the Celery glue
 - ``contrib/``: the web view in other projects' interfaces (Django's admin)
 - the public face: the package itself and the ``guard``/``cluster`` re-exports
@@ -81,10 +81,11 @@ def _type_checking_only(tree: ast.Module) -> set[int]:
     return skipped
 
 
-def imports_of(module: str, path: Path, known: set[str]) -> set[str]:
-    """The package modules ``module`` imports (at any depth: top, function, class)."""
+def imports_of(module: str, path: Path, known: set[str], *, types: bool = False) -> set[str]:
+    """The package modules ``module`` imports (at any depth: top, function, class); with
+    ``types``, those imported for the type checker only too."""
     tree = ast.parse(path.read_text(), str(path))
-    skipped = _type_checking_only(tree)
+    skipped = set() if types else _type_checking_only(tree)
     package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
     found: set[str] = set()
     for node in ast.walk(tree):
@@ -155,6 +156,16 @@ def test_no_import_cycle():
     assert _cycle(graph()) is None
 
 
+def test_no_import_cycle_nor_upward_import_for_the_type_checker_either():
+    """A cycle of imports under ``if TYPE_CHECKING:`` still ties two modules together: a
+    reader must know both to change either."""
+    found = modules()
+    edges = {name: imports_of(name, path, set(found), types=True) for name, path in found.items()}
+    assert _cycle(edges) is None
+    assert sorted(f"{name} -> {target}" for name, targets in edges.items()
+                  for target in targets if layer_of(target) > layer_of(name)) == []
+
+
 #: the one module above the store that may import Redis: claim-and-enqueue in one step hands
 #: kombu's Redis commands to the claim (an optional capability of the Redis store)
 REDIS_ALLOWED = {"celery_leaderbeat.send.one_step"}
@@ -190,3 +201,74 @@ def test_the_redis_import_finder_finds_each_form(tmp_path):
 
 def test_the_cycle_finder_finds_a_cycle():
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+
+
+def private_names_defined(tree: ast.Module) -> set[str]:
+    """The private names a module gives its own objects: ``def _x``, ``class _X``,
+    ``self._x = ...`` and ``_x: T`` in a class body."""
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            found.add(node.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) \
+                and isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+            found.add(node.attr)
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            found.add(node.target.id)
+    return {name for name in found if name.startswith("_") and not name.startswith("__")}
+
+
+def _reached(node: ast.AST) -> tuple[ast.expr, str] | None:
+    """(object, name) of ``obj.name`` or ``getattr(obj, "name", ...)``, else None."""
+    if isinstance(node, ast.Attribute):
+        return node.value, node.attr
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+            and node.func.id in ("getattr", "hasattr", "setattr") and len(node.args) >= 2 \
+            and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str):
+        return node.args[0], node.args[1].value
+    return None
+
+
+def private_reaches(module: str, tree: ast.Module, owners: dict[str, set[str]]) -> list[str]:
+    """``obj._x`` (or ``getattr(obj, "_x")``) in ``module`` where ``obj`` is not
+    ``self``/``cls`` and only modules of another layer define ``_x``: a reach past that
+    layer's public face."""
+    own = {name for name, defined in owners.items()
+           if module in defined or any(layer_of(m) == layer_of(module) for m in defined)}
+    found = []
+    for node in ast.walk(tree):
+        reached = _reached(node)
+        if reached is None:
+            continue
+        obj, name = reached
+        if name in owners and name not in own \
+                and not (isinstance(obj, ast.Name) and obj.id in ("self", "cls")):
+            found.append(f"{module}:{node.lineno}: {ast.unparse(node)} "
+                         f"(defined in {', '.join(sorted(owners[name]))})")
+    return found
+
+
+def test_no_module_reaches_into_a_private_attribute_of_another_layer():
+    """The roles reach the Celery side through their port (``roles/port.py``), never through
+    a Scheduler's private attribute; no layer reaches into another's privates."""
+    trees = {name: ast.parse(path.read_text(), str(path)) for name, path in modules().items()}
+    owners: dict[str, set[str]] = {}
+    for name, tree in trees.items():
+        for private in private_names_defined(tree):
+            owners.setdefault(private, set()).add(name)
+    reaches = [reach for name, tree in trees.items()
+               for reach in private_reaches(name, tree, owners)]
+    assert reaches == []
+
+
+def test_the_private_reach_finder_finds_a_role_reaching_into_the_scheduler():
+    owners = {"_entry_options": {"celery_leaderbeat.scheduler"}}
+    tree = ast.parse("def f(scheduler):\n    return scheduler._entry_options, self._entry_options\n")
+    reach = ("celery_leaderbeat.roles.leader:2: scheduler._entry_options "
+             "(defined in celery_leaderbeat.scheduler)")
+    assert private_reaches("celery_leaderbeat.roles.leader", tree, owners) == [reach]
+    assert private_reaches("celery_leaderbeat.scheduler", tree, owners) == []
+    tree = ast.parse("def f(scheduler):\n    return getattr(scheduler, '_entry_options', None)\n")
+    by_name = ("celery_leaderbeat.roles.leader:2: getattr(scheduler, '_entry_options', None) "
+               "(defined in celery_leaderbeat.scheduler)")
+    assert private_reaches("celery_leaderbeat.roles.leader", tree, owners) == [by_name]

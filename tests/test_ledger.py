@@ -2,17 +2,31 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
+import redis
 
 from celery_leaderbeat.config import Config
-from celery_leaderbeat.errors import LeaseLostError
+from celery_leaderbeat.errors import LeaseLostError, RolledBackError, ScriptError
 from celery_leaderbeat.roles.lease import LeaseView
 from celery_leaderbeat.store.keys import Keys
 from celery_leaderbeat.store.lease import Lease
-from celery_leaderbeat.store.ledger import ClaimItem, Event, Ledger, Op
+from celery_leaderbeat.store.ledger import Ledger, decode
 from celery_leaderbeat.store.memory import MemoryStore
 from celery_leaderbeat.store.memory_state import MemoryState
 from celery_leaderbeat.store.scripts import Scripts
+from celery_leaderbeat.store.types import (
+    BackfillReason,
+    BackfillRefused,
+    ClaimItem,
+    Code,
+    Event,
+    Op,
+    Refused,
+    SlotState,
+    SlotStatus,
+)
 
 
 @pytest.fixture
@@ -44,9 +58,10 @@ def parts(request, key_prefix):
 def test_a_slot_is_granted_once_and_a_skip_of_it_is_refused_after(parts):
     lease, ledger = parts("a")
     assert lease.try_acquire()
-    assert ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 1000, Op.CLAIM)]) == [None]
+    assert ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 1000, Op.CLAIM)]) == [Code.GRANTED]
     refused = ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 1000, Op.SKIP)])
-    assert refused[0] is not None and refused[0].slot_ms == 1000 and refused[0].state == "c"
+    assert refused == [Refused(SlotState(1000, lease.epoch, SlotStatus.CLAIMED),
+                              f"already claimed by the leader of epoch {lease.epoch}")]
 
 
 def test_claims_are_monotonic_per_entry(parts):
@@ -54,8 +69,8 @@ def test_claims_are_monotonic_per_entry(parts):
     assert lease.try_acquire()
     items = [ClaimItem("e", 2000, Op.CLAIM), ClaimItem("e", 1000, Op.CLAIM), ClaimItem("f", 500, Op.CLAIM)]
     results = ledger.claim(lease.token, lease.epoch, items)
-    assert results[0] is None and results[2] is None
-    assert results[1] is not None and results[1].slot_ms == 2000
+    assert results[0] is Code.GRANTED and results[2] is Code.GRANTED
+    assert isinstance(results[1], Refused) and results[1].state.slot_ms == 2000
 
 
 def test_a_node_that_lost_the_lease_is_granted_nothing(redis_parts, redis_client, key_prefix):
@@ -73,10 +88,11 @@ def test_a_node_that_lost_the_lease_is_granted_nothing(redis_parts, redis_client
 def test_an_anchor_is_written_only_when_the_entry_has_no_state(parts):
     lease, ledger = parts("a")
     assert lease.try_acquire()
-    assert ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 1000, Op.ANCHOR)]) == [None]
+    assert ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 1000, Op.ANCHOR)]) == [Code.GRANTED]
     again = ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 5000, Op.ANCHOR)])
-    assert again[0].slot_ms == 1000 and again[0].state == "a"
-    assert ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 1001, Op.CLAIM)]) == [None]
+    assert isinstance(again[0], Refused)
+    assert (again[0].state.slot_ms, again[0].state.state) == (1000, SlotStatus.ANCHOR)
+    assert ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 1001, Op.CLAIM)]) == [Code.GRANTED]
 
 
 def test_sent_marks_only_the_current_slot_and_writes_history(parts):
@@ -84,7 +100,7 @@ def test_sent_marks_only_the_current_slot_and_writes_history(parts):
     assert lease.try_acquire()
     ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 1000, Op.CLAIM)])
     assert ledger.record(lease.epoch, [Event("e", 999, "sent"), Event("e", 1000, "sent")]) == 1
-    assert ledger.load()["e"].state == "s"
+    assert ledger.load()["e"].state == SlotStatus.SENT
     events = [(h["event"], h.get("entry")) for h in ledger.history()]
     assert ("sent", "e") in events and events[0] == ("elected", None)
 
@@ -92,10 +108,10 @@ def test_sent_marks_only_the_current_slot_and_writes_history(parts):
 def test_a_skip_advances_the_last_slot_without_a_claim(parts):
     lease, ledger = parts("a")
     assert lease.try_acquire()
-    assert ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 3000, Op.SKIP)]) == [None]
+    assert ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 3000, Op.SKIP)]) == [Code.GRANTED]
     state = ledger.load()["e"]
-    assert (state.slot_ms, state.state, state.epoch) == (3000, "k", lease.epoch)
-    assert ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 2000, Op.CLAIM)])[0] is not None
+    assert (state.slot_ms, state.state, state.epoch) == (3000, SlotStatus.SKIPPED, lease.epoch)
+    assert ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 2000, Op.CLAIM)])[0] is not Code.GRANTED
 
 
 def test_a_claim_renews_the_lease(redis_parts, redis_client, key_prefix):
@@ -111,7 +127,7 @@ def test_thousands_of_claims_in_one_call_are_chunked_and_all_granted(parts):
     lease, ledger = parts("a")
     assert lease.try_acquire()
     items = [ClaimItem(f"e{i}", 1000, Op.CLAIM) for i in range(4500)]
-    assert ledger.claim(lease.token, lease.epoch, items) == [None] * 4500
+    assert ledger.claim(lease.token, lease.epoch, items) == [Code.GRANTED] * 4500
     assert len(ledger.load()) == 4500
 
 
@@ -138,7 +154,7 @@ def test_with_min_replicas_a_claim_returns_once_a_replica_has_it(make_redis_serv
         assert time.monotonic() < deadline, "replica never acknowledged a write"
     lease, ledger = _replicated_parts(master.client(), key_prefix, 1)
     assert lease.try_acquire()
-    assert ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 1000, Op.CLAIM)]) == [None]
+    assert ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 1000, Op.CLAIM)]) == [Code.GRANTED]
     assert replica.client().hget(Keys(key_prefix).slots, "e") is not None
 
 
@@ -180,10 +196,10 @@ def test_a_retried_claim_whose_reply_was_lost_is_granted_again_not_refused(parts
     lease, ledger = parts("a")
     assert lease.try_acquire()
     item = ClaimItem("e", 1000, Op.CLAIM)
-    assert ledger.claim(lease.token, lease.epoch, [item]) == [None]
+    assert ledger.claim(lease.token, lease.epoch, [item]) == [Code.GRANTED]
     # the same call again, as redis-py's retry sends it when the first reply is lost
-    assert ledger.claim(lease.token, lease.epoch, [item]) == [None]
-    assert ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 999, Op.CLAIM)])[0] is not None
+    assert ledger.claim(lease.token, lease.epoch, [item]) == [Code.GRANTED]
+    assert ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 999, Op.CLAIM)])[0] is not Code.GRANTED
 
 
 def test_the_same_slot_claimed_under_an_older_epoch_is_refused(redis_parts, redis_client, key_prefix):
@@ -195,7 +211,7 @@ def test_the_same_slot_claimed_under_an_older_epoch_is_refused(redis_parts, redi
     new, new_ledger = parts("b")
     assert new.try_acquire()
     refused = new_ledger.claim(new.token, new.epoch, [ClaimItem("e", 1000, Op.CLAIM)])
-    assert refused[0] is not None and refused[0].epoch == old.epoch
+    assert isinstance(refused[0], Refused) and refused[0].state.epoch == old.epoch
 
 
 def test_an_unsent_event_marks_a_claimed_slot_reported_but_not_a_newer_one(parts):
@@ -203,7 +219,81 @@ def test_an_unsent_event_marks_a_claimed_slot_reported_but_not_a_newer_one(parts
     assert lease.try_acquire()
     ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 1000, Op.CLAIM)])
     ledger.record(lease.epoch, [Event("e", 1000, "unsent", "lease expired")])
-    assert ledger.load()["e"].state == "u"
+    assert ledger.load()["e"].state == SlotStatus.UNSENT
     ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 2000, Op.CLAIM)])
     ledger.record(lease.epoch, [Event("e", 1000, "unsent", "late")])
-    assert ledger.load()["e"].state == "c"
+    assert ledger.load()["e"].state == SlotStatus.CLAIMED
+
+
+def _slot_scripts() -> dict[str, str]:
+    from importlib import resources
+
+    from celery_leaderbeat.store.scripts import SLOT_SCRIPTS
+    lua = resources.files("celery_leaderbeat.store").joinpath("lua")
+    return {name: lua.joinpath(f"{name}.lua").read_text() for name in (*SLOT_SCRIPTS, "prelude")}
+
+
+def test_every_code_a_slot_script_names_is_in_the_python_enums():
+    tables = {"CODE": {c.name for c in Code}, "REASON": {r.name for r in BackfillReason},
+              "STATUS": {s.name for s in SlotStatus}}
+    named = {(table, name) for text in _slot_scripts().values()
+             for table, name in re.findall(r"\b(CODE|REASON|STATUS)\.(\w+)", text)}
+    assert {table for table, _ in named} == set(tables)
+    assert {(t, n) for t, n in named if n not in tables[t]} == set()
+
+
+def test_no_slot_script_answers_an_item_with_a_bare_number():
+    """Per-item answers come from the code tables (a bare 0 meant four things once)."""
+    for name, text in _slot_scripts().items():
+        assert re.findall(r"\bresult\s*=\s*-?\d|\breturn\s+-?\d", text) == [], name
+
+
+def test_a_code_a_script_reads_that_is_not_in_a_table_is_an_error_in_the_script(redis_client):
+    from celery_leaderbeat.store.scripts import code_tables
+    script = redis_client.register_script(code_tables() + "\nreturn CODE.NO_SUCH_CODE")
+    with pytest.raises(redis.ResponseError, match="no such code: NO_SUCH_CODE"):
+        script()
+
+
+def test_an_answer_this_version_does_not_understand_names_the_script_the_code_and_the_item():
+    item = ClaimItem("e", 1000, Op.CLAIM)
+    assert decode("lead", [item], [1, 0, 0, 7, 1]) == [Code.GRANTED]
+    with pytest.raises(ScriptError, match=r"lead\.lua answered 99 for claim of 'e' at 1000"):
+        decode("lead", [item], [1, 0, 0, 7, 99])
+    with pytest.raises(ScriptError, match=r"rescue\.lua answered None"):
+        decode("rescue", [item], [1, 0, 0, 7, None])
+    with pytest.raises(ScriptError, match=r"backfill\.lua answered b'soon'"):
+        decode("backfill", [item], [1, 0, 0, 7, b"soon"])
+    with pytest.raises(ScriptError, match="2 results for 1 items"):
+        decode("lead", [item], [1, 0, 0, 7, 1, 1])
+
+
+def test_a_rolled_back_entry_starts_again_past_its_slot_as_skipped(parts):
+    lease, ledger = parts("a")
+    assert lease.try_acquire()
+    assert Op.ROLLED_BACK != Op.SKIP
+    assert ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 3000, Op.ROLLED_BACK)]) == [
+        Code.GRANTED]
+    assert ledger.load()["e"].state == SlotStatus.SKIPPED
+
+
+def test_a_backfill_refusal_is_a_reason_and_a_rescue_of_an_unknown_op_an_error(parts):
+    lease, ledger = parts("a")
+    assert lease.try_acquire()
+    ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 3000, Op.CLAIM)])
+    assert ledger.backfill(lease.token, lease.epoch, "e", [4000], "r1") == [
+        BackfillRefused(BackfillReason.LATER)]
+    with pytest.raises(redis.ResponseError, match="rescue.lua: op anchor is not a rescue"):
+        ledger.rescue([ClaimItem("e", 4000, Op.ANCHOR)])
+
+
+def test_the_generation_check_says_when_redis_lost_writes_or_another_node_leads(parts):
+    lease, ledger = parts("a")
+    assert lease.try_acquire()
+    ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 1000, Op.CLAIM)])
+    ledger.check_generation(lease.token, lease.epoch)  # nothing lost, still leading
+    with pytest.raises(LeaseLostError, match="check refused"):
+        ledger.check_generation("someone|9", 9)
+    ledger.generation += 10  # this node saw writes Redis no longer has
+    with pytest.raises(RolledBackError):
+        ledger.check_generation(lease.token, lease.epoch)

@@ -17,25 +17,26 @@ from celery.schedules import schedule
 
 from celery_leaderbeat.config import Config
 from celery_leaderbeat.entries import EntryOptions
-from celery_leaderbeat.roles.agenda import Agenda, Tracked, Unsent, load
+from celery_leaderbeat.roles.agenda import Agenda, Known, Reading, Tracked, Unsent, load
 from celery_leaderbeat.roles.batch import LeaderGate, RescueGate, report_unsent, run_batch
 from celery_leaderbeat.roles.lease import LeaseView
 from celery_leaderbeat.roles.memory import SentMemory
-from celery_leaderbeat.roles.requests import Request, carry_out
+from celery_leaderbeat.roles.requests import LeaderSide, Request, carry_out
 from celery_leaderbeat.store.keys import Keys
 from celery_leaderbeat.store.lease import Lease
-from celery_leaderbeat.store.ledger import (
-    BACKFILL_REFUSALS,
-    DIFFERS,
-    EARLY,
-    ClaimItem,
-    Event,
-    Ledger,
-    Op,
-    SlotState,
-)
+from celery_leaderbeat.store.ledger import Ledger
 from celery_leaderbeat.store.queue import RedisRequests
 from celery_leaderbeat.store.scripts import Scripts
+from celery_leaderbeat.store.types import (
+    BackfillReason,
+    ClaimItem,
+    Code,
+    Event,
+    Op,
+    Refused,
+    SlotState,
+    SlotStatus,
+)
 from celery_leaderbeat.timing.slots import clock_for, from_ms, to_ms
 
 UTC = timezone.utc
@@ -118,7 +119,7 @@ def test_a_lost_claim_call_mid_batch_never_publishes_a_slot_twice(node, redis_cl
     assert len(published) == len(set(published)) == 250
     assert outcome.sent == 150 if when == "before" else outcome.sent >= 100
     states = leader.ledger.load()
-    assert {s.state for s in states.values()} == {"s"}, "every slot is recorded sent"
+    assert {s.state for s in states.values()} == {SlotStatus.SENT}, "every slot is recorded sent"
     assert not backlog
 
 
@@ -130,10 +131,10 @@ def test_a_rescue_of_a_definition_the_leader_does_not_plan_is_refused(node, redi
                         [ClaimItem("e", base, Op.ANCHOR, fingerprint="every-10s")])
     slot = base + 5000  # the standby still follows the old 5 s interval
     result = standby.ledger.rescue([ClaimItem("e", slot, Op.CLAIM, slot, base, "every-5s")])
-    assert result.results == [DIFFERS]
+    assert result.results == [Code.DIFFERS]
     same = standby.ledger.rescue([ClaimItem("e", base + 10_000, Op.CLAIM, base + 10_000, base,
                                             "every-10s")])
-    assert same.results == [None]
+    assert same.results == [Code.GRANTED]
 
 
 def test_a_rescue_planned_from_a_slot_that_is_not_the_stored_one_is_refused(node, redis_client):
@@ -144,7 +145,7 @@ def test_a_rescue_planned_from_a_slot_that_is_not_the_stored_one_is_refused(node
     # a standby that slept through a re-anchor still plans on the old phase
     stale = base - 3_000 + 10_000
     result = standby.ledger.rescue([ClaimItem("e", stale, Op.CLAIM, stale, base - 3_000)])
-    assert isinstance(result.results[0], SlotState) and result.results[0].slot_ms == base
+    assert isinstance(result.results[0], Refused) and result.results[0].state.slot_ms == base
 
 
 def test_a_leader_whose_clock_jumped_ahead_cannot_claim_a_future_slot(node, redis_client):
@@ -154,9 +155,9 @@ def test_a_leader_whose_clock_jumped_ahead_cannot_claim_a_future_slot(node, redi
     leader.ledger.claim(*leader.lease.credentials(), [ClaimItem("e", now - 60_000, Op.ANCHOR)])
     ahead = now + 60_000
     assert leader.ledger.claim(*leader.lease.credentials(),
-                               [ClaimItem("e", ahead, Op.CLAIM, ahead)]) == [EARLY]
+                               [ClaimItem("e", ahead, Op.CLAIM, ahead)]) == [Code.EARLY]
     assert leader.ledger.claim(*leader.lease.credentials(),
-                               [ClaimItem("e", now, Op.CLAIM, now)]) == [None]
+                               [ClaimItem("e", now, Op.CLAIM, now)]) == [Code.GRANTED]
 
 
 def test_recovery_is_refused_once_the_claimant_recorded_the_slot_sent(node, redis_client):
@@ -167,7 +168,7 @@ def test_recovery_is_refused_once_the_claimant_recorded_the_slot_sent(node, redi
     redis_client.delete(old.keys.leader)
     assert new.lease.try_acquire()
     assert new.ledger.claim(*new.lease.credentials(), [ClaimItem("e", 1000, Op.RECOVER)]) \
-        [0].state == "s"
+        [0].state.state == SlotStatus.SENT
 
 
 def test_a_young_rescue_claim_is_not_recovered_while_its_rescuer_may_still_publish(
@@ -177,9 +178,9 @@ def test_a_young_rescue_claim_is_not_recovered_while_its_rescuer_may_still_publi
     base = redis_ms(redis_client) - 10_000
     leader.ledger.claim(*leader.lease.credentials(), [ClaimItem("e", base, Op.ANCHOR)])
     slot = base + 5000
-    assert standby.ledger.rescue([ClaimItem("e", slot, Op.CLAIM, slot, base)]).results == [None]
+    assert standby.ledger.rescue([ClaimItem("e", slot, Op.CLAIM, slot, base)]).results == [Code.GRANTED]
     assert leader.ledger.claim(*leader.lease.credentials(),
-                               [ClaimItem("e", slot, Op.RECOVER)]) == [EARLY]
+                               [ClaimItem("e", slot, Op.RECOVER)]) == [Code.EARLY]
     gate = RescueGate(standby.ledger, window=5.0, clock=lambda: 0.0)
     gate.claim([], [])
     gate.clock = lambda: 5.1  # paused between its grant and its publish, past the window
@@ -199,7 +200,7 @@ def test_what_an_earlier_leader_claimed_and_this_process_sent_is_recorded_not_re
     report_unsent([Unsent("e", from_ms(1000), True)], gate=LeaderGate(leader.lease, leader.ledger),
                   send=lambda n, s: sent.append((n, s)) or True, recover=True, memory=memory)
     assert sent == []
-    assert leader.ledger.load()["e"].state == "s"
+    assert leader.ledger.load()["e"].state == SlotStatus.SENT
 
 
 def test_a_leader_that_led_until_redis_lost_its_data_carries_on_after_what_it_sent():
@@ -209,15 +210,17 @@ def test_a_leader_that_led_until_redis_lost_its_data_carries_on_after_what_it_se
     memory.note("e", to_ms(now - timedelta(seconds=1)))
     entries = {"e": SimpleNamespace(schedule=schedule(timedelta(seconds=10)))}
     opts = EntryOptions.defaults(Config.from_values({"redis_url": "redis://x", "key_prefix": "t", "node_id": "n"}))
-    loaded = load(entries, {}, start=now + timedelta(seconds=5), tz=UTC, options={},
-                  default=opts, epoch=1, remembered=memory.newest, trust_memory=True)
+    loaded = load(entries, {}, start=now + timedelta(seconds=5),
+                  reading=Reading(tz=UTC, options={}, default=opts),
+                  known=Known(epoch=1, remembered=memory.newest_known, trust_memory=True))
     assert [(i.op, i.slot_ms) for i in loaded.anchors] == [(Op.RESTORE,
                                                            to_ms(now - timedelta(seconds=1)))]
     assert loaded.tracked["e"].next_fire == now + timedelta(seconds=9)
     # an older snapshot: the stored slot is behind the remembered one
-    stale = {"e": SlotState(to_ms(now - timedelta(seconds=21)), 3, "s")}
-    loaded = load(entries, stale, start=now, tz=UTC, options={}, default=opts, epoch=4,
-                  remembered=memory.newest, trust_memory=True)
+    stale = {"e": SlotState(to_ms(now - timedelta(seconds=21)), 3, SlotStatus.SENT)}
+    loaded = load(entries, stale, start=now,
+                  reading=Reading(tz=UTC, options={}, default=opts),
+                  known=Known(epoch=4, remembered=memory.newest_known, trust_memory=True))
     assert loaded.anchors[0].op == Op.RESTORE
     assert loaded.tracked["e"].last == now - timedelta(seconds=1)
 
@@ -231,12 +234,14 @@ def test_a_node_that_did_not_lead_until_redis_lost_its_data_keeps_the_margin():
     entries = {"e": SimpleNamespace(schedule=schedule(timedelta(seconds=1)))}
     opts = EntryOptions.defaults(Config.from_values({"redis_url": "redis://x", "key_prefix": "t", "node_id": "n"}))
     start = now + timedelta(seconds=5)
-    empty = load(entries, {}, start=start, tz=UTC, options={}, default=opts, epoch=9,
-                 remembered=memory.newest)
+    empty = load(entries, {}, start=start,
+                 reading=Reading(tz=UTC, options={}, default=opts),
+                 known=Known(epoch=9, remembered=memory.newest_known))
     assert [(i.op, i.slot_ms) for i in empty.anchors] == [(Op.ANCHOR, to_ms(start))]
-    rolled_back = load(entries, {"e": SlotState(to_ms(now - timedelta(seconds=20)), 2, "s")},
-                       start=start, tz=UTC, options={}, default=opts, epoch=9,
-                       remembered=memory.newest)
+    rolled_back = load(entries, {"e": SlotState(to_ms(now - timedelta(seconds=20)), 2, SlotStatus.SENT)},
+                       start=start,
+                       reading=Reading(tz=UTC, options={}, default=opts),
+                       known=Known(epoch=9, remembered=memory.newest_known))
     assert [(i.op, i.slot_ms) for i in rolled_back.anchors] == [(Op.ROLLED_BACK, to_ms(start))]
     assert rolled_back.tracked["e"].last == start
 
@@ -245,13 +250,16 @@ def test_a_changed_definition_starts_again_from_now(node, redis_client):
     now = from_ms(redis_ms(redis_client))
     opts = EntryOptions.defaults(Config.from_values({"redis_url": "redis://x", "key_prefix": "t", "node_id": "n"}))
     entries = {"e": SimpleNamespace(schedule=schedule(timedelta(seconds=10)))}
-    stored = {"e": SlotState(to_ms(now - timedelta(seconds=3)), 1, "s")}
-    loaded = load(entries, stored, start=now, tz=UTC, options={}, default=opts, epoch=2,
-                  fingerprint_of=lambda *a: "new", definitions={"e": "old"})
+    stored = {"e": SlotState(to_ms(now - timedelta(seconds=3)), 1, SlotStatus.SENT)}
+    loaded = load(entries, stored, start=now,
+                  reading=Reading(tz=UTC, options={}, default=opts,
+                                  fingerprint_of=lambda *a: "new"),
+                  known=Known(epoch=2, definitions={"e": "old"}))
     assert [i.op for i in loaded.anchors] == [Op.REANCHOR]
     assert loaded.tracked["e"].next_fire == now + timedelta(seconds=10)
-    same = load(entries, stored, start=now, tz=UTC, options={}, default=opts, epoch=2,
-                fingerprint_of=lambda *a: "old", definitions={"e": "old"})
+    same = load(entries, stored, start=now,
+                reading=Reading(tz=UTC, options={}, default=opts, fingerprint_of=lambda *a: "old"),
+                known=Known(epoch=2, definitions={"e": "old"}))
     assert same.anchors == [] and same.tracked["e"].next_fire == now + timedelta(seconds=7)
 
 
@@ -274,10 +282,10 @@ def _backfill(leader: SimpleNamespace, slots: tuple[int, ...], last: int,
                                Request("backfill", "e", id=request_id, slots_ms=slots).dumps())
     sent: list[int] = []
     token, epoch = leader.lease.credentials()
-    carry_out(leader.ledger, RedisRequests(leader.ledger.client, leader.keys), epoch,
-              leader.keys.prefix,
-              lambda name, slot, task_id: sent.append(to_ms(slot)) or True,
-              from_ms(last), known=lambda name: True, stored=lambda name: last, token=token)
+    carry_out(LeaderSide(leader.ledger, RedisRequests(leader.ledger.client, leader.keys), epoch,
+                         token, leader.keys.prefix,
+                         lambda name, slot, task_id: sent.append(to_ms(slot)) or True,
+                         known=lambda name: True, stored=lambda name: last), from_ms(last))
     skipped = [h["detail"] for h in leader.ledger.history(50)
                if h.get("event") == "skipped" and h.get("slot") in {str(s) for s in slots}]
     return sent, skipped
@@ -322,7 +330,7 @@ def test_a_backfill_skips_slots_due_before_redis_lost_writes(node, redis_client)
     leader.ledger.claim(*leader.lease.credentials(), [ClaimItem("e", last, Op.ANCHOR)])
     sent, skipped = _backfill(leader, (now + 1_000,), last)
     assert sent == []
-    assert skipped == [BACKFILL_REFUSALS["lost"]]
+    assert skipped == [BackfillReason.LOST.detail]
 
 
 def _guard(client: Any, keys: Keys, mode: str, task: str, worker: str, detail: str = "",
@@ -387,9 +395,9 @@ def test_a_rescue_waits_while_the_leader_is_still_claiming_chunks_of_a_burst(
     late = base + 5000  # 5 s late by Redis TIME: past rescue_after
     leader.ledger.claim(*leader.lease.credentials(), [ClaimItem("a", late, Op.CLAIM, late)])
     # the leader is mid-burst (it claimed just now): b's rescue waits for it
-    assert standby.ledger.rescue([ClaimItem("b", late, Op.CLAIM, late, base)]).results == [EARLY]
+    assert standby.ledger.rescue([ClaimItem("b", late, Op.CLAIM, late, base)]).results == [Code.EARLY]
     redis_client.delete(leader.keys.progress)  # it stopped claiming (dead or paused)
-    assert standby.ledger.rescue([ClaimItem("b", late, Op.CLAIM, late, base)]).results == [None]
+    assert standby.ledger.rescue([ClaimItem("b", late, Op.CLAIM, late, base)]).results == [Code.GRANTED]
 
 
 def test_a_lease_that_vanishes_while_valid_says_redis_lost_its_data(node, redis_client):
@@ -425,7 +433,7 @@ def test_a_paused_leaders_claimed_chunk_is_recovered_by_its_next_election_once(
     redis_client.delete(leader.keys.progress)
     nxt = slot + 5000  # a standby rescues e0's and e1's next slot while it is paused
     assert standby.ledger.rescue([ClaimItem(n, nxt, Op.CLAIM, nxt, slot)
-                                  for n in names[:2]]).results == [None, None]
+                                  for n in names[:2]]).results == [Code.GRANTED, Code.GRANTED]
     standby.ledger.record(0, [Event(n, nxt, "sent", "rescued") for n in names[:2]])
     # resumed: its lease expired; the rest of the chunk is recorded unsent, then re-elected
     leader.lease.mark_lost()
@@ -435,10 +443,11 @@ def test_a_paused_leaders_claimed_chunk_is_recovered_by_its_next_election_once(
     stored, definitions = leader.ledger.load_with_definitions()
     opts = EntryOptions.defaults(leader.config)
     entries = {n: SimpleNamespace(schedule=schedule(timedelta(seconds=5))) for n in names}
-    loaded = load(entries, stored, start=from_ms(base + 30_000), tz=UTC, options={},
-                  default=opts, epoch=leader.lease.epoch, definitions=definitions)
+    loaded = load(entries, stored, start=from_ms(base + 30_000),
+                  reading=Reading(tz=UTC, options={}, default=opts),
+                  known=Known(epoch=leader.lease.epoch, definitions=definitions))
     unsent = list(loaded.unsent) + [
-        Unsent(n, from_ms(s), st.state == "c", st.claimed_ms, overtaken=True)
+        Unsent(n, from_ms(s), st.state == SlotStatus.CLAIMED, st.claimed_ms, overtaken=True)
         for (n, s), st in leader.ledger.overtaken().items()]
     sent: list[tuple[str, int]] = []
     gate = LeaderGate(leader.lease, leader.ledger)
@@ -467,15 +476,16 @@ def test_an_entry_the_leader_no_longer_schedules_is_not_rescued_and_restarts_whe
     leader.ledger.write_definitions({"row": REMOVED})  # the leader's reload: row disabled
     slot = base + 5000
     assert standby.ledger.rescue([ClaimItem("row", slot, Op.CLAIM, slot, base, "fp")]).results \
-        == [DIFFERS]
+        == [Code.DIFFERS]
     now = from_ms(redis_ms(redis_client))
     opts = EntryOptions.defaults(leader.config)
     stored, definitions = leader.ledger.load_with_definitions()
     back = load({"row": SimpleNamespace(schedule=schedule(timedelta(seconds=5)))}, stored,
-                start=now, tz=UTC, options={}, default=opts, epoch=1, definitions=definitions,
-                fingerprint_of=lambda *a: "fp")
+                start=now,
+                reading=Reading(tz=UTC, options={}, default=opts, fingerprint_of=lambda *a: "fp"),
+                known=Known(epoch=1, definitions=definitions))
     assert [(i.op, i.slot_ms) for i in back.anchors] == [(Op.REANCHOR, to_ms(now))]
-    assert leader.ledger.claim(*leader.lease.credentials(), back.anchors) == [None]
+    assert leader.ledger.claim(*leader.lease.credentials(), back.anchors) == [Code.GRANTED]
     assert leader.ledger.load_with_definitions()[1]["row"] == "fp"
 
 
@@ -504,7 +514,7 @@ def test_a_claim_no_replica_acknowledged_still_says_what_was_granted_and_what_re
                             [ClaimItem("e", now - 6000, Op.CLAIM, now - 6000),  # older: refused
                              ClaimItem("f", now - 1000, Op.CLAIM, now - 1000)])  # granted
     refused, granted = caught.value.results
-    assert isinstance(refused, SlotState) and granted is None
+    assert isinstance(refused, Refused) and granted is Code.GRANTED
 
 
 def test_a_leader_that_led_until_redis_lost_its_data_carries_on_after_what_anyone_sent():
@@ -516,8 +526,9 @@ def test_a_leader_that_led_until_redis_lost_its_data_carries_on_after_what_anyon
     memory.know("e", to_ms(now - timedelta(seconds=60)))  # and saw 09:59 sent by another
     entries = {"e": SimpleNamespace(schedule=schedule(timedelta(seconds=60)))}
     opts = EntryOptions.defaults(Config.from_values({"redis_url": "redis://x", "key_prefix": "t", "node_id": "n"}))
-    loaded = load(entries, {}, start=now + timedelta(seconds=5), tz=UTC, options={},
-                  default=opts, epoch=9, remembered=memory.newest_known, trust_memory=True)
+    loaded = load(entries, {}, start=now + timedelta(seconds=5),
+                  reading=Reading(tz=UTC, options={}, default=opts),
+                  known=Known(epoch=9, remembered=memory.newest_known, trust_memory=True))
     assert [(i.op, i.slot_ms) for i in loaded.anchors] == \
         [(Op.RESTORE, to_ms(now - timedelta(seconds=60)))]
     assert loaded.tracked["e"].next_fire == now
@@ -536,9 +547,9 @@ def test_no_rescue_until_the_newest_leader_marked_the_definitions(node, redis_cl
     assert second.lease.try_acquire()  # elected with another definition, not marked yet
     slot = base + 5000
     rescue = [ClaimItem("e", slot, Op.CLAIM, slot, base, "every-5s")]
-    assert standby.ledger.rescue(rescue).results == [EARLY]
+    assert standby.ledger.rescue(rescue).results == [Code.EARLY]
     second.ledger.claim(*second.lease.credentials(),
                         [ClaimItem("e", 0, Op.DEFINE, fingerprint="every-10s")])
-    assert standby.ledger.rescue(rescue).results == [DIFFERS]
+    assert standby.ledger.rescue(rescue).results == [Code.DIFFERS]
     assert standby.ledger.rescue([ClaimItem("e", slot, Op.CLAIM, slot, base, "every-10s")]
-                                 ).results == [None]
+                                 ).results == [Code.GRANTED]

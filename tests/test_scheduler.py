@@ -11,7 +11,7 @@ from celery import Celery
 from celery_leaderbeat.errors import ConfigurationError
 from celery_leaderbeat.scheduler import LEADER, STANDBY, Scheduler
 from celery_leaderbeat.store.keys import Keys
-from celery_leaderbeat.store.ledger import ClaimItem, Op
+from celery_leaderbeat.store.types import ClaimItem, Op
 from celery_leaderbeat.timing.schedules import cron
 from celery_leaderbeat.timing.slots import from_ms, slot_id, to_ms
 from tests.support.beat import NOOP, BeatProcess, Recorder, beat_env, duplicates

@@ -20,7 +20,7 @@ from celery import Celery, signals
 from celery_leaderbeat.scheduler import Scheduler
 from celery_leaderbeat.send import sender as sender_module
 from celery_leaderbeat.send.plain import publish
-from celery_leaderbeat.store.ledger import ClaimItem, Op
+from celery_leaderbeat.store.types import ClaimItem, Code, Op
 from celery_leaderbeat.timing.slots import to_ms
 from tests.support.beat import NOOP
 from tests.support.queues import take_messages
@@ -80,7 +80,7 @@ def send_through_chunks(scheduler: Scheduler) -> None:
         results = scheduler.ledger.claim(token, epoch, [
             ClaimItem(name, to_ms(slot), Op.CLAIM, to_ms(slot), enqueue=commands or ())
             for (name, _), commands in zip(wanted, prepared)])
-        assert results == [None] * len(wanted)
+        assert results == [Code.GRANTED] * len(wanted)
         sender.enqueued([w for w, c in zip(wanted, prepared) if c])
         rest = [w for w, c in zip(wanted, prepared) if not c]
         assert sender.send_many(rest, lambda: True) == [True] * len(rest)

@@ -19,7 +19,7 @@ from celery import Celery, signals
 from celery_leaderbeat.scheduler import Scheduler
 from celery_leaderbeat.send import sender as sender_module
 from celery_leaderbeat.send.one_step import one_step_fallback
-from celery_leaderbeat.store.ledger import ENQUEUED, ClaimItem, Op
+from celery_leaderbeat.store.types import ClaimItem, Code, Op, Refused, SlotStatus
 from celery_leaderbeat.timing import cronengine as _cronengine
 from celery_leaderbeat.timing.policy import CatchupPolicy
 from celery_leaderbeat.timing.schedules import cron
@@ -119,8 +119,8 @@ def test_on_the_brokers_own_redis_a_burst_is_granted_and_enqueued_in_one_step_fi
         slot = datetime.fromisoformat(headers["leaderbeat_slot"])
         assert headers["id"] == slot_id(key_prefix, headers["leaderbeat_entry"], slot)
     # granted and enqueued in one step: stored sent at once, never "claimed, unconfirmed"
-    assert {s.state for name, s in stored.items() if name.startswith("e")} <= {"s", "a"}
-    assert any(s.state == "s" for s in stored.values())
+    assert {s.state for name, s in stored.items() if name.startswith("e")} <= {SlotStatus.SENT, SlotStatus.ANCHOR}
+    assert any(s.state == SlotStatus.SENT for s in stored.values())
     assert at_claims[0] == (CHUNK, CHUNK)  # only the first chunk's entries planned
     assert at_claims[1][0] == n  # then the rest of the burst is planned, in one batch
     assert sum(c for _, c in at_claims[:4]) == n  # chunks of 100, 100, 100, 7
@@ -139,15 +139,15 @@ def test_a_claim_refused_runs_none_of_its_commands_and_a_retried_grant_runs_them
             ledger.claim("someone-else|99", 99, [item])
         assert client.llen("q") == 0
         token, epoch = lease.credentials()
-        assert ledger.claim(token, epoch, [item]) == [None]
+        assert ledger.claim(token, epoch, [item]) == [Code.GRANTED]
         # the reply was lost: asked again, answered "enqueued before", nothing runs twice
-        assert ledger.claim(token, epoch, [item]) == [ENQUEUED]
+        assert ledger.claim(token, epoch, [item]) == [Code.ENQUEUED]
         assert client.lrange("q", 0, -1) == [b"payload"]
         older = ClaimItem("a", 1000, Op.CLAIM, 1000, enqueue=(("lpush", "q", "older"),))
         refused = ledger.claim(token, epoch, [older])
-        assert refused[0] is not None and refused[0].slot_ms == 2000
+        assert isinstance(refused[0], Refused) and refused[0].state.slot_ms == 2000
         assert client.lrange("q", 0, -1) == [b"payload"]
-        assert ledger.load()["a"].state == "s"
+        assert ledger.load()["a"].state == SlotStatus.SENT
         # the grant wrote its own 'sent' event (the caller writes none), once for both calls
         sent = [e for e in ledger.history() if e["event"] == "sent"]
         assert [(e["entry"], e["slot"], e["epoch"]) for e in sent] == [("a", "2000", str(epoch))]
@@ -250,7 +250,7 @@ def test_before_task_publish_fires_only_for_granted_slots_and_after_task_publish
         scheduler.ledger.claim(token, epoch, [ClaimItem("b", newer, Op.CLAIM, newer)])
         results = scheduler.ledger.claim(token, epoch, [
             ClaimItem(name, to_ms(slot), Op.CLAIM, to_ms(slot)) for name in "ab"])
-        assert results[0] is None and results[1] is not None
+        assert results[0] is Code.GRANTED and isinstance(results[1], Refused)
         sender.enqueued([])
         assert sender.send_many([("a", slot)]) == [True]
     finally:
@@ -348,21 +348,23 @@ def test_a_jittered_entry_keeps_its_own_fire_time(monkeypatch):
 
 
 
-def test_a_gated_base_scheduler_keeps_sending_slot_by_slot_through_its_own_entries(
+def test_a_wrapped_base_scheduler_keeps_sending_slot_by_slot_through_its_own_entries(
         redis_server, key_prefix, tmp_path):
-    # the gate reads entries from its snapshot (a database scheduler's .schedule is a
+    # the wrapper reads entries from its snapshot (a database scheduler's .schedule is a
     # query) and tells the base what was sent: chunk senders would bypass both
     app = make_app(redis_server.url_for(0), key_prefix, {"a": {"task": NOOP, "schedule": 0.5}},
                    leaderbeat_base_scheduler="celery.beat:PersistentScheduler")
-    gated = Scheduler(app=app, schedule_filename=str(tmp_path / "beat-schedule"))
+    wrapped = Scheduler(app=app, schedule_filename=str(tmp_path / "beat-schedule"))
     plain = Scheduler(app=make_app(redis_server.url_for(0), key_prefix + "-plain",
                                    {"a": {"task": NOOP, "schedule": 0.5}}))
     try:
-        assert type(gated) is not Scheduler
-        assert gated._connect().sender is None
-        assert plain._connect().sender is not None
+        assert type(wrapped) is not Scheduler
+        wrapped._connect()
+        plain._connect()
+        assert wrapped.chunk_sender(1) is None
+        assert plain.chunk_sender(1) is not None
     finally:
-        gated.close()
+        wrapped.close()
         plain.close()
 
 

@@ -25,13 +25,13 @@ from celery_leaderbeat.send.routing import Routes
 from celery_leaderbeat.send.sender import Enqueuer
 from celery_leaderbeat.store.errors import StoreError
 from celery_leaderbeat.store.keys import Keys
-from celery_leaderbeat.store.ledger import UNQUEUED, ClaimItem, Op
 from celery_leaderbeat.store.redis_store import redis_store
+from celery_leaderbeat.store.types import ClaimItem, Code, Op, SlotStatus
 from tests.faults.seam import AFTER, Seam, faulty_client
 from tests.support.beat import NOOP
 
 #: a leader's claim of a chunk in a batch
-BATCH_CLAIM = "EVALSHA[claim] ledger.claim<chunk.lead"
+BATCH_CLAIM = "EVALSHA[lead] ledger.claim<chunk.lead"
 
 
 #: the send paths on a Redis broker: ``plain``, the reference (Celery builds every message,
@@ -246,9 +246,9 @@ def test_a_claim_whose_state_write_would_fail_writes_nothing_and_once_mended_enq
         assert client.llen("q") == 0
         assert client.get(scheduler.keys.generation) == generation
         client.delete(key)  # mended
-        assert ledger.claim(token, epoch, [item]) == [None]
+        assert ledger.claim(token, epoch, [item]) == [Code.GRANTED]
         assert client.lrange("q", 0, -1) == [b"payload"]
-        assert ledger.load()["a"].state == "s"
+        assert ledger.load()["a"].state == SlotStatus.SENT
         assert [e["slot"] for e in ledger.history() if e["event"] == "sent"] == ["2000"]
     finally:
         scheduler.close()
@@ -270,9 +270,9 @@ def test_a_claim_whose_queue_is_not_a_list_grants_that_slot_alone_without_enqueu
         client.hset("badq", "not", "a list")
         items = [ClaimItem("a", 2000, Op.CLAIM, 2000, enqueue=(("lpush", "badq", "pa"),)),
                  ClaimItem("b", 2000, Op.CLAIM, 2000, enqueue=(("lpush", "q", "pb"),))]
-        assert ledger.claim(token, epoch, items) == [UNQUEUED, None]
+        assert ledger.claim(token, epoch, items) == [Code.UNQUEUED, Code.GRANTED]
         stored = ledger.load()
-        assert (stored["a"].state, stored["b"].state) == ("c", "s")
+        assert (stored["a"].state, stored["b"].state) == (SlotStatus.CLAIMED, SlotStatus.SENT)
         assert client.type("badq") == b"hash" and client.lrange("q", 0, -1) == [b"pb"]
         assert [e["entry"] for e in ledger.history() if e["event"] == "sent"] == ["b"]
     finally:

@@ -54,7 +54,7 @@ def prepared(scheduler: Scheduler, names: set[str], timeout: float = 30.0) -> No
         delay = scheduler.tick()
         live = set(scheduler.schedule) - {"celery.backend_cleanup"}
         warmed = scheduler._warmed == (scheduler._schedule_version,
-                                       scheduler._node.lease.epoch if scheduler._node else None)
+                                       scheduler._shared.lease.epoch if scheduler._shared else None)
         if scheduler.role == LEADER and live == names and warmed:
             return
         assert time.monotonic() < deadline, f"not prepared: {len(live)} of {len(names)}"

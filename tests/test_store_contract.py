@@ -21,10 +21,19 @@ from celery_leaderbeat.store.base import GuardRun, Store, one_step_client
 from celery_leaderbeat.store.entry_store import EntryExists, EntryUnknown
 from celery_leaderbeat.store.events import ENTRIES, RELEASED, REQUEST
 from celery_leaderbeat.store.keys import Keys
-from celery_leaderbeat.store.ledger import BACKFILL_REFUSALS, ClaimItem, Event, Op
 from celery_leaderbeat.store.memory import MemoryStore
 from celery_leaderbeat.store.memory_state import MemoryState
 from celery_leaderbeat.store.redis_store import redis_store
+from celery_leaderbeat.store.types import (
+    BackfillReason,
+    BackfillRefused,
+    ClaimItem,
+    Code,
+    Event,
+    Op,
+    Refused,
+    SlotStatus,
+)
 
 #: every store; a new one adds its name here and a branch to :func:`backend`
 STORES = ["redis", "memory"]
@@ -110,13 +119,13 @@ def test_a_lease_taken_over_cannot_be_renewed_by_its_old_holder(backend):
 def test_a_claimed_slot_stays_claimed_and_only_the_lease_holder_claims(backend):
     a, b = backend.make("a"), backend.make("b")
     assert a.lease.try_acquire()
-    assert a.ledger.claim(*a.lease.credentials(), [ClaimItem("e", 1000, Op.CLAIM)]) == [None]
+    assert a.ledger.claim(*a.lease.credentials(), [ClaimItem("e", 1000, Op.CLAIM)]) == [Code.GRANTED]
     skip = a.ledger.claim(*a.lease.credentials(), [ClaimItem("e", 1000, Op.SKIP)])
-    assert skip[0] is not None and not isinstance(skip[0], str)
-    assert (skip[0].slot_ms, skip[0].state) == (1000, "c")
+    assert isinstance(skip[0], Refused)
+    assert (skip[0].state.slot_ms, skip[0].state.state) == (1000, SlotStatus.CLAIMED)
     earlier = a.ledger.claim(*a.lease.credentials(), [ClaimItem("e", 500, Op.CLAIM)])
-    assert earlier[0] is not None and not isinstance(earlier[0], str)
-    assert earlier[0].slot_ms == 1000
+    assert isinstance(earlier[0], Refused)
+    assert earlier[0].state.slot_ms == 1000
     with pytest.raises(LeaseLostError):
         b.ledger.claim("not-the-token", 99, [ClaimItem("e", 2000, Op.CLAIM)])
     assert a.ledger.load()["e"].slot_ms == 1000
@@ -127,18 +136,42 @@ def test_a_rescue_is_granted_once_and_only_for_an_entry_whose_phase_is_known(bac
     assert leader.lease.try_acquire()
     leader.ledger.claim(*leader.lease.credentials(), [ClaimItem("e", 1000, Op.ANCHOR)])
     slot = backend.now_ms() - 3000  # past its fire time by more than rescue_after (2 s)
-    assert s1.ledger.rescue([ClaimItem("new", slot, Op.CLAIM, slot)]).results == ["unknown"]
-    assert s1.ledger.rescue([ClaimItem("e", slot, Op.CLAIM, slot)]).results == [None]
+    assert s1.ledger.rescue([ClaimItem("new", slot, Op.CLAIM, slot)]).results == [Code.UNKNOWN]
+    assert s1.ledger.rescue([ClaimItem("e", slot, Op.CLAIM, slot)]).results == [Code.GRANTED]
     refused = s2.ledger.rescue([ClaimItem("e", slot, Op.CLAIM, slot)]).results[0]
-    assert refused is not None and not isinstance(refused, str) and refused.node == "s1"
+    assert isinstance(refused, Refused) and refused.state.node == "s1"
 
+
+def test_no_rescue_until_the_newest_leader_marked_the_definitions(backend):
+    a, b, s = backend.make("a"), backend.make("b"), backend.make("s")
+    assert a.lease.try_acquire()
+    a.ledger.claim(*a.lease.credentials(), [ClaimItem("e", 1000, Op.ANCHOR)])
+    a.ledger.mark_definitions(*a.lease.credentials())
+    assert a.lease.release()
+    assert b.lease.try_acquire()
+    slot = backend.now_ms() - 3000  # past its fire time by more than rescue_after (2 s)
+    assert s.ledger.rescue([ClaimItem("e", slot, Op.CLAIM, slot)]).results == [Code.EARLY]
+    b.ledger.mark_definitions(*b.lease.credentials())
+    assert s.ledger.rescue([ClaimItem("e", slot, Op.CLAIM, slot)]).results == [Code.GRANTED]
+
+
+def test_checking_the_generation_is_fenced_by_the_lease(backend):
+    a = backend.make("a")
+    assert a.lease.try_acquire()
+    token, epoch = a.lease.credentials()
+    a.ledger.check_generation(token, epoch)  # still leads, nothing lost: no answer
+    assert a.lease.release()
+    with pytest.raises(LeaseLostError):
+        a.ledger.check_generation(token, epoch)
+    with pytest.raises(LeaseLostError):
+        a.ledger.mark_definitions(token, epoch)
 
 def test_a_sent_record_marks_the_slot_sent_and_joins_the_history(backend):
     a = backend.make("a")
     assert a.lease.try_acquire()
     a.ledger.claim(*a.lease.credentials(), [ClaimItem("e", 1000, Op.CLAIM)])
     assert a.ledger.record(a.lease.epoch, [Event("e", 1000, "sent")]) == 1
-    assert a.ledger.load()["e"].state == "s"
+    assert a.ledger.load()["e"].state == SlotStatus.SENT
     assert ("sent", "e") in [(h["event"], h.get("entry")) for h in a.ledger.history()]
 
 
@@ -422,10 +455,11 @@ def test_a_backfill_is_granted_once_per_slot_and_refused_with_its_reason(backend
     a.ledger.record(epoch, [Event("e", 10_000, "sent")])
     a.ledger.claim(token, epoch, [ClaimItem("e", 50_000, Op.CLAIM)])
     answers = a.ledger.backfill(token, epoch, "e", [10_000, 30_000, 90_000], "r1")
-    assert answers == [BACKFILL_REFUSALS["sent"], None, BACKFILL_REFUSALS["later"]]
-    assert a.ledger.backfill(token, epoch, "e", [30_000], "r1") == [None]  # asked again
+    assert answers == [BackfillRefused(BackfillReason.SENT), Code.GRANTED,
+                       BackfillRefused(BackfillReason.LATER)]
+    assert a.ledger.backfill(token, epoch, "e", [30_000], "r1") == [Code.GRANTED]  # again
     assert a.ledger.backfill(token, epoch, "e", [30_000], "r2") == [
-        BACKFILL_REFUSALS["backfilled"]]
+        BackfillRefused(BackfillReason.BACKFILLED)]
 
 
 def test_a_leader_starting_again_after_a_loss_sets_when_and_no_backfill_reaches_before(backend):
@@ -438,7 +472,7 @@ def test_a_leader_starting_again_after_a_loss_sets_when_and_no_backfill_reaches_
     a.ledger.claim(token, epoch, [ClaimItem("e", 50_000, Op.SKIP)])
     lost_at = a.ledger.lost_at()
     assert lost_at is not None and abs(lost_at - backend.now_ms()) < 60_000
-    assert a.ledger.backfill(token, epoch, "e", [30_000], "r1") == [BACKFILL_REFUSALS["lost"]]
+    assert a.ledger.backfill(token, epoch, "e", [30_000], "r1") == [BackfillRefused(BackfillReason.LOST)]
 
 
 def test_definitions_written_are_read_beside_the_slots(backend):

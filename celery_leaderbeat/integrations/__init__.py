@@ -1,1 +1,2 @@
-"""Other schedulers and the workers: the gate (django-celery-beat and any base scheduler) and the worker guard."""
+"""The Scheduler's mixins; wrapping another scheduler (django-celery-beat, any base); the
+worker guard."""

@@ -1,4 +1,4 @@
-"""django-celery-beat's ``DatabaseScheduler`` behind the gate (:mod:`celery_leaderbeat.integrations.gate`).
+"""django-celery-beat's ``DatabaseScheduler`` wrapped (:mod:`celery_leaderbeat.integrations.wrap`).
 
 Where the state lives: the schedule (rows, admin, ``enabled``, ``one_off``,
 ``start_time``, ``expires``, and for display ``last_run_at`` and ``total_run_count``)
@@ -34,12 +34,12 @@ from django_celery_beat.tzcrontab import TzAwareCrontab
 
 from ..errors import ConfigurationError
 from ..roles.leader import Leader
-from ..roles.node import utcnow
+from ..roles.shared import utcnow
 from ..timing.clocks import NEVER
 from ..timing.schedules import cron
+from .adapter import Adapter
 from .djangoio import Bookkeeping, DatabaseThread, db_time
 from .djangorows import Bounded, _aware, _keeping_last_run_at, _once, row_view
-from .gatebase import Adapter
 
 logger = logging.getLogger(__name__)
 
@@ -72,14 +72,12 @@ class DatabaseAdapter(Adapter):
     # -- beat_schedule into rows ---------------------------------------------------------
 
     def prepare(self, entries: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-        options = self.scheduler._entry_options
         problems = []
         for name, entry in entries.items():
             if isinstance(entry.get("schedule"), cron):
-                given = options.get(name)
-                zone = (given.tz if given else None) or self.scheduler.app.timezone
                 try:
-                    entry["schedule"] = as_crontab(name, entry["schedule"], zone)
+                    entry["schedule"] = as_crontab(name, entry["schedule"],
+                                                   self.scheduler.zone_of(name))
                 except ConfigurationError as exc:
                     problems += exc.problems
         if problems:
@@ -117,9 +115,7 @@ class DatabaseAdapter(Adapter):
             if not isinstance(bounded, Bounded):
                 continue
             if bounded.once:
-                options = s._entry_options.get(name)
-                at = bounded.once_at(name, bounded.tz or (options.tz if options else None)
-                                     or s.app.timezone)
+                at = bounded.once_at(name, bounded.tz or s.zone_of(name))
                 if at < NEVER:
                     found[name] = at - _MS
             elif bounded.restart is not None and bounded.restart >= fresh_since:
@@ -143,7 +139,7 @@ class DatabaseAdapter(Adapter):
     def housekeeping(self, leader: Leader) -> None:
         """Disable expired rows, and one-off rows whose one slot is behind them."""
         now = utcnow()
-        for name, entry in list(self.scheduler._gate_entries.items()):
+        for name, entry in list(self.scheduler.base_entries().items()):
             model = getattr(entry, "model", None)
             if model is None or not model.enabled:
                 continue
@@ -247,7 +243,7 @@ def database_rows(app: Any, base: Any) -> dict[str, dict[str, Any]]:
 
 def as_crontab(name: str, schedule: cron, zone: tzinfo) -> TzAwareCrontab:
     """A 5-field cron string as the crontab row django-celery-beat stores."""
-    text = schedule._text
+    text = schedule.fields
     fields = text.split(" ")
     why = None
     if len(fields) == 6:
@@ -261,7 +257,7 @@ def as_crontab(name: str, schedule: cron, zone: tzinfo) -> TzAwareCrontab:
         raise ConfigurationError(
             f"beat_schedule entry {name!r}: cron string {schedule.expr!r} cannot be stored "
             f"as a django-celery-beat crontab row: {why}; use celery.schedules.crontab(...)")
-    zone = getattr(schedule, "_zone", None) or zone
+    zone = schedule.own_zone or zone
     minute, hour, dom, month, dow = fields
     try:
         return TzAwareCrontab(minute=minute, hour=hour, day_of_month=dom, month_of_year=month,

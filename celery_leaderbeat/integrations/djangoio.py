@@ -1,4 +1,4 @@
-"""The database work of a gated django-celery-beat scheduler, off the sending thread.
+"""The database work of a wrapped django-celery-beat scheduler, off the sending thread.
 
 Two parts, both driven by one background thread per beat process (:class:`DatabaseThread`):
 

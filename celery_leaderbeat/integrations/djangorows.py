@@ -17,7 +17,7 @@ from django.utils import timezone as dj_timezone
 from django_celery_beat.clockedschedule import clocked
 from django_celery_beat.tzcrontab import TzAwareCrontab
 
-from ..roles.node import utcnow
+from ..roles.shared import utcnow
 from ..timing.clocks import NEVER, BoundedClock, IntervalClock, OnceClock, _Clock
 from ..timing.slots import SlotClock, clock_for
 

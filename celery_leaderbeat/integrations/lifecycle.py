@@ -18,11 +18,11 @@ from contextlib import contextmanager
 from datetime import datetime, timezone
 
 from ..roles.leader import Leader
-from ..roles.node import Node, utcnow
+from ..roles.shared import Shared, utcnow
 from ..roles.standby import Standby
 from ..store.base import STORE_ERRORS
 from ..store.registry import earliest_follower
-from .parts import Parts
+from .attributes import Attributes
 
 logger = logging.getLogger(__name__)
 
@@ -33,11 +33,10 @@ STANDBY, LEADER = "standby", "leader"
 def _collector_paused() -> Iterator[None]:
     """Python's cyclic garbage collector waits until the tick is over.
 
-    A burst allocates tens of thousands of objects; the collections they set
-    off scan every object of the process (Celery's, the schedule's) and cost
-    a 10,000-slot burst about 0.5 of its 3.2 CPU seconds, 0.1 s of it before
-    the first claim. A tick is bounded, and the objects it leaves in cycles
-    are collected after it, as before.
+    A burst allocates tens of thousands of objects; each collection they set off
+    scans every object of the process (Celery's, the schedule's), a cost paid
+    between the slot coming due and its claim. A tick is bounded, and the objects
+    it leaves in cycles are collected once the collector runs again after it.
     """
     if not gc.isenabled():
         yield
@@ -49,30 +48,30 @@ def _collector_paused() -> Iterator[None]:
         gc.enable()
 
 
-class Lifecycle(Parts):
+class Lifecycle(Attributes):
     """Elected, stepping down, registered, closed: the role changes Celery never sees."""
 
     @property
     def role(self) -> str:
         return LEADER if self._leader is not None else STANDBY
 
-    def _become_leader(self, node: Node, standby: Standby) -> Leader:
-        leader = Leader(node, since=self._on_time_since(node, standby.since))
+    def _become_leader(self, shared: Shared, standby: Standby) -> Leader:
+        leader = Leader(shared, since=self._on_time_since(shared, standby.since))
         self._leader = leader
-        node.lease.start_heartbeat(lambda: self._wake_by)
+        shared.lease.start_heartbeat(lambda: self._wake_by)
         logger.info("leaderbeat: %s elected leader (epoch %s); slots due since %s are on "
-                    "time, older ones missed", node.config.node_id, node.lease.epoch,
+                    "time, older ones missed", shared.config.node_id, shared.lease.epoch,
                     leader.since.isoformat())
-        self._telemetry.elected(node.config.node_id, node.lease.epoch)
+        self._telemetry.elected(shared.config.node_id, shared.lease.epoch)
         self._register(LEADER)
         leader.elected(self._schedule_version)
         return leader
 
-    def _on_time_since(self, node: Node, own: datetime) -> datetime:
+    def _on_time_since(self, shared: Shared, own: datetime) -> datetime:
         """Slots due since a live standby followed the schedule are on time, not missed:
         it was there to rescue them (the registry says since when each node follows)."""
         try:
-            earliest = earliest_follower(node.ledger.nodes(), now=time.time(),
+            earliest = earliest_follower(shared.ledger.nodes(), now=time.time(),
                                          fresh=3 * self.lb_config.renew_interval)
         except STORE_ERRORS + (ValueError, TypeError):
             return own
@@ -81,9 +80,9 @@ class Lifecycle(Parts):
         return min(own, datetime.fromtimestamp(earliest, timezone.utc))
 
     def _step_down(self, why: str, release: bool = False) -> None:
-        if self._node is None:
+        if self._shared is None:
             return
-        lease = self._node.lease
+        lease = self._shared.lease
         if self._leader is not None:
             logger.warning("leaderbeat: %s (epoch %s) steps down: %s", self.lb_config.node_id,
                            lease.epoch, why)
@@ -103,10 +102,10 @@ class Lifecycle(Parts):
 
     def _lost(self, why: str) -> None:
         """This process stopped leading: its subscription goes, receivers are told."""
-        assert self._node is not None
+        assert self._shared is not None
         if self._leader is not None:
             self._leader.close()
-        self._telemetry.lost(self.lb_config.node_id, self._node.lease.epoch, why)
+        self._telemetry.lost(self.lb_config.node_id, self._shared.lease.epoch, why)
 
     def _refresh_registration(self) -> None:
         """Refresh this node's entry in the node registry about once per renew interval."""
@@ -114,15 +113,15 @@ class Lifecycle(Parts):
             self._register(self.role)
 
     def _register(self, role: str) -> None:
-        node = self._connect()
-        self._telemetry.metrics.clock_skew(node.lease.clock_skew)
+        shared = self._connect()
+        self._telemetry.metrics.clock_skew(shared.lease.clock_skew)
         # A node follows the schedule only while Redis answers it: slots due while it could
         # not claim are not on time because of it (they follow the catch-up policy).
         room = self._leader if role == LEADER else self._standby
         since = max(room.since.timestamp(), self._contact_since) if room is not None else None
-        self._registration.write(node.ledger, self.lb_config.node_id, role,
-                                 node.lease.epoch if role == LEADER else None,
-                                 clock_skew=node.lease.clock_skew, following_since=since,
+        self._registration.write(shared.ledger, self.lb_config.node_id, role,
+                                 shared.lease.epoch if role == LEADER else None,
+                                 clock_skew=shared.lease.clock_skew, following_since=since,
                                  send_path=self._send_path())
 
     def _send_path(self) -> str | None:
@@ -140,14 +139,14 @@ class Lifecycle(Parts):
             return
         self._closed = True
         try:
-            if self._node is not None and self._pid == os.getpid():
-                lease = self._node.lease
+            if self._shared is not None and self._pid == os.getpid():
+                lease = self._shared.lease
                 lease.stop_heartbeat()
                 if self._leader is not None and lease.release("released"):
                     logger.info("leaderbeat: %s (epoch %s) released the lease",
                                 self.lb_config.node_id, lease.epoch)
                     self._lost("released on shutdown")
-                self._registration.forget(self._node.ledger)
+                self._registration.forget(self._shared.ledger)
         except STORE_ERRORS as exc:
             logger.warning("leaderbeat: could not release the lease on close (%s); "
                            "standbys take over when it expires", exc)

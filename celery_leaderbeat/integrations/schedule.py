@@ -7,19 +7,22 @@ only those (an older version means a full reload).
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
+from datetime import tzinfo
 from typing import Any
 
 from ..entries import EntryOptions, split_entries
 from ..errors import ConfigurationError
 from ..roles.dynamic_schedule import DynamicSchedule
 from ..store.base import EntryDefinitions
+from ..store.types import SlotState
 from ..timing.slots import clock_for
-from .parts import Parts
+from .attributes import Attributes
 
 #: schedule versions whose changed names are kept (an older one means a full reload)
 CHANGE_LOG = 64
 
-class ScheduleState(Parts):
+class ScheduleState(Attributes):
     """``beat_schedule`` read and checked, run-time entries followed, changes versioned."""
 
     def setup_schedule(self) -> None:
@@ -39,8 +42,7 @@ class ScheduleState(Parts):
         for name, entry in self.schedule.items():
             opts = options.get(name) or EntryOptions.defaults(self.lb_config)
             try:
-                clock_for(entry.schedule, name=name, tz=opts.tz or self.app.timezone,
-                          jitter=opts.jitter)
+                clock_for(entry.schedule, name=name, tz=self.zone_of(name), jitter=opts.jitter)
             except ConfigurationError as exc:
                 problems += exc.problems
         if problems:
@@ -59,7 +61,7 @@ class ScheduleState(Parts):
         self._schedule_version += 1
         return entry
 
-    def _changed_since(self, version: int) -> frozenset[str] | None:
+    def changed_since(self, version: int) -> frozenset[str] | None:
         """The entry names changed after schedule ``version``, or None when some change
         since then is not known name by name (the whole schedule must be read again)."""
         if version >= self._schedule_version:
@@ -69,9 +71,36 @@ class ScheduleState(Parts):
             return None
         return frozenset().union(*known)
 
-    def _slot_entries(self) -> Any:
+    def slot_entries(self) -> Mapping[str, Any]:
         """The entries slots are computed from: name -> an object with ``.schedule``."""
-        return self.schedule
+        return self.schedule  # type: ignore[no-any-return]
+
+    def entry_options(self) -> Mapping[str, EntryOptions]:
+        """Entry name -> its ``leaderbeat`` options, for the entries that have any."""
+        return self._entry_options
+
+    def overlap_of(self, name: str) -> str:
+        """The entry's overlap policy: its own, else ``leaderbeat_overlap``."""
+        options = self._entry_options.get(name)
+        return options.overlap if options is not None else self.lb_config.overlap
+
+    def timezone(self) -> tzinfo:
+        """The app's time zone, for entries without one of their own."""
+        return self.app.timezone  # type: ignore[no-any-return]
+
+    def zone_of(self, name: str) -> tzinfo:
+        """The zone the entry's slots are read in: its own (``leaderbeat`` options), else
+        the app's."""
+        options = self._entry_options.get(name)
+        return (options.tz if options is not None else None) or self.timezone()
+
+    def runtime_anchors(self) -> Mapping[str, SlotState]:
+        """Run-time entry -> the slot state its slots count from (none behind a base)."""
+        return self._dynamic.anchors if self._dynamic is not None else {}
+
+    def anchored_exactly(self) -> Collection[str]:
+        """Run-time entries anchored before any state was stored."""
+        return self._dynamic.exact if self._dynamic is not None else ()
 
     def _follow_dynamic(self, store: EntryDefinitions) -> DynamicSchedule | None:
         """Entries defined at run time (not behind a base scheduler: it has its own store)."""

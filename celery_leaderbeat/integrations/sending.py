@@ -12,7 +12,7 @@ from typing import Any
 from ..send.plain import publish
 from ..send.sender import Enqueuer
 from ..timing.slots import to_ms
-from .parts import Parts
+from .attributes import Attributes
 
 logger = logging.getLogger(__name__)
 #: one INFO line per send, in stock beat's words (a chunk's lines in one record); a
@@ -26,7 +26,7 @@ WARM_MIN = 0.1
 WARM_MAX = 0.25
 
 
-class Sending(Parts):
+class Sending(Attributes):
     """Publishing slots of the schedule's entries, and what a sent slot changes."""
 
     _warming: Any = None  # (schedule version, epoch, iterator of (entry, overlap)) being warmed
@@ -73,25 +73,25 @@ class Sending(Parts):
         done = self._warming[0] if self._warming is not None else self._warmed
         left: Iterator[tuple[Any, str]] = self._warming[1] if self._warming is not None \
             else iter(())
-        changed = self._changed_since(done[0]) if done is not None and done[1] == epoch \
+        changed = self.changed_since(done[0]) if done is not None and done[1] == epoch \
             else None
         return itertools.chain(left, self._entries_named(sorted(changed))) \
             if changed is not None else self._entries_named(list(self.schedule))
 
     def _entries_named(self, names: list[str]) -> Iterator[tuple[Any, str]]:
         """(entry, overlap) of each of ``names`` still scheduled when its turn comes."""
-        default, options = self.lb_config.overlap, self._entry_options
         for name in names:
             entry = self.schedule.get(name)
             if entry is not None:
-                yield entry, options[name].overlap if name in options else default
+                yield entry, self.overlap_of(name)
 
     def _chunk_sender(self, epoch: int) -> Any:
         """A batch's chunk sender (``send.base.ChunkSend``), on the path the broker allows:
         one step, the single write, or the plain path (``Enqueuer.path`` says which)."""
         if self._enqueuer is None or not self._enqueuer.checked:
             said = self._enqueuer is not None  # an unreachable broker is said once
-            self._enqueuer = Enqueuer(self, self._connect().client, quiet=said)
+            shared = self._connect()
+            self._enqueuer = Enqueuer(self, shared.client, quiet=said, memory=shared.sent)
         self._keep_messages(self._enqueuer)
         return self._enqueuer.bind(epoch)
 
@@ -104,30 +104,26 @@ class Sending(Parts):
         kept, version = self._kept, self._schedule_version
         if kept is not None and kept[0] is enqueuer and kept[1] == version:
             return
-        names = self._changed_since(kept[1]) if kept is not None and kept[0] is enqueuer else None
-        default, options = self.lb_config.overlap, self._entry_options
-        enqueuer.messages.keep(
-            self.schedule, lambda n: options[n].overlap if n in options else default, names)
+        names = self.changed_since(kept[1]) if kept is not None and kept[0] is enqueuer else None
+        enqueuer.messages.keep(self.schedule, self.overlap_of, names)
         self._kept = (enqueuer, version)
 
-    def _send_slot(self, name: str, slot: datetime, epoch: int,
-                   task_id: str | None = None) -> bool:
+    def send_slot(self, name: str, slot: datetime, epoch: int,
+                  task_id: str | None = None) -> bool:
         """Publish ``slot`` of the entry named ``name``, if it is still scheduled."""
         entry = self.schedule.get(name)
         return entry is not None and self._send(entry, slot, epoch, task_id)
 
     def _send(self, entry: Any, slot: datetime, epoch: int, task_id: str | None = None) -> bool:
         """Publish one slot; a failure is logged and reported, never swallowed."""
-        opts = self._entry_options.get(entry.name)
-        overlap = opts.overlap if opts else self.lb_config.overlap
         self._say_sending(entry, slot, epoch, task_id)
         try:
-            publish(self, entry, slot, epoch, overlap, task_id)
+            publish(self, entry, slot, epoch, self.overlap_of(entry.name), task_id)
         except Exception:  # any publish failure: logged with its traceback, recorded unsent
             logger.exception("leaderbeat: could not send %s for slot %s",
                              entry.name, slot.isoformat())
             return False
-        self._note_sent(entry, slot)
+        self.note_sent(entry, slot)
         return True
 
     def _say_sending(self, entry: Any, slot: datetime, epoch: int,
@@ -137,12 +133,12 @@ class Sending(Parts):
             send_logger.info("Scheduler: Sending due task %s (%s) for slot %s%s",
                              entry.name, entry.task, slot.isoformat(), _how(epoch, task_id))
 
-    def _say_sending_chunk(self, sends: Sequence[tuple[Any, datetime]], epoch: int) -> None:
+    def say_sending_chunk(self, sends: Sequence[tuple[Any, datetime]], epoch: int) -> None:
         """A chunk's sends as one INFO record whose lines are the per-send lines, in order.
 
         The logging machinery costs more than a line's text (a record, its caller's
-        frame, a lock, a flush): one record per chunk of up to a hundred sends,
-        instead of one per send, was about a fifth of the send path's CPU.
+        frame, a lock, a flush): one record per chunk of up to a hundred sends pays it
+        once per chunk, not once per send.
         """
         if sends and send_logger.isEnabledFor(logging.INFO):
             how = _how(epoch, None)
@@ -150,7 +146,7 @@ class Sending(Parts):
                 f"Scheduler: Sending due task {entry.name} ({entry.task}) "
                 f"for slot {slot.isoformat()}{how}" for entry, slot in sends]))
 
-    def _note_sent(self, entry: Any, slot: datetime) -> None:
+    def note_sent(self, entry: Any, slot: datetime) -> None:
         """What a sent slot changes in the entry (a chunk sender calls it for each slot too)."""
         entry.last_run_at = slot
         entry.total_run_count += 1

@@ -12,11 +12,11 @@ import logging
 import time
 
 from ..errors import LeaseLostError, RedisAuthError
-from ..roles.node import utcnow
+from ..roles.shared import utcnow
 from ..store.base import STORE_ERRORS
 from ..store.connection import describe
 from ..store.errors import StoreCredentialsRefused
-from .parts import Parts
+from .attributes import Attributes
 
 logger = logging.getLogger(__name__)
 
@@ -24,7 +24,7 @@ logger = logging.getLogger(__name__)
 #: step (NTP slews smaller offsets; GC pauses and SIGSTOP move both clocks alike)
 CLOCK_STEP = 2.0
 
-class Trouble(Parts):
+class Trouble(Attributes):
     """What the Scheduler does when Redis stops answering, and when the wall clock steps."""
 
     def _refused(self, exc: Exception) -> RedisAuthError:
@@ -53,7 +53,7 @@ class Trouble(Parts):
         if self._leader is not None:
             self._leader.close()  # its subscription is made again once Redis answers
         if (self._leader is not None and not self._leader.redis_unreachable(exc)
-                and (self._node is None or not self._node.lease.is_held())):
+                and (self._shared is None or not self._shared.lease.is_held())):
             self._step_down("lease could not be confirmed while Redis was unreachable")
         # capped at one standby poll (1 s): a leader that survived Redis restarting empty
         # is back within about a second of Redis answering, not a backoff step later
@@ -65,12 +65,12 @@ class Trouble(Parts):
         self._redis_failures = 0
         self._contact_since = time.time()
         config = self.lb_config
-        if self._leader is not None and self._node is not None:
+        if self._leader is not None and self._shared is not None:
             # Is the lease still there? If Redis lost it while it was valid, this node (the
             # only one that can know nobody sent later slots) steps down now and takes the
             # lease again first, carrying on from what it sent.
             try:
-                self._node.lease.renew()
+                self._shared.lease.renew()
             except LeaseLostError as exc:
                 self._step_down(str(exc))
             except STORE_ERRORS:

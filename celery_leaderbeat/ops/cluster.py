@@ -21,8 +21,8 @@ from ..entries import EntryOptions, split_entries
 from ..errors import BackfillRefused, EntryNotFound
 from ..roles.requests import Request, submit
 from ..store.base import Store
-from ..store.ledger import STATE_NAMES
 from ..store.redis_store import connect
+from ..store.types import SlotStatus
 from ..timing.clocks import IntervalClock
 from ..timing.slots import clock_for, from_ms, slot_id, to_ms
 
@@ -168,8 +168,8 @@ class Cluster:
                            rescued_by=None, run=None, next_due=None, paused=paused.get(name))
             if state is not None:
                 last = from_ms(state.slot_ms)
-                sent = state.state not in ("a", "k")
-                row["last_slot"], row["state"] = last.isoformat(), STATE_NAMES.get(state.state)
+                sent = state.state not in (SlotStatus.ANCHOR, SlotStatus.SKIPPED)
+                row["last_slot"], row["state"] = last.isoformat(), state.state.label
                 row["epoch"], row["rescued_by"] = state.epoch, state.node
                 row["task_id"] = slot_id(self.config.key_prefix, name, last) if sent else None
             if name in schedule:

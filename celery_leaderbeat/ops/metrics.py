@@ -32,26 +32,17 @@ start-up (config.py), so probes and metrics are installed together.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from .health import Health, application
 from .health import serve as serve_http
 
-ENV_PORT = "LEADERBEAT_METRICS_PORT"
-
 #: above this many entries the slot counters are not labelled per entry
 ENTRY_LABEL_LIMIT = 1000
 
 #: history event -> the slot state it counts as
 _STATES = {"sent": "sent", "missed": "missed", "skipped": "skipped", "unsent": "unsent"}
-
-
-def port_from(setting: int | None) -> int | None:
-    """The port to serve on: ``LEADERBEAT_METRICS_PORT`` if set, else the setting."""
-    env = os.environ.get(ENV_PORT)
-    return int(env) if env else setting
 
 
 class NullMetrics:

@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .. import signals
-from ..store.ledger import Event
+from ..store.types import Event
 from ..timing.slots import from_ms, slot_id
 from .health import Health
 from .metrics import Metrics, NullMetrics, SendPath

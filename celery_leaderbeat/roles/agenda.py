@@ -13,11 +13,12 @@ import heapq
 import logging
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone, tzinfo
 from typing import Any, NamedTuple
 
 from ..entries import EntryOptions
-from ..store.ledger import CLAIMED, UNSENT, ClaimItem, Op, SlotState
+from ..store.types import ClaimItem, ClaimResult, Op, Refused, SlotState, SlotStatus
 from ..timing.clocks import IntervalClock
 from ..timing.policy import CatchupPolicy
 from ..timing.slots import Plan, SlotClock, clock_for, from_ms, plan, to_ms
@@ -94,22 +95,48 @@ def _no_fingerprint(name: str, entry: Any, tz: tzinfo, jitter: float | None) -> 
     return ""
 
 
+def small_change(changed: Collection[str], tracked: int) -> bool:
+    """Is a change of the ``changed`` entries, out of ``tracked``, taken in entry by entry?
+    A larger one reloads the whole schedule: one read of every state costs less then."""
+    return len(changed) <= max(100, tracked // 10)
+
+
+@dataclass(frozen=True)
+class Reading:
+    """How :func:`load` reads the entries: their options and zone, clocks, fingerprints."""
+
+    tz: tzinfo  # the app's: for entries without a zone of their own
+    options: Mapping[str, EntryOptions]
+    default: EntryOptions  # an entry's options when it has none of its own
+    clock_of: ClockOf = _build
+    fingerprint_of: FingerprintOf = _no_fingerprint
+
+
+@dataclass(frozen=True)
+class Known:
+    """What the process that loads knows beside the stored states (see :func:`load`)."""
+
+    epoch: int | None  # the leader's own (None: a standby)
+    #: the fingerprints stored beside the slot states (None: not read, a standby)
+    definitions: Mapping[str, str] | None = None
+    #: the newest slot of an entry this process knows was settled
+    remembered: Callable[[str], int | None] = lambda name: None
+    trust_memory: bool = False  # it led until Redis lost writes: nobody sent later
+    rolled_back: bool = False  # Redis went back to older state: no stored slot trusted
+    trusted_epoch: int | None = None  # except one stored under this epoch
+    anchored: Collection[str] = ()  # run-time entries whose state is their store's anchor
+    runtime: Collection[str] = ()  # the entries defined at run time
+
+
 def load(schedule: Mapping[str, Any], stored: Mapping[str, SlotState], *, start: datetime,
-         tz: tzinfo, options: Mapping[str, EntryOptions], default: EntryOptions,
-         epoch: int | None, clock_of: ClockOf = _build,
-         fingerprint_of: FingerprintOf = _no_fingerprint,
-         definitions: Mapping[str, str] | None = None,
-         remembered: Callable[[str], int | None] = lambda name: None,
-         trust_memory: bool = False, rolled_back: bool = False,
-         trusted_epoch: int | None = None, anchored: Collection[str] = (),
-         runtime: Collection[str] = ()) -> Loaded:
+         reading: Reading, known: Known) -> Loaded:
     """Track every entry of ``schedule`` from its stored last slot, else from ``start``.
 
-    ``epoch`` is the leader's own: a claimed or unsent slot of any other epoch
-    was left behind by an earlier leader. ``definitions`` are the fingerprints
+    ``known.epoch`` is the leader's own: a claimed or unsent slot of any other epoch
+    was left behind by an earlier leader. ``known.definitions`` are the fingerprints
     stored beside the slot states (a leader loads them; an entry whose stored
     fingerprint differs from its own starts again from ``start``).
-    ``remembered`` gives the newest slot this process published of an entry: a
+    ``known.remembered`` gives the newest slot this process knows settled of an entry: a
     stored slot older than that means Redis lost writes. With ``trust_memory``
     (this process led until Redis lost them: nobody can have sent later slots)
     the entry carries on after what was published; otherwise another node may
@@ -120,58 +147,67 @@ def load(schedule: Mapping[str, Any], stored: Mapping[str, SlotState], *, start:
     ``trusted_epoch`` (the leader's own, when another node reported the loss:
     what this leader wrote is still there).
 
-    ``runtime`` names the entries defined at run time: their phase is the entry
+    ``known.runtime`` names the entries defined at run time: their phase is the entry
     store's (the save, by Redis TIME), the same on every node. ``anchored`` are those
     whose state in ``stored`` is that anchor, not Redis's (none stored yet, or an older
     one): the leader writes it as it is, with no margin, so a standby can rescue from
     it. A run-time entry whose definition changed and whose timing did not keeps its
     phase: only the leader's fingerprint is written.
     """
+    tz, options, default = reading.tz, reading.options, reading.default
     tracked: dict[str, Tracked] = {}
     anchors: list[ClaimItem] = []
     unsent: list[Unsent] = []
     for name, entry in schedule.items():
         opts = options.get(name) or default
         try:
-            clock = clock_of(name, entry.schedule, opts.tz or tz, opts.jitter)
-            fp = fingerprint_of(name, entry, opts.tz or tz, opts.jitter)
+            clock = reading.clock_of(name, entry.schedule, opts.tz or tz, opts.jitter)
+            fp = reading.fingerprint_of(name, entry, opts.tz or tz, opts.jitter)
         except Exception as exc:  # noqa: BLE001 - an entry added at runtime: the others go on
             logger.error("leaderbeat: entry %r is left out: its schedule cannot be followed (%s)",
                          name, exc)
             continue
+        anchor, last = _start_of(name, stored.get(name), fp, start, known)
+        if anchor is not None:
+            anchors.append(anchor)
         state = stored.get(name)
-        sent_ms = remembered(name)
-        stored_fp = (definitions or {}).get(name)
-        if sent_ms is not None and (state is None or state.slot_ms < sent_ms) and trust_memory:
-            anchors.append(ClaimItem(name, sent_ms, Op.RESTORE, fingerprint=fp))
-            last = from_ms(sent_ms)
-        elif state is not None and ((rolled_back and (trusted_epoch is None
-                                                      or state.epoch != trusted_epoch))
-                                    or (sent_ms is not None and state.slot_ms < sent_ms)):
-            # rolled back (an older snapshot, a lagging replica): unknown, as if empty
-            at = max(to_ms(start), state.slot_ms, sent_ms or 0)
-            anchors.append(ClaimItem(name, at, Op.ROLLED_BACK, fingerprint=fp))
-            last = from_ms(at)
-        elif state is None:
-            anchors.append(ClaimItem(name, to_ms(start), Op.ANCHOR, fingerprint=fp))
-            last = start
-        elif name in anchored:
-            anchors.append(ClaimItem(name, state.slot_ms, Op.REANCHOR, fingerprint=fp))
-            last = from_ms(state.slot_ms)
-        elif name in runtime and definitions is not None and stored_fp and fp \
-                and stored_fp != fp:
-            anchors.append(ClaimItem(name, 0, Op.DEFINE, fingerprint=fp))
-            last = from_ms(state.slot_ms)
-        elif definitions is not None and stored_fp and fp and stored_fp != fp:
-            anchors.append(ClaimItem(name, to_ms(start), Op.REANCHOR, fingerprint=fp))
-            last = max(start, from_ms(state.slot_ms))
-        else:
-            last = from_ms(state.slot_ms)
-            if state.state in (CLAIMED, UNSENT) and state.epoch != epoch:
-                unsent.append(Unsent(name, last, state.state == CLAIMED, state.claimed_ms))
+        if (anchor is None and state is not None
+                and state.state in (SlotStatus.CLAIMED, SlotStatus.UNSENT)
+                and state.epoch != known.epoch):
+            unsent.append(Unsent(name, last, state.state == SlotStatus.CLAIMED,
+                                 state.claimed_ms))
         tracked[name] = Tracked(name, clock, opts, last, fp)
+    runtime = known.runtime
     return Loaded(tracked, anchors, unsent, frozenset(n for n in tracked if n in runtime)
                   if len(tracked) < len(runtime) else frozenset(n for n in runtime if n in tracked))
+
+
+def _start_of(name: str, state: SlotState | None, fp: str, start: datetime,
+              known: Known) -> tuple[ClaimItem | None, datetime]:
+    """Where one entry starts (see :func:`load`): the anchor to claim, if any, and the
+    last slot it counts as settled."""
+    sent_ms = known.remembered(name)
+    definitions = known.definitions
+    stored_fp = (definitions or {}).get(name)
+    if sent_ms is not None and (state is None or state.slot_ms < sent_ms) and known.trust_memory:
+        return ClaimItem(name, sent_ms, Op.RESTORE, fingerprint=fp), from_ms(sent_ms)
+    if state is not None and ((known.rolled_back and (known.trusted_epoch is None
+                                                      or state.epoch != known.trusted_epoch))
+                              or (sent_ms is not None and state.slot_ms < sent_ms)):
+        # rolled back (an older snapshot, a lagging replica): unknown, as if empty
+        at = max(to_ms(start), state.slot_ms, sent_ms or 0)
+        return ClaimItem(name, at, Op.ROLLED_BACK, fingerprint=fp), from_ms(at)
+    if state is None:
+        return ClaimItem(name, to_ms(start), Op.ANCHOR, fingerprint=fp), start
+    if name in known.anchored:
+        return ClaimItem(name, state.slot_ms, Op.REANCHOR, fingerprint=fp), from_ms(state.slot_ms)
+    changed = definitions is not None and bool(stored_fp) and bool(fp) and stored_fp != fp
+    if changed and name in known.runtime:
+        return ClaimItem(name, 0, Op.DEFINE, fingerprint=fp), from_ms(state.slot_ms)
+    if changed:
+        return (ClaimItem(name, to_ms(start), Op.REANCHOR, fingerprint=fp),
+                max(start, from_ms(state.slot_ms)))
+    return None, from_ms(state.slot_ms)
 
 
 #: slots listed one by one in :func:`margin_slots` (older ones are counted, not listed)
@@ -205,11 +241,11 @@ def margin_slots(clock: SlotClock, since: datetime, anchor: datetime
     return slots, older
 
 
-def adopt_refused_anchors(loaded: Loaded, refused: Sequence[SlotState | None | str]) -> None:
+def adopt_refused_anchors(loaded: Loaded, results: Sequence[ClaimResult]) -> None:
     """An anchor refused: another leader stored a slot since ``load``; start from that one."""
-    for item, state in zip(loaded.anchors, refused):
-        if isinstance(state, SlotState):
-            loaded.tracked[item.name].advance(from_ms(state.slot_ms))
+    for item, result in zip(loaded.anchors, results):
+        if isinstance(result, Refused):
+            loaded.tracked[item.name].advance(from_ms(result.state.slot_ms))
 
 
 class Agenda:

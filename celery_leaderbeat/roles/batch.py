@@ -32,17 +32,15 @@ from ..errors import LeaseLostError, NotReplicatedError
 from ..send.base import ChunkSend
 from ..store.base import SlotStore
 from ..store.calls import named
-from ..store.ledger import (
-    DIFFERS,
-    EARLY,
-    ENQUEUED,
-    PAUSED,
-    SKIPPED,
-    UNQUEUED,
+from ..store.types import (
+    BackfillRefused,
     ClaimItem,
+    ClaimResult,
+    Code,
     Event,
     Op,
-    SlotState,
+    Refused,
+    SlotStatus,
 )
 from ..timing.slots import Plan, from_ms, to_ms
 from .agenda import Tracked, Unsent
@@ -87,7 +85,7 @@ class Gate(Protocol):
     records_refusals: bool  # a refused claim goes to the history (the leader's, not a rescue's)
 
     def claim(self, items: Sequence[ClaimItem],
-              events: Sequence[Event]) -> Sequence[SlotState | None | str]: ...
+              events: Sequence[Event]) -> Sequence[ClaimResult]: ...
 
     def may_send(self) -> bool: ...
 
@@ -106,7 +104,7 @@ class LeaderGate:
 
     @named("chunk.lead")
     def claim(self, items: Sequence[ClaimItem],
-              events: Sequence[Event]) -> Sequence[SlotState | None | str]:
+              events: Sequence[Event]) -> Sequence[ClaimResult]:
         try:
             return self.ledger.claim(*self.lease.credentials(), items, events)
         except LeaseLostError as exc:
@@ -141,7 +139,7 @@ class RescueGate:
 
     @named("chunk.rescue")
     def claim(self, items: Sequence[ClaimItem],
-              events: Sequence[Event]) -> Sequence[SlotState | None | str]:
+              events: Sequence[Event]) -> Sequence[ClaimResult]:
         started = self.clock()
         self.inflight = (list(items), started)  # until the reply is in hand
         claimed = self.ledger.rescue(items, events)
@@ -173,6 +171,26 @@ class Outcome:
     differs: list[str] = field(default_factory=list)  # rescue: the leader plans another definition
 
 
+@dataclass(slots=True)
+class _Row:
+    """One slot of a chunk: what was asked and what the claim answered."""
+
+    tracked: Tracked
+    slot: datetime
+    slot_ms: int
+    item: ClaimItem
+    result: ClaimResult
+
+    @property
+    def key(self) -> tuple[str, datetime]:
+        return self.tracked.name, self.slot
+
+    @property
+    def granted(self) -> bool:
+        """Granted (with or without its broker commands): this node sends it."""
+        return self.result in (Code.GRANTED, Code.UNQUEUED)
+
+
 def run_batch(due: Sequence[tuple[Tracked, Plan]], gate: Gate, send: Send | ChunkSend, *,
               memory: SentMemory | None = None, backlog: list[Event] | None = None,
               record_missed: bool = True,
@@ -193,149 +211,194 @@ def run_batch(due: Sequence[tuple[Tracked, Plan]], gate: Gate, send: Send | Chun
     """
     sender: ChunkSend = (send if hasattr(send, "send_many")  # type: ignore[assignment]
                          else _OneByOne(send))
-    memory = memory if memory is not None else SentMemory()
-    backlog = backlog if backlog is not None else []
-    outcome = Outcome()
-    pending: list[Event] = list(backlog)
-    backlog.clear()
-    # A leader records what its plan passes over at once; a rescuer only once its claim
-    # of the entry was granted (several standbys plan the same batch: one records it).
-    deferred: dict[str, list[Event]] = {}
-    if record_missed:
-        for tracked, p in due:
-            if gate.records_refusals:
-                pending += missed_events(tracked, p)
-            elif p.missed:
-                deferred[tracked.name] = missed_events(tracked, p)
-    position = {tracked.name: tracked.last for tracked, _ in due}
-    stopped: set[str] = set()  # entries with a slot left unsettled: not advanced past it
-    fenced = False
+    batch = _Batch(due, gate, sender, memory if memory is not None else SentMemory(),
+                   backlog if backlog is not None else [], record_missed)
     finished = False
     try:
         for chunk in chunks(due):
             progress()
-            chunk = [c for c in chunk if c[0].name not in stopped]
+            chunk = [c for c in chunk if c[0].name not in batch.stopped]
             if not chunk:
                 continue
             if not gate.may_send():
-                fenced = True
+                batch.fenced = True
                 break
-            # each slot in ms once: a burst does this bookkeeping for every message
-            slots_ms = [to_ms(slot) for _, slot, _, _ in chunk]
-            wanted = [(t.name, slot) for (t, slot, op, _), ms in zip(chunk, slots_ms)
-                      if op == Op.CLAIM and not memory.covers(t.name, ms)]
-            commands = dict(zip(wanted, sender.prepare(wanted)))
-            items = [ClaimItem(t.name, ms, op, ms if fire is slot else to_ms(fire), to_ms(prev),
-                               t.fingerprint, commands.get((t.name, slot)) or ())
-                     for (t, slot, op, prev), ms in zip(chunk, slots_ms)
-                     for fire in [t.clock.fire_time(slot)]]
-            writing, pending = pending, []  # written by the claim call, even when refused
-            outcome.events += writing
             with _shield() as stopping:  # a stop signal waits until this chunk is out
-                try:
-                    results = gate.claim(items, writing)
-                    replicated = True
-                except NotReplicatedError as exc:
-                    # Granted on the master, but a failover could lose the claims: sending
-                    # could then duplicate. Not sending keeps G1; what was granted is
-                    # recorded unsent, what was refused is handled as any refusal.
-                    logger.warning("leaderbeat: %s; not sending this chunk", exc)
-                    results, replicated = exc.results or [None] * len(items), False
-                except LeaseLostError:
-                    raise  # the events were written: the script writes them before its check
-                except Exception:
-                    backlog.extend(writing)  # may not have been written: written again later
-                    raise
-                # UNQUEUED: granted without its commands, published below like any grant
-                answers = list(results)
-                results = [None if r == UNQUEUED else r for r in answers]
-                granted = [(t.name, slot) for (t, slot, op, _), ms, result
-                           in zip(chunk, slots_ms, results)
-                           if result is None and op == Op.CLAIM
-                           and not memory.covers(t.name, ms)]
-                enqueued = {(c[0].name, c[1]) for c, item, result, raw
-                            in zip(chunk, items, results, answers)
-                            if result is None and raw is None and item.enqueue and replicated}
-                # this leader's own slots asked again, enqueued by an attempt whose reply was
-                # lost: they reached the broker, and this process has not said so yet
-                again = [(t.name, slot) for (t, slot, _, _), ms, result
-                         in zip(chunk, slots_ms, results)
-                         if result == ENQUEUED and not memory.covers(t.name, ms)]
-                sender.enqueued([g for g in granted if g in enqueued] + again)
-                to_send = [g for g in granted if g not in enqueued]
-                sent: dict[tuple[str, datetime], bool] = {}
-                if to_send and replicated and not fenced:
-                    sent = dict(zip(to_send, sender.send_many(to_send, gate.may_send)))
-                fenced = fenced or (replicated and len(sent) < len(to_send))
-                for (tracked, slot, op, _), slot_ms, result in zip(chunk, slots_ms, results):
-                    name = tracked.name
-                    if result is None:
-                        position[name] = max(position[name], slot)
-                        pending += deferred.pop(name, ())
-                        if op != Op.CLAIM:
-                            continue
-                        if memory.covers(name, slot_ms):  # granted again after a lost reply
-                            pending.append(_already_sent(memory, name, slot_ms, gate.detail))
-                        elif (name, slot) in enqueued:  # granted and enqueued in one step:
-                            memory.note(name, slot_ms)  # the claim wrote its 'sent' event
-                            outcome.sent += 1
-                            outcome.events.append(Event(name, slot_ms, "sent", gate.detail))
-                        elif not replicated:
-                            pending.append(Event(name, slot_ms, "unsent", "not replicated"))
-                        elif (name, slot) not in sent:
-                            pending.append(Event(name, slot_ms, "unsent", "lease expired"))
-                        elif sent[(name, slot)]:
-                            memory.note(name, slot_ms)
-                            outcome.sent += 1
-                            pending.append(Event(name, slot_ms, "sent", gate.detail))
-                        else:
-                            pending.append(Event(name, slot_ms, "unsent", "publish failed"))
-                    elif result == ENQUEUED:  # its 'sent' event is in the history already
-                        position[name] = max(position[name], slot)
-                        pending += deferred.pop(name, ())
-                        if not memory.covers(name, slot_ms):
-                            memory.note(name, slot_ms)
-                            outcome.sent += 1
-                            outcome.events.append(Event(name, slot_ms, "sent", gate.detail))
-                    elif result == PAUSED:  # skipped past: resuming does not replay it
-                        position[name] = max(position[name], slot)
-                        pending.append(Event(name, slot_ms, "skipped", "paused"))
-                    elif isinstance(result, SlotState):
-                        position[name] = max(position[name], from_ms(result.slot_ms))
-                        if op == Op.CLAIM and gate.records_refusals and result.state != SKIPPED:
-                            outcome.refused += 1
-                            pending.append(Event(name, slot_ms, "skipped",
-                                                 _refusal(slot_ms, result)))
-                    else:
-                        stopped.add(name)
-                        (outcome.waiting if result == EARLY else outcome.differs
-                         if result == DIFFERS else outcome.unknown).append(name)
-                if stopping and pending:  # record what went out before the signal acts:
-                    gate.record(pending)  # its handler releases the lease first
-                    outcome.events += pending
-                    pending = []
+                rows, replicated = batch.claim(chunk)
+                enqueued, sent = batch.send(rows, replicated)
+                for row in rows:
+                    batch.settle(row, replicated, enqueued, sent)
+                if stopping:  # record what went out before the signal acts:
+                    batch.record(keep=False)  # its handler releases the lease first
         finished = True
     finally:
         try:
-            if pending:
-                gate.record(pending)
-                outcome.events += pending
-        except Exception:
-            backlog.extend(pending)
-            raise
+            batch.record(keep=True)
         finally:
-            # Advanced past what was settled even when a call failed: an entry left behind
-            # would plan the same slots again (the memory keeps them from going out twice,
-            # but they would be claimed and recorded again).
-            for tracked, p in due:
-                last = position[tracked.name]
-                whole = finished and not fenced and tracked.name not in stopped
-                if last != tracked.last:  # settled in Redis, by this node or another (where
-                    memory.know(tracked.name, to_ms(last))  # it stood: perhaps only planned)
-                tracked.advance(max(last, p.last) if whole else last)
-    if fenced:
+            batch.advance(finished)
+    if batch.fenced:
         raise LeaseLostError("lease expired while sending (self-fencing)")
-    return outcome
+    return batch.outcome
+
+
+class _Batch:
+    """One batch's state from chunk to chunk: what to record next, where each entry
+    stands, which entries stopped at a slot left unsettled."""
+
+    def __init__(self, due: Sequence[tuple[Tracked, Plan]], gate: Gate, sender: ChunkSend,
+                 memory: SentMemory, backlog: list[Event], record_missed: bool) -> None:
+        self.due, self.gate, self.sender, self.memory = due, gate, sender, memory
+        self.backlog = backlog
+        self.outcome = Outcome()
+        self.pending: list[Event] = list(backlog)  # recorded by the next call
+        backlog.clear()
+        # A leader records what its plan passes over at once; a rescuer only once its claim
+        # of the entry was granted (several standbys plan the same batch: one records it).
+        self.deferred: dict[str, list[Event]] = {}
+        if record_missed:
+            for tracked, p in due:
+                if gate.records_refusals:
+                    self.pending += missed_events(tracked, p)
+                elif p.missed:
+                    self.deferred[tracked.name] = missed_events(tracked, p)
+        self.position = {tracked.name: tracked.last for tracked, _ in due}
+        self.stopped: set[str] = set()  # entries with a slot left unsettled: not advanced past it
+        self.fenced = False
+
+    def claim(self, chunk: Sequence[tuple[Tracked, datetime, Op, datetime]]
+              ) -> tuple[list[_Row], bool]:
+        """Claim a chunk (writing what is pending); its rows, and whether the claims
+        reached ``min_replicas`` replicas."""
+        # each slot in ms once: a burst does this bookkeeping for every message
+        slots_ms = [to_ms(slot) for _, slot, _, _ in chunk]
+        wanted = [(t.name, slot) for (t, slot, op, _), ms in zip(chunk, slots_ms)
+                  if op == Op.CLAIM and not self.memory.covers(t.name, ms)]
+        commands = dict(zip(wanted, self.sender.prepare(wanted)))
+        items = [ClaimItem(t.name, ms, op, ms if fire is slot else to_ms(fire), to_ms(prev),
+                           t.fingerprint, commands.get((t.name, slot)) or ())
+                 for (t, slot, op, prev), ms in zip(chunk, slots_ms)
+                 for fire in [t.clock.fire_time(slot)]]
+        writing, self.pending = self.pending, []  # written by the claim call, even when refused
+        self.outcome.events += writing
+        replicated = True
+        try:
+            results = self.gate.claim(items, writing)
+        except NotReplicatedError as exc:
+            # Granted on the master, but a failover could lose the claims: sending could
+            # then duplicate. Not sending keeps G1; what was granted is recorded unsent,
+            # what was refused is handled as any refusal.
+            logger.warning("leaderbeat: %s; not sending this chunk", exc)
+            results, replicated = exc.results or [Code.GRANTED] * len(items), False
+        except LeaseLostError:
+            raise  # the events were written: the script writes them before its check
+        except Exception:
+            self.backlog.extend(writing)  # may not have been written: written again later
+            raise
+        rows = [_Row(t, slot, ms, item, result) for (t, slot, _, _), ms, item, result
+                in zip(chunk, slots_ms, items, results)]
+        return rows, replicated
+
+    def send(self, rows: Sequence[_Row], replicated: bool
+             ) -> tuple[set[tuple[str, datetime]], dict[tuple[str, datetime], bool]]:
+        """Publish what was granted and not enqueued by the claim itself; the slots the
+        claim enqueued, and per slot published whether the broker accepted it."""
+        covered = {row.key for row in rows if self.memory.covers(row.tracked.name, row.slot_ms)}
+        granted = [row.key for row in rows
+                   if row.granted and row.item.op == Op.CLAIM and row.key not in covered]
+        enqueued = {row.key for row in rows
+                    if row.result is Code.GRANTED and row.item.enqueue and replicated}
+        # this leader's own slots asked again, enqueued by an attempt whose reply was lost:
+        # they reached the broker, and this process has not said so yet
+        again = [row.key for row in rows
+                 if row.result is Code.ENQUEUED and row.key not in covered]
+        self.sender.enqueued([g for g in granted if g in enqueued] + again)
+        to_send = [g for g in granted if g not in enqueued]
+        sent: dict[tuple[str, datetime], bool] = {}
+        if to_send and replicated and not self.fenced:
+            sent = dict(zip(to_send, self.sender.send_many(to_send, self.gate.may_send)))
+        self.fenced = self.fenced or (replicated and len(sent) < len(to_send))
+        return enqueued, sent
+
+    def settle(self, row: _Row, replicated: bool, enqueued: set[tuple[str, datetime]],
+               sent: dict[tuple[str, datetime], bool]) -> None:
+        """What one claim's answer means for its entry: where it stands, what to record."""
+        name = row.tracked.name
+        match row.result:
+            case Code.GRANTED | Code.UNQUEUED:
+                self._moved(name, row.slot)
+                if row.item.op == Op.CLAIM:
+                    self._granted(row, replicated, row.key in enqueued, sent.get(row.key))
+            case Code.ENQUEUED:  # its 'sent' event is in the history already
+                self._moved(name, row.slot)
+                if not self.memory.covers(name, row.slot_ms):
+                    self._note_sent(name, row.slot_ms, recorded=True)
+            case Code.PAUSED:  # skipped past: resuming does not replay it
+                self.position[name] = max(self.position[name], row.slot)
+                self.pending.append(Event(name, row.slot_ms, "skipped", "paused"))
+            case Refused(state=state, reason=reason):
+                self.position[name] = max(self.position[name], from_ms(state.slot_ms))
+                if (row.item.op == Op.CLAIM and self.gate.records_refusals
+                        and state.state != SlotStatus.SKIPPED):
+                    self.outcome.refused += 1
+                    self.pending.append(Event(name, row.slot_ms, "skipped", reason))
+            case Code.EARLY | Code.DIFFERS | Code.UNKNOWN as code:
+                self.stopped.add(name)
+                {Code.EARLY: self.outcome.waiting, Code.DIFFERS: self.outcome.differs,
+                 Code.UNKNOWN: self.outcome.unknown}[code].append(name)
+            case BackfillRefused():
+                raise ValueError(f"a claim of {name!r} answered {row.result} (backfill only)")
+
+    def _moved(self, name: str, slot: datetime) -> None:
+        """The entry's claim of ``slot`` went through: the slots it passed over are told."""
+        self.position[name] = max(self.position[name], slot)
+        self.pending += self.deferred.pop(name, ())
+
+    def _granted(self, row: _Row, replicated: bool, enqueued: bool, sent: bool | None) -> None:
+        name, slot_ms = row.tracked.name, row.slot_ms
+        if self.memory.covers(name, slot_ms):  # granted again after a lost reply
+            self.pending.append(_already_sent(self.memory, name, slot_ms, self.gate.detail))
+        elif enqueued:  # granted and enqueued in one step: the claim wrote its 'sent' event
+            self._note_sent(name, slot_ms, recorded=True)
+        elif not replicated:
+            self.pending.append(Event(name, slot_ms, "unsent", "not replicated"))
+        elif sent is None:
+            self.pending.append(Event(name, slot_ms, "unsent", "lease expired"))
+        elif sent:
+            self._note_sent(name, slot_ms, recorded=False)
+        else:
+            self.pending.append(Event(name, slot_ms, "unsent", "publish failed"))
+
+    def _note_sent(self, name: str, slot_ms: int, *, recorded: bool) -> None:
+        """A slot reached the broker; ``recorded``: its 'sent' event is written already."""
+        self.memory.note(name, slot_ms)
+        self.outcome.sent += 1
+        event = Event(name, slot_ms, "sent", self.gate.detail)
+        (self.outcome.events if recorded else self.pending).append(event)
+
+    def record(self, *, keep: bool) -> None:
+        """Write what is pending; with ``keep``, kept in the backlog when the call fails
+        (else still pending: the batch's last record tries again)."""
+        if not self.pending:
+            return
+        try:
+            self.gate.record(self.pending)
+        except Exception:
+            if keep:
+                self.backlog.extend(self.pending)
+            raise
+        self.outcome.events += self.pending
+        self.pending = []
+
+    def advance(self, finished: bool) -> None:
+        """Advance each entry past what was settled, even when a call failed: an entry left
+        behind would plan the same slots again (the memory keeps them from going out
+        twice, but they would be claimed and recorded again)."""
+        for tracked, p in self.due:
+            last = self.position[tracked.name]
+            whole = finished and not self.fenced and tracked.name not in self.stopped
+            if last != tracked.last:  # settled in Redis, by this node or another (where
+                self.memory.know(tracked.name, to_ms(last))  # it stood: perhaps only planned)
+            tracked.advance(max(last, p.last) if whole else last)
 
 
 _HELD = {getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
@@ -373,7 +436,7 @@ def _shield() -> Iterator[list[int]]:
 
 
 def chunks(due: Sequence[tuple[Tracked, Plan]], size: int = CHUNK
-           ) -> list[list[tuple[Tracked, datetime, str, datetime]]]:
+           ) -> list[list[tuple[Tracked, datetime, Op, datetime]]]:
     """The claims of a batch in chunks of at most ``size``, never two of one entry in one.
 
     Round ``r`` holds each entry's ``r``-th slot to send (oldest first); an entry
@@ -381,7 +444,7 @@ def chunks(due: Sequence[tuple[Tracked, Plan]], size: int = CHUNK
     Each claim carries the slot before it (the entry's last, then the previous
     claim's): a rescue is granted only when that is the stored slot.
     """
-    rounds: list[list[tuple[Tracked, datetime, str, datetime]]] = []
+    rounds: list[list[tuple[Tracked, datetime, Op, datetime]]] = []
     for tracked, p in due:
         ops = [(s, Op.CLAIM) for s in p.send]
         if (not p.send or p.last > p.send[-1]) and p.last > tracked.last:
@@ -410,12 +473,6 @@ def missed_events(tracked: Tracked, p: Plan) -> list[Event]:
         events.append(Event(tracked.name, to_ms(p.last), "missed",
                             f"{p.missed_total - len(p.missed)} older slots not listed"))
     return events
-
-
-def _refusal(slot_ms: int, state: SlotState) -> str:
-    if state.slot_ms == slot_ms:
-        return f"already claimed by {state.claimant()}"
-    return f"a newer slot was claimed by {state.claimant()}"
 
 
 def say_capped_once(due: Sequence[tuple[Tracked, Plan]], capped: set[str]) -> None:
@@ -461,9 +518,9 @@ def report_unsent(unsent: Sequence[Unsent], *, gate: LeaderGate, send: Send,
         events = []
         for u, result in zip(others, results):
             slot_ms = to_ms(u.slot)
-            if result == EARLY:
+            if result is Code.EARLY:
                 later.append(u._replace(unreported=False))
-            elif result is not None:
+            elif result is not Code.GRANTED:
                 continue  # confirmed sent meanwhile, or moved on: nothing to recover
             elif memory.published(u.name, slot_ms):  # listed twice: the first went out
                 events.append(_already_sent(memory, u.name, slot_ms, "recovered"))

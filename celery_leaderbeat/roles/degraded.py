@@ -18,7 +18,7 @@ from datetime import datetime
 from ..config import Config
 from ..errors import LeaseLostError, NotReplicatedError
 from ..store.base import SlotStore
-from ..store.ledger import ClaimItem, Event, Op, SlotState
+from ..store.types import ClaimItem, Code, Event, Op, Refused
 from ..timing.slots import from_ms, to_ms
 from .agenda import Agenda
 from .lease import LeaseView
@@ -88,8 +88,8 @@ class Outage:
         except NotReplicatedError as exc:  # already sent: recording them is all that is left
             logger.warning("leaderbeat: %s for the slots sent during the outage; recording them",
                            exc)
-            states = [None] * len(items)
-        refused = [item for item, state in zip(items, states) if isinstance(state, SlotState)]
+            states = [Code.GRANTED] * len(items)
+        refused = [item for item, state in zip(items, states) if isinstance(state, Refused)]
         if refused:
             logger.warning("leaderbeat: %d slot(s) sent during the outage were also claimed by "
                            "another leader: %s", len(refused),

@@ -38,7 +38,7 @@ from ..entries import EntryOptions, split_entries
 from ..errors import ConfigurationError
 from ..store.base import EntryDefinitions, Stored
 from ..store.dynamic import Entry
-from ..store.ledger import ANCHOR, SlotState
+from ..store.types import SlotState, SlotStatus
 from ..timing.slots import to_ms
 
 logger = logging.getLogger(__name__)
@@ -140,7 +140,7 @@ class DynamicSchedule:
         made.leaderbeat_once = entry.at is not None
         self._entries[name] = made
         self._options[name] = options[name]
-        self.anchors[name] = SlotState(anchor, 0, ANCHOR)
+        self.anchors[name] = SlotState(anchor, 0, SlotStatus.ANCHOR)
         # planned from its anchor (the save, by Redis TIME) before it has state: the
         # leader's own anchoring would add its margin for unknown state (up to 5 s)
         self.exact.add(name)

@@ -17,20 +17,27 @@ from typing import Any
 
 from ..errors import LeaseLostError, NotReplicatedError
 from ..store.base import STORE_ERRORS, STORE_UNREACHABLE
-from ..store.ledger import ANCHOR, CLAIMED, REMOVED, ClaimItem, Event, Op
+from ..store.ledger import REMOVED
+from ..store.types import Code, Event, Op, SlotStatus
 from ..timing.slots import from_ms, to_ms
-from .agenda import Agenda, Loaded, Tracked, Unsent, adopt_refused_anchors, margin_slots
+from .agenda import (
+    Agenda,
+    Loaded,
+    Tracked,
+    Unsent,
+    adopt_refused_anchors,
+    margin_slots,
+    small_change,
+)
 from .batch import CHUNK, LeaderGate, report_unsent, run_batch, say_capped_once
 from .degraded import Outage
 from .dynamic_schedule import LEADER_LOOK
-from .node import Node, utcnow
-from .requests import WAKE, carry_out
+from .requests import WAKE, LeaderSide, carry_out
+from .shared import Shared, utcnow
 from .standby import loss_grace
 
 logger = logging.getLogger(__name__)
 
-#: cap, in seconds, of how far past "now" an entry with no stored state starts
-UNKNOWN_STATE_MARGIN = 5.0
 #: the history's reason for a slot skipped by that margin
 MARGIN_REASON = ("slot state lost (Redis lost writes): started again after a margin, "
                  "not sent since the loss")
@@ -57,16 +64,15 @@ class Resign(Exception):
 class Leader:
     """The leading half of one beat process, from its election to its step-down."""
 
-    def __init__(self, node: Node, since: datetime) -> None:
-        self.node = node
+    def __init__(self, shared: Shared, since: datetime) -> None:
+        self.shared = shared
         #: due slots before this moment were missed (no node could send them): the
         #: catch-up policy decides; later ones are on time. A standby's own start.
         self.since = since
         self.agenda = Agenda()
-        self.gate = LeaderGate(node.lease, node.ledger)
+        self.gate = LeaderGate(shared.lease, shared.ledger)
         self.outage: Outage | None = None  # set while leading through a Redis outage
         self._version = -1
-        self._unsent: list[Unsent] = []
         self._capped: set[str] = set()  # entries whose catch-up hit max_catchup (logged)
         self._paused: set[str] = set()  # entries seen skipped as paused (logged once)
         self._requests_pending = True  # requests may have queued while nobody led
@@ -98,17 +104,13 @@ class Leader:
 
     def reload(self, version: int, *, report: bool = False) -> None:
         """Rebuild what the leader tracks from the schedule and the state in Redis."""
-        node = self.node
-        # An entry without stored state (new, or Redis lost its data) starts after
-        # now + max_clock_skew (5 s at most): a slot an earlier leader sent just before
-        # the data was lost cannot come round again on a node whose clock is behind.
-        margin = min(node.config.max_clock_skew, UNKNOWN_STATE_MARGIN)
-        start = from_ms(to_ms(utcnow()) + int(margin * 1000))
-        stored, definitions = node.ledger.load_with_definitions()
+        shared = self.shared
+        start = shared.fresh_start()
+        stored, definitions = shared.ledger.load_with_definitions()
         # Only a node that led until Redis lost its data knows nobody sent anything later
-        trusted = node.lease.vanished_while_held or self._led_through
+        trusted = shared.lease.vanished_while_held or self._led_through
         rolled_back = self._rolled_back
-        loaded = node.track(stored, start=start, epoch=node.lease.epoch,
+        loaded = shared.track(stored, start=start, epoch=shared.lease.epoch,
                             definitions=definitions, trust_memory=trusted,
                             rolled_back=rolled_back and not self._led_through,
                             trusted_epoch=self._own_writes_kept)
@@ -118,24 +120,24 @@ class Leader:
             unsent += loaded.unsent
             # older unconfirmed claims a newer claim replaced (a standby rescued the
             # entry's next slot before this leader was elected): reported all the same
-            for (name, slot_ms), state in node.ledger.overtaken().items():
+            for (name, slot_ms), state in shared.ledger.overtaken().items():
                 if name in loaded.tracked:
-                    unsent.append(Unsent(name, from_ms(slot_ms), state.state == CLAIMED,
+                    unsent.append(Unsent(name, from_ms(slot_ms), state.state == SlotStatus.CLAIMED,
                                          state.claimed_ms, overtaken=True))
         if loaded.anchors:
-            refused = _anchor(node, loaded, "new")
-            node.backlog.extend(self._margin_missed(loaded, refused, stored,
+            refused = _anchor(shared, loaded, "new")
+            shared.backlog.extend(self._margin_missed(loaded, refused, stored,
                                                     lost=rolled_back or trusted))
             if self._unaware:
-                self._lost_reports_until = time.monotonic() + node.config.lease_ttl
+                self._lost_reports_until = time.monotonic() + shared.config.lease_ttl
             self._take_lost_reports()
         if rolled_back and self._unaware:
             # entries this leader anchored afresh knowing of no loss: there was one after
             # all (another node reported it). Their margin is recorded from the newest slot
             # reported settled, else from this leader's start
-            reports = node.ledger.lost_reports()
+            reports = shared.ledger.lost_reports()
             for name, (clock, anchor_ms) in self._unaware.items():
-                node.backlog.extend(self._margin_events(name, clock, reports.get(name),
+                shared.backlog.extend(self._margin_events(name, clock, reports.get(name),
                                                         anchor_ms))
             self._unaware.clear()
         self._rolled_back = False
@@ -145,12 +147,12 @@ class Leader:
         self._mark_definitions()
         self.agenda = Agenda(loaded.tracked)
         self._version = version
-        node.lease.vanished_while_held = False
+        shared.lease.vanished_while_held = False
         if report:
             self._recover_later = report_unsent(unsent, gate=self.gate, send=self._send,
-                                                recover=node.config.recover_unsent,
-                                                memory=node.sent)
-            self._recover_at = time.monotonic() + node.config.lease_ttl
+                                                recover=shared.config.recover_unsent,
+                                                memory=shared.sent)
+            self._recover_at = time.monotonic() + shared.config.lease_ttl
             self._reported = True
 
     def lease_lost(self, exc: LeaseLostError) -> None:
@@ -158,7 +160,7 @@ class Leader:
         valid here: Redis lost its data under this leader, which then carries on after
         what it knew was settled (whichever call saw it first: a renewal, a claim, an
         anchor or a reset after a rollback)."""
-        lease = self.node.lease
+        lease = self.shared.lease
         if exc.answered and exc.holder is None and lease.is_held():
             lease.vanished_while_held = True
 
@@ -170,16 +172,16 @@ class Leader:
                        "(slots sent before the loss are never sent again)", why)
         self._rolled_back = True
         self._version = -1
-        ledger = self.node.ledger
+        ledger = self.shared.ledger
         ledger.reset_generation()  # this leader re-anchors and records the margin
         # another node reported it: nothing this leader saw went back, so the slot states
         # it wrote itself (under its epoch) are still what it wrote
-        self._own_writes_kept = self.node.lease.epoch if ledger.loss_reported else None
+        self._own_writes_kept = self.shared.lease.epoch if ledger.loss_reported else None
         self._led_through = not ledger.loss_reported and self._lease_proved_all_along()
         if self._led_through:
             logger.warning("leaderbeat: %s kept its lease through the loss: it carries on "
                            "after the newest slot of each entry it knew settled",
-                           self.node.config.node_id)
+                           self.shared.config.node_id)
 
     def _lease_proved_all_along(self) -> bool:
         """May this leader, which found Redis gone back to older state holding its own
@@ -196,29 +198,28 @@ class Leader:
         restore then erased), and none of its entries is ``rescue_after`` late (a
         standby may have rescued that slot, unknown here).
         """
-        node, lease = self.node, self.node.lease
+        shared, lease = self.shared, self.shared.lease
         now = time.monotonic()
-        grace = loss_grace(node.config)
+        grace = loss_grace(shared.config)
         if not self._reported or not lease.is_held() or lease.confirmed_at is None:
             return False
         if lease.longest_gap >= grace or now - lease.confirmed_at >= grace:
             return False
         earliest = self.agenda.earliest()
-        late = earliest is not None and earliest < time.time() - node.config.rescue_after
+        late = earliest is not None and earliest < time.time() - shared.config.rescue_after
         return not late and not self._recover_later
 
     def update(self, names: Collection[str], version: int) -> None:
         """Take in a change of a few entries: work in proportion to the change, not the
         schedule (one read of their states; those with no state anchored)."""
-        node = self.node
+        shared = self.shared
         names = sorted(names)
-        margin = min(node.config.max_clock_skew, UNKNOWN_STATE_MARGIN)
-        start = from_ms(to_ms(utcnow()) + int(margin * 1000))
-        stored, definitions = node.ledger.load_with_definitions(names)
-        loaded = node.track(stored, start=start, epoch=node.lease.epoch,
+        start = shared.fresh_start()
+        stored, definitions = shared.ledger.load_with_definitions(names)
+        loaded = shared.track(stored, start=start, epoch=shared.lease.epoch,
                             definitions=definitions, only=names)
         if loaded.anchors:
-            _anchor(node, loaded, "changed")
+            _anchor(shared, loaded, "changed")
         for name in names:
             if name in loaded.tracked:
                 self.agenda.add(loaded.tracked[name])
@@ -231,46 +232,69 @@ class Leader:
         """Send every due slot; the seconds until the next one (at most ``max_interval``)."""
         if self.outage is not None:
             return self._tick_degraded(self.outage)
-        node, lease = self.node, self.node.lease
+        self._check_lease()
+        self._keep_up(version)
+        self._send_due()
+        poll = self.shared.config.standby_poll
+        return min(self.delay(),
+                   min(poll, LEADER_LOOK) if self.shared.celery.runtime_anchors() else poll)
+
+    def _check_lease(self) -> None:
+        """Resign unless this leader may send: its lease proved in time, its heartbeat
+        alive, its clock near Redis's."""
+        shared, lease = self.shared, self.shared.lease
         if not lease.is_held():
-            if node.config.redis_down_policy == "last-leader" and not lease.lost:
-                node.store.ping()  # unreachable: the last leader goes on (degraded mode)
+            if shared.config.redis_down_policy == "last-leader" and not lease.lost:
+                shared.store.ping()  # unreachable: the last leader goes on (degraded mode)
             raise Resign("lease not confirmed in time (self-fencing)")
         stopped = lease.heartbeat_stopped()
         if stopped is not None:  # nothing renews the lease any more: let it go now
             raise Resign(f"the heartbeat thread stopped ({stopped})", release=True)
         skew = lease.clock_skew
-        if skew is not None and abs(skew) > node.config.max_clock_skew:
+        if skew is not None and abs(skew) > shared.config.max_clock_skew:
             raise Resign(f"clock is {skew:+.3f} s off Redis TIME, beyond "
-                         f"leaderbeat_max_clock_skew={node.config.max_clock_skew}", release=True)
+                         f"leaderbeat_max_clock_skew={shared.config.max_clock_skew}", release=True)
+
+    def _keep_up(self, version: int) -> None:
+        """What comes before sending: the schedule's changes, the unconfirmed claims left
+        to recover, requests, reports of a loss of writes, the hourly prune."""
+        shared = self.shared
         if self._version != version:
-            changed = node.changed_since(self._version) if self._version >= 0 else None
-            if changed is not None and len(changed) <= max(100, len(self.tracked) // 10):
+            changed = shared.celery.changed_since(self._version) if self._version >= 0 else None
+            if changed is not None and small_change(changed, len(self.tracked)):
                 self.update(changed, version)
             else:
                 self.reload(version)
         if self._recover_later and time.monotonic() >= self._recover_at:
             later, self._recover_later = self._recover_later, []
             self._recover_later = report_unsent(later, gate=self.gate, send=self._send,
-                                                recover=True, memory=node.sent)
-            self._recover_at = time.monotonic() + node.config.lease_ttl
+                                                recover=True, memory=shared.sent)
+            self._recover_at = time.monotonic() + shared.config.lease_ttl
         self.notice_requests()
         if self._unaware:
             self._take_lost_reports()
         if time.monotonic() >= self._prune_at:
             self._prune()
         if self._requests_pending:
-            # A fenced call that checks the generation first: Redis restored from an older
-            # snapshot that still held this leader's lease brings back requests already
-            # carried out, and nothing else in this tick has noticed yet (a rollback found
-            # here re-anchors first; then requests queued before the loss are dropped)
-            node.ledger.claim(*lease.credentials(), [])
-            carry_out(node.ledger, node.store.requests, lease.epoch or 0, node.keys.prefix,
-                      self._publish,
-                      utcnow(), known=lambda name: name in self.tracked,
-                      stored=lambda name: self._stored_slot(name), memory=node.sent,
-                      token=lease.credentials()[0])
-            self._requests_pending = False  # only now: a failed pop leaves them pending
+            self._carry_out_requests()
+
+    def _carry_out_requests(self) -> None:
+        shared, lease = self.shared, self.shared.lease
+        # A fenced call that checks the generation first: Redis restored from an older
+        # snapshot that still held this leader's lease brings back requests already
+        # carried out, and nothing else in this tick has noticed yet (a rollback found
+        # here re-anchors first; then requests queued before the loss are dropped)
+        shared.ledger.check_generation(*lease.credentials())
+        token, _ = lease.credentials()
+        carry_out(LeaderSide(shared.ledger, shared.store.requests, lease.epoch or 0, token,
+                             shared.keys.prefix, self._publish,
+                             known=lambda name: name in self.tracked,
+                             stored=self._stored_slot, memory=shared.sent), utcnow())
+        self._requests_pending = False  # only now: a failed pop leaves them pending
+
+    def _send_due(self) -> None:
+        """Claim and send every due slot, in chunks."""
+        shared = self.shared
         now = utcnow()
         earliest = self.agenda.earliest() or now.timestamp()
         due: list[Any] = []
@@ -279,16 +303,16 @@ class Leader:
             # The first chunk's entries are planned and claimed before the rest of a
             # burst is planned: its first message leaves milliseconds after the slot.
             limit: int | None = CHUNK
-            while part := self.agenda.pop_due(now, self.since, limit=limit):
-                due += part
-                say_capped_once(part, self._capped)
-                outcome = run_batch(part, self.gate, node.chunk_send(node.lease.epoch or 0),
-                                    memory=node.sent, backlog=node.backlog,
-                                    progress=node.progress)
-                node.observe(outcome.events)
+            while batch := self.agenda.pop_due(now, self.since, limit=limit):
+                due += batch
+                say_capped_once(batch, self._capped)
+                outcome = run_batch(batch, self.gate, shared.chunk_send(shared.lease.epoch or 0),
+                                    memory=shared.sent, backlog=shared.backlog,
+                                    progress=shared.celery.progress)
+                shared.celery.observe(outcome.events)
                 self._say_paused(outcome.events)
                 sent += outcome.sent
-                if limit is None or len(part) < limit:
+                if limit is None or len(batch) < limit:
                     break
                 limit = None
             if sent:
@@ -299,8 +323,6 @@ class Leader:
         finally:
             self.agenda.push_all(due)
             self._record_broken()
-        poll = self.node.config.standby_poll
-        return min(self.delay(), min(poll, LEADER_LOOK) if node.anchors() else poll)
 
     def _publish_definitions(self, tracked: dict[str, Tracked], stored: dict[str, str],
                              names: Collection[str] | None = None) -> None:
@@ -312,7 +334,7 @@ class Leader:
                    if t.fingerprint and stored.get(name) is None}
         changes.update({name: REMOVED for name in (stored if names is None else names)
                         if name not in tracked and stored.get(name) not in (None, REMOVED)})
-        self.node.ledger.write_definitions(changes)
+        self.shared.ledger.write_definitions(changes)
 
     def _take_lost_reports(self) -> None:
         """Entries this leader anchored afresh knowing of no loss: has a node that saw Redis
@@ -326,16 +348,31 @@ class Leader:
             self._unaware.clear()
             return
         self._lost_reports_at = now + LOST_REPORTS_EVERY
-        reports = self.node.ledger.lost_reports()
+        reports = self.shared.ledger.lost_reports()
         for name in [n for n in self._unaware if n in reports]:
             clock, anchor_ms = self._unaware.pop(name)
-            self.node.backlog.extend(self._margin_events(name, clock, reports[name], anchor_ms))
+            self.shared.backlog.extend(self._margin_events(name, clock, reports[name], anchor_ms))
 
-    def _margin_events(self, name: str, clock: Any, settled: int | None,
-                       anchor_ms: int) -> list[Event]:
-        """``name``'s slots after ``settled`` (from ``since`` when None) up to its anchor,
-        after the margin, recorded ``missed`` with the margin's reason."""
-        since = self.since if settled is None else max(self.since, from_ms(settled + 1))
+    def _margin_events(self, name: str, clock: Any, known: int | None, anchor_ms: int, *,
+                       stored: int | None = None) -> list[Event]:
+        """``name``'s slots up to its anchor, after the margin, recorded ``missed`` with the
+        margin's reason: from the slot after ``known`` (the newest a live node knows was
+        settled: this process's memory, or a node's report of the loss) or ``stored`` (the
+        slot Redis still holds settled), whichever is newer.
+
+        A slot a live node knows settled starts the margin even before ``since``: this
+        leader may have been elected only after the loss (it led before it, paused, and
+        stepped down on finding it), and the slots between that slot and its election
+        came due while Redis held no state a rescuer could follow. A slot only Redis
+        holds (an older snapshot) starts it no earlier than ``since``: the leaders before
+        the loss sent the slots after it, unknown to every live node.
+        """
+        if known is not None:
+            since = from_ms(max(known, stored if stored is not None else known) + 1)
+        elif stored is not None:
+            since = max(self.since, from_ms(stored + 1))
+        else:
+            since = self.since
         listed, older = margin_slots(clock, since, from_ms(anchor_ms))
         events = [Event(name, to_ms(slot), "missed", MARGIN_REASON) for slot in listed]
         if older:
@@ -359,14 +396,14 @@ class Leader:
         kept for a lease ttl, in case a node that saw the loss reports it.
         """
         events: list[Event] = []
-        reports = self.node.ledger.lost_reports()  # what nodes that saw a loss knew settled
+        reports = self.shared.ledger.lost_reports()  # what nodes that saw a loss knew settled
         for item, result in zip(loaded.anchors, refused):
             tracked = loaded.tracked.get(item.name)
-            if item.op not in (Op.ANCHOR, Op.ROLLED_BACK) or result is not None \
+            if item.op not in (Op.ANCHOR, Op.ROLLED_BACK) or result is not Code.GRANTED \
                     or tracked is None:
                 continue
             self._unaware.pop(item.name, None)
-            known = [s for s in (self.node.sent.newest_known(item.name),  # by anyone
+            known = [s for s in (self.shared.sent.newest_known(item.name),  # by anyone
                                  reports.get(item.name)) if s is not None]
             settled = max(known) if known else None
             if settled is None and not lost:
@@ -377,9 +414,9 @@ class Leader:
             # Rolled back: a slot Redis still holds was settled, but an anchor ('a') is only
             # where an entry starts: nothing before it was settled under it (a leader elected
             # after the loss may have anchored afresh, knowing of none, and led no further)
-            if state is not None and state.state != ANCHOR:
-                settled = max(settled or 0, state.slot_ms)
-            events += self._margin_events(item.name, tracked.clock, settled, item.slot_ms)
+            held = state.slot_ms if state is not None and state.state != SlotStatus.ANCHOR else None
+            events += self._margin_events(item.name, tracked.clock, settled, item.slot_ms,
+                                          stored=held)
         return events
 
     def _mark_definitions(self) -> None:
@@ -391,15 +428,16 @@ class Leader:
         after the election: the rescue gap is one round trip.
         """
         try:
-            self.node.ledger.claim(*self.node.lease.credentials(), [ClaimItem("", 0, Op.DEFINE)])
+            self.shared.ledger.mark_definitions(*self.shared.lease.credentials())
         except NotReplicatedError as exc:  # a mark sends nothing: safe to go on
             logger.warning("leaderbeat: %s for the mark of the definitions; going on", exc)
 
     def _prune(self) -> None:
         """Nothing grows without bound: state of removed entries, old backfills, dead nodes."""
         self._prune_at = time.monotonic() + PRUNE_EVERY
-        slots, backfills, nodes = self.node.ledger.prune(
-            self.node.schedule(), keep_ms=int(PRUNE_AFTER * 1000), node_keep_s=FORGET_NODES_AFTER)
+        slots, backfills, nodes = self.shared.ledger.prune(
+            self.shared.celery.slot_entries(), keep_ms=int(PRUNE_AFTER * 1000),
+            node_keep_s=FORGET_NODES_AFTER)
         if slots or backfills or nodes:
             logger.info("leaderbeat: pruned the state of %d entries no longer scheduled, %d old "
                         "backfill records and %d node records not seen for %.0f s",
@@ -411,7 +449,7 @@ class Leader:
         return to_ms(tracked.last) if tracked is not None else None
 
     def delay(self, limit: float | None = None) -> float:
-        return self.agenda.delay(time.time(), float(limit or self.node.max_interval()))
+        return self.agenda.delay(time.time(), float(limit or self.shared.celery.loop_interval()))
 
     def _say_paused(self, events: list[Event]) -> None:
         """One INFO line when an entry's slots start being skipped as paused, one on resume."""
@@ -419,17 +457,17 @@ class Leader:
             if ev.event == "skipped" and ev.detail == "paused" and ev.name not in self._paused:
                 self._paused.add(ev.name)
                 logger.info("leaderbeat: %s (epoch %s) skips %s: paused from the CLI",
-                            self.node.config.node_id, self.node.lease.epoch, ev.name)
+                            self.shared.config.node_id, self.shared.lease.epoch, ev.name)
             elif ev.event == "sent" and ev.name in self._paused:
                 self._paused.discard(ev.name)
                 logger.info("leaderbeat: %s (epoch %s) sends %s again: resumed",
-                            self.node.config.node_id, self.node.lease.epoch, ev.name)
+                            self.shared.config.node_id, self.shared.lease.epoch, ev.name)
 
     def _send(self, name: str, slot: datetime) -> bool:
-        return self.node.send(name, slot, self.node.lease.epoch or 0, None)
+        return self.shared.celery.send_slot(name, slot, self.shared.lease.epoch or 0)
 
     def _publish(self, name: str, slot: datetime, task_id: str | None) -> bool:
-        return self.node.send(name, slot, self.node.lease.epoch or 0, task_id)
+        return self.shared.celery.send_slot(name, slot, self.shared.lease.epoch or 0, task_id)
 
     def notice_requests(self) -> None:
         """Has the CLI queued a request? A look at the subscription's buffer, no round trip.
@@ -439,7 +477,7 @@ class Leader:
         subscription, so none is missed.
         """
         if self._pubsub is None:
-            self._pubsub = self.node.store.events.subscribe()
+            self._pubsub = self.shared.store.events.subscribe()
             # a request queued while there was no subscription woke nobody: look anyway
             self._requests_pending = True
         while (message := self._pubsub.next(0.0)) is not None:
@@ -452,7 +490,7 @@ class Leader:
     def _record_broken(self) -> None:
         broken = self.agenda.take_broken()
         if broken:
-            self.node.ledger.record(self.node.lease.epoch or 0, [
+            self.shared.ledger.record(self.shared.lease.epoch or 0, [
                 Event(name, to_ms(utcnow()), "error", why) for name, why in broken])
 
     # -- redis_down_policy = "last-leader" ------------------------------------------------
@@ -466,10 +504,10 @@ class Leader:
         (READONLY during a failover, OOM, a script error) still lets standbys claim
         and rescue, so sending without claims could send twice.
         """
-        if (self.outage is None and self.node.config.redis_down_policy == "last-leader"
+        if (self.outage is None and self.shared.config.redis_down_policy == "last-leader"
                 and isinstance(exc, STORE_UNREACHABLE)
-                and self.node.lease.is_held()):
-            self.outage = Outage.begin(self.node.config)
+                and self.shared.lease.is_held()):
+            self.outage = Outage.begin(self.shared.config)
         return self.outage is not None
 
     def _tick_degraded(self, outage: Outage) -> float:
@@ -477,14 +515,15 @@ class Leader:
         if outage.expired():  # a hard cap, checked first: also when PING answers, writes fail
             self.outage = None
             raise Resign("Redis unreachable for longer than leaderbeat_degraded_max_seconds="
-                         f"{self.node.config.degraded_max_seconds}")
-        outage.send_due(self.agenda, utcnow(), self.since, self._send, self.node.sent)
+                         f"{self.shared.config.degraded_max_seconds}")
+        outage.send_due(self.agenda, utcnow(), self.since, self._send, self.shared.sent)
         try:
-            self.node.store.ping()
+            self.shared.store.ping()
         except STORE_ERRORS:
             return min(self.delay(), 1.0)
         try:
-            reconciled = outage.reconcile(self.node.lease, self.node.ledger, self.node.wake_by)
+            reconciled = outage.reconcile(self.shared.lease, self.shared.ledger,
+                                          self.shared.celery.wake_by)
         except STORE_ERRORS:
             return min(self.delay(), 1.0)  # still flapping: the outage stays as it was
         self.outage = None  # only now: a Redis error above leaves the outage in place
@@ -520,14 +559,14 @@ def _say_anchored(loaded: Any) -> None:
                 ", ".join(names[:10]))
 
 
-def _anchor(node: Node, loaded: Loaded, what: str) -> list[Any]:
+def _anchor(shared: Shared, loaded: Loaded, what: str) -> list[Any]:
     """Claim the anchors of ``what`` (new, changed) entries; a refused one is adopted.
-    Returns, per anchor, None when it was granted, else why not."""
+    Returns, per anchor, what the claim answered."""
     try:
-        refused = node.ledger.claim(*node.lease.credentials(), loaded.anchors)
+        refused = shared.ledger.claim(*shared.lease.credentials(), loaded.anchors)
     except NotReplicatedError as exc:  # anchors send nothing: safe to go on
         logger.warning("leaderbeat: %s for the anchors of %s entries; going on", exc, what)
-        refused = [None] * len(loaded.anchors)
+        refused = [Code.GRANTED] * len(loaded.anchors)
     adopt_refused_anchors(loaded, refused)
     _say_anchored(loaded)
     return list(refused)

@@ -50,7 +50,7 @@ class LeaseView:
         self._heartbeat: Heartbeat | None = None
         #: told the seconds each heartbeat renewal took, or None when Redis did not answer
         self.on_renew: Callable[[float | None], None] = lambda seconds: None
-        #: told the state generation each acquire attempt read (see claim.lua)
+        #: told the state generation each acquire attempt read (see prelude.lua)
         self.on_generation: Callable[[int], None] = lambda generation: None
         #: the highest fencing epoch this node has seen; acquire lifts the counter above
         #: it, so epochs never go backwards even after Redis lost its data

@@ -70,10 +70,6 @@ class SentMemory:
         """
         return slot_ms <= self._newest.get(name, -1)
 
-    def newest(self, name: str) -> int | None:
-        """The newest slot of ``name`` this process published, if any."""
-        return self._newest.get(name)
-
     def know(self, name: str, slot_ms: int) -> None:
         """``slot_ms`` of ``name`` is settled, by this process or another."""
         if slot_ms > self._known.get(name, -1):

@@ -25,7 +25,7 @@ from typing import Any
 
 from ..store.base import RequestQueue, SlotStore
 from ..store.events import REQUEST
-from ..store.ledger import Event
+from ..store.types import BackfillRefused, Event
 from ..timing.slots import from_ms, to_ms
 from .memory import SentMemory
 
@@ -78,66 +78,87 @@ def trigger_task_id(prefix: str, entry: str, request_id: str) -> str:
 Publish = Callable[[str, datetime, str | None], bool]
 
 
-def carry_out(ledger: SlotStore, queue: RequestQueue, epoch: int, prefix: str, publish: Publish,
-              now: datetime, known: Callable[[str], bool],
-              stored: Callable[[str], int | None] = lambda name: None,
-              memory: SentMemory | None = None, token: str = "") -> int:
+@dataclass(frozen=True)
+class LeaderSide:
+    """What carrying out requests needs of the leader."""
+
+    ledger: SlotStore
+    queue: RequestQueue
+    epoch: int
+    token: str  # the leader's lease: the claim script grants backfills under it
+    prefix: str  # the key prefix: a triggered run's task id is made from it
+    publish: Publish
+    known: Callable[[str], bool]  # is the entry scheduled?
+    #: the entry's last slot as the leader tracks it (claimed, sent or passed)
+    stored: Callable[[str], int | None] = lambda name: None
+    memory: SentMemory = field(default_factory=SentMemory)
+
+
+def carry_out(leader: LeaderSide, now: datetime) -> int:
     """Leader side: pop and carry out every pending request. Returns how many.
 
-    ``stored`` gives an entry's last slot as the leader tracks it: a backfill
-    never sends a slot at or after it (those are the schedule's to send, when
-    due), nor one ``memory`` says this process published, nor one the claim script
-    refuses (granted under ``token``, this leader's lease).
+    A backfill never sends a slot at or after the entry's last slot as the leader
+    tracks it (those are the schedule's to send, when due), nor one the leader's
+    memory says this process published, nor one the claim script refuses.
     """
-    raw = queue.pop(1000)
+    raw = leader.queue.pop(1000)
     events: list[Event] = []
-    lost_at = ledger.lost_at() if raw else None
+    lost_at = leader.ledger.lost_at() if raw else None
     for at, item in enumerate(raw):
         try:
             request = Request.loads(item)
         except (ValueError, KeyError, TypeError):
             logger.warning("leaderbeat: dropped an unreadable request %r", item)
             continue
-        if lost_at is not None and request.queued_ms is not None \
-                and request.queued_ms <= lost_at:
-            # Redis went back to older state, which may bring back a request already
-            # carried out: at most once, each is dropped and said so
-            logger.warning("leaderbeat: %s request %s for %r was queued before Redis lost "
-                           "writes; not carried out (it may have been already)", request.op,
-                           request.id, request.entry)
-            events.append(Event(request.entry, to_ms(now), "skipped",
-                                f"{request.op} {request.id}: queued before Redis lost writes "
-                                "(it may have been carried out then)"))
-        elif not known(request.entry):
-            logger.warning("leaderbeat: %s request for %r: no such entry", request.op,
-                           request.entry)
-            events.append(Event(request.entry, to_ms(now), "error",
-                                f"{request.op}: no such entry"))
+        refused = _refused(request, leader, now, lost_at)
+        if refused is not None:
+            events.append(refused)
         elif request.op == "trigger":
-            task_id = trigger_task_id(prefix, request.entry, request.id)
-            if publish(request.entry, now, task_id):
-                logger.info("leaderbeat: triggered %s now (task %s)%s", request.entry, task_id,
-                            f": {request.note}" if request.note else "")
-                events.append(Event(request.entry, to_ms(now), "triggered",
-                                    request.note or f"request {request.id}"))
-            else:
-                events.append(Event(request.entry, to_ms(now), "unsent", "trigger: publish failed"))
+            events.append(_trigger(request, leader, now))
         elif request.op == "backfill":
             try:
-                asked = _ask_backfill(ledger, token, epoch, request, stored(request.entry),
-                                      memory or SentMemory())
+                asked = _ask_backfill(leader, request)
             except Exception:
                 # nothing of it was published: it and the requests after it go back, first
                 # in line (a grant whose reply was lost is granted again to the same request)
-                _queue_again(queue, raw[at:])
+                _queue_again(leader.queue, raw[at:])
                 if events:
                     with contextlib.suppress(Exception):
-                        ledger.record(epoch, events)
+                        leader.ledger.record(leader.epoch, events)
                 raise
-            events += _backfill(request, asked, publish, memory or SentMemory())
+            events += _backfill(request, asked, leader.publish, leader.memory)
     if events:
-        ledger.record(epoch, events)
+        leader.ledger.record(leader.epoch, events)
     return len(raw)
+
+
+def _refused(request: Request, leader: LeaderSide, now: datetime,
+             lost_at: int | None) -> Event | None:
+    """The event of a request not carried out at all, or None to carry it out."""
+    if lost_at is not None and request.queued_ms is not None and request.queued_ms <= lost_at:
+        # Redis went back to older state, which may bring back a request already
+        # carried out: at most once, each is dropped and said so
+        logger.warning("leaderbeat: %s request %s for %r was queued before Redis lost "
+                       "writes; not carried out (it may have been already)", request.op,
+                       request.id, request.entry)
+        return Event(request.entry, to_ms(now), "skipped",
+                     f"{request.op} {request.id}: queued before Redis lost writes "
+                     "(it may have been carried out then)")
+    if not leader.known(request.entry):
+        logger.warning("leaderbeat: %s request for %r: no such entry", request.op,
+                       request.entry)
+        return Event(request.entry, to_ms(now), "error", f"{request.op}: no such entry")
+    return None
+
+
+def _trigger(request: Request, leader: LeaderSide, now: datetime) -> Event:
+    """Publish a run of the entry now, under a task id of its own."""
+    task_id = trigger_task_id(leader.prefix, request.entry, request.id)
+    if not leader.publish(request.entry, now, task_id):
+        return Event(request.entry, to_ms(now), "unsent", "trigger: publish failed")
+    logger.info("leaderbeat: triggered %s now (task %s)%s", request.entry, task_id,
+                f": {request.note}" if request.note else "")
+    return Event(request.entry, to_ms(now), "triggered", request.note or f"request {request.id}")
 
 
 def _queue_again(queue: RequestQueue, raw: list[str]) -> None:
@@ -148,9 +169,7 @@ def _queue_again(queue: RequestQueue, raw: list[str]) -> None:
                        len(raw))
 
 
-def _ask_backfill(ledger: SlotStore, token: str, epoch: int, request: Request,
-                  last_ms: int | None, memory: SentMemory
-                  ) -> list[tuple[int, str | None, str]]:
+def _ask_backfill(leader: LeaderSide, request: Request) -> list[tuple[int, str | None, str]]:
     """Which of the requested slots to send, each once ever, and only one nobody sent.
 
     Per slot: (slot, None to send it or the history event's name, its detail).
@@ -161,6 +180,7 @@ def _ask_backfill(ledger: SlotStore, token: str, epoch: int, request: Request,
     brought the request back): the claim script decides each slot atomically from
     what Redis holds now, and ``memory`` refuses what this process sent itself.
     """
+    last_ms, memory = leader.stored(request.entry), leader.memory
     out: list[tuple[int, str | None, str]] = []
     ask = []
     for slot_ms in sorted(set(request.slots_ms)):
@@ -173,14 +193,15 @@ def _ask_backfill(ledger: SlotStore, token: str, epoch: int, request: Request,
             out.append((slot_ms, "skipped", "backfill: sent before (by this node)"))
         else:
             ask.append(slot_ms)
-    refusals = ledger.backfill(token, epoch, request.entry, ask, request.id) if ask else []
-    out += [(slot_ms, None if refusal is None else "skipped", refusal or "")
-            for slot_ms, refusal in zip(ask, refusals)]
+    results = leader.ledger.backfill(leader.token, leader.epoch, request.entry, ask,
+                                     request.id) if ask else []
+    out += [(slot_ms, "skipped", result.reason.detail) if isinstance(result, BackfillRefused)
+            else (slot_ms, None, "") for slot_ms, result in zip(ask, results)]
     return sorted(out)
 
 
 def _backfill(request: Request, asked: list[tuple[int, str | None, str]],
-                   publish: Publish, memory: SentMemory) -> list[Event]:
+              publish: Publish, memory: SentMemory) -> list[Event]:
     """Publish the slots :func:`_ask_backfill` granted; the history events of every slot."""
     events = []
     sent = 0

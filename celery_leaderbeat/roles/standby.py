@@ -27,12 +27,12 @@ from ..config import Config
 from ..errors import LeaseLostError
 from ..store.base import STORE_ERRORS
 from ..store.events import ENTRIES, RELEASED
-from ..store.ledger import ANCHOR, ClaimItem, Event, Op
+from ..store.types import ClaimItem, Code, Event, Op, SlotStatus
 from ..timing.slots import Plan, from_ms, to_ms
-from .agenda import Agenda, Tracked
-from .batch import RescueGate, run_batch
+from .agenda import Agenda, Tracked, small_change
+from .batch import Outcome, RescueGate, run_batch
 from .dynamic_schedule import POLL
-from .node import Node, utcnow
+from .shared import Shared, utcnow
 
 logger = logging.getLogger(__name__)
 
@@ -58,8 +58,8 @@ def loss_grace(config: Config) -> float:
 class Standby:
     """The standing-by half of one beat process."""
 
-    def __init__(self, node: Node) -> None:
-        self.node = node
+    def __init__(self, shared: Shared) -> None:
+        self.shared = shared
         #: the moment this node could first have rescued a slot (its start, Redis back)
         self.since = utcnow()
         self.agenda: Agenda | None = None  # read from Redis when first needed
@@ -97,8 +97,8 @@ class Standby:
         # A leader that lived through the outage claims within a poll of Redis answering
         # (and its progress then holds rescues off): give it that long before rescuing
         # what fell due meanwhile, under the entry's catch-up policy.
-        self._retry_at = time.monotonic() + self.node.config.rescue_after \
-            + self.node.config.standby_poll
+        self._retry_at = time.monotonic() + self.shared.config.rescue_after \
+            + self.shared.config.standby_poll
         if head_start:
             self._head_start_until = time.monotonic() + head_start
         if shift_since:
@@ -111,9 +111,9 @@ class Standby:
 
     def tick(self, version: int) -> bool:
         """Try to lead, rescue what is overdue, wait; True once this node leads."""
-        node, config = self.node, self.node.config
+        shared, config = self.shared, self.shared.config
         if not self._server_checked:
-            for warning in node.store.warnings():
+            for warning in shared.store.warnings():
                 logger.warning("leaderbeat: %s", warning)
             self._server_checked = True
         if not self._clock_ok():
@@ -124,16 +124,16 @@ class Standby:
             if self._try_to_lead(now):
                 return True
             self._next_attempt = now + config.standby_poll
-        ledger = node.ledger
+        ledger = shared.ledger
         if ledger.loss_seen or (ledger.below and now >= self._report_again_at):
             # Redis answered older state than this node has seen; said again every poll
             # until a leader has dealt with it (Redis may have lost the report too)
             self._report_again_at = now + config.standby_poll
-            self._report_lost(node.sent.settled(), say=ledger.loss_seen)
-        if node.backlog:  # history events a failed call did not write: write them now
-            events = list(node.backlog)
-            RescueGate(node.ledger).record(events)
-            del node.backlog[:len(events)]
+            self._report_lost(shared.sent.settled(), say=ledger.loss_seen)
+        if shared.backlog:  # history events a failed call did not write: write them now
+            events = list(shared.backlog)
+            RescueGate(shared.ledger).record(events)
+            del shared.backlog[:len(events)]
         self._rescue(version)
         self._wait(self._timeout())
         return False
@@ -142,7 +142,7 @@ class Standby:
         """One attempt at the lease. Redis lost writes and nobody leads: the node that led
         goes first; this one holds back for :func:`loss_grace` from the first such answer,
         then takes the lease (the node that led is gone too, or cut off)."""
-        lease = self.node.lease
+        lease = self.shared.lease
         if lease.try_acquire(despite_loss=self._loss_wait_until is not None
                              and now >= self._loss_wait_until):
             self._loss_wait_until = None
@@ -150,15 +150,15 @@ class Standby:
         if not lease.held_back:
             self._loss_wait_until = None
         elif self._loss_wait_until is None:
-            self._loss_wait_until = now + loss_grace(self.node.config)
+            self._loss_wait_until = now + loss_grace(self.shared.config)
             logger.warning("leaderbeat: Redis holds older state than standby %s has seen and "
                            "nobody leads; the node that led goes first (this one waits up to "
-                           "%.1f s)", self.node.config.node_id, loss_grace(self.node.config))
+                           "%.1f s)", self.shared.config.node_id, loss_grace(self.shared.config))
         return False
 
     def _clock_ok(self) -> bool:
         """False while this node's clock is beyond ``max_clock_skew`` (it refuses to lead)."""
-        lease, limit = self.node.lease, self.node.config.max_clock_skew
+        lease, limit = self.shared.lease, self.shared.config.max_clock_skew
         skew = lease.clock_skew
         if skew is None or self._skew_refused:
             skew = lease.measure_skew()
@@ -178,23 +178,18 @@ class Standby:
 
     def _rescue(self, version: int) -> None:
         if self.agenda is None or version != self._version:
-            agenda = self.agenda
-            changed = self.node.changed_since(self._version) if agenda is not None else None
-            if (agenda is not None and changed is not None
-                    and len(changed) <= max(100, len(agenda.tracked) // 10)):
-                self._update(changed, version)
-            else:
-                self._load(version)
+            self._follow(version)
         # asked whatever else changes: in a storm of run-time edits the version moves on
         # every tick, and an entry left unknown would never be rescued
-        if self._unknown and time.monotonic() - self._unknown_checked >= self.node.config.rescue_after:
+        if self._unknown and \
+                time.monotonic() - self._unknown_checked >= self.shared.config.rescue_after:
             self._recheck_unknown()
         if self._inflight is not None:
             self._settle_inflight()
         if time.monotonic() < self._retry_at or self.agenda is None:
             return
         now = utcnow()
-        cutoff = now - timedelta(seconds=self.node.config.rescue_after)
+        cutoff = now - timedelta(seconds=self.shared.config.rescue_after)
         due = self.agenda.pop_due(cutoff, self.since)
         if not due:
             return
@@ -202,11 +197,10 @@ class Standby:
             unclaimed = self._still_unclaimed(due)
             if not unclaimed:
                 return
-            gate = RescueGate(self.node.ledger, self._publish_window())
+            gate = RescueGate(self.shared.ledger, self._publish_window())
             try:
-                outcome = run_batch(unclaimed, gate,
-                                    lambda name, slot: self.node.send(name, slot, 0, None),
-                                    memory=self.node.sent, backlog=self.node.backlog)
+                outcome = run_batch(unclaimed, gate, self.shared.slot_send(0),
+                                    memory=self.shared.sent, backlog=self.shared.backlog)
             except STORE_ERRORS:
                 # a claim whose reply was lost may have been granted: asked again first
                 # thing once Redis answers (granted again to this node, then sent)
@@ -216,15 +210,31 @@ class Standby:
             except LeaseLostError:  # the publish window passed mid-batch (this node paused)
                 logger.warning("leaderbeat: standby %s was held up past its publish window "
                                "while rescuing; the slots it had not sent are recorded unsent",
-                               self.node.config.node_id)
+                               self.shared.config.node_id)
                 return
         finally:
             self.agenda.push_all(due)
-        self.node.observe(outcome.events)
+        self._rescued(outcome)
+
+    def _follow(self, version: int) -> None:
+        """Read the schedule's changes since the agenda was built, or the whole of it."""
+        agenda = self.agenda
+        changed = self.shared.celery.changed_since(self._version) \
+            if agenda is not None else None
+        if (agenda is not None and changed is not None
+                and small_change(changed, len(agenda.tracked))):
+            self._update(changed, version)
+        else:
+            self._load(version)
+
+    def _rescued(self, outcome: Outcome) -> None:
+        """Say what a rescue batch sent; set aside what it could not claim and why."""
+        assert self.agenda is not None
+        self.shared.celery.observe(outcome.events)
         if outcome.sent:
             logger.warning("leaderbeat: standby %s rescued %d slot(s) nobody had claimed %.1f s "
-                           "after their time", self.node.config.node_id, outcome.sent,
-                           self.node.config.rescue_after)
+                           "after their time", self.shared.config.node_id, outcome.sent,
+                           self.shared.config.rescue_after)
         if outcome.waiting:
             self._retry_at = time.monotonic() + self._early_retry
             self._early_retry = min(self._early_retry * 2, _EARLY_RETRY_CAP)
@@ -240,7 +250,7 @@ class Standby:
                 logger.warning("leaderbeat: standby %s does not rescue %s: its definition of the "
                                "entry is not the one the leader plans (a changed row this node "
                                "has not read yet, or a rolling deploy); said once",
-                               self.node.config.node_id, name)
+                               self.shared.config.node_id, name)
 
     def _settle_inflight(self) -> None:
         """A rescue claim whose reply was lost: ask for the same claims again. What this
@@ -249,23 +259,23 @@ class Standby:
         assert self._inflight is not None
         items, started = self._inflight
         claims = [item for item in items if item.op == Op.CLAIM]
-        results = self.node.ledger.rescue(claims).results if claims else []
+        results = self.shared.ledger.rescue(claims).results if claims else []
         self._inflight = None
         late = time.monotonic() - started >= self._publish_window()
-        events = []
+        events: list[Event] = []
         for item, result in zip(claims, results):
-            if result is not None or self.node.sent.covers(item.name, item.slot_ms):
+            if result is not Code.GRANTED or self.shared.sent.covers(item.name, item.slot_ms):
                 continue  # not ours, or sent before the reply went missing
             slot = from_ms(item.slot_ms)
-            if not late and self.node.send(item.name, slot, 0, None):
-                self.node.sent.note(item.name, item.slot_ms)
+            if not late and self.shared.celery.send_slot(item.name, slot, 0):
+                self.shared.sent.note(item.name, item.slot_ms)
                 events.append(Event(item.name, item.slot_ms, "sent", "rescued"))
             else:
                 events.append(Event(item.name, item.slot_ms, "unsent",
                                     "rescue: the claim's reply was lost"))
         if events:
-            RescueGate(self.node.ledger).record(events)
-            self.node.observe(events)
+            RescueGate(self.shared.ledger).record(events)
+            self.shared.celery.observe(events)
 
     def _publish_window(self) -> float:
         """Seconds after its claim call began within which a rescuer may still publish.
@@ -274,7 +284,7 @@ class Standby:
         old by Redis TIME; a rescuer paused between its grant and its publish must
         not send after that, or the slot could go twice.
         """
-        return max(0.0, self.node.config.lease_ttl - self.node.config.safety_margin)
+        return max(0.0, self.shared.config.lease_ttl - self.shared.config.safety_margin)
 
     def _still_unclaimed(self, due: list[tuple[Tracked, Plan]]) -> list[tuple[Tracked, Plan]]:
         """One read (HMGET) for the whole due batch; keep the entries nobody has claimed.
@@ -282,14 +292,14 @@ class Standby:
         With a healthy leader this is all a standby costs Redis per batch; the others
         only move on to where the leader stands.
         """
-        stored = self.node.ledger.load([tracked.name for tracked, _ in due])
+        stored = self.shared.ledger.load([tracked.name for tracked, _ in due])
         if losses := self._losses(stored, [tracked.name for tracked, _ in due]):
             self._report_lost(losses)
         unclaimed = []
         for tracked, p in due:
             state = stored.get(tracked.name)
-            if state is not None and state.state != ANCHOR:
-                self.node.sent.know(tracked.name, state.slot_ms)  # settled, by whoever
+            if state is not None and state.state != SlotStatus.ANCHOR:
+                self.shared.sent.know(tracked.name, state.slot_ms)  # settled, by whoever
             if state is not None and (not p.send or state.slot_ms >= to_ms(p.send[-1])):
                 tracked.advance(max(from_ms(state.slot_ms), p.last))
             else:
@@ -309,15 +319,15 @@ class Standby:
             logger.warning("leaderbeat: standby %s finds Redis lost writes it had seen; it "
                            "says so (the leader starts every entry again, as after any "
                            "rollback) and reports the newest slots it knew settled of %d "
-                           "entries", self.node.config.node_id, len(settled))
-        self.node.ledger.report_lost(settled)
+                           "entries", self.shared.config.node_id, len(settled))
+        self.shared.ledger.report_lost(settled)
 
     def _losses(self, stored: dict[str, Any], names: Any) -> dict[str, int]:
         """The entries of ``names`` whose slot state in Redis is older than one this node
         knew settled: Redis lost writes (claims only move forward). A state gone is not
         taken for a loss here (the leader prunes entries it has not scheduled for 30
         days): Redis restarted empty shows as the generation counter gone back."""
-        memory, out = self.node.sent, {}
+        memory, out = self.shared.sent, {}
         for name in names:
             known = memory.newest_known(name)
             state = stored.get(name)
@@ -327,10 +337,10 @@ class Standby:
 
     def _load(self, version: int) -> None:
         """Read every entry's slot state once (one HGETALL); track those that have one."""
-        stored = self.node.ledger.load()
-        if losses := self._losses(stored, self.node.schedule()):
+        stored = self.shared.ledger.load()
+        if losses := self._losses(stored, self.shared.celery.slot_entries()):
             self._report_lost(losses)
-        loaded = self.node.track(stored, start=utcnow(), epoch=None)
+        loaded = self.shared.track(stored, start=utcnow(), epoch=None)
         # a run-time entry's phase is the entry store's, known before any slot state (the
         # leader writes it as its first state): followed from the start
         self.agenda = Agenda({n: t for n, t in loaded.tracked.items()
@@ -344,10 +354,10 @@ class Standby:
         """A change of a few entries: read just their states (one HMGET)."""
         assert self.agenda is not None
         ordered = sorted(names)
-        stored = self.node.ledger.load(ordered)
+        stored = self.shared.ledger.load(ordered)
         if losses := self._losses(stored, ordered):
             self._report_lost(losses)
-        loaded = self.node.track(stored, start=utcnow(), epoch=None, only=ordered)
+        loaded = self.shared.track(stored, start=utcnow(), epoch=None, only=ordered)
         for name in ordered:
             if name in loaded.tracked and (name in stored or name in loaded.runtime):
                 self.agenda.add(loaded.tracked[name])
@@ -365,12 +375,12 @@ class Standby:
         """Entries that had no state: one HMGET per rescue_after until the leader anchors them."""
         assert self.agenda is not None
         self._unknown_checked = time.monotonic()
-        found = self.node.ledger.load(sorted(self._unknown))
+        found = self.shared.ledger.load(sorted(self._unknown))
         if not found:
             return
         if losses := self._losses(found, found):
             self._report_lost(losses)
-        loaded = self.node.track(found, start=utcnow(), epoch=None, only=sorted(found))
+        loaded = self.shared.track(found, start=utcnow(), epoch=None, only=sorted(found))
         for name, tracked in loaded.tracked.items():
             if name in found and name in self._unknown:
                 self.agenda.add(tracked)
@@ -380,10 +390,10 @@ class Standby:
 
     def _timeout(self) -> float:
         now = time.monotonic()
-        poll = self.node.config.standby_poll
+        poll = self.shared.config.standby_poll
         left = min(max(self._next_attempt, self._head_start_until) - now, poll)
         if self.agenda is not None:
-            rescue = self.agenda.delay(time.time() - self.node.config.rescue_after, poll)
+            rescue = self.agenda.delay(time.time() - self.shared.config.rescue_after, poll)
             left = min(left, max(rescue, self._retry_at - now))
         if self._look_again > now:
             left = min(left, self._look_again - now)
@@ -392,7 +402,7 @@ class Standby:
     def _wait(self, timeout: float) -> None:
         """Sleep up to ``timeout``, waking at once when the leader publishes 'released'."""
         if self._pubsub is None:
-            self._pubsub = self.node.store.events.subscribe()
+            self._pubsub = self.shared.store.events.subscribe()
         deadline = time.monotonic() + timeout
         while (left := deadline - time.monotonic()) > 0:
             data = self._pubsub.next(left)

@@ -20,6 +20,10 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, Protocol, TypeVar
 
+from ..config import Config
+from ..store.base import SlotStore
+from ..store.keys import Keys
+
 T = TypeVar("T")
 
 #: the history reason of a granted slot the broker refused (or may not have received)
@@ -31,6 +35,35 @@ LEASE_EXPIRED = "lease expired"
 PLAIN = "plain"  # Celery builds each message; kombu's Producer.batch, or one publish each
 ONE_STEP = "one_step"  # the claim script runs kombu's commands (the broker is the state's Redis)
 SINGLE_WRITE = "single_write"  # py-amqp: a chunk's publish frames in one socket write
+
+
+class SchedulerSide(Protocol):
+    """What the send path asks of the beat Scheduler it sends for (its public face only)."""
+
+    app: Any  # the Celery app: it builds each message
+    keys: Keys  # a slot's task id is made from the key prefix
+    lb_config: Config
+
+    @property
+    def producer(self) -> Any:
+        """Celery's producer on the app's connection."""
+
+    @property
+    def schedule(self) -> Any:
+        """Entry name -> Celery ``ScheduleEntry``."""
+
+    @property
+    def ledger(self) -> SlotStore: ...
+
+    @property
+    def enqueuer(self) -> Any:
+        """The scheduler's :class:`~.sender.Enqueuer`, None before its first chunk."""
+
+    def overlap_of(self, name: str) -> str: ...
+
+    def note_sent(self, entry: Any, slot: datetime) -> None: ...
+
+    def say_sending_chunk(self, sends: Sequence[tuple[Any, datetime]], epoch: int) -> None: ...
 
 
 class ChunkSend(Protocol):

@@ -13,18 +13,38 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from celery import signals
 
+from .base import SchedulerSide
 from .one_step import Command
 from .plain import send_many
-from .templates import Captured
-
-if TYPE_CHECKING:
-    from .sender import Enqueuer
+from .templates import Captured, Messages
 
 logger = logging.getLogger(__name__)
+
+
+class Enqueuer(Protocol):
+    """What a chunk sender uses of the scheduler's :class:`~.sender.Enqueuer`."""
+
+    scheduler: SchedulerSide
+    messages: Messages
+    redis: bool  # messages are known as their final Redis commands
+    single_write_problem: str | None
+    #: slots whose commands went with a claim whose reply never came
+    unanswered: list[tuple[str, datetime, int, Captured | None]]
+
+    def build(self, entry: Any, slot: datetime, epoch: int, overlap: str) -> Captured: ...
+
+    def publish_one(self, entry: Any, slot: datetime, epoch: int, overlap: str,
+                    producer: Any) -> None: ...
+
+    def final(self, captured: Captured) -> tuple[Command, ...] | None: ...
+
+    def run(self, captured: Sequence[Captured]) -> list[Exception | None]: ...
+
+    def producer(self) -> Any: ...
 
 
 class ChunkSender:
@@ -42,8 +62,7 @@ class ChunkSender:
         entry = s.schedule.get(name)
         if entry is None:
             return None
-        opts = s._entry_options.get(name)
-        return entry, (opts.overlap if opts else s.lb_config.overlap)
+        return entry, s.overlap_of(name)
 
     def _hold(self, slots: Sequence[tuple[str, datetime]]) -> list[Captured | None]:
         """Build each slot's message and hold it; None for an entry gone or a build that failed."""
@@ -109,13 +128,13 @@ class ChunkSender:
                                    "be built again for after_task_publish", name,
                                    slot.isoformat(), exc_info=True)
             self._went(found[0], slot, captured)
-        s._say_sending_chunk(said, epoch)
+        s.say_sending_chunk(said, epoch)
 
     def _went(self, entry: Any, slot: datetime, captured: Captured | None = None) -> None:
         """What a sent slot changes in this process, on every path: its entry (last run,
         run count) and, for a message Celery's ``apply_async`` did not publish itself,
         ``after_task_publish`` (``captured``). The slot's history is the batch's to record."""
-        self.enqueuer.scheduler._note_sent(entry, slot)
+        self.enqueuer.scheduler.note_sent(entry, slot)
         if captured is not None and signals.after_task_publish.receivers:
             signals.after_task_publish.send(sender=entry.task, **captured.after)
 
@@ -130,7 +149,7 @@ class ChunkSender:
         try:
             return self._publish(slots, may_send, said)
         finally:
-            self.enqueuer.scheduler._say_sending_chunk(said, self.epoch)
+            self.enqueuer.scheduler.say_sending_chunk(said, self.epoch)
 
     def _publish(self, slots: Sequence[tuple[str, datetime]], may_send: Callable[[], bool],
                  said: list[tuple[Any, datetime]]) -> list[bool]:

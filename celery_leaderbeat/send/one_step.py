@@ -30,6 +30,7 @@ from typing import Any
 
 import kombu
 
+from .base import SchedulerSide
 from .plain import DeclaringOnce
 from .templates import Captured
 
@@ -112,10 +113,10 @@ def _dotted(version: tuple[int, ...]) -> str:
     return ".".join(str(v) for v in version)
 
 
-def one_step_fallback(scheduler: Any) -> str | None:
+def one_step_fallback(scheduler: SchedulerSide) -> str | None:
     """Why ``scheduler``'s chunks do not go out claimed and enqueued in one step, or None
     when they do (for ``status`` and a metric). Before its first send: "not checked yet"."""
-    enqueuer = getattr(scheduler, "_enqueuer", None)
+    enqueuer = scheduler.enqueuer
     if enqueuer is None:
         return "not checked yet (no chunk sent by this beat)"
     reason: str | None = enqueuer.fallback

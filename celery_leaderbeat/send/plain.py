@@ -21,6 +21,7 @@ from celery.beat import BeatLazyFunc
 from kombu.messaging import Producer
 
 from ..timing.slots import slot_id
+from .base import SchedulerSide
 from .single_write import Gathered
 
 logger = logging.getLogger(__name__)
@@ -59,7 +60,7 @@ def _evaluate(value: Any) -> Any:
     return value() if isinstance(value, BeatLazyFunc) else value
 
 
-def publish(scheduler: Any, entry: Any, slot: datetime, epoch: int | None,
+def publish(scheduler: SchedulerSide, entry: Any, slot: datetime, epoch: int | None,
             overlap: str = "allow", task_id: str | None = None,
             producer: Any = None) -> Any:
     """Publish ``entry`` for ``slot`` as Celery beat would, plus our id and headers.
@@ -121,8 +122,8 @@ class _Stopped(Exception):
         self.settled = settled  # slots written before (gathered frames that had to go early)
 
 
-def send_many(scheduler: Any, slots: Sequence[tuple[Any, datetime, str]], epoch: int,
-              producer: Any = None, may_send: Callable[[], bool] = lambda: True,
+def send_many(scheduler: SchedulerSide, slots: Sequence[tuple[Any, datetime, str]],
+              epoch: int, producer: Any = None, may_send: Callable[[], bool] = lambda: True,
               say: Callable[[Any, datetime], None] = lambda entry, slot: None,
               publish_one: Callable[[Any, datetime, str, Any], None] | None = None,
               gather: bool = False) -> list[bool]:

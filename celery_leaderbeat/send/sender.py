@@ -19,13 +19,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from celery import signals
 
-from ..store.ledger import SENT
+from ..store.types import SlotStatus
 from ..timing.slots import to_ms
-from .base import ONE_STEP, PLAIN, SINGLE_WRITE
+from .base import ONE_STEP, PLAIN, SINGLE_WRITE, SchedulerSide
 from .chunk import ChunkSender
 from .one_step import (
     EXACT,
@@ -50,6 +50,14 @@ OPTIMISED = True
 OFF = "the optimisations are turned off (send.sender.OPTIMISED = False)"
 
 
+class Memory(Protocol):
+    """What this process published, as the roles remember it (``roles.memory.SentMemory``)."""
+
+    def covers(self, name: str, slot_ms: int) -> bool: ...
+
+    def note(self, name: str, slot_ms: int) -> None: ...
+
+
 class Enqueuer:
     """Sends chunks for one scheduler, on the path :meth:`path` names.
 
@@ -61,8 +69,11 @@ class Enqueuer:
     it has one, or gathered into one socket write on py-amqp.
     """
 
-    def __init__(self, scheduler: Any, client: Any, *, quiet: bool = False) -> None:
+    def __init__(self, scheduler: SchedulerSide, client: Any, *, quiet: bool = False,
+                 memory: Memory | None = None) -> None:
         self.scheduler = scheduler
+        #: what this process published (settling an unanswered claim consults and notes it)
+        self.memory = memory
         config = scheduler.lb_config
         #: False while the broker could not be reached to check: checked again next batch
         self.checked = True
@@ -173,16 +184,16 @@ class Enqueuer:
             logger.debug("leaderbeat: could not read what an unanswered claim enqueued: %r", exc)
             return
         doubt, self.unanswered = self.unanswered, []
-        node = getattr(s, "_node", None)
+        memory = self.memory
         went = []
         for name, slot, epoch, captured in doubt:
             state = stored.get(name)
             if (state is not None and state.slot_ms == to_ms(slot) and state.epoch == epoch
-                    and state.state == SENT and state.node is None
-                    and not (node is not None and node.sent.covers(name, state.slot_ms))):
+                    and state.state == SlotStatus.SENT and state.node is None
+                    and not (memory is not None and memory.covers(name, state.slot_ms))):
                 went.append((name, slot, captured))
-                if node is not None:
-                    node.sent.note(name, state.slot_ms)
+                if memory is not None:
+                    memory.note(name, state.slot_ms)
         if went:
             ChunkSender(self, 0, fast=False).said_enqueued(went, epoch=doubt[0][2])
 

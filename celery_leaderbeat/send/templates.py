@@ -49,6 +49,7 @@ from kombu import serialization
 from kombu.utils.json import dumps as kombu_dumps
 
 from ..timing.slots import slot_id
+from .base import SchedulerSide
 from .routing import Route, Routes
 
 logger = logging.getLogger(__name__)
@@ -190,7 +191,8 @@ class Messages:
     transport); ``channel()`` is the kombu channel those commands were made on.
     """
 
-    def __init__(self, scheduler: Any, capture: Callable[[Any, datetime, int, str], Captured],
+    def __init__(self, scheduler: SchedulerSide,
+                 capture: Callable[[Any, datetime, int, str], Captured],
                  channel: Callable[[], Any], routes: Routes | None = None, *,
                  templates: bool = True) -> None:
         self.scheduler = scheduler

@@ -31,9 +31,10 @@ module but for the capability below).
 
 The implementation today is Redis (:func:`~celery_leaderbeat.store.redis_store.connect`):
 :class:`~celery_leaderbeat.store.lease.Lease` (``acquire.lua``, ``renew.lua``,
-``release.lua``), :class:`~celery_leaderbeat.store.ledger.Ledger` (``claim.lua``,
-``prune.lua``), pub/sub for the events, a list for the requests, ``entries.lua`` for
-the entries, ``guard.lua`` for the guard. A second store, say PostgreSQL for a site
+``release.lua``), :class:`~celery_leaderbeat.store.ledger.Ledger` (one script
+per operation, ``lead.lua``, ``rescue.lua``, ``record.lua`` and the rest, over
+``prelude.lua``; ``prune.lua``), pub/sub for the events, a list for the requests,
+``entries.lua`` for the entries, ``guard.lua`` for the guard. A second store, say PostgreSQL for a site
 with no Redis, would implement the same protocols: the lease as one row updated under
 an advisory lock (the epoch a column bumped on each acquisition: the fencing token),
 the slots as a table keyed by entry and claimed with ``UPDATE ... WHERE slot < $slot``
@@ -57,7 +58,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from .errors import StoreError, StoreRefused, StoreUnreachable
-from .ledger import Claimed, ClaimItem, Event, SlotState
+from .types import Claimed, ClaimItem, ClaimResult, Event, SlotState
 from .records import (
     Acquired,
     Changes,
@@ -76,6 +77,7 @@ __all__ = [
     "STORE_UNREACHABLE",
     "Changes",
     "ClaimItem",
+    "ClaimResult",
     "Claimed",
     "ClusterAdmin",
     "EntryDefinitions",
@@ -131,12 +133,17 @@ class SlotStore(Protocol):
     """Each entry's last slot, claimed atomically; the history; the node registry."""
 
     def claim(self, token: str, epoch: int, items: Sequence[ClaimItem],
-              events: Sequence[Event] = ()) -> list[SlotState | None | str]:
+              events: Sequence[Event] = ()) -> list[ClaimResult]:
         """Leader: write ``events``, then claim ``items`` in order, fenced by ``token``."""
+    def check_generation(self, token: str, epoch: int) -> None:
+        """Leader: raise when the store lost writes this node saw, or ``token`` no longer
+        leads; before acting on state a restore may have brought back."""
+    def mark_definitions(self, token: str, epoch: int) -> None:
+        """Leader: mark the stored definitions as the ones this leader plans."""
     def backfill(self, token: str, epoch: int, name: str, slots: Sequence[int],
-                 request_id: str) -> list[str | None]:
-        """Leader: grant a backfill of each slot (None) or say why not, from what the store
-        holds now (sent by anyone, unconfirmed, backfilled before, due before a loss)."""
+                 request_id: str) -> list[ClaimResult]:
+        """Leader: grant a backfill of each slot or say why not, from what the store holds
+        now (sent by anyone, unconfirmed, backfilled before, due before a loss)."""
     def lost_at(self) -> int | None:
         """The store's time (ms) when a leader last started again after the store lost
         writes; None if never."""

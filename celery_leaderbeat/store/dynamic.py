@@ -223,7 +223,7 @@ def encode_schedule(name: str, value: Any, at: datetime | None = None) -> dict[s
     elif isinstance(value, timedelta):
         return {"every": value.total_seconds(), "relative": False}
     elif isinstance(value, cron):
-        zone = value._zone  # its own zone only; None follows the entry's or the app's
+        zone = value.own_zone  # None follows the entry's or the app's
         return {"cron": value.expr, "tz": None if zone is None else _zone_name(zone)}
     elif isinstance(value, crontab):
         return {"crontab": [str(value._orig_minute), str(value._orig_hour),

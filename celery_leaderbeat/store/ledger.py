@@ -1,9 +1,11 @@
 """The schedule's shared state in Redis: slot claims, last slots, history, nodes.
 
-It knows nothing of leadership beyond the token it is handed: every claim
-goes through ``claim.lua``, which grants a slot only while the leader key
-holds that token (fencing) and only when the slot is newer than the entry's
-last one (monotonic claims), so no slot is ever granted twice.
+It knows nothing of leadership beyond the token it is handed: a leader's claim
+goes through ``lead.lua``, which grants a slot only while the leader key holds
+that token (fencing) and only when the slot is newer than the entry's last one
+(monotonic claims), so no slot is ever granted twice; a standby's through
+``rescue.lua``. Each operation is one script call; what the scripts answer is
+decoded in one place, :func:`decode`.
 """
 
 from __future__ import annotations
@@ -11,68 +13,32 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 from ..config import Config
-from ..errors import LeaseLostError, NotReplicatedError, RolledBackError
+from ..errors import LeaseLostError, NotReplicatedError, RolledBackError, ScriptError
 from .keys import Keys
 from .scripts import Scripts, status, text
+from .types import (
+    BackfillReason,
+    BackfillRefused,
+    Claimed,
+    ClaimItem,
+    ClaimResult,
+    Code,
+    Event,
+    Op,
+    Refused,
+    SlotState,
+    SlotStatus,
+)
 
-#: states of an entry's last slot, as stored in the slots hash
-CLAIMED, SENT, SKIPPED, ANCHOR, UNSENT = "c", "s", "k", "a", "u"
-STATE_NAMES = {CLAIMED: "claimed", SENT: "sent", SKIPPED: "skipped", ANCHOR: "anchor",
-               UNSENT: "unsent (reported)"}
-
-
-class Op:
-    """What a claim asks for, per item (``claim.lua`` turns each into a state)."""
-
-    CLAIM = "claim"  # claim the slot to send it: state 'c'
-    SKIP = "skip"  # advance past a slot not sent: state 'k'
-    ANCHOR = "anchor"  # the entry's first slot, only if it has no state yet: state 'a'
-    REANCHOR = "reanchor"  # the definition changed: start again from this slot, state 'a'
-    RESTORE = "restore"  # this node sent the slot and Redis lost that: state 's'
-    ROLLED_BACK = "skip"  # Redis went back to older state: start again past it, state 'k'
-    RECOVER = "recover"  # re-send an earlier claimant's unconfirmed slot: state 'c'
-    BACKFILL = "backfill"  # send a slot the schedule passed unsent: the stored slot stays
-    DEFINE = "define"  # the leader's fingerprint of an entry, and the mark of its epoch
-
-
-#: why ``claim.lua`` refused a backfill of a slot (its answer -> the history's detail)
-BACKFILL_REFUSALS = {
-    "later": "backfill: not settled by the schedule yet (sent when due)",
-    "sent": "backfill: sent before (the history says so)",
-    "backfilled": "backfill: sent before (backfilled)",
-    "unconfirmed": "backfill: claimed and not confirmed (the next leader reports it)",
-    "lost": "backfill: due before Redis lost writes (what was sent then cannot be told)",
-    "horizon": "backfill: the history no longer reaches back to it",
-}
-
-
-#: what a claim of a paused entry's slot answers: skipped past, not granted
-PAUSED = "paused"
-#: what a leader's claim answers when it asks again for a slot it holds itself and the
-#: slot is stored sent under its epoch: enqueued by an earlier attempt of the claim (its
-#: reply was lost) or recorded sent; nothing ran again
-ENQUEUED = "enqueued"
-#: what a claim answers when it granted a slot without running its broker commands (a
-#: queue they write is not a list): the caller publishes it after the claim, where that
-#: one message fails as kombu's own publish would
-UNQUEUED = "granted, not enqueued"
-#: what a rescue answers when the rescuer's definition of the entry is not the leader's
-DIFFERS = "differs"
-#: what a claim answers while it is too early: a rescue before fire + rescue_after, a
-#: leader's slot ahead of Redis TIME, a recovery of a standby's claim it may still publish
-EARLY = "early"
-#: what a rescue answers for an entry with no state yet (its phase is not known)
-UNKNOWN = "unknown"
 #: the fingerprint stored for an entry the leader no longer schedules (removed, disabled)
 REMOVED = "-"
 #: the field of the definitions hash that holds the epoch of the leader that wrote them
 DEFINED_BY = "|epoch"
 #: the field of the backfilled hash that holds Redis TIME (ms) of the last re-anchoring
-#: after Redis lost writes (see claim.lua)
+#: after Redis lost writes (see check_generation in prelude.lua)
 LOST_AT = "|lost_at"
 
 #: a node's report of what it knew settled before Redis lost writes is kept this many
@@ -89,62 +55,6 @@ _AHEAD_GRACE_MS = 1000
 _BUSY_LEADER_MS = 1000
 
 
-@dataclass(frozen=True)
-class SlotState:
-    """An entry's last slot as recorded in Redis; ``node`` (and ``claimed_ms``, by Redis
-    TIME) are set for a standby's rescue."""
-
-    slot_ms: int
-    epoch: int
-    state: str
-    node: str | None = None
-    claimed_ms: int | None = None
-
-    @classmethod
-    def parse(cls, raw: Any) -> SlotState:
-        slot, epoch, state, *rest = text(raw).split("|", 3)
-        node, claimed = None, None
-        if rest:
-            node, _, at = rest[0].rpartition("|")
-            if not node or not at.isdigit():  # written by an older version: no claim time
-                node, at = rest[0], ""
-            claimed = int(at) if at else None
-        return cls(int(slot), int(epoch), state, node, claimed)
-
-    def claimant(self) -> str:
-        """Who claimed it, for a log line or the history."""
-        return f"standby {self.node} (rescue)" if self.node else f"the leader of epoch {self.epoch}"
-
-
-@dataclass(frozen=True)
-class ClaimItem:
-    name: str
-    slot_ms: int
-    op: str  # an Op
-    fire_ms: int = 0  # the slot plus its jitter; a rescue waits for fire + rescue_after
-    prev_ms: int | None = None  # rescue: the slot the rescuer planned from (must be stored)
-    fingerprint: str = ""  # the definition the claimant plans (see :mod:`fingerprint`)
-    #: broker commands (name, key, argument) the script runs if it grants the claim
-    enqueue: tuple[tuple[str, str, Any], ...] = ()
-
-
-@dataclass(frozen=True)
-class Event:
-    """A history event about one slot (``sent``, ``unsent``, ``missed``, ``skipped`` ...)."""
-
-    name: str
-    slot_ms: int
-    event: str
-    detail: str = ""
-
-
-class Claimed(NamedTuple):
-    """What one claim call answered: per item ``None`` (granted) or why not."""
-
-    results: list[SlotState | None | str]  # str: PAUSED, "early" (not late enough), "unknown"
-    redis_now_ms: int
-
-
 class Ledger:
     """Reads and writes the shared schedule state under one key prefix."""
 
@@ -153,7 +63,7 @@ class Ledger:
         self.scripts = scripts
         self.keys = keys
         self.config = config
-        #: the highest generation of the state this node has seen (see claim.lua)
+        #: the highest generation of the state this node has seen (see prelude.lua)
         self.generation = 0
         #: set by a leader re-anchoring every entry after Redis went back to older state
         self._reset_generation = False
@@ -165,63 +75,73 @@ class Ledger:
         self.loss_reported = False
 
     def claim(self, token: str, epoch: int, items: Sequence[ClaimItem],
-              events: Sequence[Event] = ()) -> list[SlotState | None | str]:
+              events: Sequence[Event] = ()) -> list[ClaimResult]:
         """Leader: write ``events``, then claim ``items`` in order, in one call.
 
-        Returns ``None`` per granted item, :data:`PAUSED` for a paused entry's slot
-        (skipped past, not granted), :data:`ENQUEUED` for this leader's own slot asked
-        again and already sent (enqueued by an attempt whose reply was lost),
-        :data:`UNQUEUED` for a slot granted without its broker commands (a queue they
-        write is not a list: the caller publishes it), else the state that refused it. Raises
-        LeaseLostError (and grants nothing; the events are written all the same:
-        they say what already happened) when ``token`` no longer leads, and
-        NotReplicatedError when ``min_replicas`` replicas did not acknowledge.
+        Returns a :data:`ClaimResult` per item (see :class:`Code`; :class:`Refused` with
+        the stored slot that refused it). Raises LeaseLostError (and grants nothing; the
+        events are written all the same: they say what already happened) when ``token``
+        no longer leads, and NotReplicatedError when ``min_replicas`` replicas did not
+        acknowledge.
         """
-        results: list[SlotState | None | str] = []
+        results: list[ClaimResult] = []
         for batch_events, batch_items in _calls(events, items):
-            reply = self._call("lead", token, int(self.config.lease_ttl * 1000), epoch,
-                               batch_events, batch_items)
-            self._check_lead(reply, "claim", token)
-            results += [_lead_result(r) for r in reply[4:]]
+            reply = self._lead(token, epoch, batch_events, batch_items)
+            self._check_fenced(reply, "lead", token)
+            results += decode("lead", batch_items, reply)
             if self.config.min_replicas and batch_items:
                 self._wait_for_replicas(results)
         return results
 
+    def check_generation(self, token: str, epoch: int) -> None:
+        """Leader: raise when Redis lost writes this node saw (RolledBackError) or ``token``
+        no longer leads (LeaseLostError); before acting on state a restore may have
+        brought back. Renews the lease; writes nothing else."""
+        reply = self._call("check", [token, self._ttl_ms(), self._ahead_ms(), *self._seen()])
+        self._check_fenced(reply, "check", token)
+
+    def mark_definitions(self, token: str, epoch: int) -> None:
+        """Leader: mark the stored definitions as what this leader plans (its epoch), fenced;
+        until the newest leader did, no standby rescues."""
+        reply = self._call("define", [token, self._ttl_ms(), epoch, self._ahead_ms(),
+                                      *self._seen()])
+        self._check_fenced(reply, "define", token)
+
     def backfill(self, token: str, epoch: int, name: str, slots: Sequence[int],
-                 request_id: str) -> list[str | None]:
+                 request_id: str) -> list[ClaimResult]:
         """Leader: grant a backfill of each of ``name``'s ``slots`` (ms), in one call.
 
-        Returns ``None`` per granted slot (recorded backfilled by ``request_id``: it is
-        never granted again), else the history detail that says why not: decided in
-        Redis, at this moment, from the stored slot, the history and the backfill
-        records, whatever the CLI saw when it queued the request. Raises
-        LeaseLostError when ``token`` no longer leads.
+        Returns per slot :attr:`Code.GRANTED` (recorded backfilled by ``request_id``: it
+        is never granted again), else :class:`BackfillRefused` with the reason: decided in
+        Redis, at this moment, from the stored slot, the history and the backfill records,
+        whatever the CLI saw when it queued the request. Raises LeaseLostError when
+        ``token`` no longer leads.
         """
-        items = [ClaimItem(name, slot_ms, Op.BACKFILL, slot_ms, fingerprint=request_id)
-                 for slot_ms in slots]
-        results: list[str | None] = []
-        for _, batch_items in _calls((), items):
-            reply = self._call("lead", token, int(self.config.lease_ttl * 1000), epoch,
-                               (), batch_items)
-            self._check_lead(reply, "backfill", token)
-            results += [None if r == 1 else BACKFILL_REFUSALS.get(text(r), f"backfill: {text(r)}")
-                        for r in reply[4:]]
+        results: list[ClaimResult] = []
+        for start in range(0, len(slots), _MAX_PER_CALL):
+            batch = slots[start:start + _MAX_PER_CALL]
+            reply = self._call("backfill", [token, self._ttl_ms(), epoch, self._ahead_ms(),
+                                            *self._seen(), name, request_id, *batch])
+            self._check_fenced(reply, "backfill", token)
+            results += decode("backfill", [ClaimItem(name, s, Op.BACKFILL) for s in batch],
+                              reply)
         return results
 
-    def _check_lead(self, reply: Any, what: str, token: str) -> None:
-        """A 'lead' call's reply: raises when Redis went back to older state, or when
+    def _check_fenced(self, reply: Any, script: str, token: str) -> None:
+        """A fenced call's reply: raises when Redis went back to older state, or when
         ``token`` no longer leads (saying who does, as the store answered)."""
         self._check_generation(reply)
-        if status(reply, "claim") == 0:
+        if status(reply, script) == 0:
             holder = text(reply[1]) if len(reply) > 1 and reply[1] else None
-            lost = LeaseLostError(f"{what} refused: lease {token} lost; held by "
+            lost = LeaseLostError(f"{script} refused: lease {token} lost; held by "
                                   f"{holder or 'nobody'}")
             lost.holder, lost.answered = holder, True
             raise lost
 
     def lost_at(self) -> int | None:
-        """Redis TIME (ms) when a leader last re-anchored after Redis lost writes (claim.lua's
-        'reset'): a request queued before it may be one a restore brought back."""
+        """Redis TIME (ms) when a leader last re-anchored after Redis lost writes (see
+        :meth:`reset_generation`): a request queued before it may be one a restore brought
+        back."""
         mark = self.client.hget(self.keys.backfilled, LOST_AT)
         return int(mark) if mark is not None else None
 
@@ -229,18 +149,23 @@ class Ledger:
         """Standby: claim slots nobody claimed ``rescue_after`` past their fire time.
 
         No lease is needed: the claim is the only gate. An item is refused as
-        ``"early"`` while Redis TIME is before its fire time + ``rescue_after``, and
-        as ``"unknown"`` when its entry has no state (its phase is not known yet).
+        :attr:`Code.EARLY` while Redis TIME is before its fire time + ``rescue_after``,
+        and as :attr:`Code.UNKNOWN` when its entry has no state (its phase is not known).
         """
-        results: list[SlotState | None | str] = []
+        results: list[ClaimResult] = []
         now_ms = 0
         for batch_events, batch_items in _calls(events, items):
-            reply = self._call("rescue", "", int(self.config.rescue_after * 1000), 0,
-                               batch_events, batch_items)
+            args: list[Any] = [int(self.config.rescue_after * 1000), self.config.history_length,
+                               self.config.node_id, _BUSY_LEADER_MS, self.generation or "",
+                               *_event_args(batch_events)]
+            for item in batch_items:
+                args += [item.name, item.slot_ms, item.op.value, item.fire_ms,
+                         "" if item.prev_ms is None else item.prev_ms, item.fingerprint]
+            reply = self._call("rescue", args)
             self._check_generation(reply)
-            status(reply, "claim")
+            status(reply, "rescue")
             now_ms = int(reply[1])
-            results += [_rescue_result(r) for r in reply[4:]]
+            results += decode("rescue", batch_items, reply)
             if self.config.min_replicas:
                 self._wait_for_replicas(results)
         return Claimed(results, now_ms)
@@ -252,7 +177,8 @@ class Ledger:
         if not events:
             return 0
         for batch_events, _ in _calls(events, ()):
-            reply = self._call("record", "", "", epoch, batch_events, ())
+            reply = self._call("record", [epoch, self.config.history_length, self.config.node_id,
+                                          self.generation or "", *_event_args(batch_events)])
             self._check_generation(reply)
             marked += int(reply[2])
         return marked
@@ -326,35 +252,44 @@ class Ledger:
         if isinstance(reply, list) and len(reply) > 3 and reply[0] == 1:
             self.observe_generation(int(reply[3]))
 
-    def _call(self, mode: str, token: str, ms: int | str, epoch: int,
-              events: Sequence[Event], items: Sequence[ClaimItem]) -> Any:
-        lead = mode == "lead"
-        ahead: int | str = ""
-        if lead:
-            ahead = int(self.config.max_clock_skew * 1000) + _AHEAD_GRACE_MS
-        elif mode == "rescue":
-            ahead = _BUSY_LEADER_MS
-        recover_age = int(self.config.lease_ttl * 1000) if lead else ""
-        if self._reset_generation and lead:
-            self._reset_generation = False
-            check: list[Any] = ["reset", self.generation]
-        else:
-            check = [self.generation or "", ""]
-        args: list[Any] = [mode, token, ms, epoch, self.config.history_length,
-                           self.config.node_id, ahead, recover_age, len(events), *check]
-        for ev in events:
-            args += [ev.name, ev.slot_ms, ev.event, ev.detail]
+    def _lead(self, token: str, epoch: int, events: Sequence[Event],
+              items: Sequence[ClaimItem]) -> Any:
+        # a standby's claim is recovered once it is a lease ttl old: the publish window
+        args: list[Any] = [token, self._ttl_ms(), epoch, self.config.history_length,
+                           self.config.node_id, self._ahead_ms(), self._ttl_ms(),
+                           *self._seen(), *_event_args(events)]
         for item in items:
-            args += [item.name, item.slot_ms, item.op, item.fire_ms,
-                     "" if item.prev_ms is None else item.prev_ms, item.fingerprint]
-        keys = [self.keys.leader, self.keys.slots, self.keys.history, self.keys.overtaken,
-                self.keys.paused, self.keys.definitions, self.keys.progress,
-                self.keys.generation, self.keys.backfilled, self.keys.epoch]
+            args += [item.name, item.slot_ms, item.op.value, item.fire_ms, item.fingerprint]
+        keys = self._keys()
         if any(item.enqueue for item in items):
             args += _enqueue_section(items, keys)
-        return self.scripts.claim(keys=keys, args=args)
+        return self.scripts.lead(keys=keys, args=args)
 
-    def _wait_for_replicas(self, results: list[SlotState | None | str]) -> None:
+    def _call(self, script: str, args: list[Any]) -> Any:
+        return getattr(self.scripts, script)(keys=self._keys(), args=args)
+
+    def _keys(self) -> list[Any]:
+        """The keys every slot script takes, in the order ``prelude.lua`` names them."""
+        return [self.keys.leader, self.keys.slots, self.keys.history, self.keys.overtaken,
+                self.keys.paused, self.keys.definitions, self.keys.progress,
+                self.keys.generation, self.keys.backfilled, self.keys.epoch]
+
+    def _ttl_ms(self) -> int:
+        return int(self.config.lease_ttl * 1000)
+
+    def _ahead_ms(self) -> int:
+        """How far (ms) a leader's claimed slot may lie ahead of Redis TIME."""
+        return int(self.config.max_clock_skew * 1000) + _AHEAD_GRACE_MS
+
+    def _seen(self) -> list[Any]:
+        """A leader's generation arguments: the highest seen and ''; or, after
+        :meth:`reset_generation`, 'reset' and the generation to lift the counter above."""
+        if self._reset_generation:
+            self._reset_generation = False
+            return ["reset", self.generation]
+        return [self.generation or "", ""]
+
+    def _wait_for_replicas(self, results: list[ClaimResult]) -> None:
         """Block until ``min_replicas`` replicas have the claims, or raise NotReplicatedError.
 
         WAIT's own timeout stays well inside the socket timeout: a WAIT that outlived
@@ -376,7 +311,7 @@ class Ledger:
             raw = self.client.hgetall(self.keys.slots).items()
         else:
             raw = zip(names, self.client.hmget(self.keys.slots, list(names))) if names else []
-        return {text(k): SlotState.parse(v) for k, v in raw if v is not None}
+        return {text(k): parse_slot_state(v) for k, v in raw if v is not None}
 
     def load_with_definitions(self, names: Sequence[str] | None = None
                               ) -> tuple[dict[str, SlotState], dict[str, str]]:
@@ -395,7 +330,7 @@ class Ledger:
             raw_slots, raw_defs = pipe.execute()
             slots = {n: v for n, v in zip(names, raw_slots) if v is not None}
             definitions = {n: v for n, v in zip(names, raw_defs) if v is not None}
-        return ({text(k): SlotState.parse(v) for k, v in slots.items()},
+        return ({text(k): parse_slot_state(v) for k, v in slots.items()},
                 {text(k): text(v) for k, v in definitions.items() if text(k) != DEFINED_BY})
 
     def prune(self, scheduled: Iterable[str], *, keep_ms: int, node_keep_s: float) -> list[int]:
@@ -429,7 +364,7 @@ class Ledger:
         out = {}
         for field, value in self.client.hgetall(self.keys.overtaken).items():
             name, _, slot = text(field).rpartition("|")
-            out[(name, int(slot))] = SlotState.parse(value)
+            out[(name, int(slot))] = parse_slot_state(value)
         return out
 
     def forget_overtaken(self, fields: Sequence[tuple[str, int]]) -> None:
@@ -505,23 +440,48 @@ def _enqueue_section(items: Sequence[ClaimItem], keys: list[Any]) -> list[Any]:
 _COMMAND_LETTERS = {"lpush": "l", "pexpire": "e"}
 
 
-def _lead_result(reply: Any) -> SlotState | None | str:
-    if reply == 1:
-        return None
-    if reply == 2:
-        return PAUSED
-    if reply == 4:
-        return ENQUEUED
-    if reply == 5:
-        return UNQUEUED
-    if reply == 0:
-        return EARLY
-    if reply is None or reply is False:
-        return UNKNOWN
-    return SlotState.parse(reply)
+def _event_args(events: Sequence[Event]) -> list[Any]:
+    """A slot script's events: their count, then four arguments each."""
+    args: list[Any] = [len(events)]
+    for ev in events:
+        args += [ev.name, ev.slot_ms, ev.event, ev.detail]
+    return args
 
 
-def _rescue_result(reply: Any) -> SlotState | None | str:
-    if reply == 3:
-        return DIFFERS
-    return _lead_result(reply)
+def decode(script: str, items: Sequence[ClaimItem], reply: Any) -> list[ClaimResult]:
+    """The per-item results of a slot script's reply ``{1, now, marked, generation, ...}``.
+
+    An integer is a :class:`Code`; from ``backfill`` a text is a :class:`BackfillReason`,
+    from the others the stored value that refused the item. Anything else raises
+    ScriptError naming the script, the answer and the item.
+    """
+    answers = reply[4:]
+    if len(answers) != len(items):
+        raise ScriptError(f"{script}.lua answered {len(answers)} results for {len(items)} items")
+    return [_decode_one(script, item, answer) for item, answer in zip(items, answers)]
+
+
+def _decode_one(script: str, item: ClaimItem, answer: Any) -> ClaimResult:
+    try:
+        if isinstance(answer, int):
+            return Code(answer)
+        if script == "backfill":
+            return BackfillRefused(BackfillReason(text(answer)))
+        if isinstance(answer, (bytes, str)):
+            return Refused.by(parse_slot_state(answer), item.slot_ms)
+    except ValueError:
+        pass
+    raise ScriptError(f"{script}.lua answered {answer!r} for {item.op.value} of {item.name!r} "
+                      f"at {item.slot_ms}, which this version does not understand")
+
+
+def parse_slot_state(raw: Any) -> SlotState:
+    """A slot state as the slots hash stores it: ``slot|epoch|state[|node|claimed_ms]``."""
+    slot, epoch, state, *rest = text(raw).split("|", 3)
+    node, claimed = None, None
+    if rest:
+        node, _, at = rest[0].rpartition("|")
+        if not node or not at.isdigit():  # written by an older version: no claim time
+            node, at = rest[0], ""
+        claimed = int(at) if at else None
+    return SlotState(int(slot), int(epoch), SlotStatus(state), node, claimed)

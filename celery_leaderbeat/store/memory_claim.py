@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .ledger import ClaimItem, Event
+from .types import ClaimItem, Event
 from .memory_state import MemoryState, parts
 
 _STATES = {"claim": "c", "skip": "k", "anchor": "a", "reanchor": "a", "restore": "s",

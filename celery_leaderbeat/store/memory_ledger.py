@@ -1,9 +1,13 @@
-"""The in-memory store's slots: ``claim.lua`` (:mod:`.memory_claim`), ``prune.lua`` and
-``lost.lua`` in Python, under the state's one lock.
+"""The in-memory store's slots: the slot scripts (``lead.lua``, ``rescue.lua``,
+``record.lua``, ``backfill.lua``, ``define.lua``, ``check.lua`` over ``prelude.lua``:
+one call's rules in :mod:`.memory_claim`), ``prune.lua`` and ``lost.lua`` in Python,
+under the state's one lock.
 
-:class:`MemoryLedger` answers its calls in the scripts' shape, so the node-side half of
-:class:`~celery_leaderbeat.store.ledger.Ledger` (the generation this node saw, the loss
-it reports, the decoding of each answer) is the same code for both stores.
+:class:`MemoryLedger` answers each slot call in the scripts' reply shape, so the
+node-side half of :class:`~celery_leaderbeat.store.ledger.Ledger` (the generation this
+node saw, the loss it reports, :func:`~celery_leaderbeat.store.ledger.decode` into
+:class:`~celery_leaderbeat.store.types.Code`, ``Refused`` and ``BackfillRefused``) is
+the same code for both stores.
 """
 
 from __future__ import annotations
@@ -16,16 +20,17 @@ from typing import Any
 from ..config import Config
 from .keys import Keys
 from .ledger import (
-    _AHEAD_GRACE_MS,
     _BUSY_LEADER_MS,
     LOST_KEPT_TTLS,
-    ClaimItem,
-    Event,
     Ledger,
-    SlotState,
+    _calls,
+    decode,
+    parse_slot_state,
 )
 from .memory_claim import claim_call
 from .memory_state import MemoryState, parts, row
+from .scripts import status
+from .types import Claimed, ClaimItem, ClaimResult, Code, Event, Op, SlotState
 
 
 class MemoryLedger(Ledger):
@@ -35,30 +40,68 @@ class MemoryLedger(Ledger):
         super().__init__(None, None, Keys(config.key_prefix), config)  # type: ignore[arg-type]
         self.state = state
 
-    def _call(self, mode: str, token: str, ms: int | str, epoch: int,
-              events: Sequence[Event], items: Sequence[ClaimItem]) -> Any:
-        args = self._arguments(mode, token, ms, epoch)
+    def _lead(self, token: str, epoch: int, events: Sequence[Event],
+              items: Sequence[ClaimItem]) -> Any:
+        return self._run("lead", token, self._ttl_ms(), epoch, events, items)
+
+    def _call(self, script: str, args: list[Any]) -> Any:
+        """``check``, ``define`` and ``backfill`` as their scripts take them (the fenced
+        head: token, ttl, [epoch,] ahead, seen, lift_above)."""
+        if script == "check":
+            token, ttl, ahead, seen, lift = args[:5]
+            return self._run("lead", token, ttl, 0, (), (), seen=(seen, lift), ahead=ahead)
+        token, ttl, epoch, ahead, seen, lift = args[:6]
+        if script == "define":
+            reply = self._run("lead", token, ttl, epoch, (), [ClaimItem("", 0, Op.DEFINE)],
+                              seen=(seen, lift), ahead=ahead)
+            return reply[:4]
+        if script == "backfill":
+            name, request_id, *slots = args[6:]
+            items = [ClaimItem(name, int(slot), Op.BACKFILL, int(slot), fingerprint=request_id)
+                     for slot in slots]
+            return self._run("lead", token, ttl, epoch, (), items, seen=(seen, lift),
+                             ahead=ahead)
+        raise ValueError(f"the in-memory store has no slot script {script!r}")
+
+    def rescue(self, items: Sequence[ClaimItem], events: Sequence[Event] = ()) -> Claimed:
+        results: list[ClaimResult] = []
+        now_ms = 0
+        for batch_events, batch_items in _calls(events, items):
+            reply = self._run("rescue", "", int(self.config.rescue_after * 1000), 0,
+                              batch_events, batch_items)
+            self._check_generation(reply)
+            status(reply, "rescue")
+            now_ms = int(reply[1])
+            # no stored state: the phase is not known (the script answers UNKNOWN)
+            answers = [Code.UNKNOWN.value if r is None else r for r in reply[4:]]
+            results += decode("rescue", batch_items, [*reply[:4], *answers])
+        return Claimed(results, now_ms)
+
+    def record(self, epoch: int, events: Iterable[Event]) -> int:
+        marked = 0
+        events = list(events)
+        for batch_events, _ in _calls(events, ()) if events else ():
+            reply = self._run("record", "", "", epoch, batch_events, ())
+            self._check_generation(reply)
+            marked += int(reply[2])
+        return marked
+
+    def _run(self, mode: str, token: str, ms: int | str, epoch: int, events: Sequence[Event],
+             items: Sequence[ClaimItem], *, seen: tuple[Any, Any] | None = None,
+             ahead: int | str | None = None) -> Any:
+        """One slot call under the state's lock, as :func:`claim_call` takes it."""
+        lead = mode == "lead"
+        if ahead is None:
+            ahead = self._ahead_ms() if lead else _BUSY_LEADER_MS if mode == "rescue" else ""
+        if seen is None:
+            seen = tuple(self._seen()) if lead else (self.generation or "", "")
+        recover_age = self._ttl_ms() if lead else ""
+        args = [mode, token, ms, epoch, self.config.history_length, self.config.node_id, ahead,
+                recover_age, 0, *seen]
         with self.state.lock:
             return claim_call(self.state, args, events, items)
 
-    def _arguments(self, mode: str, token: str, ms: int | str, epoch: int) -> list[Any]:
-        """The script's ARGV[1..11], as :class:`Ledger` would send them."""
-        lead = mode == "lead"
-        ahead: int | str = ""
-        if lead:
-            ahead = int(self.config.max_clock_skew * 1000) + _AHEAD_GRACE_MS
-        elif mode == "rescue":
-            ahead = _BUSY_LEADER_MS
-        recover_age = int(self.config.lease_ttl * 1000) if lead else ""
-        if self._reset_generation and lead:
-            self._reset_generation = False
-            check: list[Any] = ["reset", self.generation]
-        else:
-            check = [self.generation or "", ""]
-        return [mode, token, ms, epoch, self.config.history_length, self.config.node_id, ahead,
-                recover_age, 0, *check]
-
-    def _wait_for_replicas(self, results: list[SlotState | None | str]) -> None:
+    def _wait_for_replicas(self, results: list[ClaimResult]) -> None:
         """One process holds the only copy: there is no replica to wait for."""
 
     def lost_at(self) -> int | None:
@@ -89,7 +132,7 @@ class MemoryLedger(Ledger):
         with self.state.lock:
             slots = self.state.slots
             chosen = slots if names is None else {n: slots[n] for n in names if n in slots}
-            return {name: SlotState.parse(value) for name, value in chosen.items()}
+            return {name: parse_slot_state(value) for name, value in chosen.items()}
 
     def load_with_definitions(self, names: Sequence[str] | None = None
                               ) -> tuple[dict[str, SlotState], dict[str, str]]:
@@ -131,7 +174,7 @@ class MemoryLedger(Ledger):
             out = {}
             for field, value in self.state.overtaken.items():
                 name, _, slot = field.rpartition("|")
-                out[(name, int(slot))] = SlotState.parse(value)
+                out[(name, int(slot))] = parse_slot_state(value)
             return out
 
     def forget_overtaken(self, fields: Sequence[tuple[str, int]]) -> None:

@@ -96,7 +96,7 @@ class Acquired(NamedTuple):
     epoch: int | None  #: acquired: the new epoch
     holder: str | None  #: refused: the holder's token (None: nobody, held back after a loss)
     pttl: int  #: refused: the holder's remaining ttl in ms (:data:`LOSS`: held back)
-    generation: int  #: the store's state generation (see claim.lua)
+    generation: int  #: the store's state generation (see prelude.lua)
     now: float  #: the store's clock (s), so every attempt also measures clock skew
 
 

@@ -1,7 +1,10 @@
 """The Lua scripts, loaded from the package's ``lua/`` folder once per client.
 
 redis-py's ``Script`` objects reload themselves when Redis answers NOSCRIPT
-(after a restart or ``SCRIPT FLUSH``), so registering once is enough.
+(after a restart or ``SCRIPT FLUSH``), so registering once is enough. The slot
+scripts (one per operation) each get the code tables written from
+:mod:`.types` and the helpers of ``prelude.lua`` in front of them: one
+``EVALSHA`` per operation still, and Python and Lua read one vocabulary.
 """
 
 from __future__ import annotations
@@ -14,14 +17,42 @@ from typing import Any
 from ..config import Config
 from ..errors import ScriptError
 from .keys import Keys
+from .types import BackfillReason, Code, SlotStatus
 
-NAMES = ("acquire", "renew", "release", "claim", "guard", "prune", "lost")
+#: the scripts about slots, which share ``prelude.lua`` and the code tables
+SLOT_SCRIPTS = ("lead", "rescue", "record", "backfill", "define", "check")
+NAMES = ("acquire", "renew", "release", "guard", "prune", "lost", *SLOT_SCRIPTS)
 
 
 @cache
 def source(name: str) -> str:
-    """The text of ``lua/<name>.lua``."""
+    """The text Redis runs for script ``name``: ``lua/<name>.lua``, after the code tables
+    and ``prelude.lua`` for a slot script."""
+    text = _read(name)
+    if name in SLOT_SCRIPTS:
+        text = f"{code_tables()}\n{_read('prelude')}\n{text}"
+    return text
+
+
+def _read(name: str) -> str:
     return resources.files(__package__).joinpath("lua").joinpath(f"{name}.lua").read_text()
+
+
+def code_tables() -> str:
+    """The Lua tables CODE, REASON and STATUS, written from the Python enums; reading a name
+    that is not in one is an error in the script, not a silent nil."""
+    def table(name: str, pairs: list[tuple[str, str]]) -> str:
+        return f"local {name} = {{{', '.join(f'{k} = {v}' for k, v in pairs)}}}"
+
+    return "\n".join([
+        "-- written by store/scripts.py from store/types.py",
+        table("CODE", [(c.name, str(c.value)) for c in Code]),
+        table("REASON", [(r.name, f"'{r.value}'") for r in BackfillReason]),
+        table("STATUS", [(s.name, f"'{s.value}'") for s in SlotStatus]),
+        "for _, t in ipairs({CODE, REASON, STATUS}) do",
+        "  setmetatable(t, {__index = function(_, k) error('no such code: ' .. tostring(k)) end})",
+        "end",
+    ])
 
 
 class Scripts:
@@ -34,10 +65,15 @@ class Scripts:
     acquire: Any
     renew: Any
     release: Any
-    claim: Any
     guard: Any
     prune: Any
     lost: Any
+    lead: Any
+    rescue: Any
+    record: Any
+    backfill: Any
+    define: Any
+    check: Any
 
 
 @dataclass

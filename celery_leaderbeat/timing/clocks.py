@@ -222,7 +222,7 @@ class BoundedClock(_Clock):
     """Another clock's slots from ``start`` on (``start`` itself for an interval), before ``end``.
 
     Every node computes the same bounded slots from the same bounds, so the bounds
-    gate a slot the way the schedule does: nothing before ``start``, nothing at or
+    bound a slot the way the schedule does: nothing before ``start``, nothing at or
     after ``end``.
     """
 

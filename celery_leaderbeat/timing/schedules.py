@@ -133,6 +133,16 @@ class cron(BaseSchedule):
         super().__init__(nowfun=nowfun, app=app)
 
     @property
+    def fields(self) -> str:
+        """The expression's fields, space-separated (a nickname such as ``@daily`` expanded)."""
+        return self._text
+
+    @property
+    def own_zone(self) -> tzinfo | None:
+        """The cron's own zone; None: it reads its fields in the entry's or the app's."""
+        return self._zone
+
+    @property
     def tz(self) -> tzinfo:
         """The zone the fields are read in: the cron's own, else the app's."""
         return self._zone if self._zone is not None else self.app.timezone

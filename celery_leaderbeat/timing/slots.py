@@ -86,7 +86,7 @@ def clock_for(schedule_: Any, *, name: str, tz: tzinfo, jitter: float | None = N
     Interval slots are ``last + k*every``; a one-time schedule with a ``clocked_time``
     (django-celery-beat's ``clocked``) has that one slot; a schedule with its own
     ``leaderbeat_clock(name=, tz=, jitter=)`` builds its clock itself (see
-    :mod:`celery_leaderbeat.integrations.gate`); any other ``BaseSchedule`` falls back to
+    :mod:`celery_leaderbeat.integrations.djangorows`); any other ``BaseSchedule`` falls back to
     ``t + remaining_estimate(t)`` with the schedule's ``now()`` pinned to ``t``.
     """
     if jitter is not None and (not isinstance(jitter, (int, float)) or jitter < 0):

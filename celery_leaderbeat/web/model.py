@@ -24,7 +24,7 @@ from celery.schedules import schedule as celery_schedule
 from ..entries import EntryOptions
 from ..ops.cluster import Cluster, EntryRow, HistoryEvent, Leader, NodeRow
 from ..store.connection import describe
-from ..store.ledger import STATE_NAMES, SlotState
+from ..store.types import SlotState, SlotStatus
 from ..timing.slots import clock_for, from_ms, slot_id
 
 logger = logging.getLogger(__name__)
@@ -35,7 +35,7 @@ DEFINITIONS_EVERY = 5.0
 #: the newest history events of one entry its page shows
 ENTRY_HISTORY = 100
 #: what the state filter offers: a state of the last slot, or "paused"
-STATE_FILTERS = ("paused", *STATE_NAMES.values())
+STATE_FILTERS = ("paused", *(status.label for status in SlotStatus))
 
 
 def public(leader: Leader | None) -> dict[str, Any] | None:
@@ -160,7 +160,7 @@ class ClusterView:
         elif state:
             every = self.cluster.ledger.load()
             names = [n for n in names
-                     if n in every and STATE_NAMES.get(every[n].state) == state]
+                     if n in every and every[n].state.label == state]
         chosen = list(names[offset:offset + limit])
         rows = self.rows(chosen, definitions, self.cluster.ledger.load(chosen), paused)
         return Page(public(self.cluster.leader()), rows, len(names), offset, limit,
@@ -205,9 +205,9 @@ class ClusterView:
                        run=None, next_due=None, paused=paused)
         if state is not None:
             last = from_ms(state.slot_ms)
-            row["last_slot"], row["state"] = last.isoformat(), STATE_NAMES.get(state.state)
+            row["last_slot"], row["state"] = last.isoformat(), state.state.label
             row["epoch"], row["rescued_by"] = state.epoch, state.node
-            sent = state.state not in ("a", "k")
+            sent = state.state not in (SlotStatus.ANCHOR, SlotStatus.SKIPPED)
             row["task_id"] = (slot_id(self.cluster.config.key_prefix, name, last) if sent
                               else None)
         if name in schedule:

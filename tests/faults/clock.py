@@ -15,7 +15,7 @@ How time works in these tests:
   * key expiry (the lease's PX ttl, the guard's keys): :class:`RedisExpiry`
     keeps every ttl under the test's key prefix in virtual time, so a lease
     expires in Redis when the virtual clock says it does, on every replay;
-  * ``TIME`` (skew measurement, and claim.lua's "rescue only once Redis TIME >=
+  * ``TIME`` (skew measurement, and rescue.lua's "rescue only once Redis TIME >=
     fire time + rescue_after"): the virtual wall clock starts
     :data:`BEHIND_REDIS` seconds behind the real one and runs faster than it, so
     it stays behind Redis for the length of any scenario. Redis therefore always
@@ -95,7 +95,7 @@ def install_clock(monkeypatch: Any, clock: FakeClock) -> list[str]:
         batch,
         degraded,
         leader,
-        node,
+        shared,
         standby,
     )
     from celery_leaderbeat.store import lease, ledger, registry  # noqa: F401
@@ -203,7 +203,7 @@ return 1
 class RedisTimeValue:
     """Keeps a key that holds a Redis ``TIME`` (ms) aged in virtual time.
 
-    claim.lua stores the leader's latest claim as Redis TIME and a rescue asks how
+    lead.lua stores the leader's latest claim as Redis TIME and a rescue asks how
     recent it is by Redis TIME: real milliseconds, while the scenario's seconds are
     virtual. Called just before and just after every claim call (the only writer
     and reader), this rewrites the value as "now by Redis TIME minus the virtual

@@ -118,7 +118,7 @@ class World:
         self._note_forgetting()
         self._rememberers = set()
         for sim_node in self.sim.nodes.values():
-            node = sim_node.scheduler._node
+            node = sim_node.scheduler._shared
             if node is not None and (node.ledger.generation > 0 or node.sent.settled()):
                 self._rememberers.add(id(sim_node))
         self._note_forgetting()

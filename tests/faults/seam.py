@@ -8,7 +8,7 @@ on the client) go through :meth:`FaultyRedis.execute_command`; a pipeline's
 Each call gets the next index of the :class:`Seam` it belongs to and a label
 naming its call site::
 
-    EVALSHA[claim] ledger.claim<batch.lead
+    EVALSHA[lead] ledger.claim<chunk.lead
 
 (the command, the script's name for ``EVALSHA``, the store call's name and the
 role's, both given in the code: :mod:`celery_leaderbeat.store.calls`), so a sweep
@@ -58,14 +58,17 @@ BEFORE, AFTER, DELAY, LATE, DROP, REPEAT = "before", "after", "delay", "late", "
 KINDS = (BEFORE, AFTER, DELAY, LATE, DROP, REPEAT)
 
 def _script_names() -> dict[str, str]:
-    """EVALSHA digest -> script name: every ``store/lua/*.lua`` of the package."""
+    """EVALSHA digest -> script name: every ``store/lua/*.lua`` of the package, as the
+    loader sends it (a slot script with the code tables and the prelude before it)."""
     from importlib import resources
+
+    from celery_leaderbeat.store.scripts import source
 
     names = {}
     for item in resources.files("celery_leaderbeat.store").joinpath("lua").iterdir():
         if item.name.endswith(".lua"):
-            digest = hashlib.sha1(item.read_text().encode()).hexdigest()
-            names[digest] = item.name[:-len(".lua")]
+            name = item.name[:-len(".lua")]
+            names[hashlib.sha1(source(name).encode()).hexdigest()] = name
     return names
 
 

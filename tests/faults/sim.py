@@ -131,7 +131,7 @@ def _sent_by() -> str:
 def _wait_without_sleeping(self: Standby, timeout: float) -> None:
     """``Standby._wait`` for a driven clock: read what was published, never sleep."""
     if self._pubsub is None:
-        self._pubsub = self.node.store.events.subscribe()
+        self._pubsub = self.shared.store.events.subscribe()
     while (message := self._pubsub.next(0.0)) is not None:
         if message == RELEASED:
             self._next_attempt = 0.0
@@ -146,8 +146,8 @@ class SimNode:
 
     @property
     def client(self) -> FaultyRedis:
-        assert self.scheduler._node is not None
-        return self.scheduler._node.client
+        assert self.scheduler._shared is not None
+        return self.scheduler._shared.client
 
     @property
     def leading(self) -> bool:
@@ -155,7 +155,7 @@ class SimNode:
 
     @property
     def heartbeat(self) -> SteppedHeartbeat | None:
-        node = self.scheduler._node
+        node = self.scheduler._shared
         beat = node.lease._heartbeat if node is not None else None
         return beat if isinstance(beat, SteppedHeartbeat) else None
 
@@ -193,7 +193,8 @@ class Sim:
         progress = getattr(self.keys, "progress", None)
         if progress is not None:  # the leader's progress, a Redis TIME, read by rescues
             aged = RedisTimeValue(admin, progress, self.clock, lambda: self.step_seconds)
-            self.seam.around = lambda label: aged() if label.startswith("EVALSHA[claim]") else None
+            claims = ("EVALSHA[lead]", "EVALSHA[rescue]")  # the progress's writer and reader
+            self.seam.around = lambda label: aged() if label.startswith(claims) else None
         self.seam.on_drop = lambda node_id: self.clients[node_id].drop_connections()
         return admin
 
@@ -277,7 +278,7 @@ class Sim:
     def crash(self, node_id: str) -> None:
         """The process dies: no release, its heartbeat ends, its sockets close."""
         sim_node = self.nodes.pop(node_id)
-        node = sim_node.scheduler._node
+        node = sim_node.scheduler._shared
         if node is not None:
             node.lease.stop_heartbeat()
             if sim_node.client is not None:

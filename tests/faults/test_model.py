@@ -47,7 +47,7 @@ from hypothesis.stateful import (
 )
 
 from celery_leaderbeat.ops.cluster import Cluster
-from celery_leaderbeat.roles.node import utcnow
+from celery_leaderbeat.roles.shared import utcnow
 from tests.support.redis_server import RedisServer
 
 from .invariants import duplicates

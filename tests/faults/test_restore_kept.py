@@ -85,7 +85,7 @@ def test_a_leader_paused_while_another_led_does_not_carry_on_from_its_memory(wor
     just_renewed(world)
     world.take_snapshot()  # the leader's lease in it, with nearly a whole ttl to live
     counter = int(world.sim.admin.get(world.keys.generation))
-    ledger = world.sim.nodes[led].scheduler._node.ledger
+    ledger = world.sim.nodes[led].scheduler._shared.ledger
     for _ in range(4):  # a claim after the snapshot: the restore is a rollback to it
         if ledger.generation > counter:
             break

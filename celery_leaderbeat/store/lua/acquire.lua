@@ -1,6 +1,6 @@
 -- acquire.lua: take the leader lease if nobody else holds it.
 -- KEYS[1] leader key      KEYS[2] epoch counter      KEYS[3] history stream
--- KEYS[4] generation counter (read only: see claim.lua)
+-- KEYS[4] generation counter (read only: see prelude.lua)
 -- ARGV[1] node id         ARGV[2] lease ttl (ms)     ARGV[3] history max length
 -- ARGV[4] the highest epoch this node has seen (0 if none)
 -- ARGV[5] the highest generation this node has seen (0 if none)

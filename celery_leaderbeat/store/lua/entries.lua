@@ -4,7 +4,7 @@
 -- KEYS[2] meta hash: 'version' (bumped by every change), 'floor' (changes before it forgotten)
 -- KEYS[3] changed zset: live name -> version of its last change
 -- KEYS[4] removed zset: removed name -> version of its removal (capped, see ARGV)
--- KEYS[5] slots hash (claim.lua's): an enabled entry saved with no slot state gets its
+-- KEYS[5] slots hash (the slot scripts'): an enabled entry saved with no slot state gets its
 --         first one here, "<anchor>|0|a", in the same step as the save: a standby can
 --         rescue its first slot even when the leader died before reading the save
 -- ARGV[1] mode: 'save', 'delete', 'finish' or 'changes'

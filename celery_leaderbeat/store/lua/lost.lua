@@ -4,7 +4,7 @@
 -- reports the newest slot of each entry it knew settled, for the leader's margin.
 -- KEYS[1] lost hash: "<entry>|<node>" -> slot (ms), kept ARGV[2] ms
 -- KEYS[2] backfilled hash: its field "|loss" holds the highest generation a node saw
---         before the loss; until a leader re-anchors ('reset' in claim.lua, which lifts
+--         before the loss; until a leader re-anchors ('reset' in prelude.lua, which lifts
 --         the counter above it and deletes it) lead and rescue claims answer {2}
 -- KEYS[3] generation counter (read only)
 -- ARGV[1] node id    ARGV[2] how long (ms) the reports are kept

@@ -1,4 +1,4 @@
-"""What the gate does that depends on the base scheduler: the :class:`Adapter`.
+"""What wrapping a base scheduler does that depends on the base: the :class:`Adapter`.
 
 The generic one suits any ``celery.beat.Scheduler``; django-celery-beat's is
 :class:`celery_leaderbeat.integrations.django.DatabaseAdapter`.
@@ -8,12 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 from ..roles.leader import Leader
-
-if TYPE_CHECKING:
-    from .gate import GateMixin
 
 
 class Snapshot(NamedTuple):
@@ -25,12 +22,14 @@ class Snapshot(NamedTuple):
 
 
 class Adapter:
-    """What the gate does that depends on the base; this one suits any Scheduler."""
+    """What wrapping a base does that depends on it; this one suits any Scheduler."""
 
     #: read the schedule and write bookkeeping on a thread of their own (:meth:`thread`)
     background = False
 
-    def __init__(self, scheduler: GateMixin) -> None:
+    def __init__(self, scheduler: Any) -> None:
+        #: leaderbeat's Scheduler and the base in one object (``wrap.WrapMixin``): an
+        #: adapter calls the base's own methods on it, which only the base class types
         self.scheduler = scheduler
 
     def prepare(self, entries: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -60,7 +59,7 @@ class Adapter:
     def sync(self, *, leading: bool) -> None:
         """The base's sync, only while this node leads: a standby never writes."""
         if leading:
-            self.scheduler.gated.sync(self.scheduler)  # type: ignore[attr-defined]
+            self.scheduler.wrapped.sync(self.scheduler)
 
     def flush(self) -> None:
         """On the background thread: write what is pending."""

@@ -1,4 +1,4 @@
-"""leaderbeat_base_scheduler: the setting, the gate class, and PersistentScheduler behind it."""
+"""leaderbeat_base_scheduler: the setting, the wrapping class, and PersistentScheduler wrapped."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from celery.beat import PersistentScheduler
 
 from celery_leaderbeat.config import Config
 from celery_leaderbeat.errors import ConfigurationError
-from celery_leaderbeat.integrations.gate import GateMixin
-from celery_leaderbeat.scheduler import Scheduler, gate_class
+from celery_leaderbeat.integrations.wrap import WrapMixin
+from celery_leaderbeat.scheduler import Scheduler, gate_class, wrap_class
 from celery_leaderbeat.timing.clocks import NEVER, BoundedClock, IntervalClock, OnceClock
 from celery_leaderbeat.timing.slots import clock_for
 from tests.support.beat import NOOP, BeatCluster, Recorder, beat_env, duplicates, slots_by_entry
@@ -72,17 +72,17 @@ def test_django_settings_name_the_base_through_the_celery_namespace():
     assert Config.from_app(app).base_scheduler is PersistentScheduler
 
 
-# -- the gate class --------------------------------------------------------------------------
+# -- the wrapping class --------------------------------------------------------------------------
 
-def test_the_scheduler_becomes_the_base_behind_the_gate_built_once_per_base(tmp_path):
+def test_the_scheduler_becomes_the_base_wrapped_built_once_per_base(tmp_path):
     app = Celery("proj")
     app.conf.update(broker_url="redis://127.0.0.1:1/0", timezone="UTC",
                     leaderbeat_base_scheduler="celery.beat:PersistentScheduler",
                     beat_schedule={"a": {"task": NOOP, "schedule": "*/5 * * * *"}})
     scheduler = Scheduler(app=app, schedule_filename=str(tmp_path / "s"), lazy=True)
-    assert type(scheduler) is gate_class(PersistentScheduler)
-    assert type(scheduler).__name__ == "LeaderbeatGatePersistentScheduler"
-    assert isinstance(scheduler, PersistentScheduler) and isinstance(scheduler, GateMixin)
+    assert type(scheduler) is wrap_class(PersistentScheduler) is gate_class(PersistentScheduler)
+    assert type(scheduler).__name__ == "LeaderbeatPersistentScheduler"
+    assert isinstance(scheduler, PersistentScheduler) and isinstance(scheduler, WrapMixin)
     assert "base=celery.beat:PersistentScheduler" in scheduler.info
     plain = Celery("proj")
     plain.conf.update(broker_url="redis://127.0.0.1:1/0")
@@ -127,7 +127,7 @@ def test_a_standby_never_runs_the_base_tick_nor_writes_its_store(tmp_path, make_
     assert "sync:leader" in calls
 
 
-# -- the clocks the gate adds -------------------------------------------------------------------
+# -- the clocks wrapping adds --------------------------------------------------------------------
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -170,10 +170,10 @@ def test_a_bounded_crontab_fires_at_its_first_time_at_or_after_start():
     assert clock.next_after(T0 + timedelta(minutes=30)) == T0 + timedelta(minutes=45)
 
 
-# -- PersistentScheduler behind the gate, in real beats ---------------------------------------
+# -- PersistentScheduler wrapped, in real beats ----------------------------------------------
 
 @pytest.mark.slow
-def test_three_persistent_schedulers_behind_the_gate_send_no_slot_twice_across_a_leader_kill(
+def test_three_wrapped_persistent_schedulers_send_no_slot_twice_across_a_leader_kill(
         tmp_path, make_redis_server, key_prefix):
     state, broker = make_redis_server(), make_redis_server()
     schedule = {f"e{i}": {"task": NOOP, "every": 1} for i in range(3)}
@@ -199,7 +199,7 @@ def test_three_persistent_schedulers_behind_the_gate_send_no_slot_twice_across_a
         logs = cluster.logs()
     messages = recorder.messages
     assert now is not None
-    print(f"\nPersistentScheduler behind the gate: {len(messages)} messages, "
+    print(f"\nPersistentScheduler wrapped: {len(messages)} messages, "
           f"{len(duplicates(messages))} duplicates, new leader {takeover:.2f} s after SIGKILL")
     assert duplicates(messages) == []
     assert "base=celery.beat:PersistentScheduler" in logs

@@ -1,9 +1,9 @@
-"""What both roles of one beat process share: the store, the lease, the ledger, the schedule."""
+"""What both roles of one beat process share: the store, the Celery side, its memory."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone, tzinfo
 from typing import Any
@@ -12,38 +12,32 @@ from ..config import Config
 from ..entries import EntryOptions
 from ..store.base import SlotStore, Store, one_step_client
 from ..store.keys import Keys
-from ..store.ledger import ANCHOR, Event, SlotState
-from ..timing.slots import SlotClock, clock_for
-from .agenda import Loaded, load
+from ..store.types import Event, SlotState, SlotStatus
+from ..timing.slots import SlotClock, clock_for, from_ms, to_ms
+from .agenda import Known, Loaded, Reading, load
+from .batch import Send
 from .dynamic_schedule import reanchor
 from .fingerprint import fingerprint
 from .lease import LeaseView
 from .memory import SentMemory
+from .port import CelerySide
 
-#: publishes one slot of one entry under a fencing epoch (0: a standby's rescue), with
-#: the slot's own task id unless one is given (a triggered run has its own)
-SendSlot = Callable[[str, datetime, int, "str | None"], bool]
+#: cap, in seconds, of how far past "now" an entry with no stored state starts
+UNKNOWN_STATE_MARGIN = 5.0
 
 
 @dataclass
-class Node:
-    """One beat process's parts, handed to the leader and the standby rooms."""
+class Shared:
+    """What the leader and the standby of one beat process share: the store, the Celery
+    side, and what this process remembers (per-entry caches, what it sent, events not
+    recorded yet)."""
 
     config: Config
     keys: Keys
     store: Store  # the store's seam (store/base.py): Redis today
     lease: LeaseView  # this node's view of store.lease; store.ledger: what the roles use most
     ledger: SlotStore
-    send: SendSlot
-    schedule: Callable[[], Mapping[str, Any]]  # entry name -> Celery ScheduleEntry
-    options: Callable[[], Mapping[str, EntryOptions]]
-    tz: tzinfo
-    max_interval: Callable[[], float]  # Celery's beat_max_loop_interval, as the scheduler has it
-    wake_by: Callable[[], float]  # monotonic time by which the main loop will be back
-    observe: Callable[[Sequence[Event]], None]  # what became of slots: signals, metrics
-    progress: Callable[[], None]  # the main loop is working, not wedged (a long batch)
-    #: the entry names changed after a schedule version (None: read the whole schedule)
-    changed_since: Callable[[int], frozenset[str] | None] = lambda version: None
+    celery: CelerySide  # what only the Celery side knows and does (roles/port.py)
 
     clocks: dict[str, tuple[Any, Any, Any, SlotClock]] = field(default_factory=dict)
     #: what this process published (it never publishes a slot twice, whatever Redis says)
@@ -51,22 +45,29 @@ class Node:
     #: history events whose record call failed: they ride on the next call
     backlog: list[Event] = field(default_factory=list)
     _fingerprints: dict[str, tuple[tuple[Any, ...], Any, Any, str]] = field(default_factory=dict)
-    #: dynamic entry -> the slot state its slots count from (see :mod:`dynamic_schedule`)
-    anchors: Callable[[], Mapping[str, SlotState]] = dict
-    exact: Callable[[], Collection[str]] = tuple  # dynamic entries anchored before any state
-    #: a chunk sender (``send.base.ChunkSend``) under an epoch; None: ``send``, one slot at a time
-    sender: Callable[[int], Any] | None = None
 
     @property
     def client(self) -> Any:
         """The store's Redis client: for claim-and-enqueue in one step only (store/base.py)."""
         return one_step_client(self.store)
 
+    def slot_send(self, epoch: int) -> Send:
+        """What publishes one slot at a time under ``epoch`` (0: a standby's rescue)."""
+        celery = self.celery
+        return lambda name, slot: celery.send_slot(name, slot, epoch, None)
+
     def chunk_send(self, epoch: int) -> Any:
         """What a batch sends its chunks through, under ``epoch`` (0: a standby's rescue)."""
-        if self.sender is None:
-            return lambda name, slot: self.send(name, slot, epoch, None)
-        return self.sender(epoch)
+        sender = self.celery.chunk_sender(epoch)
+        return self.slot_send(epoch) if sender is None else sender
+
+    def fresh_start(self) -> datetime:
+        """Where an entry without stored state (new, or Redis lost its data) starts: after
+        now + ``max_clock_skew`` (:data:`UNKNOWN_STATE_MARGIN` at most), so a slot an
+        earlier leader sent just before the data was lost cannot come round again on a
+        node whose clock is behind."""
+        margin = min(self.config.max_clock_skew, UNKNOWN_STATE_MARGIN)
+        return from_ms(to_ms(utcnow()) + int(margin * 1000))
 
     def track(self, stored: Mapping[str, SlotState], *, start: datetime,
               epoch: int | None, definitions: Mapping[str, str] | None = None,
@@ -76,27 +77,28 @@ class Node:
         with ``only``, just those entries (a change of a few in a large schedule)."""
         if stored:
             self.lease.observe_epoch(max(state.epoch for state in stored.values()))
-        schedule = self.schedule()
+        celery = self.celery
+        schedule = celery.slot_entries()
         if not trust_memory and not rolled_back:
             # what this node saw settled, by anyone; not an anchor (nothing sent yet): one
             # laid after Redis lost writes must not hide what this node knew before it
             for name, state in stored.items():
-                if state.state != ANCHOR:
+                if state.state != SlotStatus.ANCHOR:
                     self.sent.know(name, state.slot_ms)
         if only is not None:
             schedule = {name: schedule[name] for name in only if name in schedule}
         else:
             self._forget_unscheduled(schedule)
-        runtime = self.anchors()
-        planned = reanchor(stored, runtime, self.exact(), only)
+        runtime = celery.runtime_anchors()
+        planned = reanchor(stored, runtime, celery.anchored_exactly(), only)
         anchored = [name for name, state in planned.items() if state is not stored.get(name)] \
             if planned is not stored else ()
-        return load(schedule, planned, start=start, tz=self.tz, options=self.options(),
-                    default=EntryOptions.defaults(self.config), epoch=epoch,
-                    clock_of=self.clock_of, fingerprint_of=self.fingerprint_of,
-                    definitions=definitions, remembered=self.sent.newest_known,
-                    trust_memory=trust_memory, rolled_back=rolled_back,
-                    trusted_epoch=trusted_epoch, anchored=anchored, runtime=runtime)
+        reading = Reading(celery.timezone(), celery.entry_options(),
+                          EntryOptions.defaults(self.config), self.clock_of, self.fingerprint_of)
+        known = Known(epoch, definitions=definitions, remembered=self.sent.newest_known,
+                      trust_memory=trust_memory, rolled_back=rolled_back,
+                      trusted_epoch=trusted_epoch, anchored=anchored, runtime=runtime)
+        return load(schedule, planned, start=start, reading=reading, known=known)
 
     def fingerprint_of(self, name: str, entry: Any, tz: tzinfo, jitter: float | None) -> str:
         """The fingerprint of an entry's definition, computed once per definition: Celery's
@@ -122,8 +124,8 @@ class Node:
             self.sent.keep_only(schedule)
 
     def clock_of(self, name: str, schedule_: Any, tz: tzinfo, jitter: float | None) -> SlotClock:
-        """An entry's slot clock, built once per schedule object (a takeover at 100,000
-        entries spent most of its reload building the same clocks again)."""
+        """An entry's slot clock, built once per schedule object: a reload (a takeover,
+        a schedule change) would otherwise build every entry's clock again."""
         cached = self.clocks.get(name)
         if cached is not None and cached[0] is schedule_ and cached[1] == tz \
                 and cached[2] == jitter:

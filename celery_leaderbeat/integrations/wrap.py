@@ -1,15 +1,15 @@
-"""Gating another Scheduler class: its schedule, our lease and claims.
+"""Wrapping another Scheduler class: its schedule, our lease and claims.
 
 With ``leaderbeat_base_scheduler = "django_celery_beat.schedulers:DatabaseScheduler"``
 (or Celery's ``PersistentScheduler``, or any ``celery.beat.Scheduler`` subclass),
 ``celery_leaderbeat.Scheduler`` builds, once per base class, the class
-``LeaderbeatGate<Base>(GateMixin, Scheduler, Base)`` and returns an instance of it. The base
+``Leaderbeat<Base>(WrapMixin, Scheduler, Base)`` and returns an instance of it. The base
 keeps what it owns: the schedule's definition (``setup_schedule``, ``.schedule``,
-its store, the admin). The gate keeps the rest:
+its store, the admin). Leaderbeat keeps the rest:
 
 - the tick is leaderbeat's: the base's ``tick()`` (and with it django-celery-beat's
   ``is_due()``, which writes to the database) never runs, on any node;
-- the gate reads the base's ``.schedule`` at the base's pace (its ``max_interval``)
+- the wrapper reads the base's ``.schedule`` at the base's pace (its ``max_interval``)
   and bumps the schedule version when a cheap fingerprint of the entries changed,
   so the leader and the standbys re-read them; an adapter may do that read, and
   the writes of its bookkeeping, on a thread of its own (django-celery-beat's does,
@@ -41,18 +41,24 @@ from celery import beat
 from ..entries import EntryOptions, split_entries
 from ..errors import ConfigurationError, LeaseLostError, NotReplicatedError
 from ..roles.leader import Leader
-from ..roles.node import Node
+from ..roles.shared import Shared
 from ..roles.standby import Standby
 from ..store.base import STORE_ERRORS
-from ..store.ledger import ClaimItem, Op
+from ..store.types import ClaimItem, Op
 from ..timing.slots import clock_for, to_ms
-from .gatebase import Adapter, Snapshot
+from .adapter import Adapter, Snapshot
 from .schedule import CHANGE_LOG
 
 logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
-    from ..scheduler import Scheduler as _Glue
+    from .lifecycle import Lifecycle
+    from .schedule import ScheduleState
+    from .sending import Sending
+    from .trouble import Trouble
+
+    class _Glue(ScheduleState, Sending, Trouble, Lifecycle):
+        """``celery_leaderbeat.Scheduler`` as this mixin's ``super()``, for the type checker."""
 else:
     _Glue = object
 
@@ -67,35 +73,36 @@ def adapter_for(base: type) -> type[Adapter]:
     return Adapter
 
 
-class GateMixin(_Glue):
+class WrapMixin(_Glue):
     """Leaderbeat's tick around a base Scheduler's schedule (see the module docstring).
 
-    A mixin: :func:`celery_leaderbeat.scheduler.gate_class` puts it before
+    A mixin: :func:`celery_leaderbeat.scheduler.wrap_class` puts it before
     ``celery_leaderbeat.Scheduler`` and the base, so ``super()`` is leaderbeat's and
-    :attr:`gated` is the base's.
+    :attr:`wrapped` is the base's.
     """
 
-    gated: type = beat.Scheduler  # the base class; set by gate_class
+    wrapped: type = beat.Scheduler  # the base class; set by wrap_class
+    sends_chunks = False  # slot by slot: the base's entries and bookkeeping follow each send
 
     def __init__(self, app: Any, *args: Any, **kwargs: Any) -> None:
-        self.adapter = adapter_for(self.gated)(self)
-        self._gate_entries: dict[str, Any] = {}  # the base's entries, as last read
-        self._gate_view: dict[str, Any] = {}  # the same, as the slots see them
-        self._gate_keys: dict[str, tuple[Any, ...]] = {}  # fingerprint, entry by entry
-        self._gate_bad: dict[str, tuple[Any, ...]] = {}  # entries left out, and their key
-        self._gate_static: set[str] = set()  # names that came from beat_schedule
-        self._gate_read_at = float("-inf")  # monotonic time of the last read
-        self._gate_pending: Snapshot | None = None  # read by the thread, not applied yet
-        self._gate_lock = threading.Lock()
-        self._gate_thread: Any = None
-        self._gate_thread_pid: int | None = None
+        self.adapter = adapter_for(self.wrapped)(self)
+        self._base_entries: dict[str, Any] = {}  # the base's entries, as last read
+        self._base_view: dict[str, Any] = {}  # the same, as the slots see them
+        self._base_keys: dict[str, tuple[Any, ...]] = {}  # fingerprint, entry by entry
+        self._base_bad: dict[str, tuple[Any, ...]] = {}  # entries left out, and their key
+        self._base_static: set[str] = set()  # names that came from beat_schedule
+        self._base_read_at = float("-inf")  # monotonic time of the last read
+        self._base_pending: Snapshot | None = None  # read by the thread, not applied yet
+        self._base_lock = threading.Lock()
+        self._base_thread: Any = None
+        self._base_thread_pid: int | None = None
         super().__init__(app, *args, **kwargs)
 
     # -- the schedule definition: the base's -----------------------------------------
 
     def setup_schedule(self) -> None:
         """The base's own set-up; then one read, where a bad beat_schedule entry is fatal."""
-        self.gated.setup_schedule(self)  # type: ignore[attr-defined]
+        self.wrapped.setup_schedule(self)  # type: ignore[attr-defined]
         self._refresh(force=True, strict=True)
 
     def merge_inplace(self, b: Any) -> None:
@@ -108,15 +115,19 @@ class GateMixin(_Glue):
         """Our per-entry options and cron strings out of ``beat_schedule``-style entries."""
         entries, options = split_entries(mapping or {}, self.lb_config)
         self._entry_options.update(options)
-        self._gate_static.update(entries)
+        self._base_static.update(entries)
         return self.adapter.prepare(entries)
 
-    def _slot_entries(self) -> Mapping[str, Any]:
-        return self._gate_view
+    def slot_entries(self) -> Mapping[str, Any]:
+        return self._base_view
+
+    def base_entries(self) -> Mapping[str, Any]:
+        """The base's entries as last read (``.schedule`` is a query on a database scheduler)."""
+        return self._base_entries
 
     @property
     def info(self) -> str:
-        base = f"{self.gated.__module__}:{self.gated.__qualname__}"
+        base = f"{self.wrapped.__module__}:{self.wrapped.__qualname__}"
         return f"{super().info} base={base}"
 
     # -- reading the base's schedule at its pace ------------------------------------------
@@ -126,20 +137,20 @@ class GateMixin(_Glue):
         if self.adapter.background:
             return self._tick_background()
         self._refresh()
-        delay = super().tick()
+        delay: float = super().tick()
         # wake for the next read too: a leader otherwise sleeps until its next slot
-        return max(0.0, min(delay, self._gate_read_at + self._gate_pace() - time.monotonic()))
+        return max(0.0, min(delay, self._base_read_at + self._base_pace() - time.monotonic()))
 
-    def _gate_pace(self) -> float:
+    def _base_pace(self) -> float:
         """Seconds between reads of the base's schedule: its own loop interval."""
         return float(self.max_interval or 5.0)
 
     def _refresh(self, *, force: bool = False, strict: bool = False) -> None:
         """Read ``.schedule`` here and now; apply what changed."""
         started = time.monotonic()
-        if not force and started - self._gate_read_at < self._gate_pace():
+        if not force and started - self._base_read_at < self._base_pace():
             return
-        self._gate_read_at = started
+        self._base_read_at = started
         snapshot = self._read(strict=strict)
         if snapshot is not None:
             self._apply(snapshot)
@@ -155,14 +166,14 @@ class GateMixin(_Glue):
                 entries = dict(self.schedule)  # the base notices changes to its store here
             except Exception:
                 logger.exception("leaderbeat: could not read the schedule of %s; keeping the "
-                                 "last one read", self.gated.__name__)
+                                 "last one read", self.wrapped.__name__)
                 if strict:
                     raise
                 return None
         keys: dict[str, tuple[Any, ...]] = {}
         view: dict[str, Any] = {}
         problems: list[str] = []
-        known_keys, known_view = self._gate_keys, self._gate_view
+        known_keys, known_view = self._base_keys, self._base_view
         for name, entry in entries.items():
             key: tuple[Any, ...] = ()
             try:
@@ -174,13 +185,13 @@ class GateMixin(_Glue):
                     if shown is not None:
                         self._check_clock(name, shown)  # new or changed: can we follow it?
             except Exception as exc:  # noqa: BLE001 - one bad entry never stops the others
-                if strict and name in self._gate_static:
+                if strict and name in self._base_static:
                     problems += getattr(exc, "problems", None) or [f"entry {name!r}: {exc}"]
-                elif self._gate_bad.get(name) != key:
+                elif self._base_bad.get(name) != key:
                     logger.error("leaderbeat: entry %r is left out of the schedule: %s", name, exc)
-                self._gate_bad[name] = key
+                self._base_bad[name] = key
                 continue
-            self._gate_bad.pop(name, None)
+            self._base_bad.pop(name, None)
             keys[name] = key
             if shown is not None:
                 view[name] = shown
@@ -191,33 +202,33 @@ class GateMixin(_Glue):
     def _apply(self, snapshot: Snapshot) -> bool:
         """Make ``snapshot`` the schedule; False when it must wait (Redis did not answer)."""
         entries, view, keys = snapshot
-        changed = keys != self._gate_keys or view.keys() != self._gate_view.keys()
+        changed = keys != self._base_keys or view.keys() != self._base_view.keys()
         if changed and self._leader is not None:
             fresh = {name: shown for name, shown in view.items()
-                     if self._gate_keys.get(name) != keys[name]}
-            if not self._anchor(self._leader.node, fresh):
+                     if self._base_keys.get(name) != keys[name]}
+            if not self._anchor(self._leader.shared, fresh):
                 return False
-        touched = {name for name in keys.keys() | self._gate_keys.keys()
-                   if keys.get(name) != self._gate_keys.get(name)}
-        touched |= view.keys() ^ self._gate_view.keys()
-        self._gate_entries, self._gate_view, self._gate_keys = entries, view, keys
+        touched = {name for name in keys.keys() | self._base_keys.keys()
+                   if keys.get(name) != self._base_keys.get(name)}
+        touched |= view.keys() ^ self._base_view.keys()
+        self._base_entries, self._base_view, self._base_keys = entries, view, keys
         if changed:
             self._schedule_version += 1  # the roles take in just the entries touched
             self._changes.append((self._schedule_version, frozenset(touched)))
             del self._changes[:-CHANGE_LOG]
         return True
 
-    def _anchor(self, node: Node, view: Mapping[str, Any]) -> bool:
+    def _anchor(self, shared: Shared, view: Mapping[str, Any]) -> bool:
         """Store the anchors the adapter asks for before the leader tracks ``view``."""
         items = []
         for name, at in self.adapter.anchors(view).items():
             opts = self._entry_options.get(name) or EntryOptions.defaults(self.lb_config)
-            fp = node.fingerprint_of(name, view[name], opts.tz or self.app.timezone, opts.jitter)
+            fp = shared.fingerprint_of(name, view[name], self.zone_of(name), opts.jitter)
             items.append(ClaimItem(name, to_ms(at), Op.ANCHOR, fingerprint=fp))
         if not items:
             return True
         try:
-            node.ledger.claim(*node.lease.credentials(), items)
+            shared.ledger.claim(*shared.lease.credentials(), items)
         except NotReplicatedError as exc:  # stored on the primary: idempotent, go on
             logger.warning("leaderbeat: %s for the anchors of %d entries; going on", exc,
                            len(items))
@@ -231,30 +242,30 @@ class GateMixin(_Glue):
 
     def _tick_background(self) -> float:
         """Pick up what the database thread read; leaderbeat's tick; wake for the next pass."""
-        thread = self._gate_thread
-        if thread is None or not thread.alive() or self._gate_thread_pid != os.getpid():
+        thread = self._base_thread
+        if thread is None or not thread.alive() or self._base_thread_pid != os.getpid():
             thread = self._start_thread()  # first tick, or a fresh process (worker -B fork)
-        with self._gate_lock:
-            snapshot, self._gate_pending = self._gate_pending, None
+        with self._base_lock:
+            snapshot, self._base_pending = self._base_pending, None
         if snapshot is not None and not self._apply(snapshot):
-            with self._gate_lock:  # tried again next tick, unless a newer read replaced it
-                self._gate_pending = self._gate_pending or snapshot
+            with self._base_lock:  # tried again next tick, unless a newer read replaced it
+                self._base_pending = self._base_pending or snapshot
         now = time.monotonic()
-        if self._leader is not None and now - self._gate_read_at >= thread.pace:
-            self._gate_read_at = now
+        if self._leader is not None and now - self._base_read_at >= thread.pace:
+            self._base_read_at = now
             self.adapter.housekeeping(self._leader)
-        delay = super().tick()
+        delay: float = super().tick()
         # wake just after the thread's next pass, to pick up what it read
         wake: float = max(thread.next_pass + 0.05, time.monotonic() + 0.05) - time.monotonic()
         return max(0.0, min(float(delay), wake))
 
     def _start_thread(self) -> Any:
-        if self._gate_thread is not None and self._gate_thread_pid == os.getpid():
-            self._gate_thread.stop(timeout=1.0)
-        self._gate_thread_pid = os.getpid()
-        self._gate_thread = self.adapter.thread(self._background_pass)
-        self._gate_thread.start()
-        return self._gate_thread
+        if self._base_thread is not None and self._base_thread_pid == os.getpid():
+            self._base_thread.stop(timeout=1.0)
+        self._base_thread_pid = os.getpid()
+        self._base_thread = self.adapter.thread(self._background_pass)
+        self._base_thread.start()
+        return self._base_thread
 
     def _background_pass(self) -> None:
         """On the database thread: write the bookkeeping, read the schedule if it changed."""
@@ -263,39 +274,34 @@ class GateMixin(_Glue):
             entries = self.adapter.read()
         except Exception:
             logger.exception("leaderbeat: could not read the schedule of %s; keeping the "
-                             "last one read", self.gated.__name__)
+                             "last one read", self.wrapped.__name__)
             return
         if entries is None:
             return  # nothing changed
         snapshot = self._read(entries=entries)
         if snapshot is not None:
-            with self._gate_lock:
-                self._gate_pending = snapshot
+            with self._base_lock:
+                self._base_pending = snapshot
 
     def _check_clock(self, name: str, shown: Any) -> None:
         options = self._entry_options.get(name)
-        clock_for(shown.schedule, name=name,
-                  tz=(options.tz if options else None) or self.app.timezone,
+        clock_for(shown.schedule, name=name, tz=self.zone_of(name),
                   jitter=options.jitter if options else None)
-
-    def force_refresh(self) -> None:
-        """Read the base's schedule at the next tick, whatever its pace."""
-        self._gate_read_at = float("-inf")
 
     # -- sending ---------------------------------------------------------------------------
 
-    def _observe(self, events: Any) -> None:
+    def observe(self, events: Any) -> None:
         # the snapshot, not .schedule: that read is a query on a database scheduler
-        self._telemetry.slots(events, len(self._gate_view),
-                              lambda: self._node.lease.epoch if self._node else None)
+        self._telemetry.slots(events, len(self._base_view),
+                              lambda: self._shared.lease.epoch if self._shared else None)
         if self._labels_version != self._schedule_version:  # a removed entry's series go
             self._labels_version = self._schedule_version
-            self._telemetry.metrics.keep_entries(self._gate_view)
+            self._telemetry.metrics.keep_entries(self._base_view)
 
-    def _send_slot(self, name: str, slot: datetime, epoch: int, *args: Any, **kwargs: Any) -> bool:
+    def send_slot(self, name: str, slot: datetime, epoch: int, *args: Any, **kwargs: Any) -> bool:
         # from the snapshot, not .schedule: that read is a query on a database scheduler
-        entry = self._gate_entries.get(name)
-        if entry is None or name not in self._gate_view:
+        entry = self._base_entries.get(name)
+        if entry is None or name not in self._base_view:
             return False
         if not self._send(entry, slot, epoch, *args, **kwargs):
             return False
@@ -304,11 +310,11 @@ class GateMixin(_Glue):
 
     # -- roles: the base writes only while this node leads ------------------------------------
 
-    def _become_leader(self, node: Node, standby: Standby) -> Leader:
+    def _become_leader(self, shared: Shared, standby: Standby) -> Leader:
         # before the leader's first load: it anchors unknown entries at "now"
-        if not self._anchor(node, self._gate_view):
+        if not self._anchor(shared, self._base_view):
             logger.warning("leaderbeat: elected without the anchors of one-off entries")
-        leader = super()._become_leader(node, standby)
+        leader = super()._become_leader(shared, standby)
         self.adapter.promoted()
         if not self.adapter.background:
             self._refresh(force=True)  # a standby's view may be a max_interval old
@@ -328,8 +334,8 @@ class GateMixin(_Glue):
         """Stop the database thread, write what is pending while still leading, then
         release the lease (standbys read after)."""
         if not self._closed and self._pid == os.getpid():
-            if self._gate_thread is not None and self._gate_thread_pid == os.getpid():
-                self._gate_thread.stop()
+            if self._base_thread is not None and self._base_thread_pid == os.getpid():
+                self._base_thread.stop()
             try:
                 self.adapter.sync(leading=self._leader is not None)
             except Exception:

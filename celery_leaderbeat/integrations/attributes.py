@@ -1,7 +1,7 @@
-"""What the Scheduler's mixins share: the state ``celery_leaderbeat.Scheduler`` sets up.
+"""What the Scheduler's mixins share: the attributes ``celery_leaderbeat.Scheduler`` sets up.
 
 :mod:`.schedule`, :mod:`.sending`, :mod:`.trouble` and :mod:`.lifecycle` each hold
-part of the class; the attributes are set in ``Scheduler.__init__`` and declared
+some of the class's methods; the attributes are set in ``Scheduler.__init__`` and declared
 here once, for the type checker and the reader.
 """
 
@@ -14,7 +14,7 @@ from ..entries import EntryOptions
 from ..ops.telemetry import Telemetry
 from ..roles.dynamic_schedule import DynamicSchedule
 from ..roles.leader import Leader
-from ..roles.node import Node
+from ..roles.shared import Shared
 from ..roles.standby import Standby
 from ..send.sender import Enqueuer
 from ..store.keys import Keys
@@ -26,8 +26,8 @@ else:
     _Beat = object  # a mixin of celery_leaderbeat.Scheduler, before celery.beat.Scheduler
 
 
-class Parts(_Beat):
-    """The Scheduler's state, as its mixins see it."""
+class Attributes(_Beat):
+    """The Scheduler's attributes, as its mixins see them."""
 
     lb_config: Config
     keys: Keys
@@ -37,7 +37,7 @@ class Parts(_Beat):
     _changes: list[tuple[int, frozenset[str]]]
     _dynamic: DynamicSchedule | None
     _pid: int | None  # the process that made the Redis client (a fork makes its own)
-    _node: Node | None
+    _shared: Shared | None
     _leader: Leader | None
     _standby: Standby | None
     _enqueuer: Enqueuer | None
@@ -46,11 +46,13 @@ class Parts(_Beat):
     _redis_failures: int
     _led_at_outage: bool
     _contact_since: float
+    _labels_version: int  # the schedule version the metric labels follow
     _closed: bool
     _registration: Registration
     _telemetry: Telemetry
 
     if TYPE_CHECKING:
-        def _connect(self) -> Node: ...
+        def _connect(self) -> Shared: ...
         def _step_down(self, why: str, release: bool = False) -> None: ...
-        def _changed_since(self, version: int) -> frozenset[str] | None: ...
+        def changed_since(self, version: int) -> frozenset[str] | None: ...
+        def overlap_of(self, name: str) -> str: ...

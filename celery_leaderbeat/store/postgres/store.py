@@ -1,0 +1,89 @@
+"""The PostgreSQL store: its parts on one pool, and what about the server's settings puts
+the guarantees at risk.
+
+Not selectable yet (no URL chooses it): tests and benchmarks build it with
+:func:`open_store`. Each adapter takes a connection from the pool, runs one function of
+the ``*_sql`` modules, and turns its answer into the seam's types.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...config import Config
+from .admin import PostgresAdmin
+from .entries import PostgresEntries
+from .events import PostgresEvents
+from .guard import PostgresGuard
+from .lease import PostgresLease
+from .ledger import PostgresLedger
+from .place import Place
+from .pool import connection, make_pool
+from .requests import PostgresRequests
+from .schema import DEFAULT_SCHEMA, ensure_schema
+
+#: server settings that put the guarantees at risk: (query, bad answer, what to say)
+_RISKS = (
+    ("SELECT current_setting('fsync')", "off",
+     "fsync=off: a server crash can lose committed claims (and corrupt the database)"),
+    ("SELECT current_setting('synchronous_commit')", "off",
+     ("synchronous_commit=off: a server crash can lose the last committed claims; set it "
+      "to on for the role leaderbeat connects as")),
+    (("SELECT CASE WHEN current_setting('synchronous_standby_names') = ''"
+      " AND EXISTS (SELECT 1 FROM pg_stat_replication) THEN 'async' END"), "async",
+     ("replicas stream from this server asynchronously: one promoted after a failover can "
+      "lack committed claims (seen and refused, then re-anchored: slots around the "
+      "failover may be missed or recorded unsent); set synchronous_standby_names = "
+      "'ANY 1 (*)' so that none is lost")),
+)
+
+
+class PostgresStore:
+    """One app's store on one pool: the lease, the slots, the events, the requests, the
+    run-time entries, the CLI's calls and the worker guard's records."""
+
+    client: Any = None  #: no claim-and-enqueue in one step: the broker is not the store
+
+    def __init__(self, place: Place, config: Config, *, listen: bool = True) -> None:
+        self.place = place
+        self.lease = PostgresLease(place, config)
+        self.ledger = PostgresLedger(place, config)
+        self.events = PostgresEvents(place, listen=listen)
+        self.requests = PostgresRequests(place)
+        self.admin = PostgresAdmin(place, config.history_length)
+        self.entries = PostgresEntries(place, self.events)
+        self.guard = PostgresGuard(place, config)
+
+    def ping(self) -> None:
+        """Raise one of the pool's errors unless the server answers."""
+        with connection(self.place.pool) as conn:
+            conn.execute("SELECT 1")
+
+    def warnings(self) -> list[str]:
+        """What about the server's settings puts the guarantees at risk."""
+        out = []
+        with connection(self.place.pool) as conn:
+            for query, bad, say in _RISKS:
+                row = conn.execute(query).fetchone()
+                if row is not None and row[0] == bad:
+                    out.append(say)
+        return out
+
+    def close(self) -> None:
+        self.place.pool.close()
+
+
+def open_store(conninfo: str, config: Config, *, schema: str = DEFAULT_SCHEMA,
+               create: bool = True, listen: bool = True,
+               **connection_options: Any) -> PostgresStore:
+    """The store of ``config``'s app (its key prefix) on one new pool; the schema created
+    or migrated first unless ``create`` is False. ``listen=False``: the events are not
+    listened for (behind a transaction-mode pooler). ``connection_options`` go to every
+    connection (``prepare_threshold=5``: server-side prepared statements, where no
+    transaction-mode pooler older than PgBouncer 1.21 sits in between)."""
+    pool = make_pool(conninfo, timeout=config.socket_timeout, **connection_options)
+    place = Place(pool, schema, config.key_prefix)
+    if create:
+        with connection(pool) as conn:
+            ensure_schema(conn, schema)
+    return PostgresStore(place, config, listen=listen)

@@ -1,0 +1,759 @@
+"""The PostgreSQL store against a real server: its schema, the lease, claims and rescues.
+
+Each test gets a database of its own on the server at 127.0.0.1:5432
+(``tests/support/postgres.py``); the test that restarts the server starts a cluster of
+its own (``tests/support/pg_cluster.py``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from celery_leaderbeat.config import Config
+from celery_leaderbeat.errors import ConfigurationError, LeaseLostError, RolledBackError
+from celery_leaderbeat.store.ledger import (
+    DIFFERS,
+    EARLY,
+    ENQUEUED,
+    PAUSED,
+    ClaimItem,
+    Event,
+    Op,
+    SlotState,
+)
+from celery_leaderbeat.store.postgres import lease_sql, rules, state_sql
+from celery_leaderbeat.store.postgres.lease import PostgresLease
+from celery_leaderbeat.store.postgres.ledger import PostgresLedger
+from celery_leaderbeat.store.postgres.pool import UNREACHABLE
+from celery_leaderbeat.store.postgres.schema import (
+    ensure_schema,
+    latest_version,
+    migrations,
+    qualified,
+    schema_version,
+)
+from celery_leaderbeat.store.postgres.store import open_store
+from tests.support.pg_cluster import pg_cluster
+from tests.support.postgres import HOST, PORT, USER, postgres_database
+
+SCHEMA = "leaderbeat"
+
+
+@pytest.fixture
+def conninfo() -> Iterator[str]:
+    with postgres_database("lbpg") as name:
+        yield f"host={HOST} port={PORT} user={USER} dbname={name}"
+
+
+Node = tuple[PostgresLease, PostgresLedger]
+
+
+@pytest.fixture
+def make_node(conninfo: str) -> Iterator[Callable[..., Node]]:
+    """``make_node(node_id, **config)``: a lease and a ledger of app ``app`` on their own pool."""
+    made: list[Node] = []
+
+    def make(node_id: str, app: str = "app", **settings: Any) -> Node:
+        config = Config(redis_url="", key_prefix=app, node_id=node_id, **settings)
+        store = open_store(conninfo, config)
+        node = (store.lease, store.ledger)
+        made.append(node)
+        return node
+
+    yield make
+    for lease, _ in made:
+        lease.place.pool.close()
+
+
+def sql(conninfo: str, text: str, **params: Any) -> list[Any]:
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        cur = conn.execute(qualified(text, SCHEMA), params)
+        return cur.fetchall() if cur.description else []
+
+
+def expire(conninfo: str, app: str = "app") -> None:
+    """The lease of ``app`` lapses now (as its ttl would)."""
+    sql(conninfo, "UPDATE {schema}.lease SET expires_at = clock_timestamp() - interval '1 s'"
+                  " WHERE app = %(app)s", app=app)
+
+
+def server_ms(conninfo: str) -> int:
+    with psycopg.connect(conninfo) as conn:
+        return lease_sql.server_ms(conn)
+
+
+# --- the schema -------------------------------------------------------------------------
+
+def test_ensure_schema_creates_every_table_once_and_records_its_version(conninfo: str) -> None:
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        assert schema_version(conn) == 0
+        assert ensure_schema(conn) == [v for v, _ in migrations()]
+        assert ensure_schema(conn) == []
+        assert schema_version(conn) == latest_version()
+    tables = {r[0] for r in sql(conninfo, "SELECT tablename FROM pg_tables"
+                                          " WHERE schemaname = %(s)s", s=SCHEMA)}
+    assert {"lease", "slots", "grants", "history", "schema_version"} <= tables
+
+
+def test_nodes_starting_at_once_migrate_the_schema_once(conninfo: str) -> None:
+    applied: list[list[int]] = []
+    barrier = threading.Barrier(4)
+
+    def start() -> None:
+        with psycopg.connect(conninfo, autocommit=True) as conn:
+            barrier.wait()
+            applied.append(ensure_schema(conn, "racing"))
+
+    threads = [threading.Thread(target=start) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert sorted(applied, key=len) == [[], [], [], [v for v, _ in migrations()]]
+
+
+def test_a_schema_newer_than_the_code_is_refused_with_its_version(conninfo: str) -> None:
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        ensure_schema(conn, "other")
+        conn.execute('INSERT INTO "other".schema_version (version) VALUES (9999)')
+        with pytest.raises(ConfigurationError, match="version 9999, newer"):
+            ensure_schema(conn, "other")
+
+
+def test_two_apps_in_one_schema_each_have_their_own_lease(make_node: Callable[..., Node]
+                                                          ) -> None:
+    a, _ = make_node("n1", app="one")
+    b, _ = make_node("n2", app="two")
+    assert a.try_acquire() and b.try_acquire()
+    assert a.epoch == 1 and b.epoch == 1
+
+
+# --- the lease --------------------------------------------------------------------------
+
+def test_two_nodes_racing_for_the_lease_exactly_one_wins(make_node: Callable[..., Node],
+                                                         conninfo: str) -> None:
+    nodes = [make_node(f"n{i}")[0] for i in range(4)]
+    for round_ in range(10):
+        barrier = threading.Barrier(len(nodes))
+        won: list[PostgresLease] = []
+
+        def race(lease: PostgresLease, barrier: threading.Barrier,
+                 won: list[PostgresLease]) -> None:
+            barrier.wait()
+            if lease.try_acquire():
+                won.append(lease)
+
+        threads = [threading.Thread(target=race, args=(n, barrier, won)) for n in nodes]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert len(won) == 1, f"round {round_}: {len(won)} winners"
+        assert won[0].epoch == round_ + 1
+        expire(conninfo)
+
+
+def test_renew_after_expiry_is_refused_and_the_lease_is_lost(make_node: Callable[..., Node],
+                                                               conninfo: str) -> None:
+    lease, _ = make_node("n1")
+    assert lease.try_acquire()
+    lease.renew()
+    expire(conninfo)
+    with pytest.raises(LeaseLostError, match="held by nobody"):
+        lease.renew()
+    assert lease.lost and not lease.is_held()
+
+
+def test_a_taken_over_lease_cannot_be_renewed_nor_released_by_the_old_holder(
+        make_node: Callable[..., Node], conninfo: str) -> None:
+    old, _ = make_node("n1")
+    new, _ = make_node("n2")
+    assert old.try_acquire()
+    expire(conninfo)
+    assert new.try_acquire() and new.epoch == 2
+    with pytest.raises(LeaseLostError):
+        old.renew()
+    old.token, old.epoch = f"{old.holder_id}|1", 1
+    assert not old.release()
+    assert new.holder()[0] == new.token
+
+
+def test_the_same_node_id_in_two_processes_never_shares_a_lease(
+        make_node: Callable[..., Node]) -> None:
+    first, _ = make_node("same")
+    second, _ = make_node("same")
+    assert first.try_acquire()
+    assert not second.try_acquire()
+    with pytest.raises(LeaseLostError):
+        second.renew(f"{second.holder_id}|{first.epoch}")
+
+
+def test_release_frees_the_lease_and_the_next_epoch_is_higher(make_node: Callable[..., Node]
+                                                              ) -> None:
+    a, _ = make_node("n1")
+    b, _ = make_node("n2")
+    assert a.try_acquire()
+    assert not b.try_acquire()
+    assert b.highest_epoch == 1
+    assert a.release()
+    assert a.holder() == (None, 0)
+    assert b.try_acquire() and b.epoch == 2
+
+
+def test_holder_reports_the_token_and_its_remaining_ttl(make_node: Callable[..., Node]) -> None:
+    lease, _ = make_node("n1", lease_ttl=30.0)
+    assert lease.try_acquire()
+    token, remaining = lease.holder()
+    assert token == lease.token
+    assert 20_000 < remaining <= 30_000
+
+
+def test_an_epoch_is_never_below_one_the_node_has_seen(make_node: Callable[..., Node],
+                                                        conninfo: str) -> None:
+    lease, _ = make_node("n1")
+    lease.highest_epoch = 41  # the server lost the lease row (an older backup restored)
+    assert lease.try_acquire() and lease.epoch == 42
+    sql(conninfo, "UPDATE {schema}.lease SET epoch = 7")  # an older row came back
+    other, _ = make_node("n2")
+    other.highest_epoch = 42
+    assert other.try_acquire() and other.epoch == 43
+
+
+def test_clock_skew_is_measured_against_the_servers_clock(make_node: Callable[..., Node]
+                                                          ) -> None:
+    lease, _ = make_node("n1")
+    assert abs(lease.measure_skew()) < 5
+    lease.wall = lambda: time.time() + 120
+    assert 115 < lease.measure_skew() < 125
+    lease.try_acquire()
+    assert lease.clock_skew is not None and 115 < lease.clock_skew < 125
+
+
+# --- claims -----------------------------------------------------------------------------
+
+def lead(make_node: Callable[..., Node], node_id: str = "n1", **settings: Any
+         ) -> tuple[PostgresLease, PostgresLedger]:
+    lease, ledger = make_node(node_id, **settings)
+    assert lease.try_acquire()
+    return lease, ledger
+
+
+def claim(lease: PostgresLease, ledger: PostgresLedger, *items: ClaimItem,
+          events: tuple[Event, ...] = ()) -> list[Any]:
+    token, epoch = lease.credentials()
+    return ledger.claim(token, epoch, list(items), list(events))
+
+
+def test_a_slot_is_granted_once_and_an_older_one_refused(make_node: Callable[..., Node],
+                                                         conninfo: str) -> None:
+    lease, ledger = lead(make_node)
+    now = server_ms(conninfo)
+    assert claim(lease, ledger, ClaimItem("e", now - 1000, Op.CLAIM, now - 1000)) == [None]
+    older = claim(lease, ledger, ClaimItem("e", now - 2000, Op.CLAIM, now - 2000))
+    assert older == [SlotState(now - 1000, 1, "c")]
+    assert ledger.load() == {"e": SlotState(now - 1000, 1, "c")}
+
+
+def test_sent_events_mark_the_slot_and_a_retry_of_it_answers_enqueued(
+        make_node: Callable[..., Node], conninfo: str) -> None:
+    lease, ledger = lead(make_node)
+    now = server_ms(conninfo)
+    item = ClaimItem("e", now, Op.CLAIM, now)
+    assert claim(lease, ledger, item) == [None]
+    assert claim(lease, ledger, item) == [None]  # asked again, not sent: granted again
+    assert ledger.record(1, [Event("e", now, "sent")]) == 1
+    assert claim(lease, ledger, item) == [ENQUEUED]
+    assert [h["event"] for h in ledger.history()] == ["elected", "sent"]
+
+
+def test_a_slot_ahead_of_the_servers_clock_answers_early(make_node: Callable[..., Node],
+                                                         conninfo: str) -> None:
+    lease, ledger = lead(make_node, max_clock_skew=1.0)
+    ahead = server_ms(conninfo) + 60_000
+    assert claim(lease, ledger, ClaimItem("e", ahead, Op.CLAIM, ahead)) == [EARLY]
+    assert ledger.load() == {}
+
+
+def test_a_paused_entrys_slot_is_skipped_past(make_node: Callable[..., Node],
+                                               conninfo: str) -> None:
+    lease, ledger = lead(make_node)
+    state_sql.pause(psycopg.connect(conninfo, autocommit=True), SCHEMA, "app", "e", {"note": ""})
+    now = server_ms(conninfo)
+    assert claim(lease, ledger, ClaimItem("e", now, Op.CLAIM, now)) == [PAUSED]
+    assert ledger.load()["e"].state == "k"
+
+
+def test_a_claim_under_an_old_epoch_is_refused_after_a_takeover(
+        make_node: Callable[..., Node], conninfo: str) -> None:
+    old, old_ledger = lead(make_node, "n1")
+    expire(conninfo)
+    new, _ = lead(make_node, "n2")
+    now = server_ms(conninfo)
+    with pytest.raises(LeaseLostError, match=f"held by {new.holder_id}"):
+        claim(old, old_ledger, ClaimItem("e", now, Op.CLAIM, now),
+              events=(Event("d", now - 5000, "missed"),))
+    assert old_ledger.load() == {}
+    # the events were written all the same: they say what already happened
+    assert [h["event"] for h in old_ledger.history()][-1] == "missed"
+
+
+def test_a_claim_while_a_takeover_is_in_flight_is_refused(
+        make_node: Callable[..., Node], conninfo: str) -> None:
+    """The takeover's transaction holds the lease row, not committed yet: the old
+    leader's chunk is refused all the same (its lease lapsed), before or after it."""
+    old, ledger = lead(make_node, "n1")
+    expire(conninfo)
+    now = server_ms(conninfo)
+    answers: list[Any] = []
+    with psycopg.connect(conninfo) as takeover:
+        with takeover.transaction():
+            got = lease_sql.acquire(takeover, SCHEMA, "app", holder="n2/x", node="n2",
+                                    ttl_ms=10_000, seen_epoch=0)
+            assert got.epoch == 2
+
+            def old_leader_claims() -> None:
+                try:
+                    answers.append(claim(old, ledger, ClaimItem("e", now, Op.CLAIM, now)))
+                except LeaseLostError as exc:
+                    answers.append(exc)
+
+            chunk = threading.Thread(target=old_leader_claims)
+            chunk.start()
+            chunk.join(0.5)
+        chunk.join(30)
+    assert len(answers) == 1 and isinstance(answers[0], LeaseLostError)
+    assert ledger.load() == {}
+
+
+def test_a_takeover_waiting_behind_a_chunk_finds_the_lease_renewed(
+        make_node: Callable[..., Node], conninfo: str) -> None:
+    """A chunk's transaction renews and holds the lease row; a takeover that finds the
+    committed lease lapsed meanwhile waits for the row, then finds it renewed."""
+    lease, _ = lead(make_node, "n1")
+    token, epoch = lease.credentials()
+    other, _ = make_node("n2", redis_options={"socket_timeout": 30.0})  # waits that long
+    taken: list[bool] = []
+    sql(conninfo, "UPDATE {schema}.lease SET expires_at = clock_timestamp() + interval '0.4 s'")
+    with psycopg.connect(conninfo) as chunk:
+        with chunk.transaction():
+            chunk.execute(qualified(  # the fence of a chunk, as claims_sql runs it
+                "UPDATE {schema}.lease SET expires_at = clock_timestamp() + interval '30 s'"
+                " WHERE app = 'app' AND holder = %s AND epoch = %s"
+                " AND expires_at > clock_timestamp()", SCHEMA),
+                (token.rpartition("|")[0], epoch))
+            time.sleep(0.6)  # the lease as committed has lapsed by now
+            thief = threading.Thread(target=lambda: taken.append(other.try_acquire()))
+            thief.start()
+            thief.join(0.5)
+            assert thief.is_alive(), "the takeover must wait for the lease row"
+        thief.join(30)
+    assert taken == [False]
+    assert lease.holder()[0] == token
+
+
+def test_a_claim_whose_commit_reply_was_lost_is_answered_granted_when_retried(
+        make_node: Callable[..., Node], conninfo: str) -> None:
+    lease, ledger = lead(make_node)
+    now = server_ms(conninfo)
+    item = ClaimItem("e", now, Op.CLAIM, now)
+    real_run = ledger.place.run
+    calls = []
+
+    def reply_lost(call: Any, *args: Any, **kwargs: Any) -> Any:
+        calls.append(real_run(call, *args, **kwargs))  # committed on the server
+        raise psycopg.OperationalError("server closed the connection unexpectedly")
+
+    ledger.place = _Swapped(ledger.place, reply_lost)  # type: ignore[assignment]
+    with pytest.raises(UNREACHABLE):
+        claim(lease, ledger, item)
+    ledger.place = ledger.place.inner  # type: ignore[attr-defined]
+    assert calls and ledger.load() == {"e": SlotState(now, 1, "c")}
+    assert claim(lease, ledger, item) == [None]
+    # another claimant after a takeover is refused that slot, whatever the slots row says
+    expire(conninfo)
+    new, new_ledger = lead(make_node, "n2")
+    sql(conninfo, "DELETE FROM {schema}.slots")  # the last-slot row lost
+    assert claim(new, new_ledger, item) == [SlotState(now, 1, "c")]
+
+
+class _Swapped:
+    """A place whose ``run`` is replaced (a fault at the store call)."""
+
+    def __init__(self, inner: Any, run: Callable[..., Any]) -> None:
+        self.inner, self.run = inner, run
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def test_a_claim_that_failed_before_the_server_ran_it_is_granted_when_retried(
+        make_node: Callable[..., Node], conninfo: str) -> None:
+    lease, ledger = lead(make_node)
+    now = server_ms(conninfo)
+
+    def never_sent(call: Any, *args: Any, **kwargs: Any) -> Any:
+        raise psycopg.OperationalError("connection refused")
+
+    inner = ledger.place
+    ledger.place = _Swapped(inner, never_sent)  # type: ignore[assignment]
+    with pytest.raises(UNREACHABLE):
+        claim(lease, ledger, ClaimItem("e", now, Op.CLAIM, now))
+    ledger.place = inner
+    assert ledger.load() == {}
+    assert claim(lease, ledger, ClaimItem("e", now, Op.CLAIM, now)) == [None]
+
+
+# --- rescue -----------------------------------------------------------------------------
+
+def test_a_rescue_is_refused_before_rescue_after_and_granted_once_after(
+        make_node: Callable[..., Node], conninfo: str) -> None:
+    lease, ledger = lead(make_node, rescue_after=2.0)
+    now = server_ms(conninfo)
+    first = now - 60_000
+    assert claim(lease, ledger, ClaimItem("e", first, Op.ANCHOR, first, fingerprint="f1")) == [None]
+    _, standby = make_node("s1", rescue_after=2.0)
+    _, other = make_node("s2", rescue_after=2.0)
+    recent = now - 500
+    early = standby.rescue([ClaimItem("e", recent, Op.CLAIM, recent, first, "f1")])
+    assert early.results == [EARLY]
+    late = now - 3000
+    item = ClaimItem("e", late, Op.CLAIM, late, first, "f1")
+    assert standby.rescue([item]).results == [None]
+    assert standby.rescue([item]).results == [None]  # its own claim asked again
+    refused = other.rescue([item]).results
+    assert isinstance(refused[0], SlotState) and refused[0].node == "s1"
+    assert ledger.load()["e"].node == "s1"
+
+
+def test_a_rescue_waits_while_the_leader_is_busy_claiming(make_node: Callable[..., Node],
+                                                          conninfo: str) -> None:
+    lease, ledger = lead(make_node)
+    now = server_ms(conninfo)
+    assert claim(lease, ledger, ClaimItem("e", now - 60_000, Op.ANCHOR, now - 60_000),
+                 ClaimItem("b", now - 100, Op.CLAIM, now - 100)) == [None, None]
+    _, standby = make_node("s1")
+    late = now - 5000
+    got = standby.rescue([ClaimItem("e", late, Op.CLAIM, late, now - 60_000)])
+    assert got.results == [EARLY]
+
+
+def test_a_rescuer_whose_definition_differs_from_the_leaders_is_refused(
+        make_node: Callable[..., Node], conninfo: str) -> None:
+    lease, ledger = lead(make_node)
+    now = server_ms(conninfo)
+    first = now - 60_000
+    claim(lease, ledger, ClaimItem("e", first, Op.ANCHOR, first, fingerprint="f1"))
+    _, standby = make_node("s1")
+    late = now - 5000
+    got = standby.rescue([ClaimItem("e", late, Op.CLAIM, late, first, "f2")])
+    assert got.results == [DIFFERS]
+
+
+def test_a_rescue_waits_until_the_newest_leader_defined_its_entries(
+        make_node: Callable[..., Node], conninfo: str) -> None:
+    lease, ledger = lead(make_node)
+    now = server_ms(conninfo)
+    first = now - 60_000
+    claim(lease, ledger, ClaimItem("e", first, Op.ANCHOR, first, fingerprint="f1"),
+          ClaimItem("", 0, Op.DEFINE, 0))
+    expire(conninfo)
+    lead(make_node, "n2")  # elected, has not defined yet
+    _, standby = make_node("s1")
+    late = now - 5000
+    assert standby.rescue([ClaimItem("e", late, Op.CLAIM, late, first, "f1")]).results == [EARLY]
+
+
+# --- the server restarted ---------------------------------------------------------------
+
+def test_after_a_server_restart_one_call_fails_and_the_next_succeeds() -> None:
+    with pg_cluster() as cluster:
+        config = Config(redis_url="", key_prefix="app", node_id="n1")
+        store = open_store(cluster.conninfo, config)
+        lease = store.lease
+        try:
+            assert lease.try_acquire()
+            cluster.restart()
+            with pytest.raises(UNREACHABLE):
+                lease.renew()
+            lease.renew()
+            assert lease.holder()[0] == lease.token
+        finally:
+            lease.place.pool.close()
+
+
+def test_after_the_server_was_killed_and_started_again_the_lease_carries_on() -> None:
+    with pg_cluster() as cluster:
+        config = Config(redis_url="", key_prefix="app", node_id="n1", lease_ttl=30.0)
+        store = open_store(cluster.conninfo, config)
+        lease, ledger = store.lease, store.ledger
+        try:
+            assert lease.try_acquire()
+            token, epoch = lease.credentials()
+            cluster.kill()
+            with pytest.raises(UNREACHABLE):
+                ledger.claim(token, epoch, [ClaimItem("e", 1000, Op.CLAIM, 1000)])
+            cluster.start()  # the failed call checked the pool: no broken connection is left
+            assert ledger.claim(token, epoch, [ClaimItem("e", 1000, Op.CLAIM, 1000)]) == [None]
+        finally:
+            lease.place.pool.close()
+
+
+# --- what the beats keep beside the claims ---------------------------------------------
+
+def test_the_history_is_pruned_to_its_count_and_its_age(make_node: Callable[..., Node],
+                                                         conninfo: str) -> None:
+    _, ledger = make_node("n1", history_length=5)
+    ledger.record(1, [Event("e", i, "missed") for i in range(20)])
+    ledger.prune([], keep_ms=0, node_keep_s=3600)
+    assert [h["slot"] for h in ledger.history(100)] == ["15", "16", "17", "18", "19"]
+    sql(conninfo, "UPDATE {schema}.history SET at = at - interval '30 days'")
+    ledger.prune([], keep_ms=0, node_keep_s=3600)
+    assert ledger.history(100) == []
+
+
+def test_prune_forgets_unscheduled_entries_but_never_an_unconfirmed_claim(
+        make_node: Callable[..., Node]) -> None:
+    lease, ledger = lead(make_node)
+    claim(lease, ledger, ClaimItem("kept", 100, Op.CLAIM, 100),
+          ClaimItem("sent", 100, Op.CLAIM, 100), ClaimItem("unconfirmed", 100, Op.CLAIM, 100),
+          ClaimItem("scheduled", 100, Op.CLAIM, 100))
+    ledger.record(1, [Event("sent", 100, "sent"), Event("scheduled", 100, "sent")])
+    ledger.register_node("standby", {"host": "h"})
+    assert ledger.prune(["scheduled", "kept"], keep_ms=1000, node_keep_s=3600) == [1, 0, 0]
+    assert sorted(ledger.load()) == ["kept", "scheduled", "unconfirmed"]
+    assert list(ledger.nodes()) == ["n1"]
+
+
+def test_a_slot_claimed_unconfirmed_and_overtaken_by_the_next_leader_can_be_recovered(
+        make_node: Callable[..., Node], conninfo: str) -> None:
+    old, old_ledger = lead(make_node, "n1")
+    claim(old, old_ledger, ClaimItem("e", 1000, Op.CLAIM, 1000))
+    expire(conninfo)
+    new, ledger = lead(make_node, "n2", lease_ttl=10.0)
+    assert claim(new, ledger, ClaimItem("e", 2000, Op.CLAIM, 2000)) == [None]
+    assert ledger.overtaken() == {("e", 1000): SlotState(1000, 1, "c")}
+    assert claim(new, ledger, ClaimItem("e", 1000, Op.RECOVER, 1000)) == [None]
+    assert ledger.overtaken() == {}
+    assert ledger.load()["e"] == SlotState(2000, 2, "c")
+
+
+# --- the database going back to older state ---------------------------------------------
+
+def test_a_claim_against_older_state_than_the_node_saw_is_refused_and_writes_nothing(
+        make_node: Callable[..., Node], conninfo: str) -> None:
+    lease, ledger = lead(make_node)
+    claim(lease, ledger, ClaimItem("e", 1000, Op.CLAIM, 1000))
+    claim(lease, ledger, ClaimItem("e", 2000, Op.CLAIM, 2000))
+    assert ledger.generation == 2
+    # what a promoted replica that lacked the last commits answers: an older generation
+    sql(conninfo, "UPDATE {schema}.lease SET generation = 1")
+    sql(conninfo, "UPDATE {schema}.slots SET slot_ms = 1000")
+    with pytest.raises(RolledBackError, match="generation 1 < 2") as caught:
+        claim(lease, ledger, ClaimItem("e", 2000, Op.CLAIM, 2000),
+              events=(Event("e", 1000, "sent"),))
+    assert caught.value.generation == 1 and ledger.loss_seen and ledger.below
+    assert ledger.load()["e"] == SlotState(1000, 1, "c")  # not marked sent: nothing written
+    with pytest.raises(RolledBackError):
+        ledger.record(1, [Event("e", 1000, "sent")])
+    _, standby = make_node("s1")
+    standby.generation = 2
+    with pytest.raises(RolledBackError):
+        standby.rescue([ClaimItem("e", 2000, Op.CLAIM, 2000, 1000)])
+    # the leader starts again past the loss: its next claim lifts the generation above
+    ledger.reset_generation()
+    assert claim(lease, ledger, ClaimItem("e", 3000, Op.CLAIM, 3000)) == [None]
+    assert ledger.generation == 3 and not ledger.below
+
+
+def test_an_acquire_attempt_tells_the_node_the_generation(make_node: Callable[..., Node]
+                                                          ) -> None:
+    lease, ledger = lead(make_node)
+    claim(lease, ledger, ClaimItem("e", 1000, Op.CLAIM, 1000))
+    other, other_ledger = make_node("n2")
+    other.on_generation = other_ledger.observe_generation
+    assert not other.try_acquire()
+    assert other_ledger.generation == 1
+
+
+def test_the_server_identity_is_its_system_identifier_and_timeline(conninfo: str) -> None:
+    with psycopg.connect(conninfo) as conn:
+        system, timeline = lease_sql.server_identity(conn)
+    assert system > 0 and timeline >= 1
+
+
+
+# --- a claim stalled in its transaction --------------------------------------------------
+
+def test_a_rescue_behind_a_stalled_claim_fails_within_its_bound_instead_of_waiting(
+        make_node: Callable[..., Node], conninfo: str) -> None:
+    lease, ledger = lead(make_node)
+    claim(lease, ledger, ClaimItem("e", 1000, Op.ANCHOR, 1000))
+    _, standby = make_node("s1", redis_options={"socket_timeout": 0.3})
+    with psycopg.connect(conninfo) as stalled, stalled.transaction():
+        stalled.execute(qualified("SELECT 1 FROM {schema}.lease FOR UPDATE", SCHEMA))
+        with pytest.raises(psycopg.errors.LockNotAvailable):
+            standby.rescue([ClaimItem("e", 2000, Op.CLAIM, 2000, 1000)])
+        other, _ = make_node("n2", redis_options={"socket_timeout": 0.3})
+        with pytest.raises(psycopg.errors.LockNotAvailable):
+            other.try_acquire()
+
+
+def test_a_claim_stalled_between_its_round_trips_is_ended_by_the_server(
+        make_node: Callable[..., Node], conninfo: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    lease, ledger = lead(make_node, redis_options={"socket_timeout": 0.3})
+    decide = rules.decide
+
+    def stalled(chunk: Any, item: Any) -> Any:
+        time.sleep(1.5)  # past the transaction's idle bound (300 ms)
+        return decide(chunk, item)
+
+    monkeypatch.setattr(rules, "decide", stalled)
+    with pytest.raises(UNREACHABLE):
+        claim(lease, ledger, ClaimItem("e", 1000, Op.CLAIM, 1000))
+    monkeypatch.setattr(rules, "decide", decide)
+    with psycopg.connect(conninfo) as conn:  # the lease row is free again
+        conn.execute(qualified("SELECT 1 FROM {schema}.lease FOR UPDATE NOWAIT", SCHEMA))
+    assert ledger.load() == {}
+    assert claim(lease, ledger, ClaimItem("e", 1000, Op.CLAIM, 1000)) == [None]
+
+
+def test_a_loss_one_node_saw_stops_every_nodes_claims_until_a_leader_starts_again(
+        make_node: Callable[..., Node], conninfo: str) -> None:
+    lease, ledger = lead(make_node)
+    claim(lease, ledger, ClaimItem("e", 1000, Op.CLAIM, 1000))
+    claim(lease, ledger, ClaimItem("e", 2000, Op.CLAIM, 2000))
+    sql(conninfo, "UPDATE {schema}.lease SET generation = 1")  # the database went back
+    _, standby = make_node("s1")  # a new process: it has seen nothing
+    with pytest.raises(RolledBackError):
+        claim(lease, ledger, ClaimItem("e", 3000, Op.CLAIM, 3000))  # the leader sees it
+    with pytest.raises(RolledBackError, match="a node found the database lost writes"):
+        standby.rescue([ClaimItem("e", 3000, Op.CLAIM, 3000, 2000)])
+    assert standby.loss_reported
+    assert standby.record(0, [Event("e", 2000, "unsent")]) == 0  # history still written
+    ledger.reset_generation()
+    assert claim(lease, ledger, ClaimItem("e", 3000, Op.CLAIM, 3000)) == [None]
+    assert standby.rescue([ClaimItem("e", 3000, Op.CLAIM, 3000, 3000)]).results != []
+
+
+def test_a_node_reports_the_slots_it_knew_settled_before_a_loss(
+        make_node: Callable[..., Node], conninfo: str) -> None:
+    lease, ledger = lead(make_node)
+    claim(lease, ledger, ClaimItem("e", 1000, Op.CLAIM, 1000))
+    _, a = make_node("s1")
+    _, b = make_node("s2")
+    a.generation = b.generation = 5
+    a.loss_seen = True
+    a.report_lost({"e": 1000, "f": 7000})
+    b.report_lost({"e": 2000})
+    assert not a.loss_seen
+    assert ledger.lost_reports() == {"e": 2000, "f": 7000}
+    with pytest.raises(RolledBackError, match="a node found"):
+        claim(lease, ledger, ClaimItem("e", 3000, Op.CLAIM, 3000))
+    sql(conninfo, "UPDATE {schema}.lost_reports SET expires_at = clock_timestamp()"
+                  " WHERE node = 's2'")
+    assert ledger.lost_reports() == {"e": 1000, "f": 7000}
+
+
+def test_grants_are_kept_an_hour_or_the_catchup_window_when_longer(
+        make_node: Callable[..., Node], conninfo: str) -> None:
+    lease, ledger = lead(make_node)
+    claim(lease, ledger, *[ClaimItem(f"e{i}", 1000, Op.CLAIM, 1000) for i in range(3)])
+    sql(conninfo, "UPDATE {schema}.grants SET granted_at = clock_timestamp() - interval '2 h'"
+                  " WHERE entry <> 'e0'")
+    ledger.prune(["e0", "e1", "e2"], keep_ms=0, node_keep_s=3600)
+    assert [r[0] for r in sql(conninfo, "SELECT entry FROM {schema}.grants")] == ["e0"]
+    _, patient = make_node("n2", catchup_window=3 * 3600.0)
+    sql(conninfo, "UPDATE {schema}.grants SET granted_at = clock_timestamp() - interval '2 h'")
+    patient.prune(["e0"], keep_ms=0, node_keep_s=3600)
+    assert len(sql(conninfo, "SELECT entry FROM {schema}.grants")) == 1
+
+
+def test_the_heartbeat_keeps_the_lease_past_its_ttl_and_stops_when_told(
+        make_node: Callable[..., Node]) -> None:
+    lease, _ = make_node("n1", lease_ttl=1.0, renew_interval=0.2)
+    assert lease.try_acquire()
+    lease.start_heartbeat(time.monotonic)  # the main loop is always back on time
+    time.sleep(2.5)
+    assert lease.holder()[0] == lease.token and lease.is_held()
+    assert lease.heartbeat_stopped() is None
+    lease.stop_heartbeat()
+
+
+def test_a_lease_the_database_lost_while_it_was_valid_is_told_apart_from_a_takeover(
+        make_node: Callable[..., Node], conninfo: str) -> None:
+    lease, _ = make_node("n1", lease_ttl=30.0)
+    assert lease.try_acquire()
+    sql(conninfo, "UPDATE {schema}.lease SET holder = NULL")  # an older copy came back
+    with pytest.raises(LeaseLostError):
+        lease.renew()
+    assert lease.vanished_while_held
+    other, _ = make_node("n2", lease_ttl=30.0)
+    assert other.try_acquire()
+    sql(conninfo, "UPDATE {schema}.lease SET expires_at = clock_timestamp()")
+    third, _ = make_node("n3", lease_ttl=30.0)
+    assert third.try_acquire()
+    with pytest.raises(LeaseLostError):
+        other.renew()
+    assert not other.vanished_while_held
+
+
+def test_a_leader_starting_again_after_a_loss_still_does_when_its_first_claim_failed(
+        make_node: Callable[..., Node], conninfo: str) -> None:
+    lease, ledger = lead(make_node)
+    claim(lease, ledger, ClaimItem("e", 1000, Op.CLAIM, 1000))
+    claim(lease, ledger, ClaimItem("e", 2000, Op.CLAIM, 2000))
+    sql(conninfo, "UPDATE {schema}.lease SET generation = 1")
+    with pytest.raises(RolledBackError):
+        claim(lease, ledger, ClaimItem("e", 3000, Op.CLAIM, 3000))
+    ledger.reset_generation()
+    failing = ["claim"]
+
+    def fail_once(site: str, when: str) -> None:
+        if when == "before" and site in failing:
+            failing.remove(site)
+            raise psycopg.OperationalError("connection refused")
+
+    ledger.place.fault = fail_once
+    with pytest.raises(UNREACHABLE):
+        claim(lease, ledger, ClaimItem("e", 3000, Op.CLAIM, 3000))
+    assert claim(lease, ledger, ClaimItem("e", 3000, Op.CLAIM, 3000)) == [None]
+
+
+def test_a_leader_and_a_standby_claiming_the_same_entries_at_once_never_deadlock(
+        make_node: Callable[..., Node], conninfo: str) -> None:
+    lease, ledger = lead(make_node, lease_ttl=60.0)
+    names = [f"e{i}" for i in range(20)]
+    base = server_ms(conninfo) - 3_600_000
+    claim(lease, ledger, *[ClaimItem(n, base, Op.ANCHOR, base) for n in names])
+    _, standby = make_node("s1")
+    errors: list[Exception] = []
+    done = threading.Event()
+
+    def rescuer() -> None:
+        while not done.is_set():
+            try:
+                standby.rescue([ClaimItem(n, base + 1, Op.CLAIM, base + 1, base) for n in names])
+            except psycopg.Error as exc:
+                errors.append(exc)
+
+    thread = threading.Thread(target=rescuer)
+    thread.start()
+    try:
+        for k in range(1, 80):
+            slot = base + 1000 * k
+            sent = [Event(n, slot - 1000, "sent") for n in names]
+            try:
+                claim(lease, ledger, *[ClaimItem(n, slot, Op.CLAIM, slot) for n in names],
+                      events=tuple(sent))
+            except psycopg.Error as exc:
+                errors.append(exc)
+    finally:
+        done.set()
+        thread.join(30)
+    assert not [e for e in errors if isinstance(e, psycopg.errors.DeadlockDetected)]
