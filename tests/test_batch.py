@@ -19,7 +19,7 @@ from celery_leaderbeat.store.ledger import Ledger
 from celery_leaderbeat.store.memory import MemoryStore
 from celery_leaderbeat.store.memory_state import MemoryState
 from celery_leaderbeat.store.scripts import Scripts
-from celery_leaderbeat.store.types import ClaimItem, Code, Op, Refused, SlotState, SlotStatus
+from celery_leaderbeat.store.types import ClaimItem, Code, Op, Refused, SlotStatus
 from celery_leaderbeat.timing.policy import CatchupPolicy
 from celery_leaderbeat.timing.slots import to_ms
 

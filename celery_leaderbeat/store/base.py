@@ -58,7 +58,6 @@ from collections.abc import Iterable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from .errors import StoreError, StoreRefused, StoreUnreachable
-from .types import Claimed, ClaimItem, ClaimResult, Event, SlotState
 from .records import (
     Acquired,
     Changes,
@@ -69,6 +68,7 @@ from .records import (
     Saved,
     Stored,
 )
+from .types import Claimed, ClaimItem, ClaimResult, Event, SlotState
 
 #: what the seam speaks in, for the roles and the integrations to import from here
 __all__ = [

@@ -11,11 +11,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .types import ClaimItem, Event
+from .errors import StoreRefused
 from .memory_state import MemoryState, parts
+from .types import ClaimItem, Event
 
-_STATES = {"claim": "c", "skip": "k", "anchor": "a", "reanchor": "a", "restore": "s",
-           "recover": "c"}
+_STATES = {"claim": "c", "skip": "k", "rolled_back": "k", "anchor": "a", "reanchor": "a",
+           "restore": "s", "recover": "c"}
+#: what a rescue may ask for (``rescue.lua`` refuses the call otherwise)
+_RESCUES = ("claim", "skip")
 
 #: a claim item's answer when no rule refused it: granted (None answers "no state", as
 #: the script's false reaches the client)
@@ -264,6 +267,10 @@ def claim_call(state: MemoryState, args: list[Any], events: Sequence[Event],
                items: Sequence[ClaimItem]) -> list[Any]:
     """One call of the claim script, in its shape: {1, now, marked, generation, r...}."""
     call = _Call(state, args)
+    if call.mode == "rescue":
+        for item in items:
+            if item.op not in _RESCUES:
+                raise StoreRefused(f"rescue.lua: op {item.op} is not a rescue")
     checked = call.generation_check()
     if isinstance(checked, list):
         return checked
