@@ -1,9 +1,11 @@
-"""``claim.lua`` in Python, for the in-memory store: one call's rules under the state's lock.
+"""The slot scripts in Python, for the in-memory store: one call's rules under the state's
+lock (``lead.lua``, whose items also carry ``backfill.lua``'s and ``define.lua``'s work,
+``check.lua`` as a lead call with no items, ``rescue.lua`` and ``record.lua``, all over
+``prelude.lua``'s generation check and fence).
 
-The script is the specification; each rule below is its rule. :func:`claim_call` takes
-the script's arguments and answers in its shape (``{1, now, marked, generation, r...}``),
-so the node-side half of :class:`~celery_leaderbeat.store.ledger.Ledger` decodes it as it
-decodes the script's answer.
+The scripts are the specification; each rule below is one of theirs. :func:`claim_call`
+answers in their shape (``{1, now, marked, generation, r...}``), so the node-side half
+of :class:`~celery_leaderbeat.store.ledger.Ledger` decodes it as it decodes a script's.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ _GRANT: Any = object()
 
 
 class _Call:
-    """One call of the claim script: its arguments and what it has read so far."""
+    """One slot call: its arguments (the mode first, see ``MemoryLedger._run``) and what it has
+    read so far."""
 
     def __init__(self, state: MemoryState, args: list[Any]) -> None:
         (self.mode, self.token, ms, epoch, history_max, self.node, window, recover_age,
@@ -265,7 +268,7 @@ class _Call:
 
 def claim_call(state: MemoryState, args: list[Any], events: Sequence[Event],
                items: Sequence[ClaimItem]) -> list[Any]:
-    """One call of the claim script, in its shape: {1, now, marked, generation, r...}."""
+    """One slot call, in the scripts' shape: {1, now, marked, generation, r...}."""
     call = _Call(state, args)
     if call.mode == "rescue":
         for item in items:
