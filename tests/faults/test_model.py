@@ -222,13 +222,11 @@ def _run(model: type[LeaderbeatModel], server: RedisServer | None,
         phases=[Phase.explicit, Phase.generate] + ([Phase.shrink] if SHRINK else [])))
 
 
-
-@pytest.mark.xfail(strict=True, reason="slots due while no node may lead after a loss of "
-                   "writes are not recorded: the new leader's margin starts after them")
 def test_slots_due_while_nobody_may_lead_after_two_losses_are_recorded(store):
     """Found by the model on both stores: Redis restarted empty twice while nobody led (the
-    leader crashed, one standby paused, the other holding back for the node that led last);
-    the slots due until a new process leads are neither sent nor recorded."""
+    leader crashed, one standby paused, the other holding back for the node that led last):
+    the slots due until a new process leads are recorded, the new leader's margin reaching
+    back to the newest slot a live node knew settled."""
     if store is None:
         state: LeaderbeatModel = MemoryModel()
     else:
