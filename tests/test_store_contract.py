@@ -190,10 +190,11 @@ def test_loss_reports_give_each_entry_the_newest_slot_any_node_reported(backend)
 def test_a_store_answering_an_older_generation_than_a_node_saw_is_a_loss_seen_once(backend):
     b = backend.make("b")
     seen = 10
+    assert b.ledger.generation == 0  # none seen yet
     b.ledger.observe_generation(seen)
-    assert b.ledger.loss_seen is False
+    assert b.ledger.generation == seen and b.ledger.loss_seen is False
     b.ledger.observe_generation(seen - 2)  # the store went back (lost writes)
-    assert b.ledger.loss_seen is True
+    assert b.ledger.loss_seen is True and b.ledger.generation == seen  # the highest seen
     b.ledger.report_lost({})
     b.ledger.observe_generation(seen - 1)  # climbing again after the same loss
     assert b.ledger.loss_seen is False

@@ -159,6 +159,7 @@ class SlotStore(Protocol):
     def observe_generation(self, generation: int | None) -> None: ...
     def reset_generation(self) -> None:
         """The next claim re-anchors after a loss of writes (clears :attr:`loss_seen`)."""
+    generation: int  #: the highest generation of the state this node has seen (0: none)
     loss_seen: bool  #: the store answered older state than this node has seen
     loss_reported: bool  #: the last rollback answered was a loss another node reported
     @property
