@@ -29,6 +29,8 @@ TESTED_CELERY = (5, 7)
 
 REDIS_DOWN_POLICIES = ("pause", "last-leader")
 REDIS_SCHEMES = ("redis", "rediss", "unix", "sentinel", "redis+cluster", "rediss+cluster")
+#: the store URLs beside Redis: ``memory://`` (one process only: tests, development)
+STORE_SCHEMES = (*REDIS_SCHEMES, "memory")
 
 #: setting name (without ``leaderbeat_``) -> default.  ``None`` means "derived".
 DEFAULTS: dict[str, Any] = {
@@ -155,8 +157,9 @@ class Config:
         raw = {**DEFAULTS, **{k: v for k, v in raw.items() if v is not None}}
         v = _Validator(problems)
         url = v.check("redis_url", raw.get("redis_url"), _is_redis_url,
-                      "must be a redis://, rediss://, unix://, sentinel:// or "
-                      "redis+cluster:// URL (none given, and the broker is not Redis)")
+                      "must be a redis://, rediss://, unix://, sentinel://, "
+                      "redis+cluster:// or memory:// URL (none given, and the broker is not "
+                      "Redis)")
         options = v.check("redis_options", raw.get("redis_options", {}),
                           lambda x: isinstance(x, Mapping), "must be a dict")
         prefix = v.check("key_prefix", raw.get("key_prefix"),
@@ -416,7 +419,7 @@ def _seconds(value: Any) -> Any:
 
 
 def _is_redis_url(value: Any) -> bool:
-    return isinstance(value, str) and value.split("://", 1)[0] in REDIS_SCHEMES
+    return isinstance(value, str) and value.split("://", 1)[0] in STORE_SCHEMES
 
 
 def _unknown_setting(name: str) -> str:

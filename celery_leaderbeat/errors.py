@@ -79,6 +79,22 @@ class NotReplicatedError(LeaderbeatError):
     results: list[Any] | None = None
 
 
+class StoreError(LeaderbeatError):
+    """A store call failed: no answer, or an error answer (it may have run: retry with care)."""
+
+
+class StoreUnreachable(StoreError):
+    """The store could not be reached or did not answer in time: an outage, retried."""
+
+
+class StoreRefused(StoreError):
+    """The store refused a permission or a command; retrying cannot help."""
+
+
+class StoreCredentialsRefused(StoreRefused):
+    """The store refused the credentials (user name, password)."""
+
+
 class RedisAuthError(LeaderbeatError):
     """Redis refused the credentials; retrying cannot help."""
 

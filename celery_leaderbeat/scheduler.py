@@ -35,10 +35,11 @@ from .ops.health import Health
 from .ops.telemetry import Telemetry
 from .roles.dynamic_schedule import DynamicSchedule
 from .roles.leader import Leader, Resign
+from .roles.lease import LeaseView
 from .roles.shared import Shared
 from .roles.standby import Standby
 from .send.sender import Enqueuer
-from .store.base import STORE_ERRORS, STORE_REFUSED, LeaseStore, SlotStore
+from .store.base import STORE_ERRORS, STORE_REFUSED, SlotStore
 from .store.connection import describe
 from .store.keys import Keys
 from .store.redis_store import connect
@@ -119,7 +120,7 @@ class Scheduler(ScheduleState, Sending, Trouble, Lifecycle, beat.Scheduler):
         return self._enqueuer
 
     @property
-    def lease(self) -> LeaseStore:
+    def lease(self) -> LeaseView:
         return self._connect().lease
 
     @property
@@ -142,7 +143,7 @@ class Scheduler(ScheduleState, Sending, Trouble, Lifecycle, beat.Scheduler):
             logger.info("leaderbeat: metrics on http://0.0.0.0:%d/metrics, probes on /healthz "
                         "and /readyz", config.metrics_port)
         self._telemetry.metrics.overlap_from(store.guard.decisions)
-        lease = store.lease
+        lease = LeaseView(store.lease, config)
         lease.on_renew = lambda seconds: self._telemetry.metrics.renewed(seconds)
         shared = self._shared = Shared(config=config, keys=self.keys, store=store, lease=lease,
                                        ledger=store.ledger, celery=self)

@@ -50,7 +50,7 @@ nitpick_ignore_regex = [
                  r"EntryExists|EntryUnknown|EntryNotFound)"),
     ("py:mod", r"celery_leaderbeat\..*"),
     # internal classes that appear in public signatures and are not part of the API
-    ("py:class", r"celery_leaderbeat\.(config\.Config|store\.entry_store\.Stored|"
+    ("py:class", r"celery_leaderbeat\.(config\.Config|store\.records\.Stored|"
                  r"entries\.EntryOptions|roles\.requests\.Request|"
                  # the rows Cluster returns (typed dicts), described in api.md
                  r"ops\.cluster\.(Leader|EntryRow|NodeRow|HistoryEvent))"),

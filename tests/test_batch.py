@@ -12,9 +12,12 @@ from celery_leaderbeat.config import Config
 from celery_leaderbeat.entries import EntryOptions
 from celery_leaderbeat.roles.agenda import Agenda, Known, Reading, load
 from celery_leaderbeat.roles.batch import LeaderGate, RescueGate, run_batch
+from celery_leaderbeat.roles.lease import LeaseView
 from celery_leaderbeat.store.keys import Keys
 from celery_leaderbeat.store.lease import Lease
 from celery_leaderbeat.store.ledger import Ledger
+from celery_leaderbeat.store.memory import MemoryStore
+from celery_leaderbeat.store.memory_state import MemoryState
 from celery_leaderbeat.store.scripts import Scripts
 from celery_leaderbeat.store.types import ClaimItem, Code, Op, Refused, SlotStatus
 from celery_leaderbeat.timing.policy import CatchupPolicy
@@ -25,14 +28,41 @@ T0 = datetime(2026, 5, 4, 10, 0, tzinfo=UTC)
 
 
 @pytest.fixture
-def node(redis_client, key_prefix):
+def redis_node(redis_client, key_prefix):
     def make(name: str) -> SimpleNamespace:
         config = Config.from_values({"redis_url": "redis://x", "key_prefix": key_prefix,
                                      "node_id": name})
         scripts, keys = Scripts(redis_client), Keys(key_prefix)
-        return SimpleNamespace(lease=Lease(redis_client, scripts, keys, config),
+        return SimpleNamespace(lease=LeaseView(Lease(redis_client, scripts, keys, config), config),
                                ledger=Ledger(redis_client, scripts, keys, config))
     return make
+
+
+@pytest.fixture(params=["redis", "memory"])
+def store(request, key_prefix):
+    """(a node's lease and ledger by node id, the store's clock in ms): on Redis, or on
+    one in-memory store."""
+    if request.param == "redis":
+        client = request.getfixturevalue("redis_client")
+        return request.getfixturevalue("redis_node"), lambda: redis_ms(client)
+    state = MemoryState()
+
+    def make(name: str) -> SimpleNamespace:
+        config = Config.from_values({"redis_url": "memory://", "key_prefix": key_prefix,
+                                     "node_id": name})
+        memory = MemoryStore(state, config, key_prefix)
+        return SimpleNamespace(lease=LeaseView(memory.lease, config), ledger=memory.ledger)
+    return make, state.now_ms
+
+
+@pytest.fixture
+def node(store):
+    return store[0]
+
+
+@pytest.fixture
+def store_ms(store):
+    return store[1]
 
 
 def redis_ms(client) -> int:
@@ -48,11 +78,11 @@ def history(ledger: Ledger) -> list[tuple[str, str, str]]:
     return [(h["event"], h.get("entry", ""), h.get("detail", "")) for h in ledger.history(100)]
 
 
-def test_a_rescue_waits_until_redis_time_says_the_slot_is_rescue_after_late(node, redis_client):
+def test_a_rescue_waits_until_redis_time_says_the_slot_is_rescue_after_late(node, store_ms):
     leader, standby = node("leader"), node("standby")
     assert leader.lease.try_acquire()
     leader.ledger.claim(*leader.lease.credentials(), [ClaimItem("e", 1000, Op.ANCHOR)])
-    now = redis_ms(redis_client)
+    now = store_ms()
     # a standby whose clock runs fast asks for a slot that, by Redis, is only 1 s late
     early = standby.ledger.rescue([rescue_item("e", now - 1000)])
     assert early.results == [Code.EARLY]
@@ -64,17 +94,17 @@ def test_a_rescue_waits_until_redis_time_says_the_slot_is_rescue_after_late(node
         now - 2100, 0, SlotStatus.CLAIMED, "standby")
 
 
-def test_a_standby_never_rescues_an_entry_whose_phase_it_cannot_know(node, redis_client):
-    now = redis_ms(redis_client)
+def test_a_standby_never_rescues_an_entry_whose_phase_it_cannot_know(node, store_ms):
+    now = store_ms()
     assert node("standby").ledger.rescue([rescue_item("new", now - 5000)]).results == [Code.UNKNOWN]
     assert node("standby").ledger.load() == {}
 
 
-def test_two_standbys_rescuing_one_slot_are_granted_it_once(node, redis_client):
+def test_two_standbys_rescuing_one_slot_are_granted_it_once(node, store_ms):
     leader = node("leader")
     assert leader.lease.try_acquire()
     leader.ledger.claim(*leader.lease.credentials(), [ClaimItem("e", 1000, Op.ANCHOR)])
-    slot = redis_ms(redis_client) - 3000
+    slot = store_ms() - 3000
     first = node("s1").ledger.rescue([rescue_item("e", slot)]).results
     again = node("s1").ledger.rescue([rescue_item("e", slot)]).results  # its retried call
     second = node("s2").ledger.rescue([rescue_item("e", slot)]).results
@@ -82,10 +112,10 @@ def test_two_standbys_rescuing_one_slot_are_granted_it_once(node, redis_client):
     assert isinstance(second[0], Refused) and second[0].state.node == "s1"
 
 
-def test_a_leader_refused_a_slot_a_standby_rescued_records_who_had_it(node, redis_client):
+def test_a_leader_refused_a_slot_a_standby_rescued_records_who_had_it(node, store_ms):
     leader, standby = node("leader"), node("standby")
     assert leader.lease.try_acquire()
-    now = datetime.fromtimestamp(redis_ms(redis_client) / 1000, UTC)
+    now = datetime.fromtimestamp(store_ms() / 1000, UTC)
     tracked = load({"e": SimpleNamespace(schedule=schedule(timedelta(seconds=1)))}, {},
                    start=now - timedelta(seconds=10),
                    reading=Reading(tz=UTC, options={},
@@ -136,10 +166,10 @@ def test_a_crash_mid_catchup_leaves_each_claimed_unsent_slot_in_the_slots_hash(n
         "the claimed, unsent second slot must be what the next leader sees")
 
 
-def test_a_rescue_gate_sends_what_it_was_granted_and_marks_it_rescued(node, redis_client):
+def test_a_rescue_gate_sends_what_it_was_granted_and_marks_it_rescued(node, store_ms):
     leader, standby = node("leader"), node("standby")
     assert leader.lease.try_acquire()
-    now = datetime.fromtimestamp(redis_ms(redis_client) / 1000, UTC)
+    now = datetime.fromtimestamp(store_ms() / 1000, UTC)
     start = now - timedelta(seconds=10)
     options = EntryOptions(CatchupPolicy("latest"), None, None)
     entries = {f"e{i}": SimpleNamespace(schedule=schedule(timedelta(seconds=5)))
@@ -165,16 +195,16 @@ def test_a_rescue_gate_sends_what_it_was_granted_and_marks_it_rescued(node, redi
 
 
 def test_a_rescue_of_an_entrys_next_slot_keeps_the_older_unconfirmed_claim_visible(
-        node, redis_client):
+        redis_node, redis_client):
     """A paused leader's claimed chunk once vanished when a standby rescued the next slot."""
-    leader, standby = node("leader"), node("standby")
+    leader, standby = redis_node("leader"), redis_node("standby")  # it moves Redis's keys
     assert leader.lease.try_acquire()
     now = redis_ms(redis_client)
     older, newer = now - 8000, now - 3000
     leader.ledger.claim(*leader.lease.credentials(), [ClaimItem("e", older, Op.CLAIM)])
     # ... the leader is paused before publishing (its progress goes stale: a rescue waits
     # while a live leader claims, see test_reliability); a standby rescues the next slot
-    redis_client.delete(Keys(leader.lease.keys.prefix).progress)
+    redis_client.delete(Keys(leader.lease.store.keys.prefix).progress)
     assert standby.ledger.rescue([rescue_item("e", newer)]).results == [Code.GRANTED]
     overtaken = standby.ledger.overtaken()
     assert list(overtaken) == [("e", older)]

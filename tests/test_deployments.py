@@ -15,11 +15,12 @@ import pytest
 import redis
 
 from celery_leaderbeat.config import Config
-from celery_leaderbeat.store.base import GuardRun
+from celery_leaderbeat.roles.lease import LeaseView
 from celery_leaderbeat.store.connection import make_client
 from celery_leaderbeat.store.keys import Keys
 from celery_leaderbeat.store.lease import Lease
 from celery_leaderbeat.store.ledger import Ledger
+from celery_leaderbeat.store.records import GuardRun
 from celery_leaderbeat.store.runs import RedisRuns
 from celery_leaderbeat.store.scripts import Scripts
 from celery_leaderbeat.store.types import (
@@ -83,7 +84,7 @@ def exercise_every_call(url: str, prefix: str, **options) -> None:
     client = make_client(url, cfg.redis_options, cfg.socket_timeout)
     keys = Keys(prefix)
     scripts = Scripts(client)
-    lease, ledger = Lease(client, scripts, keys, cfg), Ledger(client, scripts, keys, cfg)
+    lease, ledger = LeaseView(Lease(client, scripts, keys, cfg), cfg), Ledger(client, scripts, keys, cfg)
     standby = client.pubsub(ignore_subscribe_messages=True)
     standby.subscribe(keys.events)
     assert abs(lease.measure_skew()) < 1.0                      # TIME

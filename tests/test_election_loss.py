@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 
 from celery_leaderbeat.config import Config
+from celery_leaderbeat.roles.lease import LeaseView
 from celery_leaderbeat.store.keys import Keys
 from celery_leaderbeat.store.redis_store import redis_store
 
@@ -22,7 +23,7 @@ def nodes(redis_client, key_prefix):
     def make(name: str):
         config = Config.from_values({"redis_url": "redis://x", "key_prefix": key_prefix,
                                      "node_id": name})
-        return redis_store(redis_client, keys, config).lease
+        return LeaseView(redis_store(redis_client, keys, config).lease, config)
 
     return make, keys
 

@@ -8,6 +8,7 @@ import pytest
 
 from celery_leaderbeat.config import Config
 from celery_leaderbeat.errors import LeaseLostError
+from celery_leaderbeat.roles.lease import LeaseView
 from celery_leaderbeat.store.keys import Keys
 from celery_leaderbeat.store.lease import Lease
 from celery_leaderbeat.store.scripts import Scripts
@@ -16,7 +17,7 @@ from celery_leaderbeat.store.scripts import Scripts
 def make_lease(client, prefix: str, node: str, ttl: float = 3.0, clock=time.monotonic) -> Lease:
     config = Config.from_values({"redis_url": "redis://x", "key_prefix": prefix, "node_id": node,
                                  "lease_ttl": ttl, "renew_interval": ttl / 3})
-    return Lease(client, Scripts(client), Keys(prefix), config, clock=clock)
+    return LeaseView(Lease(client, Scripts(client), Keys(prefix), config), config, clock=clock)
 
 
 class FakeClock:
@@ -172,7 +173,7 @@ def test_a_reconcile_cut_short_by_redis_keeps_the_slots_sent_during_the_outage(m
     server = make_redis_server()
     client = server.client()
     lease = make_lease(client, "rc", "a")
-    ledger = Ledger(client, lease.scripts, lease.keys, lease.config)
+    ledger = Ledger(client, lease.store.scripts, lease.store.keys, lease.config)
     assert lease.try_acquire()
     outage = Outage(lease.config, started=time.monotonic())
     outage.sent = [("e", from_ms(1000)), ("e", from_ms(2000))]

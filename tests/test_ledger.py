@@ -1,4 +1,4 @@
-"""Slot claims against a real Redis: monotonic, fenced, recorded."""
+"""Slot claims against a real Redis and the in-memory store: monotonic, fenced, recorded."""
 
 from __future__ import annotations
 
@@ -9,9 +9,13 @@ import redis
 
 from celery_leaderbeat.config import Config
 from celery_leaderbeat.errors import LeaseLostError, RolledBackError, ScriptError
+from celery_leaderbeat.roles.lease import LeaseView
+from celery_leaderbeat.store.errors import StoreRefused
 from celery_leaderbeat.store.keys import Keys
 from celery_leaderbeat.store.lease import Lease
 from celery_leaderbeat.store.ledger import Ledger, decode
+from celery_leaderbeat.store.memory import MemoryStore
+from celery_leaderbeat.store.memory_state import MemoryState
 from celery_leaderbeat.store.scripts import Scripts
 from celery_leaderbeat.store.types import (
     BackfillReason,
@@ -27,13 +31,28 @@ from celery_leaderbeat.store.types import (
 
 
 @pytest.fixture
-def parts(redis_client, key_prefix):
+def redis_parts(redis_client, key_prefix):
     def make(node: str):
         config = Config.from_values({"redis_url": "redis://x", "key_prefix": key_prefix,
                                      "node_id": node})
         scripts = Scripts(redis_client)
         keys = Keys(key_prefix)
-        return Lease(redis_client, scripts, keys, config), Ledger(redis_client, scripts, keys, config)
+        return LeaseView(Lease(redis_client, scripts, keys, config), config), Ledger(redis_client, scripts, keys, config)
+    return make
+
+
+@pytest.fixture(params=["redis", "memory"])
+def parts(request, key_prefix):
+    """A node's lease and ledger on Redis, or on one in-memory store."""
+    if request.param == "redis":
+        return request.getfixturevalue("redis_parts")
+    state = MemoryState()
+
+    def make(node: str):
+        config = Config.from_values({"redis_url": "memory://", "key_prefix": key_prefix,
+                                     "node_id": node})
+        store = MemoryStore(state, config, key_prefix)
+        return LeaseView(store.lease, config), store.ledger
     return make
 
 
@@ -55,7 +74,8 @@ def test_claims_are_monotonic_per_entry(parts):
     assert isinstance(results[1], Refused) and results[1].state.slot_ms == 2000
 
 
-def test_a_node_that_lost_the_lease_is_granted_nothing(parts, redis_client, key_prefix):
+def test_a_node_that_lost_the_lease_is_granted_nothing(redis_parts, redis_client, key_prefix):
+    parts = redis_parts  # it moves Redis's own keys
     old, old_ledger = parts("old")
     new, _ = parts("new")
     assert old.try_acquire()
@@ -95,7 +115,8 @@ def test_a_skip_advances_the_last_slot_without_a_claim(parts):
     assert ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 2000, Op.CLAIM)])[0] is not Code.GRANTED
 
 
-def test_a_claim_renews_the_lease(parts, redis_client, key_prefix):
+def test_a_claim_renews_the_lease(redis_parts, redis_client, key_prefix):
+    parts = redis_parts  # it moves Redis's own keys
     lease, ledger = parts("a")
     assert lease.try_acquire()
     redis_client.pexpire(Keys(key_prefix).leader, 100)
@@ -117,7 +138,7 @@ def _replicated_parts(client, prefix: str, min_replicas: int):
                                  "min_replicas": min_replicas})
     scripts = Scripts(client)
     keys = Keys(prefix)
-    return Lease(client, scripts, keys, config), Ledger(client, scripts, keys, config)
+    return LeaseView(Lease(client, scripts, keys, config), config), Ledger(client, scripts, keys, config)
 
 
 def test_with_min_replicas_a_claim_returns_once_a_replica_has_it(make_redis_server, key_prefix):
@@ -158,7 +179,7 @@ def test_with_default_settings_and_no_replica_wait_answers_before_the_socket_tim
                                  "node_id": "a", "min_replicas": 1})
     client = make_client(server.url, {}, config.socket_timeout)
     scripts, keys = Scripts(client), Keys(key_prefix)
-    lease, ledger = Lease(client, scripts, keys, config), Ledger(client, scripts, keys, config)
+    lease, ledger = LeaseView(Lease(client, scripts, keys, config), config), Ledger(client, scripts, keys, config)
     assert lease.try_acquire()
     with pytest.raises(NotReplicatedError, match="0 of leaderbeat_min_replicas=1"):
         ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 1000, Op.CLAIM)])
@@ -182,7 +203,8 @@ def test_a_retried_claim_whose_reply_was_lost_is_granted_again_not_refused(parts
     assert ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 999, Op.CLAIM)])[0] is not Code.GRANTED
 
 
-def test_the_same_slot_claimed_under_an_older_epoch_is_refused(parts, redis_client, key_prefix):
+def test_the_same_slot_claimed_under_an_older_epoch_is_refused(redis_parts, redis_client, key_prefix):
+    parts = redis_parts  # it moves Redis's own keys
     old, old_ledger = parts("a")
     assert old.try_acquire()
     old_ledger.claim(old.token, old.epoch, [ClaimItem("e", 1000, Op.CLAIM)])
@@ -262,7 +284,8 @@ def test_a_backfill_refusal_is_a_reason_and_a_rescue_of_an_unknown_op_an_error(p
     ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 3000, Op.CLAIM)])
     assert ledger.backfill(lease.token, lease.epoch, "e", [4000], "r1") == [
         BackfillRefused(BackfillReason.LATER)]
-    with pytest.raises(redis.ResponseError, match="rescue.lua: op anchor is not a rescue"):
+    with pytest.raises((redis.ResponseError, StoreRefused),
+                       match="rescue.lua: op anchor is not a rescue"):
         ledger.rescue([ClaimItem("e", 4000, Op.ANCHOR)])
 
 

@@ -345,7 +345,11 @@ def test_the_store_contracts_guard_tests_pass_on_postgresql(
         return int(sql(conninfo, "SELECT (extract(epoch FROM clock_timestamp()) * 1000)"
                                  "::bigint")[0][0])
 
-    test(contract.Backend(make_store, now_ms))
+    def make(worker: str) -> tuple[Any, Config]:
+        # what a node sees of a store: the store and its node's config (only its guard is used)
+        return make_store(worker), pg_config(key_prefix="app", node_id=worker, lease_ttl=60.0)
+
+    test(contract.Backend(make, now_ms))
 
 
 class Workers:

@@ -10,12 +10,13 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import psycopg
 import pytest
 
 from celery_leaderbeat.errors import ConfigurationError, LeaseLostError, RolledBackError
+from celery_leaderbeat.roles.lease import Heartbeat
 from celery_leaderbeat.store.postgres import lease_sql, rules, state_sql
 from celery_leaderbeat.store.postgres.lease import PostgresLease
 from celery_leaderbeat.store.postgres.ledger import PostgresLedger
@@ -671,11 +672,13 @@ def test_the_heartbeat_keeps_the_lease_past_its_ttl_and_stops_when_told(
         make_node: Callable[..., Node]) -> None:
     lease, _ = make_node("n1", lease_ttl=1.0, renew_interval=0.2)
     assert lease.try_acquire()
-    lease.start_heartbeat(time.monotonic)  # the main loop is always back on time
+    # the heartbeat is the roles' thread (the store offers renew)
+    beat = Heartbeat(cast(Any, lease), time.monotonic)  # the main loop always back on time
+    beat.start()
     time.sleep(2.5)
     assert lease.holder()[0] == lease.token and lease.is_held()
-    assert lease.heartbeat_stopped() is None
-    lease.stop_heartbeat()
+    assert beat.is_alive() and beat.stopped_because is None
+    beat.stop()
 
 
 def test_a_lease_the_database_lost_while_it_was_valid_is_told_apart_from_a_takeover(

@@ -19,6 +19,7 @@ from celery_leaderbeat.config import Config
 from celery_leaderbeat.entries import EntryOptions
 from celery_leaderbeat.roles.agenda import Agenda, Known, Reading, Tracked, Unsent, load
 from celery_leaderbeat.roles.batch import LeaderGate, RescueGate, report_unsent, run_batch
+from celery_leaderbeat.roles.lease import LeaseView
 from celery_leaderbeat.roles.memory import SentMemory
 from celery_leaderbeat.roles.requests import LeaderSide, Request, carry_out
 from celery_leaderbeat.store.keys import Keys
@@ -47,7 +48,7 @@ def node(redis_client, key_prefix):
         config = Config.from_values({"redis_url": "redis://x", "key_prefix": key_prefix,
                                      "node_id": name, **values})
         scripts, keys = Scripts(redis_client), Keys(key_prefix)
-        return SimpleNamespace(lease=Lease(redis_client, scripts, keys, config),
+        return SimpleNamespace(lease=LeaseView(Lease(redis_client, scripts, keys, config), config),
                                ledger=Ledger(redis_client, scripts, keys, config),
                                config=config, keys=keys)
     return make

@@ -14,7 +14,6 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
-import redis
 from celery import Celery, signals
 from kombu import Connection, Exchange, Queue
 
@@ -24,6 +23,7 @@ from celery_leaderbeat.send import sender as sender_module
 from celery_leaderbeat.send.one_step import one_step_fallback
 from celery_leaderbeat.send.routing import Routes
 from celery_leaderbeat.send.sender import Enqueuer
+from celery_leaderbeat.store.errors import StoreError
 from celery_leaderbeat.store.keys import Keys
 from celery_leaderbeat.store.redis_store import redis_store
 from celery_leaderbeat.store.types import ClaimItem, Code, Op, SlotStatus
@@ -31,7 +31,7 @@ from tests.faults.seam import AFTER, Seam, faulty_client
 from tests.support.beat import NOOP
 
 #: a leader's claim of a chunk in a batch
-BATCH_CLAIM = "EVALSHA[lead] ledger.Ledger._lead<ledger.Ledger.claim<batch.LeaderGate.claim"
+BATCH_CLAIM = "EVALSHA[lead] ledger.claim<chunk.lead"
 
 
 #: the send paths on a Redis broker: ``plain``, the reference (Celery builds every message,
@@ -240,7 +240,7 @@ def test_a_claim_whose_state_write_would_fail_writes_nothing_and_once_mended_enq
         client.hset(key, "not", "a stream")
         generation = client.get(scheduler.keys.generation)
         item = ClaimItem("a", 2000, Op.CLAIM, 2000, enqueue=(("lpush", "q", "payload"),))
-        with pytest.raises(redis.ResponseError, match=f"{key} holds a hash.*nothing was written"):
+        with pytest.raises(StoreError, match=f"{key} holds a hash.*nothing was written"):
             ledger.claim(token, epoch, [item])
         assert "a" not in ledger.load()
         assert client.llen("q") == 0

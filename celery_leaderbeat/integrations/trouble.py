@@ -11,12 +11,11 @@ from __future__ import annotations
 import logging
 import time
 
-import redis
-
 from ..errors import LeaseLostError, RedisAuthError
 from ..roles.shared import utcnow
 from ..store.base import STORE_ERRORS
 from ..store.connection import describe
+from ..store.errors import StoreCredentialsRefused
 from .attributes import Attributes
 
 logger = logging.getLogger(__name__)
@@ -31,7 +30,7 @@ class Trouble(Attributes):
     def _refused(self, exc: Exception) -> RedisAuthError:
         """Credentials (``AuthenticationError``) or a permission (``NoPermissionError``)
         Redis refused, as an error that says what to check."""
-        if isinstance(exc, redis.AuthenticationError):
+        if isinstance(exc, StoreCredentialsRefused):
             return RedisAuthError(
                 f"Redis at {describe(self.lb_config.redis_url)} refused the credentials "
                 f"({exc}); check the password/username in leaderbeat_redis_url or "

@@ -117,10 +117,10 @@ def history(ctx: click.Context, count: int, entry: str | None, follow: bool,
         return
     for row in rows:
         echo(json.dumps(row) if as_json else event_line(dict(row)))
-    last_id = rows[-1]["id"] if rows else "$"
+    cursor = rows[-1]["id"] if rows else None
     try:
         while follow:
-            last_id, new = cluster.follow(last_id)
+            cursor, new = cluster.follow(cursor)
             for row in new:
                 if entry is None or row.get("entry") == entry:
                     echo(json.dumps(row) if as_json else event_line(dict(row)))

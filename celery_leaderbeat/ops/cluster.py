@@ -237,10 +237,11 @@ class Cluster:
             rows = [row for row in rows if row.get("entry") == entry][-count:]
         return [_readable(row) for row in rows]
 
-    def follow(self, last_id: str = "$", block_ms: int = 1000) -> tuple[str, list[HistoryEvent]]:
-        """History events after ``last_id`` (blocks up to ``block_ms``)."""
-        last_id, rows = self.store.admin.follow(last_id, block_ms)
-        return last_id, [_readable(row) for row in rows]
+    def follow(self, cursor: str | None = None, block_ms: int = 1000
+               ) -> tuple[str, list[HistoryEvent]]:
+        """History events after ``cursor`` (None: from now; blocks up to ``block_ms``)."""
+        cursor, rows = self.store.admin.follow(cursor, block_ms)
+        return cursor, [_readable(row) for row in rows]
 
     def node_health(self, host: str | None = None) -> tuple[bool, str]:
         """Is this host's beat a live leader or a healthy standby? (ok, one line of reason)."""
@@ -339,7 +340,7 @@ class Cluster:
         horizon: datetime | None = None
         for row in self.store.admin.all_history():
             if horizon is None:
-                horizon = from_ms(int(row["id"].split("-")[0]))
+                horizon = from_ms(int(row["at"]))
             if row.get("entry") == name and row.get("event") in ("sent", "triggered"):
                 done.add(int(row.get("slot") or 0))
         done |= self.store.requests.backfilled(name)
@@ -373,8 +374,9 @@ _MS = from_ms(1) - from_ms(0)
 
 
 def _readable(row: dict[str, str]) -> HistoryEvent:
-    when = datetime.fromtimestamp(int(row["id"].split("-")[0]) / 1000, timezone.utc)
-    out: dict[str, Any] = dict(row, time=when.isoformat(timespec="milliseconds"))
+    fields = dict(row)
+    when = datetime.fromtimestamp(int(fields.pop("at")) / 1000, timezone.utc)
+    out: dict[str, Any] = dict(fields, time=when.isoformat(timespec="milliseconds"))
     if row.get("slot"):
         out["slot"] = from_ms(int(row["slot"])).isoformat()
     return cast(HistoryEvent, out)

@@ -30,7 +30,8 @@ from typing import Any, Protocol
 
 from ..errors import LeaseLostError, NotReplicatedError
 from ..send.base import ChunkSend
-from ..store.base import LeaseStore, SlotStore
+from ..store.base import SlotStore
+from ..store.calls import named
 from ..store.types import (
     BackfillRefused,
     ClaimItem,
@@ -43,6 +44,7 @@ from ..store.types import (
 )
 from ..timing.slots import Plan, from_ms, to_ms
 from .agenda import Tracked, Unsent
+from .lease import LeaseView
 from .memory import SentMemory
 
 logger = logging.getLogger(__name__)
@@ -96,10 +98,11 @@ class LeaderGate:
     detail = ""
     records_refusals = True
 
-    def __init__(self, lease: LeaseStore, ledger: SlotStore) -> None:
+    def __init__(self, lease: LeaseView, ledger: SlotStore) -> None:
         self.lease = lease
         self.ledger = ledger
 
+    @named("chunk.lead")
     def claim(self, items: Sequence[ClaimItem],
               events: Sequence[Event]) -> Sequence[ClaimResult]:
         try:
@@ -113,6 +116,7 @@ class LeaderGate:
     def may_send(self) -> bool:
         return self.lease.is_held()
 
+    @named("chunk.lead_record")
     def record(self, events: Sequence[Event]) -> None:
         self.ledger.record(self.lease.epoch or 0, events)
 
@@ -133,6 +137,7 @@ class RescueGate:
         #: the items of a claim call whose reply has not come (yet, or ever)
         self.inflight: tuple[list[ClaimItem], float] | None = None
 
+    @named("chunk.rescue")
     def claim(self, items: Sequence[ClaimItem],
               events: Sequence[Event]) -> Sequence[ClaimResult]:
         started = self.clock()
@@ -149,6 +154,7 @@ class RescueGate:
         recovered the slot."""
         return self._claimed_at is None or self.clock() - self._claimed_at < self.window
 
+    @named("chunk.rescue_record")
     def record(self, events: Sequence[Event]) -> None:
         self.ledger.record(0, events)
 

@@ -17,10 +17,11 @@ from datetime import datetime
 
 from ..config import Config
 from ..errors import LeaseLostError, NotReplicatedError
-from ..store.base import LeaseStore, SlotStore
+from ..store.base import SlotStore
 from ..store.types import ClaimItem, Code, Event, Op, Refused
 from ..timing.slots import from_ms, to_ms
 from .agenda import Agenda
+from .lease import LeaseView
 from .memory import SentMemory
 
 logger = logging.getLogger(__name__)
@@ -61,7 +62,7 @@ class Outage:
         """True once the outage has lasted longer than ``degraded_max_seconds``."""
         return time.monotonic() - self.started > self.config.degraded_max_seconds
 
-    def reconcile(self, lease: LeaseStore, ledger: SlotStore, wake_by: Callable[[], float]) -> bool:
+    def reconcile(self, lease: LeaseView, ledger: SlotStore, wake_by: Callable[[], float]) -> bool:
         """Redis is back: record what was sent while it was away, under a valid lease.
 
         Returns False, having claimed nothing, when another node leads by now. A Redis

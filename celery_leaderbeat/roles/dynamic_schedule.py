@@ -36,9 +36,8 @@ from typing import Any
 from ..config import Config
 from ..entries import EntryOptions, split_entries
 from ..errors import ConfigurationError
-from ..store.base import EntryDefinitions
+from ..store.base import EntryDefinitions, Stored
 from ..store.dynamic import Entry
-from ..store.entry_store import Stored
 from ..store.types import SlotState, SlotStatus
 from ..timing.slots import to_ms
 

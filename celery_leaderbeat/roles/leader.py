@@ -223,8 +223,7 @@ class Leader:
         self._rolled_back = True
         self._version = -1
         ledger = self.shared.ledger
-        ledger.reset_generation()
-        ledger.loss_seen = False  # this leader re-anchors and records the margin
+        ledger.reset_generation()  # this leader re-anchors and records the margin
         # another node reported it: nothing this leader saw went back, so the slot states
         # it wrote itself (under its epoch) are still what it wrote
         self._own_writes_kept = self.shared.lease.epoch if ledger.loss_reported else None

@@ -10,7 +10,7 @@ from typing import Any
 
 from ..config import Config
 from ..entries import EntryOptions
-from ..store.base import LeaseStore, SlotStore, Store
+from ..store.base import SlotStore, Store, one_step_client
 from ..store.keys import Keys
 from ..store.types import Event, SlotState, SlotStatus
 from ..timing.slots import SlotClock, clock_for, from_ms, to_ms
@@ -18,6 +18,7 @@ from .agenda import Known, Loaded, Reading, load
 from .batch import Send
 from .dynamic_schedule import reanchor
 from .fingerprint import fingerprint
+from .lease import LeaseView
 from .memory import SentMemory
 from .port import CelerySide
 
@@ -34,7 +35,7 @@ class Shared:
     config: Config
     keys: Keys
     store: Store  # the store's seam (store/base.py): Redis today
-    lease: LeaseStore  # store.lease, store.ledger: what the roles use most
+    lease: LeaseView  # this node's view of store.lease; store.ledger: what the roles use most
     ledger: SlotStore
     celery: CelerySide  # what only the Celery side knows and does (roles/port.py)
 
@@ -51,7 +52,7 @@ class Shared:
     @property
     def client(self) -> Any:
         """The store's Redis client: for claim-and-enqueue in one step only (store/base.py)."""
-        return self.store.client
+        return one_step_client(self.store)
 
     def slot_send(self, epoch: int) -> Send:
         """What publishes one slot at a time under ``epoch`` (0: a standby's rescue)."""

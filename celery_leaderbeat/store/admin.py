@@ -41,11 +41,14 @@ class RedisAdmin(RedisPart):
         return [_row(event_id, fields)
                 for event_id, fields in self.client.xrange(self.keys.history)]
 
-    def follow(self, last_id: str = "$", block_ms: int = 1000
+    def follow(self, cursor: str | None = None, block_ms: int = 1000
                ) -> tuple[str, list[dict[str, str]]]:
-        reply = self.client.xread({self.keys.history: last_id}, block=block_ms, count=500)
+        if cursor is None:  # from now: after the newest event, so none written next is missed
+            newest = self.client.xrevrange(self.keys.history, count=1)
+            cursor = text(newest[0][0]) if newest else "0-0"
+        reply = self.client.xread({self.keys.history: cursor}, block=block_ms, count=500)
         rows = [_row(event_id, fields) for _, events in reply or [] for event_id, fields in events]
-        return (rows[-1]["id"] if rows else last_id), rows
+        return (rows[-1]["id"] if rows else cursor), rows
 
     def forget_nodes(self, node_ids: list[str]) -> None:
         if node_ids:
@@ -66,4 +69,7 @@ class RedisAdmin(RedisPart):
 
 
 def _row(event_id: Any, fields: dict[Any, Any]) -> dict[str, str]:
-    return {**{text(k): text(v) for k, v in fields.items()}, "id": text(event_id)}
+    """A history event: its fields, its stream id (``<ms>-<seq>``) and the ms in it."""
+    event = text(event_id)
+    return {**{text(k): text(v) for k, v in fields.items()}, "id": event,
+            "at": event.partition("-")[0]}

@@ -29,85 +29,104 @@ the worker guard reach the store: none of them names a key or sends a Redis comm
 (``tests/test_layout.py`` checks that ``roles/`` and ``ops/`` import no ``redis``
 module but for the capability below).
 
-The implementation today is Redis (:func:`~celery_leaderbeat.store.redis_store.connect`):
+Three stores implement it. **Redis** (:func:`~celery_leaderbeat.store.redis_store.connect`):
 :class:`~celery_leaderbeat.store.lease.Lease` (``acquire.lua``, ``renew.lua``,
-``release.lua``), :class:`~celery_leaderbeat.store.ledger.Ledger` (``lead.lua``,
-``rescue.lua``, ``record.lua`` ... and ``prune.lua``), pub/sub for the events, a list for the requests, ``entries.lua`` for
-the entries, ``guard_*.lua`` for the guard. A second store, say PostgreSQL for a site
-with no Redis, would implement the same protocols: the lease as one row updated under
-an advisory lock (the epoch a column bumped on each acquisition: the fencing token),
-the slots as a table keyed by entry and claimed with ``UPDATE ... WHERE slot < $slot``
-in the transaction that checks the lease row, the events as ``LISTEN``/``NOTIFY``, the
-requests as rows taken with ``DELETE ... RETURNING``. It would add its driver's
-exceptions to :data:`STORE_ERRORS`. ``tests/test_store_contract.py`` holds what any
-store must pass.
+``release.lua``), :class:`~celery_leaderbeat.store.ledger.Ledger` (one script per
+operation, ``lead.lua``, ``rescue.lua``, ``record.lua`` and the rest, over
+``prelude.lua``; ``prune.lua``), pub/sub for the events, a list for the requests,
+``entries.lua`` for the entries, ``guard_*.lua`` for the guard. **Memory**
+(:mod:`~celery_leaderbeat.store.memory`, ``memory://``): the same rules under one lock
+in one process, the reference implementation. **PostgreSQL**
+(:mod:`~celery_leaderbeat.store.postgres`): the lease as one row renewed only where
+holder and epoch match, every claim one transaction that locks that row and inserts
+the slot's grant ``ON CONFLICT DO NOTHING``, the events as ``LISTEN``/``NOTIFY``; no
+session advisory lock carries correctness. ``tests/test_store_contract.py`` is what
+every store must pass.
 
 One capability is the Redis store's alone, and optional: **claim and enqueue in one
 step** (``send/one_step.py``). When the broker is the store's own Redis server and
 database, the claim script runs the broker's commands (``ClaimItem.enqueue``) for
-exactly the slots it grants. A store offers it through its ``client`` attribute (the
-Redis client the enqueuer compares with the broker's); where that is ``None`` (or
-another server, Cluster, Sentinel) no claim carries broker commands: a chunk is
-claimed first and then published in one kombu batch, as every other store would do.
+exactly the slots it grants. A store declares it by being a :class:`OneStepEnqueue`
+(its ``client``: the Redis client the enqueuer compares with the broker's); elsewhere
+(another store, another server, Cluster, Sentinel) no claim carries broker commands:
+a chunk is claimed first and then published in one kombu batch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol, runtime_checkable
 
-from .connection import ERRORS, REFUSED, UNREACHABLE
-from .entry_store import Changes, Saved, Stored
-from .lease import Heartbeat
+from .errors import StoreError, StoreRefused, StoreUnreachable
+from .records import (
+    Acquired,
+    Changes,
+    GuardDecision,
+    GuardRun,
+    Renewed,
+    RunRecord,
+    Saved,
+    Stored,
+)
 from .types import Claimed, ClaimItem, ClaimResult, Event, SlotState
 
+#: what the seam speaks in, for the roles and the integrations to import from here
+__all__ = [
+    "STORE_ERRORS",
+    "STORE_REFUSED",
+    "STORE_UNREACHABLE",
+    "Changes",
+    "ClaimItem",
+    "ClaimResult",
+    "Claimed",
+    "ClusterAdmin",
+    "EntryDefinitions",
+    "Event",
+    "Events",
+    "GuardDecision",
+    "GuardRun",
+    "GuardStore",
+    "LeaseStore",
+    "OneStepEnqueue",
+    "RequestQueue",
+    "RunRecord",
+    "Saved",
+    "SlotState",
+    "SlotStore",
+    "Store",
+    "Stored",
+    "Subscription",
+]
+
 #: what a failed store call raises: no answer, or an error answer (``except STORE_ERRORS``)
-STORE_ERRORS = ERRORS
+STORE_ERRORS: tuple[type[Exception], ...] = (StoreError,)
 #: of those, the ones that mean the store could not be reached at all (an outage)
-STORE_UNREACHABLE = UNREACHABLE
+STORE_UNREACHABLE: tuple[type[Exception], ...] = (StoreUnreachable,)
 #: of those, the store refusing the credentials or a command (retrying cannot help)
-STORE_REFUSED = REFUSED
+STORE_REFUSED: tuple[type[Exception], ...] = (StoreRefused,)
 
 
 class LeaseStore(Protocol):
-    """This node's view of the one lease: who leads, under which fencing epoch."""
+    """The one lease, as the store holds it: one holder at a time, a fencing epoch that
+    only goes up. What an answer means for a node (its deadline, self-fencing, the
+    heartbeat) is the roles' side (:mod:`celery_leaderbeat.roles.lease`)."""
 
-    token: str | None  #: this node's lease token while it holds the lease
-    epoch: int | None  #: the fencing epoch of this node's lease
-    highest_epoch: int  #: the highest epoch seen: a new lease's epoch is above it
-    clock_skew: float | None  #: seconds this node's clock is ahead of the store's
-    vanished_while_held: bool  #: the store lost the lease while this node held it
-    confirmed_at: float | None  #: when the latest call that proved the lease began
-    longest_gap: float  #: the longest time between two such calls since it was taken
-    led_last: bool  #: this node held the lease last, as far as it knows
-    held_back: bool  #: the last attempt was refused: the store lost writes, another led last
-    on_renew: Callable[[float | None], None]  #: told how long each heartbeat renewal took
-    on_generation: Callable[[int], None]  #: told the state generation each acquire read
-
-    @property
-    def ttl_ms(self) -> int: ...
-    @property
-    def lost(self) -> bool: ...
-    def try_acquire(self, *, despite_loss: bool = False) -> bool:
-        """Take the lease if nobody holds it; a new, higher epoch. After the store lost
-        writes, only the node that led last, or one ``despite_loss``."""
-    def renew(self, token: str | None = None) -> None:
-        """Extend this node's lease; raise LeaseLostError when it is no longer held."""
-    def release(self, reason: str = "released") -> bool:
-        """Give the lease up (fenced: nothing more can be claimed under it)."""
+    def acquire(self, seen_epoch: int, seen_generation: int = 0, *,
+                despite_loss: bool = False) -> Acquired:
+        """Take the lease if nobody holds it (or this node's id holds it, or a holder
+        whose epoch is below ``seen_epoch``): an epoch above every one handed out and
+        above ``seen_epoch``. A store that detects lost writes refuses (``pttl`` LOSS)
+        while its state is older than ``seen_generation``, unless ``despite_loss``."""
+    def renew(self, token: str) -> Renewed:
+        """Extend the lease held under ``token`` by one ttl; refused (with the holder)
+        once another token holds it or it lapsed."""
+    def release(self, token: str, reason: str) -> bool:
+        """Give the lease held under ``token`` up (fenced: nothing more can be claimed
+        under it), note it in the history and publish ``released``; False: not held."""
     def holder(self) -> tuple[str | None, int]:
-        """The holder's token (None: nobody) and its remaining ttl in ms."""
-    def is_held(self) -> bool: ...
-    def credentials(self) -> tuple[str, int]: ...
-    def remaining(self) -> float: ...
-    def confirm(self, started: float) -> None: ...
-    def observe_epoch(self, epoch: int | None) -> None: ...
-    def measure_skew(self) -> float: ...
-    def mark_lost(self) -> None: ...
-    def start_heartbeat(self, wake_by: Callable[[], float]) -> Heartbeat: ...
-    def heartbeat_stopped(self) -> str | None: ...
-    def stop_heartbeat(self) -> None: ...
+        """The holder's token (None: nobody) and its remaining ttl in ms (-2: none)."""
+    def now(self) -> float:
+        """The store's clock (seconds): what every lease and skew decision is measured by."""
 
 
 class SlotStore(Protocol):
@@ -138,7 +157,8 @@ class SlotStore(Protocol):
                               ) -> tuple[dict[str, SlotState], dict[str, str]]: ...
     def write_definitions(self, fingerprints: dict[str, str]) -> None: ...
     def observe_generation(self, generation: int | None) -> None: ...
-    def reset_generation(self) -> None: ...
+    def reset_generation(self) -> None:
+        """The next claim re-anchors after a loss of writes (clears :attr:`loss_seen`)."""
     generation: int  #: the highest generation of the state this node has seen (0: none)
     loss_seen: bool  #: the store answered older state than this node has seen
     loss_reported: bool  #: the last rollback answered was a loss another node reported
@@ -156,7 +176,8 @@ class SlotStore(Protocol):
     def overtaken(self) -> dict[tuple[str, int], SlotState]: ...
     def forget_overtaken(self, fields: Sequence[tuple[str, int]]) -> None: ...
     def history(self, count: int = 50) -> list[dict[str, str]]:
-        """The newest ``count`` history events, oldest first, each with its ``id``."""
+        """The newest ``count`` history events, oldest first, each with its ``id`` and ``at``
+        (see :meth:`ClusterAdmin.all_history`)."""
     def register_node(self, role: str, info: dict[str, Any]) -> dict[str, Any] | None: ...
     def unregister_node(self) -> None: ...
     def nodes(self) -> dict[str, dict[str, Any]]: ...
@@ -220,47 +241,6 @@ class EntryDefinitions(Protocol):
         """What changed since version ``seen`` (-1: everything), in one call."""
 
 
-@dataclass(frozen=True)
-class GuardRun:
-    """One guarded run of one slot, as the worker guard records it."""
-
-    task_id: str  #: the slot's deterministic task id: what makes two deliveries one run
-    entry: str
-    slot_ms: int
-    epoch: Any  #: the fencing epoch the slot was sent under ("" when the message has none)
-    overlap: str  #: the entry's overlap policy (``skip``, ``buffer_one``, ... ``allow_all``)
-    worker: str  #: ``host:pid`` of the worker running it
-    retry: int = 0  #: Celery's retry number: each retry of a slot is a run of its own
-    #: the message that starts the slot when it has to wait (JSON; buffer and cancel policies)
-    message: str = ""
-    #: this delivery is a waiting slot's message, published when its turn came
-    handed_over: bool = False
-    slot_text: str = ""  #: the slot as people read it (ISO 8601), for the history
-
-    @property
-    def run_id(self) -> str:
-        """What makes two deliveries one run: the slot's task id, and the retry number."""
-        return self.task_id if not self.retry else f"{self.task_id}~{self.retry}"
-
-
-class GuardDecision(NamedTuple):
-    """What the guard said to a delivery: run it (under ``token``), or why not."""
-
-    #: ``run``, ``duplicate``, ``overlap`` (skipped), ``wait`` (it starts when its turn
-    #: comes) or ``cancel`` (it waits, and the run ``why`` names is to be revoked)
-    decision: str
-    why: str
-    token: int = 0  #: ``run``: the run's fencing token, above every token handed out before
-
-
-class RunRecord(NamedTuple):
-    """What the guard knows of one slot's run."""
-
-    state: str  #: ``started`` or ``finished``
-    worker: str
-    alive: bool  #: its liveness has not lapsed (a started run that is not alive was lost)
-
-
 class GuardStore(Protocol):
     """The worker guard's records: each slot's run starts at most once."""
 
@@ -309,17 +289,31 @@ class ClusterAdmin(Protocol):
     def note(self, fields: dict[str, str]) -> None:
         """Add one event to the history."""
     def all_history(self) -> list[dict[str, str]]:
-        """Every history event kept, oldest first, each with its ``id``
-        (``<ms>-<seq>``: the ms is when it was written)."""
-    def follow(self, last_id: str = "$", block_ms: int = 1000
+        """Every history event kept, oldest first, each with its ``id`` (opaque: a cursor
+        for :meth:`follow`) and ``at`` (when the store wrote it: ms by the store's clock)."""
+    def follow(self, cursor: str | None = None, block_ms: int = 1000
                ) -> tuple[str, list[dict[str, str]]]:
-        """Events after ``last_id`` (``$``: from now), waiting up to ``block_ms``; the last
-        id read, to pass next time."""
+        """Events after ``cursor`` (an event's ``id``, or what the last call answered;
+        None: from now), waiting up to ``block_ms``; the cursor to pass next time."""
     def forget_nodes(self, node_ids: list[str]) -> None:
         """Remove these nodes from the registry."""
     def reset(self) -> int:
         """Delete this app's state (lease, slots, history, nodes, pauses, requests, guard
         records), not the run-time entries; how many records went."""
+
+
+@runtime_checkable
+class OneStepEnqueue(Protocol):
+    """Optional: a store whose claim can run the broker's commands for exactly the slots it
+    grants (the broker being the store's own Redis server and database)."""
+
+    #: the Redis client the enqueuer compares with the broker's connection
+    client: Any
+
+
+def one_step_client(store: Store) -> Any:
+    """The client of ``store``'s claim-and-enqueue in one step; None when it has none."""
+    return store.client if isinstance(store, OneStepEnqueue) else None
 
 
 class Store(Protocol):
@@ -332,8 +326,6 @@ class Store(Protocol):
     entries: EntryDefinitions
     guard: GuardStore
     admin: ClusterAdmin
-    #: the Redis client, for claim-and-enqueue in one step; None where the store has none
-    client: Any
 
     def ping(self) -> None:
         """Raise one of :data:`STORE_ERRORS` unless the store answers."""

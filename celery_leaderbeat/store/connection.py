@@ -22,6 +22,7 @@ from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
 from ..errors import ConfigurationError
+from .errors import StoreCredentialsRefused, StoreError, StoreRefused, StoreUnreachable
 
 #: what a failed Redis call raises: no answer (the server, the network), or an error reply
 ERRORS: tuple[type[Exception], ...] = (redis.RedisError, OSError)
@@ -30,6 +31,17 @@ UNREACHABLE: tuple[type[Exception], ...] = (redis.ConnectionError, redis.Timeout
 #: of those, Redis refusing the credentials or a command (retrying cannot help)
 REFUSED: tuple[type[Exception], ...] = (redis.AuthenticationError,
                                         redis.exceptions.NoPermissionError)
+
+
+def store_error(exc: Exception) -> StoreError:
+    """The store error a failed Redis call leaves the store as (``exc`` kept as its cause)."""
+    if isinstance(exc, redis.AuthenticationError):
+        return StoreCredentialsRefused(str(exc))
+    if isinstance(exc, REFUSED):
+        return StoreRefused(str(exc))
+    if isinstance(exc, UNREACHABLE):
+        return StoreUnreachable(str(exc))
+    return StoreError(str(exc))
 
 
 def client_defaults(timeout: float) -> dict[str, Any]:

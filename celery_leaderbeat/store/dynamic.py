@@ -35,7 +35,7 @@ from ..errors import ConfigurationError
 from ..timing.schedules import cron
 from ..timing.slots import clock_for, from_ms, to_ms
 from .base import EntryDefinitions
-from .entry_store import Stored
+from .records import Stored
 from .redis_store import connect
 
 

@@ -15,13 +15,13 @@ answers "unknown", which :meth:`EntryStore.delete` reports as False.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from ..errors import EntryExists, EntryNotFound, ScriptError
 from .connection import ERRORS
 from .events import ENTRIES
 from .keys import Keys
+from .records import Changes, Saved, Stored
 from .scripts import source, text
 
 #: the message on the events channel after every change
@@ -31,45 +31,12 @@ NOTICE = ENTRIES
 REMOVED_CAP = 10_000
 
 
-@dataclass(frozen=True)
-class Stored:
-    """One stored entry: the store's header fields and the definition JSON."""
-
-    name: str
-    version: int
-    anchor_ms: int  # slots are counted from here: creation, last timing change, re-enable
-    fingerprint: str  # of the whole definition
-    timing: str  # of what decides the slots (schedule, zone, jitter, at)
-    enabled: bool
-    ran_ms: int | None  # a one-off entry: the slot it ran, once it has
-    definition: str
-    kept: bool = False  # the anchor was given (an import), not the time of a change
-
-    @classmethod
-    def parse(cls, name: str, raw: Any) -> Stored:
-        header, _, body = text(raw).partition("\n")
-        version, anchor, fp, timing, enabled, ran, kept = header.split("|")
-        return cls(name, int(version), int(anchor), fp, timing, enabled == "1",
-                   int(ran) if ran else None, body, kept == "1")
-
-
-@dataclass(frozen=True)
-class Saved:
-    """What a save did: ``changed`` False when the same definition was already stored."""
-
-    changed: bool
-    version: int
-    anchor_ms: int
-
-
-@dataclass(frozen=True)
-class Changes:
-    """What changed since a version: saved entries, removed names, and the new version."""
-
-    version: int
-    full: bool  # every entry is listed (the caller was too far behind): drop the others
-    saved: dict[str, Stored]
-    removed: list[str]
+def parse_stored(name: str, raw: Any) -> Stored:
+    """One entry as ``entries.lua`` stores it: a header line, then the definition JSON."""
+    header, _, body = text(raw).partition("\n")
+    version, anchor, fp, timing, enabled, ran, kept = header.split("|")
+    return Stored(name, int(version), int(anchor), fp, timing, enabled == "1",
+                  int(ran) if ran else None, body, kept == "1")
 
 
 #: an update refused: no entry of that name is stored (the name this module always used)
@@ -139,10 +106,10 @@ class EntryStore:
 
     def get(self, name: str) -> Stored | None:
         raw = self.client.hget(self.keys.entries, name)
-        return None if raw is None else Stored.parse(name, raw)
+        return None if raw is None else parse_stored(name, raw)
 
     def all(self) -> dict[str, Stored]:
-        return {text(k): Stored.parse(text(k), v)
+        return {text(k): parse_stored(text(k), v)
                 for k, v in self.client.hgetall(self.keys.entries).items()}
 
     def names(self) -> list[str]:
@@ -156,7 +123,7 @@ class EntryStore:
         for i in range(3, 3 + 2 * n, 2):
             name = text(reply[i])
             if reply[i + 1] is not None and reply[i + 1] is not False:
-                saved[name] = Stored.parse(name, reply[i + 1])
+                saved[name] = parse_stored(name, reply[i + 1])
         removed = [text(name) for name in reply[3 + 2 * n:]]
         return Changes(version, full or seen < 0, saved, removed)
 

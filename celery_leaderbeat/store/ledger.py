@@ -226,8 +226,10 @@ class Ledger:
         return out
 
     def reset_generation(self) -> None:
-        """The next claim call re-anchors after a loss of writes: it lifts the counter."""
+        """The next claim call re-anchors after a loss of writes: it lifts the counter (and
+        the loss seen is dealt with: the leader records the margin)."""
         self._reset_generation = True
+        self.loss_seen = False
 
     def _check_generation(self, reply: Any) -> None:
         if isinstance(reply, list) and reply and reply[0] == 2:
@@ -377,6 +379,7 @@ class Ledger:
         for event_id, fields in reversed(rows):
             row = {text(k): text(v) for k, v in fields.items()}
             row["id"] = text(event_id)
+            row["at"] = row["id"].partition("-")[0]  # the stream id starts with when (ms)
             out.append(row)
         return out
 

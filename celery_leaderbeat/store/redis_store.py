@@ -7,6 +7,8 @@ it sends nothing to Redis: each script is loaded on its first call.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from ..config import Config
@@ -19,8 +21,10 @@ from .base import (
     LeaseStore,
     RequestQueue,
     SlotStore,
+    Store,
 )
-from .connection import make_client, server_warnings
+from .calls import PARTS, store_call, through_boundary
+from .connection import ERRORS, make_client, server_warnings, store_error
 from .entry_store import EntryStore
 from .events import RedisEvents
 from .keys import Keys
@@ -48,14 +52,26 @@ class RedisStore:
         self.guard: GuardStore = RedisRuns(client, scripts, keys, config)
         self.admin: ClusterAdmin = RedisAdmin(client, scripts, keys, config)
 
+        through_boundary(self, PARTS, errors=ERRORS, translate=store_error)
+
     def ping(self) -> None:
-        self.client.ping()
+        with store_call("store.ping"), _translated():
+            self.client.ping()
 
     def warnings(self) -> list[str]:
-        return server_warnings(self.client)
+        with store_call("store.warnings"), _translated():
+            return server_warnings(self.client)
 
     def close(self) -> None:
         self.client.close()
+
+
+@contextmanager
+def _translated() -> Iterator[None]:
+    try:
+        yield
+    except ERRORS as exc:
+        raise store_error(exc) from exc
 
 
 def redis_store(client: Any, keys: Keys, config: Config) -> RedisStore:
@@ -63,8 +79,12 @@ def redis_store(client: Any, keys: Keys, config: Config) -> RedisStore:
     return RedisStore(client, keys, config)
 
 
-def connect(config: Config) -> RedisStore:
+def connect(config: Config) -> Store:
     """The store these settings name, on a new client (one per process: never share it
-    across a fork)."""
+    across a fork); ``memory://`` names the in-memory store of this process."""
+    if config.redis_url.startswith("memory://"):
+        from .memory import connect as memory_store
+
+        return memory_store(config)
     client = make_client(config.redis_url, config.redis_options, config.socket_timeout)
     return redis_store(client, Keys(config.key_prefix), config)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import GuardDecision, GuardRun, RunRecord
+from .records import GuardDecision, GuardRun, RunRecord
 from .scripts import RedisPart, text
 
 

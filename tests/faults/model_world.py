@@ -46,14 +46,10 @@ HORIZON_MARGIN = 3.0
 class World:
     """One example's nodes, Redis and records."""
 
-    def __init__(self, server: RedisServer) -> None:
+    def __init__(self, server: RedisServer | None) -> None:
         self.server = server
-        admin = server.client()
-        admin.flushall()
-        admin.script_flush()
-        admin.close()
         self.patch = pytest.MonkeyPatch()  # undone in close()
-        self.sim = Sim(server.url, "model", SCHEDULE)
+        self.sim = self._sim()
         self.sim.step_seconds = 0.25
         self.sim.install(self.patch)
         self.sim.on_publish.append(self._on_publish)
@@ -75,6 +71,14 @@ class World:
         #: test_regressions.py): I2 is not checked for such an example
         self.amnesia = False
         self.clis: list[Any] = []  # Cluster objects the CLI rules made (their clients closed)
+
+    def _sim(self) -> Sim:
+        assert self.server is not None
+        admin = self.server.client()
+        admin.flushall()
+        admin.script_flush()
+        admin.close()
+        return Sim(self.server.url, "model", SCHEDULE)
 
     # -- time --------------------------------------------------------------------------
 

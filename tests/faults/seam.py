@@ -8,11 +8,12 @@ on the client) go through :meth:`FaultyRedis.execute_command`; a pipeline's
 Each call gets the next index of the :class:`Seam` it belongs to and a label
 naming its call site::
 
-    EVALSHA[lead] ledger.Ledger._lead<ledger.Ledger.claim<batch.LeaderGate.claim
+    EVALSHA[lead] ledger.claim<chunk.lead
 
-(the command, the script's name for ``EVALSHA``, and the three innermost
-``celery_leaderbeat`` functions on the stack), so a sweep can count a
-scenario's calls and aim at every distinct call site.
+(the command, the script's name for ``EVALSHA``, the store call's name and the
+role's, both given in the code: :mod:`celery_leaderbeat.store.calls`), so a sweep
+can count a scenario's calls and aim at every distinct call site, and a rename
+does not move where a fault lands.
 
 Fault kinds (see :data:`KINDS`), applied to the call at a planned index:
 
@@ -50,6 +51,7 @@ from typing import Any
 import redis
 from redis.client import Pipeline, PubSub
 
+from celery_leaderbeat.store.calls import ROLE_SITE, STORE_SITE
 from celery_leaderbeat.store.connection import client_defaults
 
 BEFORE, AFTER, DELAY, LATE, DROP, REPEAT = "before", "after", "delay", "late", "drop", "repeat"
@@ -185,10 +187,16 @@ def _qualname(frame: Any) -> str:
 
 
 def call_site(command: str, args: tuple[Any, ...] = ()) -> str:
-    """``COMMAND[script] innermost<caller<caller``: the three innermost package frames."""
+    """``COMMAND[script] store call<role call``: the names the code gives (see
+    :mod:`celery_leaderbeat.store.calls`); the role's part, when the role named none, is
+    the innermost package function outside the store. A call outside any store call (none
+    is expected) is labelled by the three innermost package frames."""
     name = str(command).upper()
     if name == "EVALSHA" and args:
         name += f"[{SCRIPT_NAMES.get(str(args[0]), '?')}]"
+    store = STORE_SITE.get()
+    if store:
+        return f"{name} {store}<{ROLE_SITE.get() or _caller_outside_the_store()}"
     frames = []
     frame = sys._getframe(1)
     while frame is not None and len(frames) < 3:
@@ -198,6 +206,17 @@ def call_site(command: str, args: tuple[Any, ...] = ()) -> str:
             frames.append(f"{short}.{_qualname(frame)}")
         frame = frame.f_back
     return f"{name} {'<'.join(frames) or '?'}"
+
+
+def _caller_outside_the_store() -> str:
+    """The innermost ``celery_leaderbeat`` function outside ``store/`` on the stack."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        module = frame.f_globals.get("__name__", "")
+        if module.startswith(_PACKAGE) and not module.startswith(f"{_PACKAGE}.store."):
+            return f"{module.rsplit('.', 1)[-1]}.{_qualname(frame)}"
+        frame = frame.f_back
+    return "?"
 
 
 class FaultyRedis(redis.Redis):

@@ -14,7 +14,7 @@ nothing in it is mocked but these seams, installed by :class:`Sim`:
   notes what would have been published (entry, the ``leaderbeat_slot`` header,
   epoch, task id); the broker is ``memory://``, so no claim enqueues anything
   itself (messages prepared in idle time are built, never sent);
-- the heartbeat thread is a real ``lease.Heartbeat`` whose sleep is a step the
+- the heartbeat thread is a real ``roles.lease.Heartbeat`` whose sleep is a step the
   driver gives (:class:`SteppedHeartbeat`): it renews once per
   ``renew_interval`` of virtual time, in lockstep with the main thread, so a
   replay makes the same calls in the same order;
@@ -43,8 +43,8 @@ import redis
 from celery import Celery
 
 import celery_leaderbeat.integrations.guard as guard_module
+import celery_leaderbeat.roles.lease as lease_module
 import celery_leaderbeat.scheduler as scheduler_module
-import celery_leaderbeat.store.lease as lease_module
 from celery_leaderbeat.config import Config
 from celery_leaderbeat.roles.standby import Standby
 from celery_leaderbeat.scheduler import LEADER, Scheduler
@@ -177,21 +177,26 @@ class Sim:
         self.nodes: dict[str, SimNode] = {}
         self.published: list[Published] = []
         self.exits: list[str] = []
-        self.admin = redis.Redis.from_url(self.redis_url, socket_timeout=5)
-        self.expiry = RedisExpiry(self.admin, f"{self.keys.tag}:*", self.clock)
-        self.clock.listeners.append(self.expiry)
         self.seam.on_stall = self._stall
-        progress = getattr(self.keys, "progress", None)
-        if progress is not None:  # the leader's progress, a Redis TIME, read by rescues
-            aged = RedisTimeValue(self.admin, progress, self.clock, lambda: self.step_seconds)
-            claims = ("EVALSHA[lead]", "EVALSHA[rescue]")  # the progress's writer and reader
-            self.seam.around = lambda label: aged() if label.startswith(claims) else None
-        self.seam.on_drop = lambda node_id: self.clients[node_id].drop_connections()
         self.clients: dict[str, FaultyRedis] = {}  # each node id's latest client
+        self.admin = self._admin()
         self._frozen: set[str] = set()
         self._building: str | None = None
         self.schedules: dict[str, Mapping[str, Mapping[str, Any]]] = {}  # per-node override
         self.on_publish: list[Callable[[Published], None]] = []
+
+    def _admin(self) -> Any:
+        """The test's own client, and Redis's clocks kept in step with the virtual one."""
+        admin = redis.Redis.from_url(self.redis_url, socket_timeout=5)
+        self.expiry = RedisExpiry(admin, f"{self.keys.tag}:*", self.clock)
+        self.clock.listeners.append(self.expiry)
+        progress = getattr(self.keys, "progress", None)
+        if progress is not None:  # the leader's progress, a Redis TIME, read by rescues
+            aged = RedisTimeValue(admin, progress, self.clock, lambda: self.step_seconds)
+            claims = ("EVALSHA[lead]", "EVALSHA[rescue]")  # the progress's writer and reader
+            self.seam.around = lambda label: aged() if label.startswith(claims) else None
+        self.seam.on_drop = lambda node_id: self.clients[node_id].drop_connections()
+        return admin
 
     # -- seams -------------------------------------------------------------------------
 
@@ -276,7 +281,8 @@ class Sim:
         node = sim_node.scheduler._shared
         if node is not None:
             node.lease.stop_heartbeat()
-            sim_node.client.drop_connections()
+            if sim_node.client is not None:
+                sim_node.client.drop_connections()
 
     def stop(self, node_id: str) -> None:
         """A graceful shutdown (SIGTERM): ``close()`` releases the lease."""
@@ -284,7 +290,8 @@ class Sim:
         try:
             sim_node.scheduler.close()
         finally:
-            sim_node.client.drop_connections()
+            if sim_node.client is not None:
+                sim_node.client.drop_connections()
 
     def leader(self) -> str | None:
         leaders = [n for n, s in self.nodes.items() if s.leading]
@@ -353,4 +360,5 @@ class Sim:
     def close(self) -> None:
         for node_id in list(self.nodes):
             self.crash(node_id)
-        self.admin.close()
+        if self.admin is not None:
+            self.admin.close()

@@ -51,6 +51,7 @@ from celery_leaderbeat.roles.shared import utcnow
 from tests.support.redis_server import RedisServer
 
 from .invariants import duplicates
+from .memory_sim import MemoryWorld
 from .model_world import NODES, World
 from .seam import KINDS
 
@@ -179,26 +180,85 @@ class LeaderbeatModel(RuleBasedStateMachine):
             self.world.close()
 
 
+class MemoryModel(LeaderbeatModel):
+    """The same rules and invariants on the in-memory store ("Redis" there: the store)."""
+
+    def __init__(self) -> None:
+        RuleBasedStateMachine.__init__(self)
+        self.world = MemoryWorld()
+
+
 @pytest.fixture(scope="module")
 def model_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     with RedisServer(workdir=tmp_path_factory.mktemp("model-redis")) as server:
         yield server
 
 
+@pytest.fixture(params=["redis", "memory"])
+def store(request: pytest.FixtureRequest) -> RedisServer | None:
+    """The module's Redis, or the in-memory store (None)."""
+    if request.param == "memory":
+        return None
+    server: RedisServer = request.getfixturevalue("model_redis")
+    return server
+
+
 @pytest.mark.xdist_group("heavy")  # CPU-heavy: never beside another heavy test
-def test_the_protocol_keeps_its_invariants_under_any_sequence_of_faults(
-        model_redis, caplog):
-    """Crashes, pauses, failing calls (every kind), Redis restarted empty or from an older
-    snapshot, schedule changes, step-downs, triggers and backfills, in any order: no slot
-    twice, every due slot sent or recorded."""
-    _run(LeaderbeatModel, model_redis, caplog)
+def test_the_protocol_keeps_its_invariants_under_any_sequence_of_faults(store, caplog):
+    """Crashes, pauses, failing calls (every kind), the store restarted empty or from an
+    older snapshot, schedule changes, step-downs, triggers and backfills, in any order: no
+    slot twice, every due slot sent or recorded. On Redis and on the in-memory store."""
+    _run(LeaderbeatModel if store is not None else MemoryModel, store, caplog)
 
 
-def _run(model: type[LeaderbeatModel], server: RedisServer, caplog: pytest.LogCaptureFixture
-         ) -> None:
+def _run(model: type[LeaderbeatModel], server: RedisServer | None,
+         caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.CRITICAL)
-    model.server = server
+    if server is not None:
+        model.server = server
     run_state_machine_as_test(model, settings=settings(
         max_examples=EXAMPLES, stateful_step_count=STEPS, deadline=None, derandomize=True,
         database=None, suppress_health_check=list(HealthCheck),
         phases=[Phase.explicit, Phase.generate] + ([Phase.shrink] if SHRINK else [])))
+
+
+def test_slots_due_while_nobody_may_lead_after_two_losses_are_recorded(store):
+    """Found by the model on both stores: Redis restarted empty twice while nobody led (the
+    leader crashed, one standby paused, the other holding back for the node that led last):
+    the slots due until a new process leads are recorded, the new leader's margin reaching
+    back to the newest slot a live node knew settled."""
+    if store is None:
+        state: LeaderbeatModel = MemoryModel()
+    else:
+        LeaderbeatModel.server = store
+        state = LeaderbeatModel()
+    try:
+        state.start_three_nodes()
+        state.resume(node='b')
+        state.a_redis_call_fails(ahead=12, kind='delay')
+        state.schedule_change_seen_by_all()
+        state.time_passes(seconds=12.0)
+        state.pause(node='c')
+        state.trigger(entry='s3')
+        state.step_down()
+        state.schedule_change_seen_by_all()
+        state.crash(node='a')
+        state.crash(node='a')
+        state.redis_restarts_empty()
+        state.time_passes(seconds=3.0)
+        state.trigger(entry='s1')
+        state.backfill(ahead=8.0, back=6.0, entry='s3')
+        state.pause(node='a')
+        state.redis_restarts_empty()
+        state.a_redis_call_fails(ahead=21, kind='delay')
+        state.start(node='b')
+        state.crash(node='a')
+        state.trigger(entry='s1')
+        state.schedule_change_seen_by_one_node(node='b')
+        state.schedule_change_seen_by_all()
+        state.pause(node='a')
+        state.resume(node='a')
+    except BaseException:
+        state.world.close()
+        raise
+    state.teardown()

@@ -49,8 +49,8 @@ def cli(world: World) -> Cluster:
 
 
 #: a leader's claim of a chunk in a batch, and its record of the batch's last chunk
-BATCH_CLAIM = "EVALSHA[lead] ledger.Ledger._lead<ledger.Ledger.claim<batch.LeaderGate.claim"
-BATCH_RECORD = "EVALSHA[record] ledger.Ledger._call<ledger.Ledger.record<batch.LeaderGate.record"
+BATCH_CLAIM = "EVALSHA[lead] ledger.claim<chunk.lead"
+BATCH_RECORD = "EVALSHA[record] ledger.record<chunk.lead_record"
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +119,7 @@ def test_a_backfill_reaching_into_the_future_does_not_send_a_slot_twice(empty_re
 
 
 #: a standby's rescue claim
-RESCUE_CLAIM = "EVALSHA[rescue] ledger.Ledger._call<ledger.Ledger.rescue<batch.RescueGate.claim"
+RESCUE_CLAIM = "EVALSHA[rescue] ledger.rescue<chunk.rescue"
 
 
 def test_a_rescue_claim_whose_reply_is_lost_leaves_no_slot_unrecorded(
@@ -191,7 +191,7 @@ def test_a_redis_error_on_a_standby_while_the_leader_is_paused_loses_no_slot_unr
         world.run(12.0)
         assert world.sim.leader() == "a"
         world.sim.nodes["a"].paused = True  # SIGSTOP: its lease runs out in 10 s
-        world.sim.seam.aim("EVALSHA[acquire] lease.Lease.try_acquire", BEFORE)  # c's next try
+        world.sim.seam.aim("EVALSHA[acquire] lease.acquire", BEFORE)  # c's next try
         world.run(12.0)
         world.sim.crash("a")
         world.run(1.0)
@@ -348,7 +348,7 @@ def test_a_standby_does_not_rescue_under_the_previous_leaders_definition(empty_r
     place, and the fingerprint was cached per object."""
     caplog.set_level(logging.ERROR)
     # c's first claim as leader answers late
-    assert rolling_deploy_with_c_stalled_at(empty_redis, "LeaderGate.claim") == []
+    assert rolling_deploy_with_c_stalled_at(empty_redis, "ledger.claim<chunk.lead") == []
 
 
 def test_no_rescue_before_the_newest_leader_marked_the_definitions_as_its_own(
@@ -358,7 +358,7 @@ def test_no_rescue_before_the_newest_leader_marked_the_definitions_as_its_own(
     standby rescues until the newest leader has marked the definitions with its epoch."""
     caplog.set_level(logging.ERROR)
     # c's read at its election answers late
-    assert rolling_deploy_with_c_stalled_at(empty_redis, "ledger.Ledger.load_with_definitions") == []
+    assert rolling_deploy_with_c_stalled_at(empty_redis, "ledger.load_with_definitions") == []
 
 
 def test_a_backfill_queued_while_the_leader_is_stopped_skips_slots_rescued_meanwhile(

@@ -1,4 +1,7 @@
-"""The fault sweep: the scenario replayed with one fault at one Redis call, call by call.
+"""The fault sweep: the scenario replayed with one fault at one store call, call by call.
+
+It runs on Redis (a fault at each Redis command, pipeline and subscription read) and
+on the in-memory store (a fault at each call of a store member, at its boundary).
 
 A clean run counts the scenario's calls and labels each by call site (see
 :mod:`tests.faults.seam`). Each replay then injects one fault kind at one call
@@ -29,6 +32,7 @@ import pytest
 from tests.support.redis_server import RedisServer
 
 from . import scenario
+from .memory_sim import MemorySim
 from .seam import AFTER, BEFORE, KINDS, Seam
 from .sim import Sim
 
@@ -43,15 +47,29 @@ def sweep_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServe
         yield server
 
 
-def replay(server: RedisServer, monkeypatch: pytest.MonkeyPatch,
+@pytest.fixture(params=["redis", "memory"])
+def store(request: pytest.FixtureRequest) -> RedisServer | None:
+    """The store the scenario runs on: the module's Redis, or the in-memory store (None)."""
+    if request.param == "memory":
+        return None
+    server: RedisServer = request.getfixturevalue("sweep_redis")
+    return server
+
+
+def replay(server: RedisServer | None, monkeypatch: pytest.MonkeyPatch,
            plan: dict[int, str]) -> tuple[Sim, list[str]]:
-    """One run of the scenario on an empty Redis with ``plan`` (index -> kind)."""
-    admin = server.client()
-    admin.flushall()
-    admin.script_flush()  # a replay loads the scripts again, as the first run did
-    admin.close()
+    """One run of the scenario on an empty store with ``plan`` (index -> kind): on
+    ``server``, or on a new in-memory store when it is None."""
+    seam = Seam(plan=dict(plan))
+    if server is None:
+        sim: Sim = MemorySim.on("sweep", scenario.schedule(), seam=seam)
+    else:
+        admin = server.client()
+        admin.flushall()
+        admin.script_flush()  # a replay loads the scripts again, as the first run did
+        admin.close()
+        sim = Sim(server.url, "sweep", scenario.schedule(), seam=seam)
     with monkeypatch.context() as patch:
-        sim = Sim(server.url, "sweep", scenario.schedule(), seam=Seam(plan=dict(plan)))
         sim.install(patch)
         try:
             scenario.play(sim)
@@ -72,17 +90,17 @@ def sample(calls: list[str], rng: random.Random) -> list[tuple[int, str]]:
     chosen = set()
     for turn, (label, indices) in enumerate(sorted(where.items())):
         chosen.add((rng.choice(indices), KINDS[turn % len(KINDS)]))
-        if label.startswith("EVALSHA"):
+        if label.startswith(("EVALSHA", "CALL ")):  # one atomic step of the store
             chosen |= {(rng.choice(indices), BEFORE), (rng.choice(indices), AFTER)}
     return sorted(chosen)
 
 
 def test_the_scenario_without_faults_keeps_every_invariant_and_replays_the_same_calls(
-        sweep_redis, monkeypatch):
-    first, problems = replay(sweep_redis, monkeypatch, {})
+        store, monkeypatch):
+    first, problems = replay(store, monkeypatch, {})
     assert problems == []
     labels = [call.label for call in first.seam.calls]
-    second, _ = replay(sweep_redis, monkeypatch, {})
+    second, _ = replay(store, monkeypatch, {})
     assert [call.label for call in second.seam.calls] == labels, "the replay is not deterministic"
     # the scenario holds what the sweep is meant to cover
     assert len(first.published) >= 8 * scenario.ENTRIES
@@ -91,15 +109,15 @@ def test_the_scenario_without_faults_keeps_every_invariant_and_replays_the_same_
 
 
 @pytest.mark.xdist_group("heavy")  # CPU-heavy: never beside another heavy test
-def test_one_fault_at_any_redis_call_keeps_every_invariant(sweep_redis, monkeypatch, caplog):
+def test_one_fault_at_any_store_call_keeps_every_invariant(store, monkeypatch, caplog):
     caplog.set_level(logging.CRITICAL)  # thousands of expected warnings: not worth keeping
-    clean, problems = replay(sweep_redis, monkeypatch, {})
+    clean, problems = replay(store, monkeypatch, {})
     assert problems == []
     calls = [call.label for call in clean.seam.calls]
     runs = sample(calls, random.Random(SEED))
     failures: list[str] = []
     for index, kind in runs:
-        sim, problems = replay(sweep_redis, monkeypatch, {index: kind})
+        sim, problems = replay(store, monkeypatch, {index: kind})
         hit = sim.seam.injected()
         where = hit[0].label if hit else f"(index {index} not reached)"
         failures += [f"{kind} at #{index} {where}: {line}" for line in problems[:3]]

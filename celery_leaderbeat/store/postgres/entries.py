@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ...errors import EntryExists, EntryNotFound
-from ..entry_store import Changes, Saved, Stored
+from ..records import Changes, Saved, Stored
 from . import entries_sql
 from .events import PostgresEvents
 from .place import Place

@@ -11,11 +11,9 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, cast
 
 from ...config import Config
 from ...errors import LeaseLostError
-from ..lease import Heartbeat
 from . import lease_sql
 from .place import Place, channel, holder_id
 
@@ -43,7 +41,6 @@ class PostgresLease:
         self.on_generation: Callable[[int], None] = lambda generation: None
         self._valid_until = 0.0
         self._lost = threading.Event()
-        self._heartbeat: Heartbeat | None = None
 
     @property
     def ttl_ms(self) -> int:
@@ -149,26 +146,6 @@ class PostgresLease:
         self._measured(started, now_ms)
         assert self.clock_skew is not None
         return self.clock_skew
-
-    def start_heartbeat(self, wake_by: Callable[[], float]) -> Heartbeat:
-        """Renew in the background while the main loop keeps its word (the Redis lease's
-        thread: it holds a weak reference and calls :meth:`renew`)."""
-        self.stop_heartbeat()
-        self._heartbeat = Heartbeat(cast(Any, self), wake_by)
-        self._heartbeat.start()
-        return self._heartbeat
-
-    def heartbeat_stopped(self) -> str | None:
-        """Why the heartbeat thread ended, if it did."""
-        beat = self._heartbeat
-        if beat is None or beat.is_alive():
-            return None
-        return beat.stopped_because or "ended"
-
-    def stop_heartbeat(self) -> None:
-        if self._heartbeat is not None:
-            self._heartbeat.stop()
-            self._heartbeat = None
 
     def mark_lost(self) -> None:
         self._lost.set()
