@@ -57,8 +57,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
-from .connection import ERRORS, REFUSED, UNREACHABLE
 from .entry_store import Changes, Saved, Stored
+from .failures import ERRORS, REFUSED, UNREACHABLE
 from .lease import Heartbeat
 from .types import Claimed, ClaimItem, ClaimResult, Event, SlotState
 

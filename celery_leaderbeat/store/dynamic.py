@@ -36,7 +36,7 @@ from ..timing.schedules import cron
 from ..timing.slots import clock_for, from_ms, to_ms
 from .base import EntryDefinitions
 from .entry_store import Stored
-from .redis_store import connect
+from .open import open_store
 
 
 class once(BaseSchedule):
@@ -280,6 +280,6 @@ def _store(app: Any) -> EntryDefinitions:
     """One store per app and process (a forked child opens its own)."""
     made = _stores.get(app)
     if made is None or made[0] != os.getpid():
-        made = (os.getpid(), connect(Config.from_app(app)).entries)
+        made = (os.getpid(), open_store(Config.from_app(app)).entries)
         _stores[app] = made
     return made[1]

@@ -19,10 +19,9 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-import redis
-
 from ..config import Config
 from ..errors import LeaseLostError
+from .failures import ERRORS
 from .keys import Keys
 from .scripts import Scripts, status, text
 
@@ -287,11 +286,11 @@ class Heartbeat(threading.Thread):
                     logger.warning("leaderbeat: %s", exc)
                     self.stopped_because = "lost"
                     return
-                except redis.RedisError as exc:
+                except ERRORS as exc:
                     lease.on_renew(None)
                     if not failing:
                         logger.warning("leaderbeat: lease renewal failed (%s); the leader stops "
-                                       "sending in %.1f s unless Redis answers",
+                                       "sending in %.1f s unless the store answers",
                                        exc, lease.remaining())
                     failing = True
                     continue
