@@ -437,7 +437,8 @@ def _store_urls(v: _Validator, raw: Mapping[str, Any]) -> tuple[Any, Any]:
                 v.check("redis_url", given, _is_redis_url, "must be a redis://, rediss://, "
                         "unix://, sentinel:// or redis+cluster:// URL")
             return given or "", store_url
-    url = v.check("redis_url", raw.get("redis_url"), _is_redis_url,
+    given = raw.get("redis_url") or store_url
+    url = v.check("redis_url", given, _is_redis_url,
                   "must be a redis://, rediss://, unix://, sentinel:// or redis+cluster:// "
                   "URL (none given, and the broker is not Redis); or set "
                   "leaderbeat_store_url to a postgresql:// URL to keep leaderbeat on PostgreSQL")

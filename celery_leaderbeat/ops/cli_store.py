@@ -22,17 +22,16 @@ def init_store(ctx: click.Context, as_json: bool) -> None:
         emit(as_json, {"store": "redis", "applied": [], "version": None},
              ["nothing to do: a Redis store has no schema"])
         return
-    from ..store.postgres.pool import connection
+    from ..store.postgres.pool import connection, make_pool
     from ..store.postgres.schema import DEFAULT_SCHEMA, ensure_schema, schema_version
-    from ..store.postgres.store import open_store
 
-    store = open_store(postgres_conninfo(config), config, create=False, listen=False)
+    pool = make_pool(postgres_conninfo(config), timeout=config.socket_timeout, max_size=1)
     try:
-        with connection(store.place.pool) as conn:
+        with connection(pool) as conn:
             applied = ensure_schema(conn, DEFAULT_SCHEMA)
             version = schema_version(conn, DEFAULT_SCHEMA)
     finally:
-        store.close()
+        pool.close()
     said = (f"schema {DEFAULT_SCHEMA!r}: applied migration(s) "
             f"{', '.join(map(str, applied))}; now at version {version}" if applied else
             f"schema {DEFAULT_SCHEMA!r} is current (version {version}): nothing to do")
