@@ -48,40 +48,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     interrupts.install()
     started = time.monotonic()
     result: dict[str, Any] = {}
-    code = 1
-    view = make_view(screen, stream=out, live=True)
-    demo: Demo | None = None
+    demo: list[Demo] = []  # the one Demo, once made: its directory is cleaned up after
     try:
-        with view:
-            demo = Demo(QUICK if args.quick else FULL, interrupts, view, screen)
-            try:
-                result = demo.run()
-                ran = all(f["first_send_by_another_beat_after_s"] is not None
-                          for f in result["failovers"]) and len(result["failovers"]) == 2
-                result["scenario_ran"] = ran
-                code = 0 if ran and result["duplicates"] == 0 else 1
-            finally:
-                screen.phase = "stopping every process"
-                left = demo.close()
-                result["pids"] = [p.pid for p in demo.procs]
-                result["left_running"] = left
-    except Interrupted as exc:
-        result["interrupted"] = exc.args[0]
-        code = 128 + exc.signum
-    except DemoError as exc:
-        result["error"] = str(exc)
-        code = 2
-    except Exception as exc:  # noqa: BLE001 - shown with its traceback once all is stopped
-        traceback.print_exc()
-        result["error"] = f"{type(exc).__name__}: {exc}"
-        code = 1
+        code = _run(args, screen, interrupts, out, result, demo)
     finally:
-        if demo is not None:
-            result["temp_dir"] = str(demo.dir)
+        if demo:
+            result["temp_dir"] = str(demo[0].dir)
             if args.keep:
-                result["kept"] = str(demo.dir)
+                result["kept"] = str(demo[0].dir)
             else:
-                shutil.rmtree(demo.dir, ignore_errors=True)
+                shutil.rmtree(demo[0].dir, ignore_errors=True)
         interrupts.restore()
     result["wall_time_s"] = round(time.monotonic() - started, 1)
     if args.json:
@@ -91,6 +67,37 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "error" in result:
         print(f"demo: {result['error']}", file=sys.stderr)
     return code
+
+
+def _run(args: argparse.Namespace, screen: Screen, interrupts: Interrupts, out: Any,
+         result: dict[str, Any], made: list[Demo]) -> int:
+    """Run the scenario into ``result``; the exit code. Every process is stopped before
+    this returns, whatever happened."""
+    view = make_view(screen, stream=out, live=True)
+    try:
+        with view:
+            demo = Demo(QUICK if args.quick else FULL, interrupts, view, screen)
+            made.append(demo)
+            try:
+                result.update(demo.run())
+                ran = all(f["first_send_by_another_beat_after_s"] is not None
+                          for f in result["failovers"]) and len(result["failovers"]) == 2
+                result["scenario_ran"] = ran
+                return 0 if ran and result["duplicates"] == 0 else 1
+            finally:
+                screen.phase = "stopping every process"
+                result["left_running"] = demo.close()
+                result["pids"] = [p.pid for p in demo.procs]
+    except Interrupted as exc:
+        result["interrupted"] = exc.args[0]
+        return 128 + exc.signum
+    except DemoError as exc:
+        result["error"] = str(exc)
+        return 2
+    except Exception as exc:  # noqa: BLE001 - shown with its traceback once all is stopped
+        traceback.print_exc()
+        result["error"] = f"{type(exc).__name__}: {exc}"
+        return 1
 
 
 if __name__ == "__main__":

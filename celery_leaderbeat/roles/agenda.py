@@ -155,57 +155,59 @@ def load(schedule: Mapping[str, Any], stored: Mapping[str, SlotState], *, start:
     phase: only the leader's fingerprint is written.
     """
     tz, options, default = reading.tz, reading.options, reading.default
-    clock_of, fingerprint_of = reading.clock_of, reading.fingerprint_of
-    epoch, definitions, remembered = known.epoch, known.definitions, known.remembered
-    trust_memory, rolled_back, trusted_epoch = (known.trust_memory, known.rolled_back,
-                                                known.trusted_epoch)
-    anchored, runtime = known.anchored, known.runtime
     tracked: dict[str, Tracked] = {}
     anchors: list[ClaimItem] = []
     unsent: list[Unsent] = []
     for name, entry in schedule.items():
         opts = options.get(name) or default
         try:
-            clock = clock_of(name, entry.schedule, opts.tz or tz, opts.jitter)
-            fp = fingerprint_of(name, entry, opts.tz or tz, opts.jitter)
+            clock = reading.clock_of(name, entry.schedule, opts.tz or tz, opts.jitter)
+            fp = reading.fingerprint_of(name, entry, opts.tz or tz, opts.jitter)
         except Exception as exc:  # noqa: BLE001 - an entry added at runtime: the others go on
             logger.error("leaderbeat: entry %r is left out: its schedule cannot be followed (%s)",
                          name, exc)
             continue
+        anchor, last = _start_of(name, stored.get(name), fp, start, known)
+        if anchor is not None:
+            anchors.append(anchor)
         state = stored.get(name)
-        sent_ms = remembered(name)
-        stored_fp = (definitions or {}).get(name)
-        if sent_ms is not None and (state is None or state.slot_ms < sent_ms) and trust_memory:
-            anchors.append(ClaimItem(name, sent_ms, Op.RESTORE, fingerprint=fp))
-            last = from_ms(sent_ms)
-        elif state is not None and ((rolled_back and (trusted_epoch is None
-                                                      or state.epoch != trusted_epoch))
-                                    or (sent_ms is not None and state.slot_ms < sent_ms)):
-            # rolled back (an older snapshot, a lagging replica): unknown, as if empty
-            at = max(to_ms(start), state.slot_ms, sent_ms or 0)
-            anchors.append(ClaimItem(name, at, Op.ROLLED_BACK, fingerprint=fp))
-            last = from_ms(at)
-        elif state is None:
-            anchors.append(ClaimItem(name, to_ms(start), Op.ANCHOR, fingerprint=fp))
-            last = start
-        elif name in anchored:
-            anchors.append(ClaimItem(name, state.slot_ms, Op.REANCHOR, fingerprint=fp))
-            last = from_ms(state.slot_ms)
-        elif name in runtime and definitions is not None and stored_fp and fp \
-                and stored_fp != fp:
-            anchors.append(ClaimItem(name, 0, Op.DEFINE, fingerprint=fp))
-            last = from_ms(state.slot_ms)
-        elif definitions is not None and stored_fp and fp and stored_fp != fp:
-            anchors.append(ClaimItem(name, to_ms(start), Op.REANCHOR, fingerprint=fp))
-            last = max(start, from_ms(state.slot_ms))
-        else:
-            last = from_ms(state.slot_ms)
-            if state.state in (SlotStatus.CLAIMED, SlotStatus.UNSENT) and state.epoch != epoch:
-                unsent.append(Unsent(name, last, state.state == SlotStatus.CLAIMED,
-                                     state.claimed_ms))
+        if (anchor is None and state is not None
+                and state.state in (SlotStatus.CLAIMED, SlotStatus.UNSENT)
+                and state.epoch != known.epoch):
+            unsent.append(Unsent(name, last, state.state == SlotStatus.CLAIMED,
+                                 state.claimed_ms))
         tracked[name] = Tracked(name, clock, opts, last, fp)
+    runtime = known.runtime
     return Loaded(tracked, anchors, unsent, frozenset(n for n in tracked if n in runtime)
                   if len(tracked) < len(runtime) else frozenset(n for n in runtime if n in tracked))
+
+
+def _start_of(name: str, state: SlotState | None, fp: str, start: datetime,
+              known: Known) -> tuple[ClaimItem | None, datetime]:
+    """Where one entry starts (see :func:`load`): the anchor to claim, if any, and the
+    last slot it counts as settled."""
+    sent_ms = known.remembered(name)
+    definitions = known.definitions
+    stored_fp = (definitions or {}).get(name)
+    if sent_ms is not None and (state is None or state.slot_ms < sent_ms) and known.trust_memory:
+        return ClaimItem(name, sent_ms, Op.RESTORE, fingerprint=fp), from_ms(sent_ms)
+    if state is not None and ((known.rolled_back and (known.trusted_epoch is None
+                                                      or state.epoch != known.trusted_epoch))
+                              or (sent_ms is not None and state.slot_ms < sent_ms)):
+        # rolled back (an older snapshot, a lagging replica): unknown, as if empty
+        at = max(to_ms(start), state.slot_ms, sent_ms or 0)
+        return ClaimItem(name, at, Op.ROLLED_BACK, fingerprint=fp), from_ms(at)
+    if state is None:
+        return ClaimItem(name, to_ms(start), Op.ANCHOR, fingerprint=fp), start
+    if name in known.anchored:
+        return ClaimItem(name, state.slot_ms, Op.REANCHOR, fingerprint=fp), from_ms(state.slot_ms)
+    changed = definitions is not None and bool(stored_fp) and bool(fp) and stored_fp != fp
+    if changed and name in known.runtime:
+        return ClaimItem(name, 0, Op.DEFINE, fingerprint=fp), from_ms(state.slot_ms)
+    if changed:
+        return (ClaimItem(name, to_ms(start), Op.REANCHOR, fingerprint=fp),
+                max(start, from_ms(state.slot_ms)))
+    return None, from_ms(state.slot_ms)
 
 
 #: slots listed one by one in :func:`margin_slots` (older ones are counted, not listed)

@@ -12,14 +12,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Collection
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from ..errors import LeaseLostError, NotReplicatedError
 from ..store.base import STORE_ERRORS, STORE_UNREACHABLE
 from ..store.ledger import REMOVED
 from ..store.types import Code, Event, Op, SlotStatus
-from ..timing.slots import from_ms, to_ms
+from ..timing.slots import from_ms, plan, to_ms
 from .agenda import (
     Agenda,
     Loaded,
@@ -93,6 +93,9 @@ class Leader:
         self._unaware: dict[str, tuple[Any, int]] = {}
         self._lost_reports_at = 0.0  # monotonic: when to look for reports of a loss again
         self._lost_reports_until = 0.0  # monotonic: when to stop looking
+        #: a fresh process elected over state it never saw: its catch-up waits until then
+        self._catchup_held: tuple[datetime, datetime] | None = None  # (elected, until)
+        self._held: set[str] = set()  # entries whose catch-up waits for the hold's end
 
     @property
     def tracked(self) -> dict[str, Tracked]:
@@ -100,7 +103,54 @@ class Leader:
 
     def elected(self, version: int) -> None:
         """Load the state in Redis; report what an earlier leader claimed and never sent."""
+        self._hold_catchup_if_fresh()
         self.reload(version, report=True)
+
+    def _hold_catchup_if_fresh(self) -> None:
+        """A process that began following the store less than a loss grace ago, elected
+        over state it holds, cannot tell that state from an older snapshot restored between
+        two calls of a leader that is still alive: the slots that leader sent after the
+        snapshot are due before this election, and it reports the loss within the grace.
+        So this leader claims no slot due before its election until a loss grace after
+        its start (see :meth:`_held_back`); an entry with nothing to catch up sends as
+        usual. A cluster's first start (a store never written) holds nothing back."""
+        grace = loss_grace(self.shared.config)
+        left = self.shared.started + grace - time.monotonic()
+        if left > 0 and self.shared.ledger.generation > 0:
+            now = utcnow()
+            self._catchup_held = (now, now + timedelta(seconds=left))
+            logger.info("leaderbeat: %s started %.1f s ago, over state it never saw: slots "
+                        "due before its election wait %.1f s, until any loss is reported",
+                        self.shared.config.node_id, grace - left, left)
+
+    def _held_back(self, part: list[Any], now: datetime) -> list[Any]:
+        """The due entries of ``part`` that may be claimed now.
+
+        While the catch-up is held (see :meth:`_hold_catchup_if_fresh`), an entry whose
+        plan sends a slot due before the election waits, its later slots with it (claims
+        go oldest first), until the hold ends; then it is planned as it would have been
+        at the election (the same slots caught up, the window judged from then), and its
+        later slots follow at the next tick.
+        """
+        if self._catchup_held is None:
+            return part
+        elected, until = self._catchup_held
+        ready = []
+        for tracked, plan_ in part:
+            if now >= until and tracked.name in self._held:
+                self._held.discard(tracked.name)
+                plan_ = plan(tracked.clock, last=tracked.last, now=elected, since=self.since,
+                             policy=tracked.options.policy)
+            elif now < until and (tracked.name in self._held or any(
+                    tracked.clock.fire_time(slot) < elected for slot in plan_.send)):
+                self._held.add(tracked.name)
+                tracked.next_fire = until
+                self.agenda.push(tracked)
+                continue
+            ready.append((tracked, plan_))
+        if now >= until and not self._held:
+            self._catchup_held = None
+        return ready
 
     def reload(self, version: int, *, report: bool = False) -> None:
         """Rebuild what the leader tracks from the schedule and the state in Redis."""
@@ -304,7 +354,8 @@ class Leader:
             # The first chunk's entries are planned and claimed before the rest of a
             # burst is planned: its first message leaves milliseconds after the slot.
             limit: int | None = CHUNK
-            while batch := self.agenda.pop_due(now, self.since, limit=limit):
+            while popped := self.agenda.pop_due(now, self.since, limit=limit):
+                batch = self._held_back(popped, now)
                 due += batch
                 say_capped_once(batch, self._capped)
                 outcome = run_batch(batch, self.gate, shared.chunk_send(shared.lease.epoch or 0),
@@ -313,7 +364,7 @@ class Leader:
                 shared.celery.observe(outcome.events)
                 self._say_paused(outcome.events)
                 sent += outcome.sent
-                if limit is None or len(batch) < limit:
+                if limit is None or len(popped) < limit:
                     break
                 limit = None
             if sent:

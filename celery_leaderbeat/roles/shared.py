@@ -41,6 +41,9 @@ class Shared:
     clocks: dict[str, tuple[Any, Any, Any, SlotClock]] = field(default_factory=dict)
     #: what this process published (it never publishes a slot twice, whatever Redis says)
     sent: SentMemory = field(default_factory=SentMemory)
+    #: monotonic: when this process began following the store (it had seen no generation);
+    #: ``time`` is looked up at each call, so a test's clock replaces it
+    started: float = field(default_factory=lambda: time.monotonic())
     #: history events whose record call failed: they ride on the next call
     backlog: list[Event] = field(default_factory=list)
     _fingerprints: dict[str, tuple[tuple[Any, ...], Any, Any, str]] = field(default_factory=dict)
