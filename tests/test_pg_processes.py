@@ -23,7 +23,8 @@ from tests.support.pg_cluster import Cluster as PgCluster
 from tests.support.pg_cluster import pg_cluster
 from tests.support.rabbitmq import require_rabbitmq
 
-pytestmark = pytest.mark.slow
+# each test runs three beats and a PostgreSQL cluster of its own: never beside another heavy test
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("heavy")]
 
 DEFAULTS = Config.from_values({"store_url": "postgresql://x", "key_prefix": "p", "node_id": "n"})
 TTL, RESCUE_AFTER = DEFAULTS.lease_ttl, DEFAULTS.rescue_after

@@ -87,7 +87,9 @@ def test_open_store_opens_postgresql_and_creates_the_schema(pg_url):
         assert type(store).__name__ == "PostgresStore"
         assert store.client is None, "no claim-and-enqueue in one step on PostgreSQL"
         store.ping()
-        assert store.lease.acquire() is not None
+        assert store.lease.try_acquire()
+        assert store.lease.holder()[0] is not None
+        store.lease.release()
     finally:
         store.close()
 
