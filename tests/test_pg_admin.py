@@ -8,17 +8,16 @@ from collections.abc import Iterator
 
 import pytest
 
-from celery_leaderbeat.config import Config
-from celery_leaderbeat.store.ledger import ClaimItem, Op
 from celery_leaderbeat.store.postgres.store import PostgresStore, open_store
-from tests.support.postgres import HOST, PORT, USER, postgres_database
+from celery_leaderbeat.store.types import ClaimItem, Op
+from tests.support.postgres import HOST, PORT, USER, pg_config, postgres_database
 
 
 @pytest.fixture
 def store() -> Iterator[PostgresStore]:
     with postgres_database("lbpgadm") as name:
         made = open_store(f"host={HOST} port={PORT} user={USER} dbname={name}",
-                          Config(redis_url="", key_prefix="app", node_id="n1"))
+                          pg_config(key_prefix="app", node_id="n1"))
         yield made
         made.close()
 

@@ -9,20 +9,19 @@ from typing import Any
 
 import pytest
 
-from celery_leaderbeat.config import Config
 from celery_leaderbeat.errors import EntryExists, EntryNotFound
 from celery_leaderbeat.store.entry_store import Saved
-from celery_leaderbeat.store.ledger import SlotState
 from celery_leaderbeat.store.postgres import entries_sql
 from celery_leaderbeat.store.postgres.store import PostgresStore, open_store
-from tests.support.postgres import HOST, PORT, USER, postgres_database
+from celery_leaderbeat.store.types import SlotState
+from tests.support.postgres import HOST, PORT, USER, pg_config, postgres_database
 
 
 @pytest.fixture
 def store() -> Iterator[PostgresStore]:
     with postgres_database("lbpgent") as name:
         made = open_store(f"host={HOST} port={PORT} user={USER} dbname={name}",
-                          Config(redis_url="", key_prefix="app", node_id="n1"))
+                          pg_config(key_prefix="app", node_id="n1"))
         yield made
         made.close()
 

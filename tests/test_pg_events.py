@@ -9,7 +9,6 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from celery_leaderbeat.config import Config
 from celery_leaderbeat.store.postgres.events import PostgresEvents
 from celery_leaderbeat.store.postgres.place import Place
 from celery_leaderbeat.store.postgres.requests import PostgresRequests
@@ -22,7 +21,7 @@ from celery_leaderbeat.store.postgres.schema import (
 )
 from celery_leaderbeat.store.postgres.store import open_store
 from tests.support.pg_cluster import pg_cluster
-from tests.support.postgres import HOST, PORT, USER, postgres_database
+from tests.support.postgres import HOST, PORT, USER, pg_config, postgres_database
 
 
 @pytest.fixture
@@ -33,7 +32,7 @@ def conninfo() -> Iterator[str]:
 
 @pytest.fixture
 def place(conninfo: str) -> Iterator[Place]:
-    store = open_store(conninfo, Config(redis_url="", key_prefix="app", node_id="n1"))
+    store = open_store(conninfo, pg_config(key_prefix="app", node_id="n1"))
     lease = store.lease
     yield lease.place
     lease.place.pool.close()
@@ -52,7 +51,7 @@ def test_a_schema_at_an_older_version_is_migrated_to_the_latest(conninfo: str) -
 
 
 def test_a_released_lease_wakes_a_subscriber(conninfo: str) -> None:
-    config = Config(redis_url="", key_prefix="app", node_id="n1")
+    config = pg_config(key_prefix="app", node_id="n1")
     store = open_store(conninfo, config)
     lease = store.lease
     try:
@@ -83,7 +82,7 @@ def test_without_listen_a_subscription_waits_and_answers_none(place: Place) -> N
 
 def test_a_subscription_listens_again_after_the_server_restarted() -> None:
     with pg_cluster() as cluster:
-        config = Config(redis_url="", key_prefix="app", node_id="n1")
+        config = pg_config(key_prefix="app", node_id="n1")
         store = open_store(cluster.conninfo, config)
         lease = store.lease
         try:

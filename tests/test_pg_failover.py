@@ -9,12 +9,12 @@ import time
 import psycopg
 import pytest
 
-from celery_leaderbeat.config import Config
 from celery_leaderbeat.errors import RolledBackError
-from celery_leaderbeat.store.ledger import ClaimItem, Op, SlotState
 from celery_leaderbeat.store.postgres import lease_sql
 from celery_leaderbeat.store.postgres.store import open_store
+from celery_leaderbeat.store.types import ClaimItem, Code, Op, SlotState
 from tests.support.pg_cluster import Cluster, pg_cluster
+from tests.support.postgres import pg_config
 from tests.support.proxy import TcpProxy
 
 
@@ -49,7 +49,7 @@ def test_a_promoted_async_replica_that_lacks_claims_is_refused_until_the_leader_
     with pg_cluster() as primary, pg_cluster(standby_of=primary) as replica:
         proxy = TcpProxy("127.0.0.1", primary.port)  # the address the nodes know (a VIP)
         conninfo = f"host=127.0.0.1 port={proxy.port} user=postgres dbname=postgres"
-        config = Config(redis_url="", key_prefix="app", node_id="n1", lease_ttl=30.0)
+        config = pg_config(key_prefix="app", node_id="n1", lease_ttl=30.0)
         store = open_store(conninfo, config)
         lease, ledger = store.lease, store.ledger
         try:
@@ -57,10 +57,10 @@ def test_a_promoted_async_replica_that_lacks_claims_is_refused_until_the_leader_
             assert any("fsync=off" in w for w in store.warnings())  # the tests' own clusters
             assert lease.try_acquire()
             token, epoch = lease.credentials()
-            assert ledger.claim(token, epoch, [ClaimItem("e", 1000, Op.CLAIM, 1000)]) == [None]
+            assert ledger.claim(token, epoch, [ClaimItem("e", 1000, Op.CLAIM, 1000)]) == [Code.GRANTED]
             _caught_up(primary, replica)
             _cut_replication(replica)
-            assert ledger.claim(token, epoch, [ClaimItem("e", 2000, Op.CLAIM, 2000)]) == [None]
+            assert ledger.claim(token, epoch, [ClaimItem("e", 2000, Op.CLAIM, 2000)]) == [Code.GRANTED]
             with psycopg.connect(primary.conninfo) as conn:
                 before = lease_sql.server_identity(conn)
             primary.kill()
@@ -76,7 +76,7 @@ def test_a_promoted_async_replica_that_lacks_claims_is_refused_until_the_leader_
                 after = lease_sql.server_identity(conn)
             assert after[0] == before[0] and after[1] > before[1]  # the same data, a new timeline
             ledger.reset_generation()
-            assert ledger.claim(token, epoch, [ClaimItem("e", 3000, Op.CLAIM, 3000)]) == [None]
+            assert ledger.claim(token, epoch, [ClaimItem("e", 3000, Op.CLAIM, 3000)]) == [Code.GRANTED]
         finally:
             lease.place.pool.close()
             proxy.close()
@@ -97,7 +97,7 @@ def test_a_replica_promoted_under_synchronous_replication_has_every_claim() -> N
                 time.sleep(0.05)
         proxy = TcpProxy("127.0.0.1", primary.port)
         conninfo = f"host=127.0.0.1 port={proxy.port} user=postgres dbname=postgres"
-        config = Config(redis_url="", key_prefix="app", node_id="n1", lease_ttl=30.0)
+        config = pg_config(key_prefix="app", node_id="n1", lease_ttl=30.0)
         store = open_store(conninfo, config)
         lease, ledger = store.lease, store.ledger
         try:
@@ -105,7 +105,7 @@ def test_a_replica_promoted_under_synchronous_replication_has_every_claim() -> N
             assert lease.try_acquire()
             token, epoch = lease.credentials()
             for slot in range(1000, 21000, 1000):
-                assert ledger.claim(token, epoch, [ClaimItem("e", slot, Op.CLAIM, slot)]) == [None]
+                assert ledger.claim(token, epoch, [ClaimItem("e", slot, Op.CLAIM, slot)]) == [Code.GRANTED]
             primary.kill()
             replica.promote()
             proxy.target = ("127.0.0.1", replica.port)
@@ -118,7 +118,7 @@ def test_a_replica_promoted_under_synchronous_replication_has_every_claim() -> N
                     break
                 except psycopg.OperationalError:
                     continue
-            assert answers == [None]  # its own claim asked again: nothing lost, no loss seen
+            assert answers == [Code.GRANTED]  # its own claim asked again: nothing lost, no loss seen
             assert ledger.load()["e"] == SlotState(20000, 1, "c") and not ledger.loss_seen
         finally:
             lease.place.pool.close()

@@ -34,7 +34,7 @@ from celery_leaderbeat.store.postgres.store import PostgresStore, open_store
 from celery_leaderbeat.store.redis_store import connect
 from tests import test_store_contract as contract
 from tests.support.pg_cluster import pgbouncer
-from tests.support.postgres import HOST, PORT, USER, postgres_database
+from tests.support.postgres import HOST, PORT, USER, pg_config, postgres_database
 from tests.support.redis_server import RedisServer
 
 SCHEMA = "leaderbeat"
@@ -53,7 +53,7 @@ def make_store(conninfo: str) -> Iterator[Callable[..., PostgresStore]]:
     made: list[PostgresStore] = []
 
     def make(worker: str = "w1", app: str = "app") -> PostgresStore:
-        config = Config(redis_url="", key_prefix=app, node_id=worker, lease_ttl=60.0)
+        config = pg_config(key_prefix=app, node_id=worker, lease_ttl=60.0)
         store = open_store(conninfo, config, listen=False)
         made.append(store)
         return store
@@ -424,7 +424,7 @@ def test_the_guard_works_behind_a_transaction_pooler(conninfo: str) -> None:
     name = conninfo.rpartition("dbname=")[2]
     with pgbouncer(PORT, HOST) as port:
         bounced = f"host=127.0.0.1 port={port} user={USER} dbname={name}"
-        stores = [open_store(bounced, Config(redis_url="", key_prefix="app", node_id=w),
+        stores = [open_store(bounced, pg_config(key_prefix="app", node_id=w),
                              listen=False) for w in ("w1", "w2")]
         try:
             guards = [store.guard for store in stores]
@@ -674,7 +674,7 @@ class Side:
 def pg_pool() -> Iterator[PostgresStore]:
     with postgres_database("lbpgguardsame") as name:
         conninfo = f"host={HOST} port={PORT} user={USER} dbname={name}"
-        store = open_store(conninfo, Config(redis_url="", key_prefix="init", node_id="init"),
+        store = open_store(conninfo, pg_config(key_prefix="init", node_id="init"),
                            listen=False)
         yield store
         store.close()
@@ -732,7 +732,8 @@ def compare(shared_redis: RedisServer, pg_pool: PostgresStore, policy: str,
     """Run ``steps`` on a new app on each store; every answer and the end state alike."""
     conninfo = pg_pool.place.pool.conninfo
     app = f"guard{next(_apps)}-{secrets.token_hex(3)}"
-    config = Config(redis_url=shared_redis.url, key_prefix=app, node_id="w", lease_ttl=60.0)
+    config = Config.from_values({"redis_url": shared_redis.url, "key_prefix": app, "node_id": "w",
+                                 "lease_ttl": 60.0})
     redis_store = connect(config)
     client, keys = redis_store.client, Keys(app)
     place = Place(pg_pool.place.pool, SCHEMA, app)

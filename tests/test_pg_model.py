@@ -26,14 +26,14 @@ from hypothesis.stateful import (
 
 from celery_leaderbeat.config import Config
 from celery_leaderbeat.errors import LeaseLostError, RolledBackError
-from celery_leaderbeat.store.ledger import ClaimItem, Event, Op
 from celery_leaderbeat.store.postgres import lease_sql
 from celery_leaderbeat.store.postgres.lease import PostgresLease
 from celery_leaderbeat.store.postgres.ledger import PostgresLedger
 from celery_leaderbeat.store.postgres.pool import ERRORS
 from celery_leaderbeat.store.postgres.schema import qualified
 from celery_leaderbeat.store.postgres.store import PostgresStore, open_store
-from tests.support.postgres import HOST, PORT, USER, postgres_database
+from celery_leaderbeat.store.types import ClaimItem, Code, Event, Op
+from tests.support.postgres import HOST, PORT, USER, pg_config, postgres_database
 
 NODES = ("n0", "n1", "n2")
 ENTRIES = ("a", "b")
@@ -51,8 +51,7 @@ def stores() -> Iterator[list[PostgresStore]]:
 
 
 def _config(node: str, app: str) -> Config:
-    return Config(redis_url="", key_prefix=app, node_id=node, lease_ttl=30.0,
-                  rescue_after=2.0)
+    return pg_config(key_prefix=app, node_id=node, lease_ttl=30.0, rescue_after=2.0)
 
 
 class Fault:
@@ -134,7 +133,7 @@ class Nodes(RuleBasedStateMachine):
             return
         if answers is not None:
             self.sent[node] = []
-            if answers == [None]:
+            if answers == [Code.GRANTED]:
                 self._told(entry, slot, f"{NODES[node]}@{epoch}")
                 self.sent[node].append(Event(entry, slot, "sent"))
                 # granted only to the lease's holder, under its epoch, while it is valid
@@ -152,7 +151,7 @@ class Nodes(RuleBasedStateMachine):
             claimed = self._twice(lambda: self.ledgers[node].rescue([item]))
         except RolledBackError:
             return
-        if claimed is not None and claimed.results == [None]:
+        if claimed is not None and claimed.results == [Code.GRANTED]:
             self._told(entry, slot, f"{NODES[node]}@rescue")
             self.sent[node].append(Event(entry, slot, "sent"))
 

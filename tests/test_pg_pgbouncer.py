@@ -9,11 +9,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from celery_leaderbeat.config import Config
-from celery_leaderbeat.store.ledger import ClaimItem, Event, Op
 from celery_leaderbeat.store.postgres.store import PostgresStore, open_store
+from celery_leaderbeat.store.types import ClaimItem, Code, Event, Op
 from tests.support.pg_cluster import pgbouncer
-from tests.support.postgres import HOST, PORT, USER, postgres_database
+from tests.support.postgres import HOST, PORT, USER, pg_config, postgres_database
 
 
 @pytest.fixture
@@ -23,7 +22,7 @@ def bounced() -> Iterator[str]:
 
 
 def _store(conninfo: str, node: str) -> PostgresStore:
-    return open_store(conninfo, Config(redis_url="", key_prefix="app", node_id=node),
+    return open_store(conninfo, pg_config(key_prefix="app", node_id=node),
                       listen=False)
 
 
@@ -36,7 +35,7 @@ def test_the_lease_claims_and_requests_work_behind_a_transaction_pooler(bounced:
             slot = 1000 * (round_ + 1)
             items = [ClaimItem(f"e{i}", slot, Op.CLAIM, slot) for i in range(20)]
             sent = [Event(f"e{i}", slot - 1000, "sent") for i in range(20)] if round_ else []
-            assert leader.ledger.claim(token, epoch, items, sent) == [None] * 20
+            assert leader.ledger.claim(token, epoch, items, sent) == [Code.GRANTED] * 20
             leader.lease.renew()
         assert standby.ledger.rescue([ClaimItem("e0", 1000, Op.CLAIM, 1000, 0)]).results[0]
         standby.requests.push("r1")

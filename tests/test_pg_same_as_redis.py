@@ -1,7 +1,8 @@
 """The PostgreSQL store answers as the Redis store does (whose Lua scripts are the
 specification): the same steps, drawn by hypothesis, run against both (two leaders in
-turn and a standby: claims of every op, rescues, sends recorded, pauses, takeovers), and
-every answer and the state at the end are compared.
+turn and a standby: claims of every op, rescues, definitions marked, generation checks,
+sends recorded, pauses, takeovers), and
+every answer, typed as the seam's results, and the state at the end are compared.
 
 Not compared: the times a server stamps (a rescue's claim time); a rescue waiting for a
 busy leader (decided by the time between two steps: each store's own tests cover it).
@@ -22,19 +23,19 @@ from hypothesis import strategies as st
 from celery_leaderbeat.config import Config
 from celery_leaderbeat.errors import LeaseLostError
 from celery_leaderbeat.store.keys import Keys
-from celery_leaderbeat.store.ledger import ClaimItem, Event, Op, SlotState
 from celery_leaderbeat.store.postgres import lease_sql
 from celery_leaderbeat.store.postgres.lease import PostgresLease
 from celery_leaderbeat.store.postgres.ledger import PostgresLedger
 from celery_leaderbeat.store.postgres.schema import qualified
 from celery_leaderbeat.store.postgres.store import PostgresStore, open_store
 from celery_leaderbeat.store.redis_store import connect
-from tests.support.postgres import HOST, PORT, USER, postgres_database
+from celery_leaderbeat.store.types import ClaimItem, Event, Op, Refused, SlotState
+from tests.support.postgres import HOST, NO_REDIS, PORT, USER, postgres_database
 from tests.support.redis_server import RedisServer
 
 NODES = ("n0", "n1", "s0")
 ENTRIES = ("a", "b")
-OPS = (Op.CLAIM, Op.SKIP, Op.ANCHOR, Op.REANCHOR, Op.RESTORE, Op.RECOVER)
+OPS = (Op.CLAIM, Op.SKIP, Op.ANCHOR, Op.REANCHOR, Op.RESTORE, Op.ROLLED_BACK, Op.RECOVER)
 _apps = itertools.count()
 
 step = st.one_of(
@@ -47,6 +48,7 @@ step = st.one_of(
               st.sampled_from(ENTRIES), st.integers(0, 3), st.integers(0, 2)),
     st.tuples(st.just("define"), st.sampled_from(ENTRIES), st.sampled_from(["f1", "f2"])),
     st.tuples(st.just("pause"), st.sampled_from(ENTRIES), st.booleans()),
+    st.tuples(st.just("check")),
     st.tuples(st.just("takeover")),
 )
 
@@ -62,8 +64,8 @@ def pg_stores() -> Iterator[list[PostgresStore]]:
 
 
 def _config(url: str, node: str, app: str) -> Config:
-    return Config(redis_url=url, key_prefix=app, node_id=node, lease_ttl=60.0,
-                  rescue_after=2.0)
+    return Config.from_values({"redis_url": url or NO_REDIS, "key_prefix": app,
+                               "node_id": node, "lease_ttl": 60.0, "rescue_after": 2.0})
 
 
 class Twin:
@@ -103,8 +105,11 @@ class Twin:
         if kind == "define":
             _, entry, fp = action
             token, epoch = lease.credentials()
-            return ledger.claim(token, epoch, [ClaimItem(entry, 0, Op.DEFINE, 0, None, fp),
-                                               ClaimItem("", 0, Op.DEFINE, 0)])
+            defined = ledger.claim(token, epoch, [ClaimItem(entry, 0, Op.DEFINE, 0, None, fp)])
+            return [*defined, ledger.mark_definitions(token, epoch)]
+        if kind == "check":
+            token, epoch = lease.credentials()
+            return ledger.check_generation(token, epoch)
         if kind == "pause":
             _, entry, on = action
             if on:
@@ -121,6 +126,8 @@ def _plain(answer: Any, base: int) -> Any:
         return [_plain(a, base) for a in answer]
     if isinstance(answer, SlotState):
         return (answer.slot_ms - base, answer.epoch, answer.state, answer.node)
+    if isinstance(answer, Refused):
+        return ("refused", _plain(answer.state, base), answer.reason)
     return answer
 
 
@@ -175,6 +182,10 @@ def test_the_postgresql_store_answers_every_step_as_the_redis_store(
     @example(steps=[("pause", "a", True), ("lead", Op.CLAIM, "a", 2, "f1"),
                     ("pause", "a", False), ("lead", Op.REANCHOR, "a", 1, "f2"),
                     ("lead", Op.RESTORE, "a", 3, ""), ("lead", Op.SKIP, "a", 3, "")])
+    @example(steps=[("lead", Op.CLAIM, "a", 1, ""), ("lead", Op.ROLLED_BACK, "a", 2, ""),
+                    ("lead", Op.ROLLED_BACK, "a", 2, ""), ("lead", Op.CLAIM, "a", 2, ""),
+                    ("check",), ("takeover",), ("check",), ("define", "a", "f1"),
+                    ("rescue", Op.CLAIM, "a", 3, 2, "f1")])
     def same(steps: list[tuple[Any, ...]]) -> None:
         app = f"same{next(_apps)}-{secrets.token_hex(3)}"
         redis_twin, redis_stores = _redis_twin(shared_redis.url, app)

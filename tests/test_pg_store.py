@@ -15,18 +15,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from celery_leaderbeat.config import Config
 from celery_leaderbeat.errors import ConfigurationError, LeaseLostError, RolledBackError
-from celery_leaderbeat.store.ledger import (
-    DIFFERS,
-    EARLY,
-    ENQUEUED,
-    PAUSED,
-    ClaimItem,
-    Event,
-    Op,
-    SlotState,
-)
 from celery_leaderbeat.store.postgres import lease_sql, rules, state_sql
 from celery_leaderbeat.store.postgres.lease import PostgresLease
 from celery_leaderbeat.store.postgres.ledger import PostgresLedger
@@ -39,8 +28,9 @@ from celery_leaderbeat.store.postgres.schema import (
     schema_version,
 )
 from celery_leaderbeat.store.postgres.store import open_store
+from celery_leaderbeat.store.types import ClaimItem, Code, Event, Op, Refused, SlotState
 from tests.support.pg_cluster import pg_cluster
-from tests.support.postgres import HOST, PORT, USER, postgres_database
+from tests.support.postgres import HOST, PORT, USER, pg_config, postgres_database
 
 SCHEMA = "leaderbeat"
 
@@ -60,7 +50,7 @@ def make_node(conninfo: str) -> Iterator[Callable[..., Node]]:
     made: list[Node] = []
 
     def make(node_id: str, app: str = "app", **settings: Any) -> Node:
-        config = Config(redis_url="", key_prefix=app, node_id=node_id, **settings)
+        config = pg_config(key_prefix=app, node_id=node_id, **settings)
         store = open_store(conninfo, config)
         node = (store.lease, store.ledger)
         made.append(node)
@@ -254,9 +244,9 @@ def test_a_slot_is_granted_once_and_an_older_one_refused(make_node: Callable[...
                                                          conninfo: str) -> None:
     lease, ledger = lead(make_node)
     now = server_ms(conninfo)
-    assert claim(lease, ledger, ClaimItem("e", now - 1000, Op.CLAIM, now - 1000)) == [None]
+    assert claim(lease, ledger, ClaimItem("e", now - 1000, Op.CLAIM, now - 1000)) == [Code.GRANTED]
     older = claim(lease, ledger, ClaimItem("e", now - 2000, Op.CLAIM, now - 2000))
-    assert older == [SlotState(now - 1000, 1, "c")]
+    assert older == [Refused.by(SlotState(now - 1000, 1, "c"), now - 2000)]
     assert ledger.load() == {"e": SlotState(now - 1000, 1, "c")}
 
 
@@ -265,10 +255,10 @@ def test_sent_events_mark_the_slot_and_a_retry_of_it_answers_enqueued(
     lease, ledger = lead(make_node)
     now = server_ms(conninfo)
     item = ClaimItem("e", now, Op.CLAIM, now)
-    assert claim(lease, ledger, item) == [None]
-    assert claim(lease, ledger, item) == [None]  # asked again, not sent: granted again
+    assert claim(lease, ledger, item) == [Code.GRANTED]
+    assert claim(lease, ledger, item) == [Code.GRANTED]  # asked again, not sent: granted again
     assert ledger.record(1, [Event("e", now, "sent")]) == 1
-    assert claim(lease, ledger, item) == [ENQUEUED]
+    assert claim(lease, ledger, item) == [Code.ENQUEUED]
     assert [h["event"] for h in ledger.history()] == ["elected", "sent"]
 
 
@@ -276,7 +266,7 @@ def test_a_slot_ahead_of_the_servers_clock_answers_early(make_node: Callable[...
                                                          conninfo: str) -> None:
     lease, ledger = lead(make_node, max_clock_skew=1.0)
     ahead = server_ms(conninfo) + 60_000
-    assert claim(lease, ledger, ClaimItem("e", ahead, Op.CLAIM, ahead)) == [EARLY]
+    assert claim(lease, ledger, ClaimItem("e", ahead, Op.CLAIM, ahead)) == [Code.EARLY]
     assert ledger.load() == {}
 
 
@@ -285,7 +275,7 @@ def test_a_paused_entrys_slot_is_skipped_past(make_node: Callable[..., Node],
     lease, ledger = lead(make_node)
     state_sql.pause(psycopg.connect(conninfo, autocommit=True), SCHEMA, "app", "e", {"note": ""})
     now = server_ms(conninfo)
-    assert claim(lease, ledger, ClaimItem("e", now, Op.CLAIM, now)) == [PAUSED]
+    assert claim(lease, ledger, ClaimItem("e", now, Op.CLAIM, now)) == [Code.PAUSED]
     assert ledger.load()["e"].state == "k"
 
 
@@ -374,12 +364,12 @@ def test_a_claim_whose_commit_reply_was_lost_is_answered_granted_when_retried(
         claim(lease, ledger, item)
     ledger.place = ledger.place.inner  # type: ignore[attr-defined]
     assert calls and ledger.load() == {"e": SlotState(now, 1, "c")}
-    assert claim(lease, ledger, item) == [None]
+    assert claim(lease, ledger, item) == [Code.GRANTED]
     # another claimant after a takeover is refused that slot, whatever the slots row says
     expire(conninfo)
     new, new_ledger = lead(make_node, "n2")
     sql(conninfo, "DELETE FROM {schema}.slots")  # the last-slot row lost
-    assert claim(new, new_ledger, item) == [SlotState(now, 1, "c")]
+    assert claim(new, new_ledger, item) == [Refused.by(SlotState(now, 1, "c"), now)]
 
 
 class _Swapped:
@@ -406,7 +396,7 @@ def test_a_claim_that_failed_before_the_server_ran_it_is_granted_when_retried(
         claim(lease, ledger, ClaimItem("e", now, Op.CLAIM, now))
     ledger.place = inner
     assert ledger.load() == {}
-    assert claim(lease, ledger, ClaimItem("e", now, Op.CLAIM, now)) == [None]
+    assert claim(lease, ledger, ClaimItem("e", now, Op.CLAIM, now)) == [Code.GRANTED]
 
 
 # --- rescue -----------------------------------------------------------------------------
@@ -416,18 +406,19 @@ def test_a_rescue_is_refused_before_rescue_after_and_granted_once_after(
     lease, ledger = lead(make_node, rescue_after=2.0)
     now = server_ms(conninfo)
     first = now - 60_000
-    assert claim(lease, ledger, ClaimItem("e", first, Op.ANCHOR, first, fingerprint="f1")) == [None]
+    anchor = ClaimItem("e", first, Op.ANCHOR, first, fingerprint="f1")
+    assert claim(lease, ledger, anchor) == [Code.GRANTED]
     _, standby = make_node("s1", rescue_after=2.0)
     _, other = make_node("s2", rescue_after=2.0)
     recent = now - 500
     early = standby.rescue([ClaimItem("e", recent, Op.CLAIM, recent, first, "f1")])
-    assert early.results == [EARLY]
+    assert early.results == [Code.EARLY]
     late = now - 3000
     item = ClaimItem("e", late, Op.CLAIM, late, first, "f1")
-    assert standby.rescue([item]).results == [None]
-    assert standby.rescue([item]).results == [None]  # its own claim asked again
+    assert standby.rescue([item]).results == [Code.GRANTED]
+    assert standby.rescue([item]).results == [Code.GRANTED]  # its own claim asked again
     refused = other.rescue([item]).results
-    assert isinstance(refused[0], SlotState) and refused[0].node == "s1"
+    assert refused == [Refused(ledger.load()["e"], "already claimed by standby s1 (rescue)")]
     assert ledger.load()["e"].node == "s1"
 
 
@@ -436,11 +427,11 @@ def test_a_rescue_waits_while_the_leader_is_busy_claiming(make_node: Callable[..
     lease, ledger = lead(make_node)
     now = server_ms(conninfo)
     assert claim(lease, ledger, ClaimItem("e", now - 60_000, Op.ANCHOR, now - 60_000),
-                 ClaimItem("b", now - 100, Op.CLAIM, now - 100)) == [None, None]
+                 ClaimItem("b", now - 100, Op.CLAIM, now - 100)) == [Code.GRANTED] * 2
     _, standby = make_node("s1")
     late = now - 5000
     got = standby.rescue([ClaimItem("e", late, Op.CLAIM, late, now - 60_000)])
-    assert got.results == [EARLY]
+    assert got.results == [Code.EARLY]
 
 
 def test_a_rescuer_whose_definition_differs_from_the_leaders_is_refused(
@@ -452,7 +443,7 @@ def test_a_rescuer_whose_definition_differs_from_the_leaders_is_refused(
     _, standby = make_node("s1")
     late = now - 5000
     got = standby.rescue([ClaimItem("e", late, Op.CLAIM, late, first, "f2")])
-    assert got.results == [DIFFERS]
+    assert got.results == [Code.DIFFERS]
 
 
 def test_a_rescue_waits_until_the_newest_leader_defined_its_entries(
@@ -466,14 +457,15 @@ def test_a_rescue_waits_until_the_newest_leader_defined_its_entries(
     lead(make_node, "n2")  # elected, has not defined yet
     _, standby = make_node("s1")
     late = now - 5000
-    assert standby.rescue([ClaimItem("e", late, Op.CLAIM, late, first, "f1")]).results == [EARLY]
+    late_item = ClaimItem("e", late, Op.CLAIM, late, first, "f1")
+    assert standby.rescue([late_item]).results == [Code.EARLY]
 
 
 # --- the server restarted ---------------------------------------------------------------
 
 def test_after_a_server_restart_one_call_fails_and_the_next_succeeds() -> None:
     with pg_cluster() as cluster:
-        config = Config(redis_url="", key_prefix="app", node_id="n1")
+        config = pg_config(key_prefix="app", node_id="n1")
         store = open_store(cluster.conninfo, config)
         lease = store.lease
         try:
@@ -489,7 +481,7 @@ def test_after_a_server_restart_one_call_fails_and_the_next_succeeds() -> None:
 
 def test_after_the_server_was_killed_and_started_again_the_lease_carries_on() -> None:
     with pg_cluster() as cluster:
-        config = Config(redis_url="", key_prefix="app", node_id="n1", lease_ttl=30.0)
+        config = pg_config(key_prefix="app", node_id="n1", lease_ttl=30.0)
         store = open_store(cluster.conninfo, config)
         lease, ledger = store.lease, store.ledger
         try:
@@ -499,7 +491,8 @@ def test_after_the_server_was_killed_and_started_again_the_lease_carries_on() ->
             with pytest.raises(UNREACHABLE):
                 ledger.claim(token, epoch, [ClaimItem("e", 1000, Op.CLAIM, 1000)])
             cluster.start()  # the failed call checked the pool: no broken connection is left
-            assert ledger.claim(token, epoch, [ClaimItem("e", 1000, Op.CLAIM, 1000)]) == [None]
+            again = ClaimItem("e", 1000, Op.CLAIM, 1000)
+            assert ledger.claim(token, epoch, [again]) == [Code.GRANTED]
         finally:
             lease.place.pool.close()
 
@@ -508,13 +501,13 @@ def test_after_the_server_was_killed_and_started_again_the_lease_carries_on() ->
 
 def test_the_history_is_pruned_to_its_count_and_its_age(make_node: Callable[..., Node],
                                                          conninfo: str) -> None:
-    _, ledger = make_node("n1", history_length=5)
-    ledger.record(1, [Event("e", i, "missed") for i in range(20)])
+    _, ledger = make_node("n1", history_length=100)  # the least the setting takes
+    ledger.record(1, [Event("e", i, "missed") for i in range(120)])
     ledger.prune([], keep_ms=0, node_keep_s=3600)
-    assert [h["slot"] for h in ledger.history(100)] == ["15", "16", "17", "18", "19"]
+    assert [h["slot"] for h in ledger.history(200)] == [str(i) for i in range(20, 120)]
     sql(conninfo, "UPDATE {schema}.history SET at = at - interval '30 days'")
     ledger.prune([], keep_ms=0, node_keep_s=3600)
-    assert ledger.history(100) == []
+    assert ledger.history(200) == []
 
 
 def test_prune_forgets_unscheduled_entries_but_never_an_unconfirmed_claim(
@@ -536,9 +529,9 @@ def test_a_slot_claimed_unconfirmed_and_overtaken_by_the_next_leader_can_be_reco
     claim(old, old_ledger, ClaimItem("e", 1000, Op.CLAIM, 1000))
     expire(conninfo)
     new, ledger = lead(make_node, "n2", lease_ttl=10.0)
-    assert claim(new, ledger, ClaimItem("e", 2000, Op.CLAIM, 2000)) == [None]
+    assert claim(new, ledger, ClaimItem("e", 2000, Op.CLAIM, 2000)) == [Code.GRANTED]
     assert ledger.overtaken() == {("e", 1000): SlotState(1000, 1, "c")}
-    assert claim(new, ledger, ClaimItem("e", 1000, Op.RECOVER, 1000)) == [None]
+    assert claim(new, ledger, ClaimItem("e", 1000, Op.RECOVER, 1000)) == [Code.GRANTED]
     assert ledger.overtaken() == {}
     assert ledger.load()["e"] == SlotState(2000, 2, "c")
 
@@ -567,7 +560,7 @@ def test_a_claim_against_older_state_than_the_node_saw_is_refused_and_writes_not
         standby.rescue([ClaimItem("e", 2000, Op.CLAIM, 2000, 1000)])
     # the leader starts again past the loss: its next claim lifts the generation above
     ledger.reset_generation()
-    assert claim(lease, ledger, ClaimItem("e", 3000, Op.CLAIM, 3000)) == [None]
+    assert claim(lease, ledger, ClaimItem("e", 3000, Op.CLAIM, 3000)) == [Code.GRANTED]
     assert ledger.generation == 3 and not ledger.below
 
 
@@ -620,7 +613,7 @@ def test_a_claim_stalled_between_its_round_trips_is_ended_by_the_server(
     with psycopg.connect(conninfo) as conn:  # the lease row is free again
         conn.execute(qualified("SELECT 1 FROM {schema}.lease FOR UPDATE NOWAIT", SCHEMA))
     assert ledger.load() == {}
-    assert claim(lease, ledger, ClaimItem("e", 1000, Op.CLAIM, 1000)) == [None]
+    assert claim(lease, ledger, ClaimItem("e", 1000, Op.CLAIM, 1000)) == [Code.GRANTED]
 
 
 def test_a_loss_one_node_saw_stops_every_nodes_claims_until_a_leader_starts_again(
@@ -637,7 +630,7 @@ def test_a_loss_one_node_saw_stops_every_nodes_claims_until_a_leader_starts_agai
     assert standby.loss_reported
     assert standby.record(0, [Event("e", 2000, "unsent")]) == 0  # history still written
     ledger.reset_generation()
-    assert claim(lease, ledger, ClaimItem("e", 3000, Op.CLAIM, 3000)) == [None]
+    assert claim(lease, ledger, ClaimItem("e", 3000, Op.CLAIM, 3000)) == [Code.GRANTED]
     assert standby.rescue([ClaimItem("e", 3000, Op.CLAIM, 3000, 3000)]).results != []
 
 
@@ -722,7 +715,7 @@ def test_a_leader_starting_again_after_a_loss_still_does_when_its_first_claim_fa
     ledger.place.fault = fail_once
     with pytest.raises(UNREACHABLE):
         claim(lease, ledger, ClaimItem("e", 3000, Op.CLAIM, 3000))
-    assert claim(lease, ledger, ClaimItem("e", 3000, Op.CLAIM, 3000)) == [None]
+    assert claim(lease, ledger, ClaimItem("e", 3000, Op.CLAIM, 3000)) == [Code.GRANTED]
 
 
 def test_a_leader_and_a_standby_claiming_the_same_entries_at_once_never_deadlock(

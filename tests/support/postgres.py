@@ -10,10 +10,20 @@ import os
 import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import pytest
 
+from celery_leaderbeat.config import Config
+
 HOST, PORT, USER = "127.0.0.1", 5432, "postgres"
+#: the Redis URL a PostgreSQL store's Config is given: Config wants one, the store never opens it
+NO_REDIS = "redis://unused.invalid"
+
+
+def pg_config(**values: Any) -> Config:
+    """A PostgreSQL store's Config: ``values`` over the defaults, checked as set."""
+    return Config.from_values({"redis_url": NO_REDIS, **values})
 
 
 def _unavailable(reason: str) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from ..types import Op, SlotStatus
 from . import rules
 
 _SLOTS = """
@@ -71,7 +72,7 @@ def read(run: Any, items: Sequence[rules.Item]) -> Reads:
     """Queue what the items touch: slot rows locked, fingerprints, pauses, overtaken,
     grants."""
     names = sorted({i.name for i in items})
-    claimed = [(i.name, i.slot_ms) for i in items if i.op == "claim"]
+    claimed = [(i.name, i.slot_ms) for i in items if i.op is Op.CLAIM]
     paused = overtaken = grants = None
     slots = run(_SLOTS, {"names": names})
     definitions = run(_DEFINITIONS, {"names": names})
@@ -79,10 +80,10 @@ def read(run: Any, items: Sequence[rules.Item]) -> Reads:
         paused = run(_PAUSED, {"names": names})
         grants = run(_GRANTS, {"names": [n for n, _ in claimed],
                                "slots": [s for _, s in claimed]})
-    if any(i.op in ("recover", "backfill") for i in items):
+    if any(i.op in (Op.RECOVER, Op.BACKFILL) for i in items):
         overtaken = run(_OVERTAKEN, {"names": names})
     backfill = backfilled = sent = None
-    asked = [(i.name, i.slot_ms) for i in items if i.op == "backfill"]
+    asked = [(i.name, i.slot_ms) for i in items if i.op is Op.BACKFILL]
     if asked:
         pairs = {"names": [n for n, _ in asked], "slots": [s for _, s in asked]}
         backfill = run(_BACKFILL_VIEW, {})
@@ -94,17 +95,18 @@ def read(run: Any, items: Sequence[rules.Item]) -> Reads:
 def known(chunk: rules.Chunk, reads: Reads) -> None:
     """The reads' rows, into ``chunk``."""
     for entry, slot, epoch, state, node, at in reads.slots.fetchall():
-        chunk.slots[entry] = rules.Row(int(slot), int(epoch), state, node, at)
+        chunk.slots[entry] = rules.Row(int(slot), int(epoch), SlotStatus(state), node, at)
     chunk.definitions.update(reads.definitions.fetchall())
     if reads.paused is not None:
         chunk.paused.update(row[0] for row in reads.paused.fetchall())
     if reads.overtaken is not None:
         for entry, slot, epoch, state, node, at in reads.overtaken.fetchall():
-            chunk.overtaken[(entry, int(slot))] = rules.Row(int(slot), int(epoch), state,
-                                                            node, at)
+            chunk.overtaken[(entry, int(slot))] = rules.Row(int(slot), int(epoch),
+                                                            SlotStatus(state), node, at)
     if reads.grants is not None:
         for entry, slot, epoch, node in reads.grants.fetchall():
-            chunk.grants[(entry, int(slot))] = rules.Row(int(slot), int(epoch), "c", node)
+            chunk.grants[(entry, int(slot))] = rules.Row(int(slot), int(epoch),
+                                                         SlotStatus.CLAIMED, node)
     if reads.backfill is not None:
         whole, floor = reads.backfill.fetchone()
         chunk.history_whole_ms = None if whole is None else int(whole)

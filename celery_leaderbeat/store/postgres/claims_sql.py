@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from ..types import Op
 from . import rules
 from .chunk_reads import known, read
 from .lease_sql import NOW_MS
@@ -49,7 +50,7 @@ class Fence(NamedTuple):
 
 @dataclass(frozen=True)
 class Limits:
-    """The call's allowances (ms), as ``claim.lua`` takes them."""
+    """The call's allowances (ms), as ``lead.lua`` and ``rescue.lua`` take them."""
 
     ahead_ms: int = 0  #: lead: a claimed slot's fire time ahead of the server's clock
     recover_age_ms: int = 0  #: lead: a standby's claim younger than this is not recovered
@@ -247,7 +248,7 @@ def claim(conn: Any, schema: str, app: str, node: str, fence: Fence, limits: Lim
                                   "reset": fence.lift_above is not None,
                                   "lift": fence.lift_above or 0, "ahead_ms": limits.ahead_ms,
                                   "ttl_ms": fence.ttl_ms,
-                                  "claims": any(i.op == "claim" for i in items)})
+                                  "claims": any(i.op is Op.CLAIM for i in items)})
         else:
             fenced = run(_RESCUE_VIEW, {"busy_ms": limits.busy_ms})
         marked = write_events(run, node, fence.epoch, events)
@@ -342,7 +343,7 @@ def _write(run: Any, chunk: rules.Chunk) -> Any:
     if chunk.written:
         written = list(chunk.written.items())
         run(_STORE, {"names": [n for n, _ in written], "slots": [r.slot_ms for _, r in written],
-                     "states": [r.state for _, r in written], "epoch": epoch, "node": node,
+                     "states": [r.state.value for _, r in written], "epoch": epoch, "node": node,
                      "claimed": claimed})
     if chunk.overtaken_added:
         run(_OVERTAKE, _row_columns([(n, r) for (n, _), r in chunk.overtaken_added.items()]))
@@ -363,5 +364,5 @@ def _write(run: Any, chunk: rules.Chunk) -> Any:
 
 def _row_columns(rows: list[tuple[str, rules.Row]]) -> dict[str, list[Any]]:
     return {"names": [n for n, _ in rows], "slots": [r.slot_ms for _, r in rows],
-            "epochs": [r.epoch for _, r in rows], "states": [r.state for _, r in rows],
+            "epochs": [r.epoch for _, r in rows], "states": [r.state.value for _, r in rows],
             "nodes": [r.node for _, r in rows], "claimed": [r.claimed_ms for _, r in rows]}

@@ -9,18 +9,16 @@ from typing import Any
 
 from ...config import Config
 from ...errors import LeaseLostError, RolledBackError
-from ..ledger import (
-    BACKFILL_REFUSALS,
-    DIFFERS,
-    EARLY,
-    ENQUEUED,
-    LOST_KEPT_TTLS,
-    PAUSED,
-    UNKNOWN,
+from ..ledger import LOST_KEPT_TTLS
+from ..types import (
+    BackfillReason,
+    BackfillRefused,
     Claimed,
     ClaimItem,
+    ClaimResult,
     Event,
     Op,
+    Refused,
     SlotState,
 )
 from . import claims_sql, rules, state_sql
@@ -39,10 +37,6 @@ KEEP_SECONDS = 7 * 24 * 3600.0
 #: 2,000 entries every 5 s keeps about 1.4 million rows
 GRANTS_KEEP_SECONDS = 3600.0
 
-#: the seam's answer for each of the rules' codes
-_ANSWERS = {rules.PAUSED: PAUSED, rules.ENQUEUED: ENQUEUED, rules.EARLY: EARLY,
-            rules.UNKNOWN: UNKNOWN, rules.DIFFERS: DIFFERS}
-
 
 def _events(events: Iterable[Event]) -> claims_sql.Events:
     out = claims_sql.Events([], [], [], [])
@@ -58,12 +52,18 @@ def _state(row: rules.Row) -> SlotState:
     return SlotState(row.slot_ms, row.epoch, row.state, row.node or None, row.claimed_ms)
 
 
-def _answer(answer: rules.Answer) -> SlotState | None | str:
-    if answer is None:
-        return None
+def _result(item: ClaimItem, answer: rules.Answer) -> ClaimResult:
+    """The seam's result for one item, as :func:`~..ledger.decode` answers the Redis
+    store's: a code, the stored slot that refused it, or a backfill's reason."""
     if isinstance(answer, rules.Row):
-        return _state(answer)
-    return _ANSWERS.get(answer, answer)  # a backfill refusal is its own reason
+        return Refused.by(_state(answer), item.slot_ms)
+    if isinstance(answer, BackfillReason):
+        return BackfillRefused(answer)
+    return answer
+
+
+def _results(items: Sequence[ClaimItem], got: claims_sql.Answer) -> list[ClaimResult]:
+    return [_result(item, answer) for item, answer in zip(items, got.answers, strict=True)]
 
 
 class PostgresLedger:
@@ -141,8 +141,23 @@ class PostgresLedger:
         return self.place.run(state_sql.lost_reports)  # type: ignore[no-any-return]
 
     def claim(self, token: str, epoch: int, items: Sequence[ClaimItem],
-              events: Sequence[Event] = ()) -> list[SlotState | None | str]:
+              events: Sequence[Event] = ()) -> list[ClaimResult]:
         """Leader: write ``events``, then claim ``items`` in order, fenced by ``token``."""
+        return _results(items, self._lead(token, epoch, events, items))
+
+    def check_generation(self, token: str, epoch: int) -> None:
+        """Leader: raise when the database lost writes this node saw (RolledBackError) or
+        ``token`` no longer leads (LeaseLostError). Renews the lease; writes nothing else."""
+        self._lead(token, epoch, (), ())
+
+    def mark_definitions(self, token: str, epoch: int) -> None:
+        """Leader: mark the stored definitions as what this leader plans (its epoch),
+        fenced; until the newest leader did, no standby rescues."""
+        self._lead(token, epoch, (), (ClaimItem("", 0, Op.DEFINE),))
+
+    def _lead(self, token: str, epoch: int, events: Sequence[Event],
+              items: Sequence[ClaimItem]) -> claims_sql.Answer:
+        """A fenced call: the transaction's answer, or LeaseLostError."""
         holder = token.rpartition("|")[0]
         limits = claims_sql.Limits(
             ahead_ms=int(self.config.max_clock_skew * 1000) + _AHEAD_GRACE_MS,
@@ -158,17 +173,15 @@ class PostgresLedger:
                                   f"{got.holder or 'nobody'}")
             lost.holder, lost.answered = got.holder, True
             raise lost
-        return [_answer(a) for a in got.answers]
+        return got
 
     def backfill(self, token: str, epoch: int, name: str, slots: Sequence[int],
-                 request_id: str) -> list[str | None]:
-        """Leader: grant a backfill of each slot (None) or say why not (the history's
-        detail), decided from what the database holds at this moment."""
+                 request_id: str) -> list[ClaimResult]:
+        """Leader: grant a backfill of each slot (:attr:`Code.GRANTED`) or say why not
+        (:class:`BackfillRefused`), decided from what the database holds at this moment."""
         items = [ClaimItem(name, slot_ms, Op.BACKFILL, slot_ms, fingerprint=request_id)
                  for slot_ms in slots]
-        answers = self.claim(token, epoch, items)
-        return [None if a is None else BACKFILL_REFUSALS.get(str(a), f"backfill: {a}")
-                for a in answers]
+        return self.claim(token, epoch, items)
 
     def lost_at(self) -> int | None:
         """The server's time (ms) when a leader last started again after a loss of writes."""
@@ -179,7 +192,7 @@ class PostgresLedger:
         limits = claims_sql.Limits(rescue_after_ms=int(self.config.rescue_after * 1000),
                                    busy_ms=_BUSY_LEADER_MS, wait_ms=self._wait_ms)
         got = self._claim(claims_sql.Fence(None, 0, 0, self.generation), limits, events, items)
-        return Claimed([_answer(a) for a in got.answers], got.now_ms)
+        return Claimed(_results(items, got), got.now_ms)
 
     def record(self, epoch: int, events: Iterable[Event]) -> int:
         """Write events to the history; ``sent`` events mark their slot sent."""

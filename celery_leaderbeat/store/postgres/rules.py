@@ -1,34 +1,32 @@
-"""The claim rules, item by item: what ``claim.lua`` decides, as pure functions.
+"""The claim rules, item by item: what ``lead.lua``, ``rescue.lua`` and ``backfill.lua``
+decide, as pure functions.
 
 The claim transaction (:mod:`.claims_sql`) reads what a chunk touches (the entries'
 slots locked, their fingerprints, the paused entries, the overtaken and granted slots),
 hands it to :func:`decide` item by item, and writes what the decisions changed. No I/O
 here: every rule is testable without a server, and the SQL stays a read and a write.
 
-A stored slot is a :class:`Row`. Answers per item: :data:`GRANTED` or one of the codes
-below, or the :class:`Row` that refused it (a slot not later than the stored one); a
-backfill refused answers its reason (``later``, ``sent``, ``backfilled``,
-``unconfirmed``, ``lost``, ``horizon``).
+A stored slot is a :class:`Row`. Answers per item: a :class:`~..types.Code`, the
+:class:`Row` that refused it (a slot not later than the stored one), or for a backfill
+refused its :class:`~..types.BackfillReason`; the ledger turns them into the seam's
+:data:`~..types.ClaimResult`, the same as the Redis store answers.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
-#: states of an entry's last slot (the ``slots.state`` column)
-CLAIMED, SENT, SKIPPED, ANCHOR, UNSENT = "c", "s", "k", "a", "u"
+from ..types import BackfillReason, Code, Op, SlotStatus
 
-GRANTED = None
-PAUSED = "paused"  #: a claim of a paused entry's slot: skipped past, not granted
-ENQUEUED = "enqueued"  #: the leader's own claim asked again, and stored sent
-EARLY = "early"  #: too early: a rescue before fire + rescue_after, a slot ahead, a young claim
-UNKNOWN = "unknown"  #: no state to decide from (a rescue of an entry with none)
-DIFFERS = "differs"  #: a rescuer's definition of the entry is not the leader's
+#: states of an entry's last slot (the ``slots.state`` column holds their letters)
+CLAIMED, SENT, SKIPPED, ANCHOR, UNSENT = (SlotStatus.CLAIMED, SlotStatus.SENT,
+                                          SlotStatus.SKIPPED, SlotStatus.ANCHOR,
+                                          SlotStatus.UNSENT)
 
 #: the state each op writes when granted
-_STATES = {"claim": CLAIMED, "skip": SKIPPED, "anchor": ANCHOR, "reanchor": ANCHOR,
-           "restore": SENT, "recover": CLAIMED}
+_STATES = {Op.CLAIM: CLAIMED, Op.SKIP: SKIPPED, Op.ROLLED_BACK: SKIPPED, Op.ANCHOR: ANCHOR,
+           Op.REANCHOR: ANCHOR, Op.RESTORE: SENT, Op.RECOVER: CLAIMED}
 
 
 @dataclass(frozen=True)
@@ -37,7 +35,7 @@ class Row:
 
     slot_ms: int
     epoch: int
-    state: str
+    state: SlotStatus
     node: str = ""  #: '' for a leader's claim; the standby's id for a rescue
     claimed_ms: int | None = None  #: a rescue's claim time, by the server's clock
 
@@ -45,12 +43,20 @@ class Row:
 class Item(Protocol):
     """One claim item, as the caller asks for it."""
 
-    name: str
-    slot_ms: int
-    op: str
-    fire_ms: int
-    prev_ms: int | None
-    fingerprint: str
+    @property
+    def name(self) -> str: ...
+    @property
+    def slot_ms(self) -> int: ...
+    @property
+    def op(self) -> Op: ...
+    @property
+    def fire_ms(self) -> int: ...
+    @property
+    def prev_ms(self) -> int | None: ...
+    @property
+    def fingerprint(self) -> str: ...
+    @property
+    def enqueue(self) -> tuple[tuple[str, str, Any], ...]: ...
 
 
 @dataclass
@@ -102,7 +108,7 @@ class Chunk:
             self.recovered.add((name, row.slot_ms))
 
 
-Answer = Row | str | None
+Answer = Code | Row | BackfillReason
 
 
 def decide(chunk: Chunk, item: Item) -> Answer:
@@ -110,48 +116,49 @@ def decide(chunk: Chunk, item: Item) -> Answer:
     stored = chunk.slots.get(item.name)
     if not chunk.lead:
         return _rescue(chunk, item, stored)
-    if item.op == "define":
+    if item.op is Op.DEFINE:
         if item.name:
             chunk.defined[item.name] = item.fingerprint
             chunk.definitions[item.name] = item.fingerprint
         chunk.defined_epoch = chunk.epoch
-        return GRANTED
-    if item.op == "backfill":
+        return Code.GRANTED
+    if item.op is Op.BACKFILL:
         return _backfill(chunk, item, stored)
     if item.op not in _STATES:
         raise ValueError(f"claim item {item.name!r}: unknown op {item.op!r}")
-    if item.op == "claim" and item.fire_ms > chunk.now_ms + chunk.ahead_ms:
-        return EARLY
-    if item.op == "recover":
+    if item.op is Op.CLAIM and item.fire_ms > chunk.now_ms + chunk.ahead_ms:
+        return Code.EARLY
+    if item.op is Op.RECOVER:
         return _recover(chunk, item, stored)
     slot_ms = item.slot_ms
-    if item.op == "anchor":
+    if item.op is Op.ANCHOR:
         if stored:
             return stored
-    elif item.op == "reanchor":
+    elif item.op is Op.REANCHOR:
         if chunk.definitions.get(item.name) == item.fingerprint:
-            return stored or UNKNOWN
+            return stored or Code.UNKNOWN
         if stored and stored.slot_ms > slot_ms:
             slot_ms = stored.slot_ms  # never moves a slot backwards
     elif stored:
         refused = _asked_again_or_older(chunk, item, stored)
-        if refused != "go":
+        if refused is not None:
             return refused
     return _granted(chunk, item, stored, slot_ms)
 
 
-def _asked_again_or_older(chunk: Chunk, item: Item, stored: Row) -> Answer:
-    """A leader's claim, skip or restore against a stored slot: "go", or the answer."""
+def _asked_again_or_older(chunk: Chunk, item: Item, stored: Row) -> Answer | None:
+    """A leader's claim, skip or restore against a stored slot: the answer, or None to
+    go on and grant it."""
     own = stored.slot_ms == item.slot_ms and stored.epoch == chunk.epoch and not stored.node
-    if own and item.op == "claim" and stored.state == SENT:
-        return ENQUEUED  # asked again: recorded sent since (its reply was lost)
-    if own and item.op == "claim" and stored.state == CLAIMED:
-        return "go"  # asked again, not sent yet: granted again
+    if own and item.op is Op.CLAIM and stored.state == SENT:
+        return Code.ENQUEUED  # asked again: recorded sent since (its reply was lost)
+    if own and item.op is Op.CLAIM and stored.state == CLAIMED:
+        return None  # asked again, not sent yet: granted again
     if own and stored.state == _STATES[item.op]:
-        return GRANTED  # a retry of this leader's own write
+        return Code.GRANTED  # a retry of this leader's own write
     if item.slot_ms <= stored.slot_ms:
         return stored
-    return "go"
+    return None
 
 
 def _recover(chunk: Chunk, item: Item, stored: Row | None) -> Answer:
@@ -162,18 +169,18 @@ def _recover(chunk: Chunk, item: Item, stored: Row | None) -> Answer:
                and stored.state in (CLAIMED, UNSENT))
     left = over or (stored if current else None)
     if left is None:
-        return stored or UNKNOWN
+        return stored or Code.UNKNOWN
     if left.epoch == chunk.epoch and not left.node:
-        return GRANTED  # this leader's own recovery, asked again
+        return Code.GRANTED  # this leader's own recovery, asked again
     if left.claimed_ms is not None and chunk.now_ms < left.claimed_ms + chunk.recover_age_ms:
-        return EARLY  # a standby's claim, young enough that it may still publish it
+        return Code.EARLY  # a standby's claim, young enough that it may still publish it
     epoch, node, at = chunk.claimant()
     row = Row(item.slot_ms, epoch, CLAIMED, node, at)
     chunk.grant(item.name, row, recovered=True)
     if over:
         chunk.overtaken.pop(key)
         chunk.overtaken_dropped.add(key)
-        return GRANTED  # the newer stored slot stays as it is
+        return Code.GRANTED  # the newer stored slot stays as it is
     return _granted(chunk, item, stored, item.slot_ms)
 
 
@@ -185,54 +192,54 @@ def _backfill(chunk: Chunk, item: Item, stored: Row | None) -> Answer:
     stored slot stays. A refusal answers its reason."""
     key = (item.name, item.slot_ms)
     if stored is None or item.slot_ms >= stored.slot_ms:
-        return "later"
+        return BackfillReason.LATER
     by = chunk.backfilled.get(key)
     if by is not None:
-        return GRANTED if by == item.fingerprint else "backfilled"
+        return Code.GRANTED if by == item.fingerprint else BackfillReason.BACKFILLED
     if key in chunk.overtaken:
-        return "unconfirmed"
+        return BackfillReason.UNCONFIRMED
     if item.slot_ms < chunk.floor_ms:
-        return "lost"
+        return BackfillReason.LOST
     if key in chunk.sent:
-        return "sent"
+        return BackfillReason.SENT
     whole = chunk.history_whole_ms
     if whole is None or whole >= item.slot_ms - chunk.ahead_ms:
-        return "horizon"  # a 'sent' event of the slot may have been pruned
+        return BackfillReason.HORIZON  # a 'sent' event of the slot may have been pruned
     chunk.backfilled[key] = item.fingerprint
     chunk.new_backfills[key] = item.fingerprint
-    return GRANTED
+    return Code.GRANTED
 
 
 def _rescue(chunk: Chunk, item: Item, stored: Row | None) -> Answer:
     """A standby's claim (or skip): no lease, only for slots nobody claimed in time."""
-    if item.op not in ("claim", "skip") or stored is None:
-        return UNKNOWN
+    if item.op not in (Op.CLAIM, Op.SKIP) or stored is None:
+        return Code.UNKNOWN
     if chunk.definitions_behind:
-        return EARLY
+        return Code.EARLY
     leaders = chunk.definitions.get(item.name)
     if item.fingerprint and leaders is not None and leaders != item.fingerprint:
-        return DIFFERS
+        return Code.DIFFERS
     state = _STATES[item.op]
     if (stored.slot_ms == item.slot_ms and stored.epoch == 0 and stored.state == state
             and stored.node == chunk.node):
-        return GRANTED  # a retry of this rescuer's own claim
+        return Code.GRANTED  # a retry of this rescuer's own claim
     if item.slot_ms <= stored.slot_ms or (item.prev_ms is not None
                                           and item.prev_ms != stored.slot_ms):
         return stored
     if chunk.now_ms < item.fire_ms + chunk.rescue_after_ms or chunk.leader_busy:
-        return EARLY
+        return Code.EARLY
     return _granted(chunk, item, stored, item.slot_ms)
 
 
 def _granted(chunk: Chunk, item: Item, stored: Row | None, slot_ms: int) -> Answer:
     """Write the item's new state (a paused entry's claim skips past instead)."""
     epoch, node, at = chunk.claimant()
-    if item.op == "claim" and item.name in chunk.paused:
+    if item.op is Op.CLAIM and item.name in chunk.paused:
         chunk.store(item.name, Row(slot_ms, epoch, SKIPPED, node, at))
-        answer: Answer = PAUSED
+        answer: Answer = Code.PAUSED
     else:
         row = Row(slot_ms, epoch, _STATES[item.op], node, at)
-        if item.op == "claim":
+        if item.op is Op.CLAIM:
             granted = chunk.grants.get((item.name, slot_ms))
             if granted is not None and (granted.epoch, granted.node) != (row.epoch, row.node):
                 return stored or granted  # granted once already, to another claimant
@@ -241,7 +248,8 @@ def _granted(chunk: Chunk, item: Item, stored: Row | None, slot_ms: int) -> Answ
             chunk.overtaken[(item.name, stored.slot_ms)] = stored
             chunk.overtaken_added[(item.name, stored.slot_ms)] = stored
         chunk.store(item.name, row)
-        answer = GRANTED
+        # this store runs no broker commands: the caller publishes what they would send
+        answer = Code.UNQUEUED if item.op is Op.CLAIM and item.enqueue else Code.GRANTED
     if chunk.lead and item.fingerprint:
         chunk.defined[item.name] = item.fingerprint
         chunk.definitions[item.name] = item.fingerprint
@@ -250,7 +258,7 @@ def _granted(chunk: Chunk, item: Item, stored: Row | None, slot_ms: int) -> Answ
 
 def _overtakes(chunk: Chunk, item: Item, stored: Row, slot_ms: int) -> bool:
     """The new slot replaces another claimant's claimed, unconfirmed one (reported later)."""
-    if item.op == "recover" or stored.state not in (CLAIMED, UNSENT) or stored.slot_ms == slot_ms:
+    if item.op is Op.RECOVER or stored.state not in (CLAIMED, UNSENT) or stored.slot_ms == slot_ms:
         return False
     if chunk.lead:
         own = stored.epoch == chunk.epoch and not stored.node

@@ -7,6 +7,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from ..types import SlotStatus
 from . import rules
 from .lease_sql import NOW_MS
 from .schema import qualified
@@ -135,7 +136,7 @@ def load(conn: Any, schema: str, app: str,
         cur = _run(conn, schema, app, _LOAD_ALL)
     else:
         cur = _run(conn, schema, app, _LOAD, names=list(names))
-    return {entry: rules.Row(int(slot), int(epoch), state, node, at)
+    return {entry: rules.Row(int(slot), int(epoch), SlotStatus(state), node, at)
             for entry, slot, epoch, state, node, at in cur}
 
 
@@ -212,7 +213,7 @@ def prune(conn: Any, schema: str, app: str, scheduled: Sequence[str], *, keep_ms
 
 def overtaken(conn: Any, schema: str, app: str) -> dict[tuple[str, int], rules.Row]:
     """Claimed, unconfirmed slots that a newer claim of another claimant replaced."""
-    return {(entry, int(slot)): rules.Row(int(slot), int(epoch), state, node, at)
+    return {(entry, int(slot)): rules.Row(int(slot), int(epoch), SlotStatus(state), node, at)
             for entry, slot, epoch, state, node, at in _run(conn, schema, app, _OVERTAKEN)}
 
 
