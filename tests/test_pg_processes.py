@@ -175,5 +175,6 @@ def test_postgresql_restarted_under_running_beats_they_go_on_with_no_slot_twice(
         logs = beats.logs()
     assert alive == 3, logs
     assert duplicates(messages) == [], logs
+    assert "Redis at" not in logs, "an outage of PostgreSQL is named as such"
     late = [m for m in messages if datetime.fromisoformat(str(m.slot)).timestamp() > restarted_at + 3]
     assert {m.entry for m in late} == {f"e{i}" for i in range(ENTRIES)}, logs
