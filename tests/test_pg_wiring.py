@@ -235,3 +235,22 @@ def test_status_and_nodes_read_a_postgresql_store(tmp_path, pg_url, key_prefix):
         nodes = _cli(env, "nodes", "--json")
     assert plain.returncode == 0 and plain.stdout.startswith("store   postgresql://"), plain
     assert [row["role"] for row in json.loads(nodes.stdout)] == ["leader"], nodes.stdout
+
+
+# -- the worker guard and the run-time entries open the same store -------------------------
+
+def test_the_worker_guard_and_the_run_time_entries_reach_postgresql(pg_url):
+    from celery import Celery
+
+    from celery_leaderbeat.integrations.guard import Guard
+    from celery_leaderbeat.store import dynamic
+
+    app = Celery("wire", broker="amqp://guest@127.0.0.1//")
+    app.conf.leaderbeat_store_url = pg_url
+    app.conf.leaderbeat_key_prefix = "wire-guard"
+    guard = Guard(app)
+    assert type(guard.store()).__module__.endswith("postgres.guard")
+    assert guard._store is not None
+    guard._store.close()
+    entries = dynamic._store(app)
+    assert type(entries).__module__.endswith("postgres.entries")
