@@ -129,20 +129,21 @@ def test_a_role_that_may_not_create_the_schema_is_told_to_run_init_store(pg_url)
 
 
 def test_django_takes_the_connection_parameters_of_the_default_database():
-    from django.conf import settings
+    databases = {"default": {
+        "ENGINE": "django.db.backends.postgresql", "NAME": "site", "USER": "app",
+        "PASSWORD": "s3cret", "HOST": "db.example", "PORT": "6432",
+        "OPTIONS": {"sslmode": "require", "isolation_level": 1}}}
+    conninfo = django_conninfo(databases=databases)
+    parsed = psycopg.conninfo.conninfo_to_dict(conninfo)
+    assert parsed == {"dbname": "site", "user": "app", "password": "s3cret",
+                      "host": "db.example", "port": "6432", "sslmode": "require"}
 
-    if not settings.configured:
-        settings.configure(DATABASES={"default": {
-            "ENGINE": "django.db.backends.postgresql", "NAME": "site", "USER": "app",
-            "PASSWORD": "s3cret", "HOST": "db.example", "PORT": "6432",
-            "OPTIONS": {"sslmode": "require", "isolation_level": 1}}})
-    db = settings.DATABASES["default"]
-    if "postgresql" not in db["ENGINE"]:
-        pytest.skip("Django is configured with another database by an earlier test")
-    conninfo = django_conninfo()
-    for key in ("dbname", "user", "host", "port"):
-        assert f"{key}=" in conninfo
-    assert "isolation_level" not in conninfo
+
+def test_django_on_another_database_engine_is_refused_with_what_to_set():
+    with pytest.raises(ConfigurationError) as raised:
+        django_conninfo(databases={"default": {"ENGINE": "django.db.backends.sqlite3"}})
+    assert "leaderbeat_store_url='django'" in str(raised.value)
+    assert "sqlite3" in str(raised.value)
 
 
 # -- the heartbeat through an outage -------------------------------------------------------

@@ -9,6 +9,7 @@ the same store.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from ..config import DJANGO_STORE, Config, is_postgres_store
@@ -37,14 +38,18 @@ def postgres_conninfo(config: Config) -> str:
     return config.store_url
 
 
-def django_conninfo(alias: str = "default") -> str:
-    """A libpq connection string from Django's ``DATABASES[alias]``: the same server,
-    database and role as the site, on connections of the store's own (never the
-    request's, whose transactions and thread it must not share)."""
-    from django.conf import settings
+def django_conninfo(alias: str = "default",
+                    databases: Mapping[str, Mapping[str, Any]] | None = None) -> str:
+    """A libpq connection string from Django's ``DATABASES[alias]`` (or ``databases``):
+    the same server, database and role as the site, on connections of the store's own
+    (never the request's, whose transactions and thread it must not share)."""
     from psycopg.conninfo import make_conninfo
 
-    db = settings.DATABASES.get(alias) or {}
+    if databases is None:
+        from django.conf import settings
+
+        databases = settings.DATABASES
+    db = databases.get(alias) or {}
     engine = str(db.get("ENGINE", ""))
     if "postgresql" not in engine:
         raise ConfigurationError(
