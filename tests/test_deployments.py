@@ -15,10 +15,12 @@ import pytest
 import redis
 
 from celery_leaderbeat.config import Config
+from celery_leaderbeat.store.base import GuardRun
 from celery_leaderbeat.store.connection import make_client
 from celery_leaderbeat.store.keys import Keys
 from celery_leaderbeat.store.lease import Lease
 from celery_leaderbeat.store.ledger import Ledger
+from celery_leaderbeat.store.runs import RedisRuns
 from celery_leaderbeat.store.scripts import Scripts
 from celery_leaderbeat.store.types import (
     BackfillReason,
@@ -111,7 +113,24 @@ def exercise_every_call(url: str, prefix: str, **options) -> None:
         message = standby.get_message(timeout=0.5)
     assert message and message["data"] in (b"released", "released")
     standby.close()
+    exercise_the_guard(RedisRuns(client, scripts, keys, cfg))
     client.close()
+
+
+def exercise_the_guard(runs: RedisRuns) -> None:
+    """Every script of the worker guard, an overlap hand-over among them."""
+    first = GuardRun("t1", "g", 1000, 1, "buffer_one", "w:1", message='{"n": 1}')
+    second = GuardRun("t2", "g", 2000, 1, "buffer_one", "w:1", message='{"n": 2}')
+    started = runs.start(first)                                 # guard_start.lua
+    assert started.decision == "run"
+    assert runs.renew(first, started.token)                     # guard_renew.lua
+    assert runs.start(second).decision == "wait"
+    assert runs.end(first, started.token, "ok") == (True, '{"n": 2}')  # guard_finish.lua
+    assert runs.sweep() == []                                   # guard_sweep.lua
+    handed = GuardRun("t2", "g", 2000, 1, "buffer_one", "w:1", handed_over=True)
+    assert runs.start(handed).decision == "run"
+    assert runs.release(handed, "terminated") == ""             # guard_release.lua
+    assert runs.runs(["t1", "t2"])["t2"].state == "finished"
 
 
 # -- Redis Cluster -------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """The worker guard's records on PostgreSQL (``store/postgres/guard_sql.py``), held to
-``guard.lua``: every decision of a start, the tokens that fence a run, the overlap
+``guard_*.lua``: every decision of a start, the tokens that fence a run, the overlap
 policies with their waiting slots, the hand-over and the sweep, two workers racing for
 one slot on two connections, a lost reply, and the same steps answered as the Redis
 store answers them.

@@ -335,10 +335,11 @@ def test_a_backfill_skips_slots_due_before_redis_lost_writes(node, redis_client)
 def _guard(client: Any, keys: Keys, mode: str, task: str, worker: str, detail: str = "",
            token: int = 0) -> Any:
     scripts = Scripts(client)
-    return scripts.guard(keys=[keys.run(task), keys.alive(task), keys.overlap("e"), keys.history,
-                               keys.guard_fence],
-                         args=[mode, task, worker, 600_000, 5_000, "allow", 100, "e", 1000, 1,
-                               detail, token, 0])
+    script = getattr(scripts, f"guard_{mode}")
+    return script(keys=[keys.run(task), keys.alive(task), keys.overlap("e"), keys.history,
+                        keys.guard_fence],
+                  args=[task, worker, 600_000, 5_000, "allow", 100, "e", 1000, 1, detail, token,
+                        0])
 
 
 def test_a_guarded_run_still_alive_after_redis_lost_its_keys_is_not_run_again(

@@ -5,7 +5,7 @@ with a worker lost mid-task, a Redis visibility timeout) and a new leader may
 re-send what a dead one claimed but never confirmed. Every leaderbeat message
 carries its slot's deterministic task id and headers, so the workers can close
 that gap: with ``leaderbeat_guard = True`` on the workers' app, a worker records
-the slot as started in Redis, atomically (``guard.lua``), before the task body
+the slot as started in Redis, atomically (``guard_start.lua``), before the task body
 runs; any later delivery of the same slot is acknowledged without running and
 recorded ``skipped``/``duplicate``. Messages without leaderbeat headers run as
 always. Each Celery retry of a slot is a run of its own (the run id is the task
@@ -48,7 +48,7 @@ the lease ttl. A slot due while it is held is, by policy: ``skip``, recorded
 skipped; ``buffer_one``/``buffer_all``, recorded waiting in Redis (its message kept
 there) and acknowledged, so no worker process is held while it waits;
 ``cancel_other``, the same, and the running task is revoked with ``terminate``.
-The turn passes in ``guard.lua``, atomically: the run's end (this module's finish,
+The turn passes in ``guard_*.lua``, atomically: the run's end (this module's finish,
 or the ``task_revoked`` signal in the worker that terminated it) hands the lock to
 the first waiting slot and publishes its message again (header
 ``leaderbeat_handed_over``); each guarded worker's main process sweeps every

@@ -33,7 +33,7 @@ The implementation today is Redis (:func:`~celery_leaderbeat.store.redis_store.c
 :class:`~celery_leaderbeat.store.lease.Lease` (``acquire.lua``, ``renew.lua``,
 ``release.lua``), :class:`~celery_leaderbeat.store.ledger.Ledger` (``lead.lua``,
 ``rescue.lua``, ``record.lua`` ... and ``prune.lua``), pub/sub for the events, a list for the requests, ``entries.lua`` for
-the entries, ``guard.lua`` for the guard. A second store, say PostgreSQL for a site
+the entries, ``guard_*.lua`` for the guard. A second store, say PostgreSQL for a site
 with no Redis, would implement the same protocols: the lease as one row updated under
 an advisory lock (the epoch a column bumped on each acquisition: the fencing token),
 the slots as a table keyed by entry and claimed with ``UPDATE ... WHERE slot < $slot``

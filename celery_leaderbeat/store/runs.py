@@ -1,6 +1,6 @@
 """The worker guard's records in Redis: which run of a slot started, is alive, or finished.
 
-One script (``lua/guard.lua``) does every change, so a start is atomic: two
+One script per call (``lua/guard_*.lua``) does each change, so a start is atomic: two
 workers handed the same run cannot both be told to run it. A run is a slot's
 first delivery that does the work, or one of its retries (``run_id``: the
 slot's task id, ``~<k>`` added for retry k). Per run: ``{p}:run:<run id>``
@@ -15,6 +15,8 @@ higher one, and only the run holding the record's token may renew or finish it.
 
 from __future__ import annotations
 
+from typing import Any
+
 from .base import GuardDecision, GuardRun, RunRecord
 from .scripts import RedisPart, text
 
@@ -22,35 +24,35 @@ from .scripts import RedisPart, text
 class RedisRuns(RedisPart):
     """The guard's records of one key prefix."""
 
-    def _call(self, run: GuardRun, mode: str, detail: str = "", token: int = 0) -> list[str]:
+    def _call(self, script: Any, run: GuardRun, detail: str = "", token: int = 0) -> list[str]:
         keys, config = self.keys, self.config
-        reply = self.scripts.guard(
+        reply = script(
             keys=[keys.run(run.run_id), keys.alive(run.run_id), keys.overlap(run.entry),
                   keys.history, keys.guard_fence, keys.waiting(run.entry),
                   keys.waiting_messages(run.entry), keys.waiting_entries,
                   keys.overlap_held(run.entry), keys.overlap_decisions],
-            args=[mode, run.task_id, run.worker, int(config.guard_expires * 1000),
+            args=[run.task_id, run.worker, int(config.guard_expires * 1000),
                   int(config.lease_ttl * 1000), run.overlap, config.history_length,
                   run.entry, run.slot_ms, run.epoch, detail, token, run.retry, run.message,
                   "1" if run.handed_over else "0", run.slot_text or str(run.slot_ms)])
         return [text(part) for part in reply]
 
     def start(self, run: GuardRun, *, will_ask_again: bool = False) -> GuardDecision:
-        reply = self._call(run, "start", "wait" if will_ask_again else "")
+        reply = self._call(self.scripts.guard_start, run, "wait" if will_ask_again else "")
         return GuardDecision(reply[0], reply[1], int(reply[2]) if len(reply) > 2 else 0)
 
     def renew(self, run: GuardRun, token: int) -> bool:
-        return self._call(run, "renew", token=token)[0] == "ok"
+        return self._call(self.scripts.guard_renew, run, token=token)[0] == "ok"
 
     def finish(self, run: GuardRun, token: int, detail: str) -> bool:
         return self.end(run, token, detail)[0]
 
     def end(self, run: GuardRun, token: int, detail: str) -> tuple[bool, str]:
-        reply = self._call(run, "finish", detail, token)
+        reply = self._call(self.scripts.guard_finish, run, detail, token)
         return reply[0] == "ok", (reply[1] if reply[0] == "ok" and len(reply) > 1 else "")
 
     def release(self, run: GuardRun, detail: str) -> str:
-        reply = self._call(run, "release", detail)
+        reply = self._call(self.scripts.guard_release, run, detail)
         return reply[1] if len(reply) > 1 else ""
 
     def decisions(self) -> dict[tuple[str, str, str], int]:
@@ -62,9 +64,9 @@ class RedisRuns(RedisPart):
 
     def sweep(self) -> list[str]:
         keys = self.keys
-        reply = self.scripts.guard(
+        reply = self.scripts.guard_sweep(
             keys=[keys.waiting_entries],
-            args=["sweep", keys.overlap(""), keys.waiting(""), keys.waiting_messages(""),
+            args=[keys.overlap(""), keys.waiting(""), keys.waiting_messages(""),
                   keys.overlap_held(""), int(self.config.lease_ttl * 1000)])
         return [text(part) for part in reply]
 

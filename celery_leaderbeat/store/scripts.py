@@ -4,7 +4,9 @@ redis-py's ``Script`` objects reload themselves when Redis answers NOSCRIPT
 (after a restart or ``SCRIPT FLUSH``), so registering once is enough. The slot
 scripts (one per operation) each get the code tables written from
 :mod:`.types` and the helpers of ``prelude.lua`` in front of them: one
-``EVALSHA`` per operation still, and Python and Lua read one vocabulary.
+``EVALSHA`` per operation still, and Python and Lua read one vocabulary. The
+guard's scripts get the overlap lock's hand-over (``guard_lock.lua``) in front
+of them, and those of one run the helpers of ``guard_prelude.lua`` too.
 """
 
 from __future__ import annotations
@@ -21,16 +23,24 @@ from .types import BackfillReason, Code, SlotStatus
 
 #: the scripts about slots, which share ``prelude.lua`` and the code tables
 SLOT_SCRIPTS = ("lead", "rescue", "record", "backfill", "define", "check")
-NAMES = ("acquire", "renew", "release", "guard", "prune", "lost", *SLOT_SCRIPTS)
+#: the worker guard's scripts of one run, which share ``guard_prelude.lua``
+RUN_SCRIPTS = ("guard_start", "guard_renew", "guard_finish", "guard_release")
+NAMES = ("acquire", "renew", "release", "prune", "lost", *SLOT_SCRIPTS, *RUN_SCRIPTS,
+         "guard_sweep")
 
 
 @cache
 def source(name: str) -> str:
     """The text Redis runs for script ``name``: ``lua/<name>.lua``, after the code tables
-    and ``prelude.lua`` for a slot script."""
+    and ``prelude.lua`` for a slot script, after ``guard_lock.lua`` (and ``guard_prelude.lua``
+    for one run) for a guard script."""
     text = _read(name)
     if name in SLOT_SCRIPTS:
         text = f"{code_tables()}\n{_read('prelude')}\n{text}"
+    elif name in RUN_SCRIPTS:
+        text = f"{_read('guard_lock')}\n{_read('guard_prelude')}\n{text}"
+    elif name == "guard_sweep":
+        text = f"{_read('guard_lock')}\n{text}"
     return text
 
 
@@ -65,7 +75,6 @@ class Scripts:
     acquire: Any
     renew: Any
     release: Any
-    guard: Any
     prune: Any
     lost: Any
     lead: Any
@@ -74,6 +83,11 @@ class Scripts:
     backfill: Any
     define: Any
     check: Any
+    guard_start: Any
+    guard_renew: Any
+    guard_finish: Any
+    guard_release: Any
+    guard_sweep: Any
 
 
 @dataclass

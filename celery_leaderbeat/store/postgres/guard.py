@@ -1,5 +1,5 @@
 """The worker guard's records on PostgreSQL: the seam's :class:`GuardStore` over
-:mod:`.guard_sql` (``guard.lua``'s rules, one transaction per call, each a
+:mod:`.guard_sql` (``guard_*.lua``'s rules, one transaction per call, each a
 :class:`~.guard_call.Call` on its locked rows)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The worker guard's records in SQL: ``guard.lua``'s rules, one transaction per call.
+"""The worker guard's records in SQL: ``guard_*.lua``'s rules, one transaction per call.
 
 Row locks stand in for the script's atomicity. Every call about a run locks, in this
 order, its entry's row of ``guard_locks`` (every call about the entry waits on it), then
@@ -151,7 +151,7 @@ def release_run(conn: Any, schema: str, app: str, run: GuardRun, ttls: Ttls,
 
 def start_run(conn: Any, schema: str, app: str, run: GuardRun, ttls: Ttls,
               will_ask_again: bool) -> tuple[str, str, int]:
-    """Start the run or say why not: guard.lua's start, its answer as a triple."""
+    """Start the run or say why not: guard_start.lua, its answer as a triple."""
     with conn.transaction():
         call = Call.locked(conn, schema, app, run, ttls)
         held = call.holder

@@ -117,11 +117,7 @@ def decide(chunk: Chunk, item: Item) -> Answer:
     if not chunk.lead:
         return _rescue(chunk, item, stored)
     if item.op is Op.DEFINE:
-        if item.name:
-            chunk.defined[item.name] = item.fingerprint
-            chunk.definitions[item.name] = item.fingerprint
-        chunk.defined_epoch = chunk.epoch
-        return Code.GRANTED
+        return _define(chunk, item)
     if item.op is Op.BACKFILL:
         return _backfill(chunk, item, stored)
     if item.op not in _STATES:
@@ -130,6 +126,20 @@ def decide(chunk: Chunk, item: Item) -> Answer:
         return Code.EARLY
     if item.op is Op.RECOVER:
         return _recover(chunk, item, stored)
+    return _lead(chunk, item, stored)
+
+
+def _define(chunk: Chunk, item: Item) -> Answer:
+    """The leader's fingerprint of an entry (none: only the mark of its epoch)."""
+    if item.name:
+        chunk.defined[item.name] = item.fingerprint
+        chunk.definitions[item.name] = item.fingerprint
+    chunk.defined_epoch = chunk.epoch
+    return Code.GRANTED
+
+
+def _lead(chunk: Chunk, item: Item, stored: Row | None) -> Answer:
+    """A leader's claim, skip, anchor, reanchor, restore or rolled-back start."""
     slot_ms = item.slot_ms
     if item.op is Op.ANCHOR:
         if stored:
