@@ -31,9 +31,16 @@ REDIS_DOWN_POLICIES = ("pause", "last-leader")
 REDIS_SCHEMES = ("redis", "rediss", "unix", "sentinel", "redis+cluster", "rediss+cluster")
 #: the store URLs beside Redis: ``memory://`` (one process only: tests, development)
 STORE_SCHEMES = (*REDIS_SCHEMES, "memory")
+POSTGRES_SCHEMES = ("postgresql", "postgres")
+#: ``leaderbeat_store_url`` naming Django's ``DATABASES["default"]``
+DJANGO_STORE = "django"
+STORE_RULE = ("must be a Redis URL (redis://, rediss://, unix://, sentinel://, "
+              "redis+cluster://, memory://), a PostgreSQL URL (postgresql://, postgres://) or "
+              f"{DJANGO_STORE!r} (Django's DATABASES['default'])")
 
 #: setting name (without ``leaderbeat_``) -> default.  ``None`` means "derived".
 DEFAULTS: dict[str, Any] = {
+    "store_url": None,
     "redis_url": None,
     "redis_options": {},
     "key_prefix": None,
@@ -107,6 +114,9 @@ class Config:
     atomic_enqueue: bool
     #: Celery's ``beat_cron_starting_deadline``: the catch-up window of crontab entries
     cron_starting_deadline: float | None = None
+    #: the URL the store is opened from: Redis, PostgreSQL or ``"django"`` (empty: the
+    #: Redis of ``redis_url``)
+    store_url: str = ""
     #: start-up warnings (Celery settings this scheduler does not use, a newer Celery)
     notes: tuple[str, ...] = field(default=(), compare=False)
 
@@ -137,7 +147,9 @@ class Config:
         for name, default in DEFAULTS.items():
             value = conf.get(f"leaderbeat_{name}")
             raw[name] = default if value is None else value
-        if raw["redis_url"] is None:
+        if raw["redis_url"] is None and _is_redis_url(raw["store_url"]):
+            raw["redis_url"] = raw["store_url"]
+        if raw["redis_url"] is None and raw["store_url"] is None:
             broker = conf.get("broker_url") or ""
             if isinstance(broker, str) and broker.split("://", 1)[0] in REDIS_SCHEMES:
                 raw["redis_url"] = broker.split(";")[0] if broker.startswith("redis") else broker
@@ -156,10 +168,7 @@ class Config:
         problems = list(problems or [])
         raw = {**DEFAULTS, **{k: v for k, v in raw.items() if v is not None}}
         v = _Validator(problems)
-        url = v.check("redis_url", raw.get("redis_url"), _is_redis_url,
-                      "must be a redis://, rediss://, unix://, sentinel://, "
-                      "redis+cluster:// or memory:// URL (none given, and the broker is not "
-                      "Redis)")
+        url, store_url = _store_urls(v, raw)
         options = v.check("redis_options", raw.get("redis_options", {}),
                           lambda x: isinstance(x, Mapping), "must be a dict")
         prefix = v.check("key_prefix", raw.get("key_prefix"),
@@ -211,7 +220,7 @@ class Config:
             history_length=history, min_replicas=replicas, rescue_after=float(rescue),
             guard=guard, guard_expires=float(guard_expires),
             overlap=str(overlap), metrics_port=metrics_port,
-            base_scheduler=base, atomic_enqueue=atomic,
+            base_scheduler=base, atomic_enqueue=atomic, store_url=store_url,
         )
 
 
@@ -416,6 +425,36 @@ def _import(path: str) -> Any:
 def _seconds(value: Any) -> Any:
     total = getattr(value, "total_seconds", None)
     return total() if callable(total) else value
+
+
+def _store_urls(v: _Validator, raw: Mapping[str, Any]) -> tuple[Any, Any]:
+    """``redis_url`` and ``store_url``: the store's URL is Redis's unless it names
+    PostgreSQL (then Redis's is not needed, and empty unless given)."""
+    store_url = raw.get("store_url")
+    if store_url is not None:
+        v.check("store_url", store_url, _is_store_url, STORE_RULE)
+        if not _is_redis_url(store_url):
+            given = raw.get("redis_url")
+            if given is not None:
+                v.check("redis_url", given, _is_redis_url, "must be a redis://, rediss://, "
+                        "unix://, sentinel:// or redis+cluster:// URL")
+            return given or "", store_url
+    given = raw.get("redis_url") or store_url
+    url = v.check("redis_url", given, _is_redis_url,
+                  "must be a redis://, rediss://, unix://, sentinel:// or redis+cluster:// "
+                  "URL (none given, and the broker is not Redis); or set "
+                  "leaderbeat_store_url to a postgresql:// URL to keep leaderbeat on PostgreSQL")
+    return url, store_url or url
+
+
+def _is_store_url(value: Any) -> bool:
+    return (value == DJANGO_STORE or _is_redis_url(value) or
+            (isinstance(value, str) and value.split("://", 1)[0] in POSTGRES_SCHEMES))
+
+
+def is_postgres_store(config: Config) -> bool:
+    """Whether ``config`` puts the store on PostgreSQL (a URL, or Django's database)."""
+    return config.store_url == DJANGO_STORE or config.store_url.split("://", 1)[0] in POSTGRES_SCHEMES
 
 
 def _is_redis_url(value: Any) -> bool:

@@ -42,7 +42,7 @@ from .send.sender import Enqueuer
 from .store.base import STORE_ERRORS, STORE_REFUSED, SlotStore
 from .store.connection import describe
 from .store.keys import Keys
-from .store.redis_store import connect
+from .store.open import open_store
 from .store.registry import Registration
 from .store.types import Event
 
@@ -103,7 +103,7 @@ class Scheduler(ScheduleState, Sending, Trouble, Lifecycle, beat.Scheduler):
         # The banner comes from a lazy instance whose generated node id is not the
         # running one's; the "elected" log line names the real id.
         node = c.node_id if self.app.conf.get("leaderbeat_node_id") else c.node_id.rsplit(":", 1)[0]
-        return (f"    . leaderbeat -> {describe(c.redis_url)} prefix={c.key_prefix} "
+        return (f"    . leaderbeat -> {describe(c.store_url or c.redis_url)} prefix={c.key_prefix} "
                 f"node={node} ttl={c.lease_ttl}s rescue_after={c.rescue_after}s "
                 f"catchup={c.catchup} redis_down_policy={c.redis_down_policy}")
 
@@ -134,7 +134,7 @@ class Scheduler(ScheduleState, Sending, Trouble, Lifecycle, beat.Scheduler):
             return self._shared
         self._pid = os.getpid()
         config = self.lb_config
-        store = connect(config)
+        store = open_store(config)
         # liveness: the main loop back by its planned wake-up plus one ttl (the heartbeat's
         # rule); readiness: Redis answers too (ops/health.py)
         health = Health(lambda: self._wake_by, config.lease_ttl,

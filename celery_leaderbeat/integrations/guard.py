@@ -82,7 +82,7 @@ from kombu.utils import json
 from ..config import OVERLAP_RULE, Config, overlap_policy
 from ..errors import ConfigurationError
 from ..store.base import STORE_ERRORS, GuardRun, GuardStore, Store
-from ..store.redis_store import connect
+from ..store.open import open_store
 from ..timing.iso import from_iso
 from ..timing.slots import from_ms, to_ms
 
@@ -122,7 +122,7 @@ class Guard:
         """This process's guard store (a forked pool child opens its own)."""
         if self._pid != os.getpid() or self._store is None:
             self._pid = os.getpid()
-            self._store = connect(self.config)
+            self._store = open_store(self.config)
         return self._store.guard
 
     def wrap(self, task: Any) -> None:

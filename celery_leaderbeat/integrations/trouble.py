@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import time
 
+from ..config import is_postgres_store
 from ..errors import LeaseLostError, RedisAuthError
 from ..roles.shared import utcnow
 from ..store.base import STORE_ERRORS
@@ -27,9 +28,21 @@ CLOCK_STEP = 2.0
 class Trouble(Attributes):
     """What the Scheduler does when Redis stops answering, and when the wall clock steps."""
 
+    def _store_at(self) -> str:
+        """The store's server for a log line: ``Redis at <url>`` or ``PostgreSQL at <url>``."""
+        config = self.lb_config
+        if is_postgres_store(config):
+            return f"PostgreSQL at {describe(config.store_url)}"
+        return f"Redis at {describe(config.redis_url)}"
+
     def _refused(self, exc: Exception) -> RedisAuthError:
         """Credentials (``AuthenticationError``) or a permission (``NoPermissionError``)
-        Redis refused, as an error that says what to check."""
+        the store refused, as an error that says what to check."""
+        if is_postgres_store(self.lb_config):
+            return RedisAuthError(
+                f"{self._store_at()} refused ({exc}); check the role and password in "
+                "leaderbeat_store_url (or Django's DATABASES) and the role's grants on the "
+                "schema leaderbeat and its tables")
         if isinstance(exc, StoreCredentialsRefused):
             return RedisAuthError(
                 f"Redis at {describe(self.lb_config.redis_url)} refused the credentials "
@@ -43,8 +56,8 @@ class Trouble(Attributes):
     def _redis_trouble(self, exc: Exception) -> float:
         if not self._redis_failures:
             self._led_at_outage = self._leader is not None
-            logger.warning("leaderbeat: Redis at %s unreachable (%s); %s, retrying with backoff",
-                           describe(self.lb_config.redis_url), exc,
+            logger.warning("leaderbeat: %s unreachable (%s); %s, retrying with backoff",
+                           self._store_at(), exc,
                            "leader stops sending until its lease is confirmed"
                            if self._leader is not None else "standing by")
         self._redis_failures += 1
@@ -61,7 +74,7 @@ class Trouble(Attributes):
         return min(backoff, max(0.25, float(self.lb_config.standby_poll)))
 
     def _redis_back(self) -> None:
-        logger.info("leaderbeat: Redis at %s answers again", describe(self.lb_config.redis_url))
+        logger.info("leaderbeat: %s answers again", self._store_at())
         self._redis_failures = 0
         self._contact_since = time.time()
         config = self.lb_config

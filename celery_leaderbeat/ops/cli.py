@@ -25,6 +25,7 @@ from typing import Any
 
 import click
 
+from ..config import is_postgres_store
 from ..integrations.guard import offer_step
 from ..store.connection import describe
 from .cli_group import (
@@ -65,7 +66,9 @@ def status(ctx: click.Context, as_json: bool) -> None:
     cluster = cluster_of(ctx)
     leader, entries = cluster.leader(), cluster.entries()
     send_path = _leader_send_path(cluster, leader)
-    lines = [f"redis   {describe(cluster.config.redis_url)}  prefix {cluster.config.key_prefix}",
+    where = cluster.config.store_url or cluster.config.redis_url
+    kind = "store" if is_postgres_store(cluster.config) else "redis"
+    lines = [f"{kind}   {describe(where)}  prefix {cluster.config.key_prefix}",
              "leader  " + (f"{leader['node']} (epoch {leader['epoch']}, lease "
                            f"{leader['lease_ms_left'] / 1000:.1f} s left)" if leader else "none")]
     if send_path:
@@ -294,4 +297,7 @@ def reset(ctx: click.Context, yes: bool, as_json: bool) -> None:
 
 
 from ..web import cli as _web_cli  # noqa: F401 - registers `web` on the group
-from . import cli_entries  # noqa: F401 - registers the entry commands on the group
+from . import (
+    cli_entries,  # noqa: F401 - registers the entry commands on the group
+    cli_store,  # noqa: F401 - registers `init-store` on the group
+)

@@ -28,6 +28,7 @@ from ..errors import (
     did_you_mean,
 )
 from ..store.base import STORE_ERRORS, STORE_REFUSED
+from ..store.failures import PG_ERRORS
 from ..timing.iso import from_iso
 from .cluster import Cluster
 
@@ -50,10 +51,11 @@ EXIT_CODES = """Exit codes (sysexits):
       contradict each other, a confirmation (--yes) missing or declined
   65  data: no entry of that name, an entry that exists, an entry definition
       that breaks a rule, a backfill whose slots cannot be told or are too many
-  69  unavailable: Redis cannot be reached or does not answer in time
-  70  software: Redis answered something this version does not understand
-  78  configuration: a leaderbeat_* setting is invalid, or Redis refused the
-      credentials
+  69  unavailable: the store (Redis, PostgreSQL) cannot be reached or does not
+      answer in time
+  70  software: the store answered something this version does not understand
+  78  configuration: a leaderbeat_* setting is invalid, the store refused the
+      credentials, or its schema is missing and this role may not create it
 
 Under --json an error is {"error": {"code", "kind", "message"}} on stdout."""
 
@@ -154,14 +156,19 @@ def _translate(exc: Exception) -> CommandError | None:
     if isinstance(exc, (EntryNotFound, EntryExists, BackfillRefused)):
         return DataFailure(str(exc))
     if isinstance(exc, (RedisAuthError, *STORE_REFUSED)):
-        return ConfigFailure(f"Redis refused: {exc}")
+        return ConfigFailure(f"{_server(exc)} refused: {exc}")
     if isinstance(exc, ConfigurationError):
         return ConfigFailure(str(exc))
     if isinstance(exc, STORE_ERRORS):
-        return Unavailable(f"Redis unreachable: {exc}")
+        return Unavailable(f"{_server(exc)} unreachable: {exc}")
     if isinstance(exc, LeaderbeatError):
         return CommandError(f"{type(exc).__name__}: {exc}")
     return None
+
+
+def _server(exc: Exception) -> str:
+    """Which store's server an error came from, for the message."""
+    return "PostgreSQL" if isinstance(exc, PG_ERRORS) else "Redis"
 
 
 @contextlib.contextmanager

@@ -21,7 +21,7 @@ from ..entries import EntryOptions, split_entries
 from ..errors import BackfillRefused, EntryNotFound
 from ..roles.requests import Request, submit
 from ..store.base import Store
-from ..store.redis_store import connect
+from ..store.open import open_store
 from ..store.types import SlotStatus
 from ..timing.clocks import IntervalClock
 from ..timing.slots import clock_for, from_ms, slot_id, to_ms
@@ -99,7 +99,7 @@ class Cluster:
     def __init__(self, app: Any) -> None:
         self.app = app
         self.config = Config.from_app(app)
-        self.store: Store = connect(self.config)
+        self.store: Store = open_store(self.config)
         self.ledger = self.store.ledger
         self._dynamic_names: set[str] = set()
 

@@ -140,6 +140,8 @@ def fast_path_problem(app: Any, client: Any, min_replicas: int) -> str | None:
                 f">={_dotted(KOMBU_RANGE[0])},<{_dotted(KOMBU_RANGE[1])})")
     if min_replicas:
         return "leaderbeat_min_replicas is set (a claim is confirmed after it ran)"
+    if client is None:
+        return "the store is not Redis (the broker's commands cannot ride on its claims)"
     pool = getattr(client, "connection_pool", None)
     if pool is None or not hasattr(pool, "connection_kwargs"):
         return "leaderbeat's Redis is a Cluster or has no single server"

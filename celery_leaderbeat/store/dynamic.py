@@ -35,8 +35,8 @@ from ..errors import ConfigurationError
 from ..timing.schedules import cron
 from ..timing.slots import clock_for, from_ms, to_ms
 from .base import EntryDefinitions
+from .open import open_store
 from .records import Stored
-from .redis_store import connect
 
 
 class once(BaseSchedule):
@@ -280,6 +280,6 @@ def _store(app: Any) -> EntryDefinitions:
     """One store per app and process (a forked child opens its own)."""
     made = _stores.get(app)
     if made is None or made[0] != os.getpid():
-        made = (os.getpid(), connect(Config.from_app(app)).entries)
+        made = (os.getpid(), open_store(Config.from_app(app)).entries)
         _stores[app] = made
     return made[1]

@@ -136,9 +136,9 @@ class ClusterView:
             self.cluster.store.ping()
             warnings = self.cluster.store.warnings()
         except Exception as exc:  # noqa: BLE001 - shown on the page; the next poll asks again
-            return {"redis": describe(config.redis_url), "prefix": config.key_prefix,
+            return {"redis": describe(config.store_url or config.redis_url), "prefix": config.key_prefix,
                     "ok": False, "ping_ms": None, "warnings": [], "error": str(exc)}
-        return {"redis": describe(config.redis_url), "prefix": config.key_prefix, "ok": True,
+        return {"redis": describe(config.store_url or config.redis_url), "prefix": config.key_prefix, "ok": True,
                 "ping_ms": round((time.perf_counter() - started) * 1000, 2),
                 "warnings": warnings, "error": None}
 

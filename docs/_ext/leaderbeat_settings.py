@@ -14,7 +14,8 @@ from typing import Any
 
 #: defaults that are derived when unset (``None`` in DEFAULTS and not "unset")
 DERIVED = {
-    "redis_url": "the broker URL, when the broker is Redis",
+    "store_url": "`redis_url`",
+    "redis_url": "the broker URL, when the broker is Redis (or `store_url` when it is Redis)",
     "key_prefix": "`leaderbeat:<app name>`",
     "node_id": "`host:pid:random`",
     "renew_interval": "lease_ttl / 3",
@@ -23,9 +24,13 @@ DERIVED = {
 
 #: what each setting is for (Markdown); every name of config.DEFAULTS, no other
 MEANING = {
+    "store_url": "Which store keeps leaderbeat's state: a Redis URL (as `redis_url`), "
+                 "`postgresql://user@host/db` (or `postgres://`), or `django`: the "
+                 "PostgreSQL of Django's `DATABASES[\"default\"]`, on connections of its own. "
+                 "See [PostgreSQL](../postgresql.md).",
     "redis_url": "Where leaderbeat keeps its state: `redis://`, `rediss://` (TLS), `unix://`, "
                  "`sentinel://h:p;sentinel://h2:p/db`, `redis+cluster://`. Required when the "
-                 "broker is not Redis.",
+                 "broker is not Redis and `store_url` does not name PostgreSQL.",
     "redis_options": "Passed to the redis-py client (`password`, `username`, `ssl_ca_certs`, "
                      "`socket_timeout`, ...; Sentinel: `master_name`, `sentinel_kwargs`).",
     "key_prefix": "Every key lives under the hash tag `{<prefix>}`; one prefix per app.",

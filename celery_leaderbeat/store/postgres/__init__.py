@@ -1,8 +1,9 @@
 """A PostgreSQL store: the lease, the claims and the history on the database alone.
 
-Not selectable yet: no URL or setting chooses it. :func:`~.store.open_store` builds its
-lease and ledger for tests and benchmarks; ``docs/postgresql.md`` describes the schema
-and how each rule of the Lua scripts maps to SQL.
+``leaderbeat_store_url = "postgresql://..."`` chooses it (``store/open.py`` opens it);
+:func:`~.store.open_store` builds one on a connection string directly, for tests and
+benchmarks. ``docs/postgresql.md`` describes the schema and how each rule of the Lua
+scripts maps to SQL.
 
 - :mod:`.schema`: the tables, created and migrated by the store (``ensure_schema``);
 - :mod:`.pool`: the connection pool and the errors a failed call raises;

@@ -1,8 +1,8 @@
 """The PostgreSQL store: its parts on one pool, and what about the server's settings puts
 the guarantees at risk.
 
-Not selectable yet (no URL chooses it): tests and benchmarks build it with
-:func:`open_store`. Each adapter takes a connection from the pool, runs one function of
+``leaderbeat_store_url`` chooses it (``store/open.py``); tests and benchmarks build it
+on a connection string with :func:`open_store`. Each adapter takes a connection from the pool, runs one function of
 the ``*_sql`` modules, and turns its answer into the seam's types.
 """
 

@@ -1,0 +1,81 @@
+"""Read back what beats published to a RabbitMQ queue of the test's own, every copy.
+
+:class:`AmqpRecorder` has :class:`~tests.support.recorder.Recorder`'s ``drain``,
+``drain_all`` and ``wait_for``, so :func:`~tests.support.recorder.duplicates` and
+:func:`~tests.support.recorder.slots_by_entry` judge it the same way. The queue is
+declared before any beat starts (nothing published before a consumer exists is
+dropped) and deleted at close.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from typing import Any
+
+import kombu
+
+from .recorder import Message
+
+
+class AmqpRecorder:
+    """Drains one queue on the broker at ``url``; remembers every message seen."""
+
+    def __init__(self, url: str, queue: str | None = None) -> None:
+        self.url = url
+        self.queue = queue or f"lb-test-{secrets.token_hex(4)}"
+        self.conn = kombu.Connection(url, connect_timeout=5)
+        self.conn.ensure_connection(max_retries=3)
+        # celery declares its default queue durable; the same arguments, or a 406
+        kombu.Queue(self.queue, durable=True, channel=self.conn.default_channel).declare()
+        self.messages: list[Message] = []
+
+    def drain(self) -> list[Message]:
+        """Take and return the new messages, oldest first; also kept in ``messages``."""
+        channel = self.conn.default_channel
+        new: list[Message] = []
+        while (raw := channel.basic_get(self.queue, no_ack=True)) is not None:
+            new.append(_message(raw, self.queue, time.time()))
+        self.messages.extend(new)
+        return new
+
+    def drain_all(self) -> list[Message]:
+        self.drain()
+        return self.messages
+
+    def wait_for(self, count: int, timeout: float = 10.0, task: str | None = None) -> list[Message]:
+        """Drain until at least ``count`` messages (of ``task``, if given) were seen."""
+        deadline = time.monotonic() + timeout
+        while True:
+            self.drain()
+            seen = [m for m in self.messages if task is None or m.task == task]
+            if len(seen) >= count:
+                return seen
+            if time.monotonic() > deadline:
+                raise AssertionError(f"expected {count} messages within {timeout}s on "
+                                     f"{self.queue!r}, saw {len(seen)}")
+            time.sleep(0.05)
+
+    def watch(self, seconds: float) -> list[Message]:
+        """Drain every 50 ms for ``seconds`` (so each message's ``received`` is close to
+        when it was published); the new messages."""
+        start = len(self.messages)
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            self.drain()
+            time.sleep(0.05)
+        return self.messages[start:]
+
+    def close(self) -> None:
+        try:
+            kombu.Queue(self.queue, channel=self.conn.default_channel).delete()
+        finally:
+            self.conn.release()
+
+
+def _message(raw: Any, queue: str, received: float) -> Message:
+    headers = dict(raw.headers or {})
+    properties = dict(raw.properties or {})
+    return Message(task=str(headers.get("task")),
+                   id=str(headers.get("id") or properties.get("correlation_id")),
+                   headers=headers, properties=properties, queue=queue, received=received)

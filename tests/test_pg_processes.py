@@ -1,0 +1,181 @@
+"""Real ``celery beat`` processes on PostgreSQL and RabbitMQ alone: no Redis process anywhere.
+
+Each test starts a PostgreSQL cluster of its own (``tests/support/pg_cluster.py``, so it
+may restart it) and publishes to a RabbitMQ queue of its own, read back message by
+message (every copy: a slot sent twice shows as two). The beats run with leaderbeat's
+and Celery's defaults (10 s lease, 2 s rescue, 300 s loop interval): the way users run it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from datetime import datetime
+
+import pytest
+
+from celery_leaderbeat.config import Config
+from celery_leaderbeat.ops.cluster import Cluster
+from tests.support.amqp_recorder import AmqpRecorder
+from tests.support.beat import NOOP, BeatCluster, beat_env, duplicates, slots_by_entry
+from tests.support.beatapp import make_app
+from tests.support.pg_cluster import Cluster as PgCluster
+from tests.support.pg_cluster import pg_cluster
+from tests.support.rabbitmq import require_rabbitmq
+
+# each test runs three beats and a PostgreSQL cluster of its own: never beside another heavy test
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("heavy")]
+
+DEFAULTS = Config.from_values({"store_url": "postgresql://x", "key_prefix": "p", "node_id": "n"})
+TTL, RESCUE_AFTER = DEFAULTS.lease_ttl, DEFAULTS.rescue_after
+ENTRIES = 5
+
+
+@pytest.fixture
+def server() -> Iterator[PgCluster]:
+    """A PostgreSQL cluster of this test's own (restartable)."""
+    with pg_cluster() as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def recorder() -> Iterator[AmqpRecorder]:
+    rec = AmqpRecorder(require_rabbitmq())
+    try:
+        yield rec
+    finally:
+        rec.close()
+
+
+def url_of(cluster: PgCluster) -> str:
+    return f"postgresql://postgres@127.0.0.1:{cluster.port}/postgres?connect_timeout=3"
+
+
+def env_for(tmp_path, cluster, recorder: AmqpRecorder, key_prefix: str) -> dict[str, str]:
+    schedule = {f"e{i}": {"task": NOOP, "every": 1} for i in range(ENTRIES)}
+    return beat_env(tmp_path, broker_url=recorder.url,
+                    prefix=key_prefix, schedule=schedule,
+                    settings={"leaderbeat_store_url": url_of(cluster),
+                              "task_default_queue": recorder.queue})
+
+
+def watcher(env: dict[str, str]) -> Cluster:
+    """The CLI's view of the beats' store (what ``celery leaderbeat status`` reads)."""
+    cluster = Cluster(make_app(env))
+    assert cluster.config.redis_url == "", "no Redis is configured anywhere"
+    return cluster
+
+
+def leader_pid(view: Cluster, *, other_than: str | None = None, timeout: float = 30.0) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            leader = view.leader()
+        except Exception:  # noqa: BLE001 - the server restarting: ask again
+            leader = None
+        if leader and leader["node"] != other_than:
+            return int(leader["node"].split(":")[-2])
+        time.sleep(0.05)
+    raise AssertionError(f"no leader (other than {other_than}) within {timeout} s")
+
+
+def gaps(messages) -> dict[str, list[str]]:
+    """Per entry, the slots missing between its first and its last (none expected)."""
+    out = {}
+    for entry, slots in slots_by_entry(messages).items():
+        seconds = sorted({int(datetime.fromisoformat(str(s)).timestamp()) for s in slots})
+        missing = sorted(set(range(seconds[0], seconds[-1] + 1)) - set(seconds))
+        if missing:
+            out[str(entry)] = [datetime.fromtimestamp(m).isoformat() for m in missing]
+    return out
+
+
+def beat_pid(beats: BeatCluster, pid: int):
+    return next(b for b in beats if b.pid == pid)
+
+
+def test_three_beats_on_postgresql_one_leads_and_every_slot_goes_out_once(
+        tmp_path, server, recorder, key_prefix):
+    env = env_for(tmp_path, server, recorder, key_prefix)
+    view = watcher(env)
+    with BeatCluster(3, env, tmp_path) as beats:
+        leader = leader_pid(view)
+        recorder.wait_for(3 * ENTRIES, timeout=40)
+        recorder.watch(8)
+        roles = {row["node"]: row["role"] for row in view.nodes()}
+        messages = recorder.drain_all()
+        logs = beats.logs()
+    assert duplicates(messages) == [], logs
+    assert gaps(messages) == {}, logs
+    assert sorted(roles.values()) == ["leader", "standby", "standby"], roles
+    assert {m.entry for m in messages} == {f"e{i}" for i in range(ENTRIES)}
+    assert leader in {b.pid for b in beats}
+    assert all(int(node.split(":")[-2]) != leader for node, role in roles.items()
+               if role == "standby")
+    assert "Redis" not in "".join(line for line in logs.splitlines() if "ERROR" in line)
+
+
+def test_sigkill_of_the_leader_a_standby_rescues_within_rescue_after_and_another_leads(
+        tmp_path, server, recorder, key_prefix):
+    env = env_for(tmp_path, server, recorder, key_prefix)
+    view = watcher(env)
+    with BeatCluster(3, env, tmp_path) as beats:
+        old = leader_pid(view)
+        old_node = view.leader()["node"]
+        recorder.wait_for(3 * ENTRIES, timeout=40)
+        killed_at = time.time()
+        beat_pid(beats, old).kill()
+        after = recorder.watch(TTL + 6)
+        new = leader_pid(view, other_than=old_node)
+        recorder.watch(3)
+        messages = recorder.drain_all()
+        logs = beats.logs()
+    assert new != old
+    assert duplicates(messages) == [], logs
+    assert gaps(messages) == {}, logs
+    due_after_kill = [m for m in after
+                      if datetime.fromisoformat(str(m.slot)).timestamp() > killed_at]
+    assert due_after_kill, logs
+    # rescue_after plus about a second, and a generous margin for a loaded machine
+    worst = max(m.lateness for m in due_after_kill)
+    print(f"worst lateness of a slot due after the SIGKILL: {worst:.2f} s")  # shown with -s
+    assert worst <= RESCUE_AFTER + 1 + 2, (worst, logs)
+    assert "rescued" in logs
+
+
+def test_sigterm_hands_over_with_no_slot_twice_and_none_missed(
+        tmp_path, server, recorder, key_prefix):
+    env = env_for(tmp_path, server, recorder, key_prefix)
+    view = watcher(env)
+    with BeatCluster(3, env, tmp_path) as beats:
+        old = leader_pid(view)
+        old_node = view.leader()["node"]
+        recorder.wait_for(3 * ENTRIES, timeout=40)
+        assert beat_pid(beats, old).term() == 0
+        new = leader_pid(view, other_than=old_node, timeout=TTL)
+        recorder.watch(5)
+        messages = recorder.drain_all()
+        logs = beats.logs()
+    assert new != old
+    assert duplicates(messages) == [], logs
+    assert gaps(messages) == {}, logs
+
+
+def test_postgresql_restarted_under_running_beats_they_go_on_with_no_slot_twice(
+        tmp_path, server, recorder, key_prefix):
+    env = env_for(tmp_path, server, recorder, key_prefix)
+    view = watcher(env)
+    with BeatCluster(3, env, tmp_path) as beats:
+        leader_pid(view)
+        recorder.wait_for(3 * ENTRIES, timeout=40)
+        server.restart()
+        restarted_at = time.time()
+        recorder.watch(TTL + 5)
+        messages = recorder.drain_all()
+        alive = len(beats.alive)
+        logs = beats.logs()
+    assert alive == 3, logs
+    assert duplicates(messages) == [], logs
+    assert "Redis at" not in logs, "an outage of PostgreSQL is named as such"
+    late = [m for m in messages if datetime.fromisoformat(str(m.slot)).timestamp() > restarted_at + 3]
+    assert {m.entry for m in late} == {f"e{i}" for i in range(ENTRIES)}, logs
