@@ -195,20 +195,7 @@ class Scheduler(ScheduleState, Sending, Trouble, Lifecycle, beat.Scheduler):
             node = self._connect()
             self._follow_changes()
             self._watch_wall_clock()
-            if self._leader is None:
-                assert self._standby is not None
-                if self._redis_failures:
-                    # Redis answers again: the standby hears so before it tries for the lease
-                    # (under last-leader, the previous leader goes first)
-                    node.store.ping()
-                    self._redis_back()
-                if self._standby.tick(self._schedule_version):
-                    self._become_leader(node, self._standby)
-                delay = 0.0
-            else:
-                delay = self._leader.tick(self._schedule_version)
-                if self.sends_chunks:
-                    delay = self._warm(delay, node.lease.epoch or 0)
+            delay = self._tick_role(node)
             self._refresh_registration()
         except Resign as exc:
             self._step_down(str(exc), release=exc.release)
@@ -234,6 +221,21 @@ class Scheduler(ScheduleState, Sending, Trouble, Lifecycle, beat.Scheduler):
         if self._redis_failures and (self._leader is None or self._leader.outage is None):
             self._redis_back()  # (a leader sending through an outage returns without Redis)
         return delay
+
+    def _tick_role(self, node: Shared) -> float:
+        """A standby's pass (try to lead, rescue) or the leader's; how long to sleep."""
+        if self._leader is not None:
+            delay = self._leader.tick(self._schedule_version)
+            return self._warm(delay, node.lease.epoch or 0) if self.sends_chunks else delay
+        assert self._standby is not None
+        if self._redis_failures:
+            # the store answers again: the standby hears so before it tries for the lease
+            # (under last-leader, the previous leader goes first)
+            node.store.ping()
+            self._redis_back()
+        if self._standby.tick(self._schedule_version):
+            self._become_leader(node, self._standby)
+        return 0.0
 
     def sync(self) -> None:
         """Nothing to persist: the shared state already lives in Redis."""
