@@ -272,3 +272,41 @@ def test_the_private_reach_finder_finds_a_role_reaching_into_the_scheduler():
     by_name = ("celery_leaderbeat.roles.leader:2: getattr(scheduler, '_entry_options', None) "
                "(defined in celery_leaderbeat.scheduler)")
     assert private_reaches("celery_leaderbeat.roles.leader", tree, owners) == [by_name]
+
+
+#: the longest a function of the package may be (lines, its docstring included): one a
+#: newcomer reads in one sitting; ruff's C901 and too-many-branches/statements bound the rest
+MAX_FUNCTION_LINES = 60
+#: the longest a Lua script may be, the loader's prelude included in none of them
+MAX_SCRIPT_LINES = 180
+
+
+def long_functions(root: Path, limit: int) -> list[str]:
+    """``path:line name (n lines)`` of every function under ``root`` longer than ``limit``."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                if lines > limit:
+                    found.append(f"{path.relative_to(root.parent)}:{node.lineno} {node.name} "
+                                 f"({lines} lines)")
+    return found
+
+
+def test_no_function_of_the_package_is_longer_than_a_screen():
+    assert long_functions(PACKAGE, MAX_FUNCTION_LINES) == []
+
+
+def test_the_length_finder_finds_a_long_function(tmp_path):
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "m.py").write_text("def short():\n    pass\n\n\ndef long():\n" + "    x = 1\n" * 70)
+    assert long_functions(pkg, MAX_FUNCTION_LINES) == ["pkg/m.py:5 long (71 lines)"]
+
+
+def test_no_lua_script_is_longer_than_its_limit():
+    scripts = sorted((PACKAGE / "store" / "lua").glob("*.lua"))
+    assert scripts
+    assert [f"{s.name} ({n} lines)" for s in scripts
+            if (n := len(s.read_text().splitlines())) > MAX_SCRIPT_LINES] == []
