@@ -19,7 +19,7 @@ import pytest
 from celery_leaderbeat.config import Config, is_postgres_store
 from celery_leaderbeat.errors import ConfigurationError
 from celery_leaderbeat.store.base import STORE_ERRORS, STORE_UNREACHABLE
-from celery_leaderbeat.store.lease import Heartbeat
+from celery_leaderbeat.roles.lease import Heartbeat
 from celery_leaderbeat.store.open import django_conninfo, open_store
 from tests.support.beat import NOOP, REPO_ROOT, BeatProcess, beat_env
 from tests.support.postgres import _connect, postgres_database
