@@ -21,6 +21,7 @@ import psycopg
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from celery_leaderbeat.config import Config
+from celery_leaderbeat.roles.lease import LeaseView
 from celery_leaderbeat.store.postgres.store import open_store
 from celery_leaderbeat.store.types import ClaimItem, Code, Event, Op
 
@@ -54,7 +55,7 @@ def run(conninfo: str, chunk: int, rounds: int, warmup: int,
     config = Config.from_values({"redis_url": "redis://unused.invalid", "key_prefix": "bench",
                                  "node_id": "bench", "lease_ttl": 60.0})
     store = open_store(conninfo, config, prepare_threshold=prepare_threshold)
-    lease, ledger = store.lease, store.ledger
+    lease, ledger = LeaseView(store.lease, config), store.ledger
     assert lease.try_acquire()
     token, epoch = lease.credentials()
     names = [f"entry-{i:04d}" for i in range(chunk)]
@@ -69,7 +70,7 @@ def run(conninfo: str, chunk: int, rounds: int, warmup: int,
         took.append(time.perf_counter() - began)
         assert answers == [Code.GRANTED] * chunk, answers[:3]
         sent = [Event(n, slot, "sent") for n in names]
-    lease.place.pool.close()
+    store.close()
     ms = sorted(t * 1000 for t in took[warmup:])
     p99 = ms[min(len(ms) - 1, int(len(ms) * 0.99))]
     prepared = "prepared statements" if prepare_threshold is not None else "no prepared statements"

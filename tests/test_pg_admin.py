@@ -10,14 +10,22 @@ import pytest
 
 from celery_leaderbeat.store.postgres.store import PostgresStore, open_store
 from celery_leaderbeat.store.types import ClaimItem, Op
-from tests.support.postgres import HOST, PORT, USER, pg_config, postgres_database
+from tests.support.postgres import (
+    HOST,
+    PORT,
+    USER,
+    pg_config,
+    postgres_database,
+    with_node_lease,
+)
 
 
 @pytest.fixture
 def store() -> Iterator[PostgresStore]:
     with postgres_database("lbpgadm") as name:
-        made = open_store(f"host={HOST} port={PORT} user={USER} dbname={name}",
-                          pg_config(key_prefix="app", node_id="n1"))
+        config = pg_config(key_prefix="app", node_id="n1")
+        made = with_node_lease(open_store(f"host={HOST} port={PORT} user={USER} dbname={name}",
+                                          config), config)
         yield made
         made.close()
 
@@ -29,7 +37,7 @@ def test_step_down_releases_only_the_lease_of_that_token(store: PostgresStore) -
     stale = f"{store.lease.holder_id}|{epoch - 1}"
     assert not store.admin.step_down(stale, "step-down")
     assert store.admin.step_down(token, "step-down")
-    assert store.lease.holder() == (None, 0)
+    assert store.lease.holder()[0] is None
     released = store.admin.all_history()[-1]
     assert released["event"] == "released" and released["detail"] == "step-down"
     assert released["node"] == "n1"
@@ -53,7 +61,7 @@ def test_a_note_keeps_every_field(store: PostgresStore) -> None:
 def test_follow_answers_the_events_written_after_the_last_id_it_gave(
         store: PostgresStore) -> None:
     store.admin.note({"event": "before"})
-    last, rows = store.admin.follow("$", block_ms=0)
+    last, rows = store.admin.follow(None, block_ms=0)
     assert rows == []
     later = threading.Timer(0.2, store.admin.note, args=({"event": "after"},))
     later.start()
@@ -79,5 +87,5 @@ def test_reset_deletes_the_apps_state(store: PostgresStore) -> None:
     store.requests.push("{}")
     assert store.admin.reset() >= 5  # lease, slot, grant, fingerprint, request, history
     assert store.ledger.load() == {} and store.requests.pop() == []
-    assert store.lease.holder() == (None, 0)
+    assert store.lease.holder()[0] is None
     assert store.ledger.load_with_definitions() == ({}, {})

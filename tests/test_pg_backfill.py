@@ -20,7 +20,7 @@ from celery_leaderbeat.store.types import (
     Event,
     Op,
 )
-from tests.support.postgres import HOST, PORT, USER, pg_config, postgres_database
+from tests.support.postgres import HOST, PORT, USER, pg_config, postgres_database, with_node_lease
 
 
 @pytest.fixture
@@ -36,7 +36,8 @@ def sql(conninfo: str, text: str) -> None:
 
 @pytest.fixture
 def store(conninfo: str) -> Iterator[PostgresStore]:
-    made = open_store(conninfo, pg_config(key_prefix="app", node_id="n1", history_length=1000))
+    config = pg_config(key_prefix="app", node_id="n1", history_length=1000)
+    made = with_node_lease(open_store(conninfo, config), config)
     yield made
     made.close()
 
@@ -98,7 +99,8 @@ def test_a_slot_claimed_unconfirmed_by_an_earlier_leader_is_not_backfilled(
         store: PostgresStore, conninfo: str) -> None:
     _, b, c = _three_slots(store, conninfo)
     sql(conninfo, "UPDATE {schema}.lease SET expires_at = clock_timestamp()")
-    newer = open_store(conninfo, pg_config(key_prefix="app", node_id="n2"))
+    config = pg_config(key_prefix="app", node_id="n2")
+    newer = with_node_lease(open_store(conninfo, config), config)
     try:
         assert newer.lease.try_acquire()
         token, epoch = newer.lease.credentials()

@@ -21,7 +21,7 @@ from celery_leaderbeat.store.postgres.schema import (
 )
 from celery_leaderbeat.store.postgres.store import open_store
 from tests.support.pg_cluster import pg_cluster
-from tests.support.postgres import HOST, PORT, USER, pg_config, postgres_database
+from tests.support.postgres import HOST, PORT, USER, node_lease, pg_config, postgres_database
 
 
 @pytest.fixture
@@ -33,9 +33,8 @@ def conninfo() -> Iterator[str]:
 @pytest.fixture
 def place(conninfo: str) -> Iterator[Place]:
     store = open_store(conninfo, pg_config(key_prefix="app", node_id="n1"))
-    lease = store.lease
-    yield lease.place
-    lease.place.pool.close()
+    yield store.place
+    store.place.pool.close()
 
 
 def test_a_schema_at_an_older_version_is_migrated_to_the_latest(conninfo: str) -> None:
@@ -53,7 +52,7 @@ def test_a_schema_at_an_older_version_is_migrated_to_the_latest(conninfo: str) -
 def test_a_released_lease_wakes_a_subscriber(conninfo: str) -> None:
     config = pg_config(key_prefix="app", node_id="n1")
     store = open_store(conninfo, config)
-    lease = store.lease
+    lease = node_lease(store, config)
     try:
         subscription = PostgresEvents(lease.place).subscribe()
         assert subscription.next(0.1) is None
@@ -84,7 +83,7 @@ def test_a_subscription_listens_again_after_the_server_restarted() -> None:
     with pg_cluster() as cluster:
         config = pg_config(key_prefix="app", node_id="n1")
         store = open_store(cluster.conninfo, config)
-        lease = store.lease
+        lease = node_lease(store, config)
         try:
             events = PostgresEvents(lease.place)
             subscription = events.subscribe()

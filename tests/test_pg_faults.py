@@ -16,12 +16,12 @@ import psycopg
 import pytest
 
 from celery_leaderbeat.errors import LeaseLostError
+from celery_leaderbeat.store.base import STORE_ERRORS as ERRORS
 from celery_leaderbeat.store.postgres import lease_sql
-from celery_leaderbeat.store.postgres.pool import ERRORS
 from celery_leaderbeat.store.postgres.schema import qualified
 from celery_leaderbeat.store.postgres.store import PostgresStore, open_store
 from celery_leaderbeat.store.types import ClaimItem, Code, Event, Op, Refused
-from tests.support.postgres import HOST, PORT, USER, pg_config, postgres_database
+from tests.support.postgres import HOST, PORT, USER, pg_config, postgres_database, with_node_lease
 
 ENTRIES = ("a", "b")
 #: the steps whose answers a retry may change (see the test)
@@ -63,8 +63,10 @@ class Run:
 
 def scenario(conninfo: str, app: str, faults: Faults) -> Run:
     config = {"key_prefix": app, "lease_ttl": 30.0, "rescue_after": 2.0}
-    leader = open_store(conninfo, pg_config(node_id="n1", **config))
-    standby = open_store(conninfo, pg_config(node_id="s1", **config))
+    leader = with_node_lease(open_store(conninfo, node := pg_config(node_id="n1", **config)),
+                             node)
+    standby = with_node_lease(open_store(conninfo, other := pg_config(node_id="s1", **config)),
+                              other)
     leader.place.fault = standby.place.fault = faults
     run = Run()
     try:

@@ -26,14 +26,16 @@ from hypothesis.stateful import (
 
 from celery_leaderbeat.config import Config
 from celery_leaderbeat.errors import LeaseLostError, RolledBackError
+from celery_leaderbeat.store.base import STORE_ERRORS as ERRORS
+from celery_leaderbeat.store.calls import Boundary
 from celery_leaderbeat.store.postgres import lease_sql
-from celery_leaderbeat.store.postgres.lease import PostgresLease
 from celery_leaderbeat.store.postgres.ledger import PostgresLedger
-from celery_leaderbeat.store.postgres.pool import ERRORS
+from celery_leaderbeat.store.postgres.pool import ERRORS as PG_ERRORS
+from celery_leaderbeat.store.postgres.pool import store_error
 from celery_leaderbeat.store.postgres.schema import qualified
 from celery_leaderbeat.store.postgres.store import PostgresStore, open_store
 from celery_leaderbeat.store.types import ClaimItem, Code, Event, Op
-from tests.support.postgres import HOST, PORT, USER, pg_config, postgres_database
+from tests.support.postgres import HOST, PORT, USER, pg_config, place_lease, postgres_database
 
 NODES = ("n0", "n1", "n2")
 ENTRIES = ("a", "b")
@@ -75,12 +77,13 @@ class Nodes(RuleBasedStateMachine):
     def start(self) -> None:
         app = f"model{next(_apps)}"
         self.faults = [Fault() for _ in NODES]
-        self.leases: list[PostgresLease] = []
-        self.ledgers: list[PostgresLedger] = []
+        self.leases: list[Any] = []
+        self.ledgers: list[Any] = []
         for store, node, fault in zip(self.stores, NODES, self.faults):
             store.place.app, store.place.fault = app, fault
-            self.leases.append(PostgresLease(store.place, _config(node, app)))
-            self.ledgers.append(PostgresLedger(store.place, _config(node, app)))
+            self.leases.append(place_lease(store.place, _config(node, app)))
+            self.ledgers.append(Boundary(PostgresLedger(store.place, _config(node, app)),
+                                         "ledger", errors=PG_ERRORS, translate=store_error))
         self.app = app
         with psycopg.connect(self.stores[0].place.pool.conninfo) as conn:
             self.base = lease_sql.server_ms(conn) - 3_600_000  # every slot long due

@@ -12,7 +12,7 @@ import pytest
 from celery_leaderbeat.store.postgres.store import PostgresStore, open_store
 from celery_leaderbeat.store.types import ClaimItem, Code, Event, Op
 from tests.support.pg_cluster import pgbouncer
-from tests.support.postgres import HOST, PORT, USER, pg_config, postgres_database
+from tests.support.postgres import HOST, PORT, USER, pg_config, postgres_database, with_node_lease
 
 
 @pytest.fixture
@@ -22,8 +22,8 @@ def bounced() -> Iterator[str]:
 
 
 def _store(conninfo: str, node: str) -> PostgresStore:
-    return open_store(conninfo, pg_config(key_prefix="app", node_id=node),
-                      listen=False)
+    config = pg_config(key_prefix="app", node_id=node)
+    return with_node_lease(open_store(conninfo, config, listen=False), config)
 
 
 def test_the_lease_claims_and_requests_work_behind_a_transaction_pooler(bounced: str) -> None:

@@ -22,15 +22,15 @@ from hypothesis import strategies as st
 
 from celery_leaderbeat.config import Config
 from celery_leaderbeat.errors import LeaseLostError
+from celery_leaderbeat.roles.lease import LeaseView
 from celery_leaderbeat.store.keys import Keys
 from celery_leaderbeat.store.postgres import lease_sql
-from celery_leaderbeat.store.postgres.lease import PostgresLease
 from celery_leaderbeat.store.postgres.ledger import PostgresLedger
 from celery_leaderbeat.store.postgres.schema import qualified
 from celery_leaderbeat.store.postgres.store import PostgresStore, open_store
 from celery_leaderbeat.store.redis_store import connect
 from celery_leaderbeat.store.types import ClaimItem, Event, Op, Refused, SlotState
-from tests.support.postgres import HOST, NO_REDIS, PORT, USER, postgres_database
+from tests.support.postgres import HOST, NO_REDIS, PORT, USER, place_lease, postgres_database
 from tests.support.redis_server import RedisServer
 
 NODES = ("n0", "n1", "s0")
@@ -142,7 +142,8 @@ def _redis_twin(url: str, app: str) -> tuple[Twin, list[Any]]:
     def idle() -> None:
         client.delete(keys.progress)
 
-    twin = Twin([s.lease for s in stores], [s.ledger for s in stores], stores[0].admin,
+    leases = [LeaseView(s.lease, _config(url, n, app)) for s, n in zip(stores, NODES)]
+    twin = Twin(leases, [s.ledger for s in stores], stores[0].admin,
                 expire, idle)
     return twin, stores
 
@@ -156,7 +157,7 @@ def _pg_twin(stores: list[PostgresStore], app: str) -> Twin:
         with psycopg.connect(conninfo, autocommit=True) as conn:
             conn.execute(qualified(text + " WHERE app = %s", "leaderbeat"), (app,))
 
-    leases = [PostgresLease(s.place, _config("", n, app)) for s, n in zip(stores, NODES)]
+    leases = [place_lease(s.place, _config("", n, app)) for s, n in zip(stores, NODES)]
     ledgers = [PostgresLedger(s.place, _config("", n, app)) for s, n in zip(stores, NODES)]
     return Twin(leases, ledgers, stores[0].admin,
                 lambda: update("UPDATE {schema}.lease SET expires_at = clock_timestamp()"),

@@ -15,12 +15,15 @@ from typing import Any, cast
 import psycopg
 import pytest
 
-from celery_leaderbeat.errors import ConfigurationError, LeaseLostError, RolledBackError
-from celery_leaderbeat.roles.lease import Heartbeat
+from celery_leaderbeat.errors import (
+    ConfigurationError,
+    LeaseLostError,
+    RolledBackError,
+    StoreUnreachable,
+)
+from celery_leaderbeat.roles.lease import Heartbeat, LeaseView
 from celery_leaderbeat.store.postgres import lease_sql, rules, state_sql
-from celery_leaderbeat.store.postgres.lease import PostgresLease
 from celery_leaderbeat.store.postgres.ledger import PostgresLedger
-from celery_leaderbeat.store.postgres.pool import UNREACHABLE
 from celery_leaderbeat.store.postgres.schema import (
     ensure_schema,
     latest_version,
@@ -31,7 +34,7 @@ from celery_leaderbeat.store.postgres.schema import (
 from celery_leaderbeat.store.postgres.store import open_store
 from celery_leaderbeat.store.types import ClaimItem, Code, Event, Op, Refused, SlotState
 from tests.support.pg_cluster import pg_cluster
-from tests.support.postgres import HOST, PORT, USER, pg_config, postgres_database
+from tests.support.postgres import HOST, PORT, USER, node_lease, pg_config, postgres_database
 
 SCHEMA = "leaderbeat"
 
@@ -42,7 +45,7 @@ def conninfo() -> Iterator[str]:
         yield f"host={HOST} port={PORT} user={USER} dbname={name}"
 
 
-Node = tuple[PostgresLease, PostgresLedger]
+Node = tuple[LeaseView, PostgresLedger]
 
 
 @pytest.fixture
@@ -53,7 +56,7 @@ def make_node(conninfo: str) -> Iterator[Callable[..., Node]]:
     def make(node_id: str, app: str = "app", **settings: Any) -> Node:
         config = pg_config(key_prefix=app, node_id=node_id, **settings)
         store = open_store(conninfo, config)
-        node = (store.lease, store.ledger)
+        node = (node_lease(store, config), store.ledger)
         made.append(node)
         return node
 
@@ -132,10 +135,10 @@ def test_two_nodes_racing_for_the_lease_exactly_one_wins(make_node: Callable[...
     nodes = [make_node(f"n{i}")[0] for i in range(4)]
     for round_ in range(10):
         barrier = threading.Barrier(len(nodes))
-        won: list[PostgresLease] = []
+        won: list[LeaseView] = []
 
-        def race(lease: PostgresLease, barrier: threading.Barrier,
-                 won: list[PostgresLease]) -> None:
+        def race(lease: LeaseView, barrier: threading.Barrier,
+                 won: list[LeaseView]) -> None:
             barrier.wait()
             if lease.try_acquire():
                 won.append(lease)
@@ -175,14 +178,17 @@ def test_a_taken_over_lease_cannot_be_renewed_nor_released_by_the_old_holder(
     assert new.holder()[0] == new.token
 
 
-def test_the_same_node_id_in_two_processes_never_shares_a_lease(
+def test_the_same_node_id_in_two_processes_takes_over_under_a_higher_epoch(
         make_node: Callable[..., Node]) -> None:
+    # The seam's token is ``<node_id>|<epoch>`` on every store: a second process with the
+    # same node id is the same holder (as on Redis), and taking the lease again lifts the
+    # epoch, so the first process's token is fenced off rather than shared.
     first, _ = make_node("same")
     second, _ = make_node("same")
     assert first.try_acquire()
-    assert not second.try_acquire()
+    assert second.try_acquire() and second.epoch == (first.epoch or 0) + 1
     with pytest.raises(LeaseLostError):
-        second.renew(f"{second.holder_id}|{first.epoch}")
+        first.renew()
 
 
 def test_release_frees_the_lease_and_the_next_epoch_is_higher(make_node: Callable[..., Node]
@@ -193,7 +199,7 @@ def test_release_frees_the_lease_and_the_next_epoch_is_higher(make_node: Callabl
     assert not b.try_acquire()
     assert b.highest_epoch == 1
     assert a.release()
-    assert a.holder() == (None, 0)
+    assert a.holder()[0] is None
     assert b.try_acquire() and b.epoch == 2
 
 
@@ -229,13 +235,13 @@ def test_clock_skew_is_measured_against_the_servers_clock(make_node: Callable[..
 # --- claims -----------------------------------------------------------------------------
 
 def lead(make_node: Callable[..., Node], node_id: str = "n1", **settings: Any
-         ) -> tuple[PostgresLease, PostgresLedger]:
+         ) -> tuple[LeaseView, PostgresLedger]:
     lease, ledger = make_node(node_id, **settings)
     assert lease.try_acquire()
     return lease, ledger
 
 
-def claim(lease: PostgresLease, ledger: PostgresLedger, *items: ClaimItem,
+def claim(lease: LeaseView, ledger: PostgresLedger, *items: ClaimItem,
           events: tuple[Event, ...] = ()) -> list[Any]:
     token, epoch = lease.credentials()
     return ledger.claim(token, epoch, list(items), list(events))
@@ -361,7 +367,7 @@ def test_a_claim_whose_commit_reply_was_lost_is_answered_granted_when_retried(
         raise psycopg.OperationalError("server closed the connection unexpectedly")
 
     ledger.place = _Swapped(ledger.place, reply_lost)  # type: ignore[assignment]
-    with pytest.raises(UNREACHABLE):
+    with pytest.raises(StoreUnreachable):
         claim(lease, ledger, item)
     ledger.place = ledger.place.inner  # type: ignore[attr-defined]
     assert calls and ledger.load() == {"e": SlotState(now, 1, "c")}
@@ -393,7 +399,7 @@ def test_a_claim_that_failed_before_the_server_ran_it_is_granted_when_retried(
 
     inner = ledger.place
     ledger.place = _Swapped(inner, never_sent)  # type: ignore[assignment]
-    with pytest.raises(UNREACHABLE):
+    with pytest.raises(StoreUnreachable):
         claim(lease, ledger, ClaimItem("e", now, Op.CLAIM, now))
     ledger.place = inner
     assert ledger.load() == {}
@@ -468,11 +474,11 @@ def test_after_a_server_restart_one_call_fails_and_the_next_succeeds() -> None:
     with pg_cluster() as cluster:
         config = pg_config(key_prefix="app", node_id="n1")
         store = open_store(cluster.conninfo, config)
-        lease = store.lease
+        lease = node_lease(store, config)
         try:
             assert lease.try_acquire()
             cluster.restart()
-            with pytest.raises(UNREACHABLE):
+            with pytest.raises(StoreUnreachable):
                 lease.renew()
             lease.renew()
             assert lease.holder()[0] == lease.token
@@ -484,12 +490,12 @@ def test_after_the_server_was_killed_and_started_again_the_lease_carries_on() ->
     with pg_cluster() as cluster:
         config = pg_config(key_prefix="app", node_id="n1", lease_ttl=30.0)
         store = open_store(cluster.conninfo, config)
-        lease, ledger = store.lease, store.ledger
+        lease, ledger = node_lease(store, config), store.ledger
         try:
             assert lease.try_acquire()
             token, epoch = lease.credentials()
             cluster.kill()
-            with pytest.raises(UNREACHABLE):
+            with pytest.raises(StoreUnreachable):
                 ledger.claim(token, epoch, [ClaimItem("e", 1000, Op.CLAIM, 1000)])
             cluster.start()  # the failed call checked the pool: no broken connection is left
             again = ClaimItem("e", 1000, Op.CLAIM, 1000)
@@ -591,11 +597,13 @@ def test_a_rescue_behind_a_stalled_claim_fails_within_its_bound_instead_of_waiti
     _, standby = make_node("s1", redis_options={"socket_timeout": 0.3})
     with psycopg.connect(conninfo) as stalled, stalled.transaction():
         stalled.execute(qualified("SELECT 1 FROM {schema}.lease FOR UPDATE", SCHEMA))
-        with pytest.raises(psycopg.errors.LockNotAvailable):
+        with pytest.raises(StoreUnreachable) as rescue:
             standby.rescue([ClaimItem("e", 2000, Op.CLAIM, 2000, 1000)])
         other, _ = make_node("n2", redis_options={"socket_timeout": 0.3})
-        with pytest.raises(psycopg.errors.LockNotAvailable):
+        with pytest.raises(StoreUnreachable) as acquire:
             other.try_acquire()
+    for caught in (rescue, acquire):
+        assert isinstance(caught.value.__cause__, psycopg.errors.LockNotAvailable)
 
 
 def test_a_claim_stalled_between_its_round_trips_is_ended_by_the_server(
@@ -608,7 +616,7 @@ def test_a_claim_stalled_between_its_round_trips_is_ended_by_the_server(
         return decide(chunk, item)
 
     monkeypatch.setattr(rules, "decide", stalled)
-    with pytest.raises(UNREACHABLE):
+    with pytest.raises(StoreUnreachable):
         claim(lease, ledger, ClaimItem("e", 1000, Op.CLAIM, 1000))
     monkeypatch.setattr(rules, "decide", decide)
     with psycopg.connect(conninfo) as conn:  # the lease row is free again
@@ -716,7 +724,7 @@ def test_a_leader_starting_again_after_a_loss_still_does_when_its_first_claim_fa
             raise psycopg.OperationalError("connection refused")
 
     ledger.place.fault = fail_once
-    with pytest.raises(UNREACHABLE):
+    with pytest.raises(StoreUnreachable):
         claim(lease, ledger, ClaimItem("e", 3000, Op.CLAIM, 3000))
     assert claim(lease, ledger, ClaimItem("e", 3000, Op.CLAIM, 3000)) == [Code.GRANTED]
 

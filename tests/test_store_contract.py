@@ -1,8 +1,8 @@
 """What any store must do (``celery_leaderbeat.store.base``), run against each store.
 
-Run against the Redis store and the in-memory store (the reference implementation);
-a third one (PostgreSQL, say) adds itself to ``STORES`` and :func:`backend`, and must
-pass every test here unchanged. The tests use only the
+Run against the Redis store, the in-memory store (the reference implementation) and the
+PostgreSQL store (a database of the test's own); another store adds itself to
+``STORES`` and :func:`backend`, and must pass every test here unchanged. The tests use only the
 protocols: no key, no Redis command.
 """
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from typing import Any
 
 import pytest
@@ -36,7 +37,7 @@ from celery_leaderbeat.store.types import (
 )
 
 #: every store; a new one adds its name here and a branch to :func:`backend`
-STORES = ["redis", "memory"]
+STORES = ["redis", "memory", "postgres"]
 
 
 class Seen:
@@ -87,7 +88,40 @@ def backend(request: pytest.FixtureRequest, key_prefix: str) -> Any:
             return MemoryStore(state, config, key_prefix), config
 
         return Backend(make_memory, state.now_ms)
+    if request.param == "postgres":
+        return _postgres_backend(request, key_prefix)
     raise AssertionError(request.param)
+
+
+def _postgres_backend(request: pytest.FixtureRequest, key_prefix: str) -> Backend:
+    """Each node a store on its own pool, in a database of this test's own."""
+    pytest.importorskip("psycopg")
+    from celery_leaderbeat.store.postgres import lease_sql
+    from celery_leaderbeat.store.postgres.pool import connection
+    from celery_leaderbeat.store.postgres.store import open_store
+    from tests.support.postgres import HOST, PORT, USER, pg_config, postgres_database
+
+    held = ExitStack()
+    request.addfinalizer(held.close)
+    name = held.enter_context(postgres_database("lbcontract"))
+    conninfo = f"host={HOST} port={PORT} user={USER} dbname={name}"
+    stores: list[Any] = []
+
+    def make(node: str) -> tuple[Store, Config]:
+        config = pg_config(key_prefix=key_prefix, node_id=node)
+        store = open_store(conninfo, config)
+        if not stores:
+            held.callback(lambda: [made.close() for made in stores])
+        stores.append(store)
+        return store, config  # type: ignore[return-value]
+
+    def now_ms() -> int:
+        if not stores:
+            make("clock")
+        with connection(stores[0].place.pool) as conn:
+            return lease_sql.server_ms(conn)
+
+    return Backend(make, now_ms)
 
 
 def test_one_node_holds_the_lease_and_a_second_is_refused(backend):

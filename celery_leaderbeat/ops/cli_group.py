@@ -168,7 +168,7 @@ def _translate(exc: Exception) -> CommandError | None:
 
 def _server(exc: Exception) -> str:
     """Which store's server an error came from, for the message."""
-    return "PostgreSQL" if isinstance(exc, PG_ERRORS) else "Redis"
+    return "PostgreSQL" if isinstance(exc.__cause__ or exc, PG_ERRORS) else "Redis"
 
 
 @contextlib.contextmanager

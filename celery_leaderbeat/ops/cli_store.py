@@ -22,16 +22,19 @@ def init_store(ctx: click.Context, as_json: bool) -> None:
         emit(as_json, {"store": "redis", "applied": [], "version": None},
              ["nothing to do: a Redis store has no schema"])
         return
-    from ..store.postgres.pool import connection, make_pool
+    from ..store.postgres.pool import ERRORS, connection, make_pool, store_error
     from ..store.postgres.schema import DEFAULT_SCHEMA, ensure_schema, schema_version
 
-    pool = make_pool(postgres_conninfo(config), timeout=config.socket_timeout, max_size=1)
-    try:
-        with connection(pool) as conn:
-            applied = ensure_schema(conn, DEFAULT_SCHEMA)
-            version = schema_version(conn, DEFAULT_SCHEMA)
-    finally:
-        pool.close()
+    try:  # a failure leaves as the store's error, so the command's exit says what it was
+        pool = make_pool(postgres_conninfo(config), timeout=config.socket_timeout, max_size=1)
+        try:
+            with connection(pool) as conn:
+                applied = ensure_schema(conn, DEFAULT_SCHEMA)
+                version = schema_version(conn, DEFAULT_SCHEMA)
+        finally:
+            pool.close()
+    except ERRORS as exc:
+        raise store_error(exc) from exc
     said = (f"schema {DEFAULT_SCHEMA!r}: applied migration(s) "
             f"{', '.join(map(str, applied))}; now at version {version}" if applied else
             f"schema {DEFAULT_SCHEMA!r} is current (version {version}): nothing to do")

@@ -1,4 +1,5 @@
-"""Open the store a Config names, by the scheme of its URL: Redis, or PostgreSQL.
+"""Open the store a Config names, by the scheme of its URL: Redis, PostgreSQL, or the
+in-memory store of this process (``memory://<name>``: tests, development).
 
 ``leaderbeat_store_url`` chooses (``postgresql://``/``postgres://``, ``"django"`` for
 Django's ``DATABASES["default"]``, or a Redis URL); unset, the store is the Redis of
@@ -26,6 +27,10 @@ def open_store(config: Config) -> Store:
     lacks this version's migrations."""
     if is_postgres_store(config):
         return _open_postgres(config)
+    if config.redis_url.startswith("memory://"):
+        from .memory import connect as memory_store
+
+        return memory_store(config)
     from .redis_store import connect
 
     return connect(config)
@@ -78,14 +83,22 @@ def _open_postgres(config: Config) -> Store:
         raise ConfigurationError(
             f"leaderbeat_store_url={config.store_url!r} names PostgreSQL, which needs "
             f"psycopg 3 and psycopg_pool ({exc}); pip install 'celery-leaderbeat[postgres]'") from exc
+    from .postgres.pool import ERRORS, store_error
+
     conninfo = postgres_conninfo(config)
-    store = postgres.open_store(conninfo, config, create=False)
+    try:
+        store = postgres.open_store(conninfo, config, create=False)
+    except ERRORS as exc:
+        raise store_error(exc) from exc
     try:
         ensure_current(store, DEFAULT_SCHEMA)
+    except ERRORS as exc:
+        store.close()
+        raise store_error(exc) from exc
     except BaseException:
         store.close()
         raise
-    return store  # type: ignore[return-value]  # its parts implement the seam's protocols
+    return store
 
 
 def ensure_current(store: Any, schema: str) -> list[int]:

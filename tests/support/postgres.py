@@ -55,3 +55,37 @@ def postgres_database(tag: str = "lb") -> Iterator[str]:
     finally:
         with _connect() as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def node_lease(store: Any, config: Config, **view: Any) -> Any:
+    """``store``'s lease as a node holds it: the roles' :class:`LeaseView` over the store's
+    :class:`~celery_leaderbeat.store.base.LeaseStore`, with the store's place beside it
+    (tests close its pool and run SQL there)."""
+    from celery_leaderbeat.roles.lease import LeaseView
+
+    lease = LeaseView(store.lease, config, **view)
+    lease.place = store.place  # type: ignore[attr-defined]
+    lease.holder_id = config.node_id  # type: ignore[attr-defined]  # the row's holder
+    return lease
+
+
+def with_node_lease(store: Any, config: Config) -> Any:
+    """``store`` with its lease replaced by :func:`node_lease`'s view: for tests that drive
+    the lease as a node does and never hand the store to a role."""
+    store.lease = node_lease(store, config)
+    return store
+
+
+def place_lease(place: Any, config: Config) -> Any:
+    """A node's view of the lease of ``config``'s app at ``place`` (a pool shared by apps),
+    behind the seam's boundary as a store's own lease is."""
+    from celery_leaderbeat.roles.lease import LeaseView
+    from celery_leaderbeat.store.calls import Boundary
+    from celery_leaderbeat.store.postgres.lease import PostgresLease
+    from celery_leaderbeat.store.postgres.pool import ERRORS, store_error
+
+    lease = LeaseView(Boundary(PostgresLease(place, config), "lease", errors=ERRORS,
+                               translate=store_error), config)
+    lease.place = place  # type: ignore[attr-defined]
+    lease.holder_id = config.node_id  # type: ignore[attr-defined]  # the row's holder
+    return lease

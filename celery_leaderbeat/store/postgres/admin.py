@@ -73,9 +73,10 @@ class PostgresAdmin:
         return self.place.run(state_sql.history,  # type: ignore[no-any-return]
                               self.history_length * 2 + 1000)
 
-    def follow(self, last_id: str = "$", block_ms: int = 1000
+    def follow(self, cursor: str | None = None, block_ms: int = 1000
                ) -> tuple[str, list[dict[str, str]]]:
-        """Events after ``last_id`` (``$``: from now), polling up to ``block_ms``."""
+        """Events after ``cursor`` (None: from now), polling up to ``block_ms``."""
+        last_id = cursor or "$"
         if last_id == "$":
             newest = self.place.run(state_sql.history, 1)
             last_id = newest[-1]["id"] if newest else "0-0"

@@ -34,11 +34,11 @@ CROSS JOIN LATERAL (
     WHERE app = %(app)s AND entry = w.entry AND slot_ms = w.slot_ms OFFSET 0
 ) AS g
 """
-# How far back the history is whole: after its newest pruned row, else from its oldest.
+# How far back the history is whole: after its newest pruned row, else from the start
+# (nothing was ever pruned); not at all while it is empty (as on every store).
 _BACKFILL_VIEW = """
 SELECT coalesce(l.history_whole_ms,
-                (SELECT (extract(epoch FROM at) * 1000)::bigint - 1 FROM {schema}.history
-                 WHERE app = %(app)s ORDER BY id LIMIT 1)),
+                (SELECT 0 FROM {schema}.history WHERE app = %(app)s LIMIT 1)),
        l.backfill_floor_ms
 FROM {schema}.lease AS l WHERE l.app = %(app)s
 """

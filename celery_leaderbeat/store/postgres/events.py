@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
+from collections import deque
 from typing import Any
 
 import psycopg
@@ -39,6 +40,7 @@ class PostgresSubscription:
         self.conninfo, self.channel, self.listen = conninfo, channel, listen
         self.connect_timeout = connect_timeout
         self._conn: psycopg.Connection[Any] | None = None
+        self._pending: deque[str] = deque()
         if listen:
             self._connect()
 
@@ -60,12 +62,16 @@ class PostgresSubscription:
             time.sleep(max(0.0, min(timeout, 1.0)))  # ask again later, not in a tight loop
             return None
         assert self._conn is not None
+        if self._pending:
+            return self._pending.popleft()
         try:
+            # the generator is read to its end: leaving it after the first would drop the
+            # others that arrived in the same read
             for notify in self._conn.notifies(timeout=max(0.0, timeout), stop_after=1):
-                return notify.payload
+                self._pending.append(notify.payload)
         except ERRORS:
             self.close()  # opened again at the next call; what it missed is found by a poll
-        return None
+        return self._pending.popleft() if self._pending else None
 
     def close(self) -> None:
         if self._conn is not None:

@@ -21,12 +21,16 @@ NOW_MS = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 # Takes the row only where nobody holds it, it expired, this process holds it already (a
 # lease it gave up locally: the new epoch fences the older self), or its epoch is below
 # one the caller has seen (the server went back to older state: nobody leads under it).
+# Nobody takes it while the app's generation is below one the caller saw (the database
+# lost writes) unless the caller says to take it despite the loss.
 # The epoch is lifted above the row's and the caller's, so it never goes backwards.
 _ACQUIRE = """
 WITH taken AS (
     INSERT INTO {schema}.lease AS l (app, holder, epoch, expires_at)
-    VALUES (%(app)s, %(holder)s, %(seen)s + 1,
-            clock_timestamp() + %(ttl_ms)s * interval '1 millisecond')
+    SELECT %(app)s, %(holder)s, %(seen)s + 1,
+           clock_timestamp() + %(ttl_ms)s * interval '1 millisecond'
+    WHERE %(despite)s OR coalesce((SELECT generation FROM {schema}.lease
+                                   WHERE app = %(app)s), 0) >= %(seen_generation)s
     ON CONFLICT (app) DO UPDATE
         SET holder = excluded.holder, epoch = greatest(l.epoch, %(seen)s) + 1,
             expires_at = excluded.expires_at, progress_at = NULL
@@ -85,7 +89,8 @@ _BOUND = "SELECT set_config('lock_timeout', %s, true)"
 
 
 def acquire(conn: Any, schema: str, app: str, *, holder: str, node: str, ttl_ms: int,
-            seen_epoch: int, wait_ms: int = 0) -> Acquired:
+            seen_epoch: int, seen_generation: int = 0, despite_loss: bool = False,
+            wait_ms: int = 0) -> Acquired:
     """Take the lease if it is free (one statement); the new epoch or the holder's.
     ``wait_ms``: how long to wait for the row while another transaction holds it."""
     with conn.pipeline(), conn.transaction():
@@ -93,7 +98,8 @@ def acquire(conn: Any, schema: str, app: str, *, holder: str, node: str, ttl_ms:
             conn.execute(_BOUND, (f"{wait_ms}ms",))
         cursor = conn.execute(qualified(_ACQUIRE, schema),
                               {"app": app, "holder": holder, "node": node, "ttl_ms": ttl_ms,
-                               "seen": seen_epoch})
+                               "seen": seen_epoch, "seen_generation": seen_generation,
+                               "despite": despite_loss})
     row = cursor.fetchone()
     epoch, held_by, held_epoch, remaining, now_ms, generation = row
     if epoch is not None:

@@ -9,7 +9,6 @@ it, or one whose reply was lost.
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -41,11 +40,6 @@ class Place:
         if self.fault is not None:
             self.fault(site, "after")
         return result
-
-
-def holder_id(node_id: str) -> str:
-    """This process's holder id: the node id and a token no other process has."""
-    return f"{node_id}/{secrets.token_hex(6)}"
 
 
 def channel(place: Place) -> str:

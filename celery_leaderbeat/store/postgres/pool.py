@@ -1,4 +1,5 @@
-"""Connections to PostgreSQL: one ``psycopg_pool.ConnectionPool`` per store, its errors.
+"""Connections to PostgreSQL: one ``psycopg_pool.ConnectionPool`` per store, its errors,
+and the store error each leaves the store as.
 
 A pool hands a call any open connection; after a server restart its idle connections are
 all broken. The call that meets one fails (the store's connection error) and the pool is
@@ -14,11 +15,32 @@ from typing import Any
 import psycopg
 import psycopg_pool
 
+from ..errors import StoreCredentialsRefused, StoreError, StoreRefused, StoreUnreachable
+
 #: what a failed PostgreSQL call raises: no answer (server, network, pool), or an error
 ERRORS: tuple[type[Exception], ...] = (psycopg.Error, psycopg_pool.PoolTimeout, OSError)
 #: of those, the ones that mean the server could not be reached (an outage)
 UNREACHABLE: tuple[type[Exception], ...] = (psycopg.OperationalError,
                                             psycopg_pool.PoolTimeout, OSError)
+#: of those, PostgreSQL refusing the credentials (retrying cannot help)
+CREDENTIALS: tuple[type[Exception], ...] = (psycopg.errors.InvalidAuthorizationSpecification,
+                                            psycopg.errors.InvalidPassword)
+#: of those, PostgreSQL refusing a statement for want of a privilege (retrying cannot help)
+REFUSED: tuple[type[Exception], ...] = (psycopg.errors.InsufficientPrivilege,)
+
+
+def store_error(exc: Exception) -> StoreError:
+    """The store error a failed PostgreSQL call leaves the store as (``exc`` kept as its
+    cause by the caller). A refused login arrives as an OperationalError whose SQLSTATE
+    says so, hence the check on ``sqlstate`` before the outage classes."""
+    state = getattr(exc, "sqlstate", None) or ""
+    if isinstance(exc, CREDENTIALS) or state in ("28000", "28P01"):
+        return StoreCredentialsRefused(str(exc))
+    if isinstance(exc, REFUSED) or state == "42501":
+        return StoreRefused(str(exc))
+    if isinstance(exc, UNREACHABLE):
+        return StoreUnreachable(str(exc))
+    return StoreError(str(exc))
 
 
 def make_pool(conninfo: str, *, timeout: float = 5.0, max_size: int = 4,

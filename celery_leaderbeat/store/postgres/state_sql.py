@@ -169,8 +169,8 @@ def history(conn: Any, schema: str, app: str, count: int = 50,
 
 def _event(row_id: int, at: float, event: str, entry: str, slot: int | None, node: str,
            epoch: int, detail: str, extra: dict[str, str] | None) -> dict[str, str]:
-    row = {"id": f"{int(at * 1000)}-{row_id}", "event": event, "node": node,
-           "epoch": str(epoch)}
+    row = {"id": f"{int(at * 1000)}-{row_id}", "at": str(int(at * 1000)), "event": event,
+           "node": node, "epoch": str(epoch)}
     if entry:
         row.update(entry=entry, slot="" if slot is None else str(slot), detail=detail)
     elif detail:

@@ -8,9 +8,21 @@ the ``*_sql`` modules, and turns its answer into the seam's types.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from ...config import Config
+from ..base import (
+    ClusterAdmin,
+    EntryDefinitions,
+    Events,
+    GuardStore,
+    LeaseStore,
+    RequestQueue,
+    SlotStore,
+)
+from ..calls import PARTS, store_call, through_boundary
 from .admin import PostgresAdmin
 from .entries import PostgresEntries
 from .events import PostgresEvents
@@ -18,7 +30,7 @@ from .guard import PostgresGuard
 from .lease import PostgresLease
 from .ledger import PostgresLedger
 from .place import Place
-from .pool import connection, make_pool
+from .pool import ERRORS, connection, make_pool, store_error
 from .requests import PostgresRequests
 from .schema import DEFAULT_SCHEMA, ensure_schema
 
@@ -46,23 +58,27 @@ class PostgresStore:
 
     def __init__(self, place: Place, config: Config, *, listen: bool = True) -> None:
         self.place = place
-        self.lease = PostgresLease(place, config)
-        self.ledger = PostgresLedger(place, config)
-        self.events = PostgresEvents(place, listen=listen)
-        self.requests = PostgresRequests(place)
-        self.admin = PostgresAdmin(place, config.history_length)
-        self.entries = PostgresEntries(place, self.events)
-        self.guard = PostgresGuard(place, config)
+        events = PostgresEvents(place, listen=listen)
+        self.lease: LeaseStore = PostgresLease(place, config)
+        self.ledger: SlotStore = PostgresLedger(place, config)
+        self.events: Events = events
+        self.requests: RequestQueue = PostgresRequests(place)
+        self.admin: ClusterAdmin = PostgresAdmin(place, config.history_length)
+        self.entries: EntryDefinitions = PostgresEntries(place, events)
+        self.guard: GuardStore = PostgresGuard(place, config)
+
+        through_boundary(self, PARTS, errors=ERRORS, translate=store_error)
 
     def ping(self) -> None:
-        """Raise one of the pool's errors unless the server answers."""
-        with connection(self.place.pool) as conn:
+        """Raise a store error unless the server answers."""
+        with store_call("store.ping"), _translated(), connection(self.place.pool) as conn:
             conn.execute("SELECT 1")
 
     def warnings(self) -> list[str]:
         """What about the server's settings puts the guarantees at risk."""
         out = []
-        with connection(self.place.pool) as conn:
+        with store_call("store.warnings"), _translated(), \
+                connection(self.place.pool) as conn:
             for query, bad, say in _RISKS:
                 row = conn.execute(query).fetchone()
                 if row is not None and row[0] == bad:
@@ -71,6 +87,14 @@ class PostgresStore:
 
     def close(self) -> None:
         self.place.pool.close()
+
+
+@contextmanager
+def _translated() -> Iterator[None]:
+    try:
+        yield
+    except ERRORS as exc:
+        raise store_error(exc) from exc
 
 
 def open_store(conninfo: str, config: Config, *, schema: str = DEFAULT_SCHEMA,
