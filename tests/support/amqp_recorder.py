@@ -1,7 +1,7 @@
 """Read back what beats published to a RabbitMQ queue of the test's own, every copy.
 
-:class:`AmqpRecorder` has :class:`~tests.support.recorder.Recorder`'s ``drain``,
-``drain_all`` and ``wait_for``, so :func:`~tests.support.recorder.duplicates` and
+:class:`AmqpRecorder` reads as :class:`~tests.support.recorder.Recorder` does
+(``drain``, ``drain_all``, ``wait_for``, ``watch``), so :func:`~tests.support.recorder.duplicates` and
 :func:`~tests.support.recorder.slots_by_entry` judge it the same way. The queue is
 declared before any beat starts (nothing published before a consumer exists is
 dropped) and deleted at close.
@@ -15,10 +15,10 @@ from typing import Any
 
 import kombu
 
-from .recorder import Message
+from .recorder import Draining, Message
 
 
-class AmqpRecorder:
+class AmqpRecorder(Draining):
     """Drains one queue on the broker at ``url``; remembers every message seen."""
 
     def __init__(self, url: str, queue: str | None = None) -> None:
@@ -38,33 +38,6 @@ class AmqpRecorder:
             new.append(_message(raw, self.queue, time.time()))
         self.messages.extend(new)
         return new
-
-    def drain_all(self) -> list[Message]:
-        self.drain()
-        return self.messages
-
-    def wait_for(self, count: int, timeout: float = 10.0, task: str | None = None) -> list[Message]:
-        """Drain until at least ``count`` messages (of ``task``, if given) were seen."""
-        deadline = time.monotonic() + timeout
-        while True:
-            self.drain()
-            seen = [m for m in self.messages if task is None or m.task == task]
-            if len(seen) >= count:
-                return seen
-            if time.monotonic() > deadline:
-                raise AssertionError(f"expected {count} messages within {timeout}s on "
-                                     f"{self.queue!r}, saw {len(seen)}")
-            time.sleep(0.05)
-
-    def watch(self, seconds: float) -> list[Message]:
-        """Drain every 50 ms for ``seconds`` (so each message's ``received`` is close to
-        when it was published); the new messages."""
-        start = len(self.messages)
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            self.drain()
-            time.sleep(0.05)
-        return self.messages[start:]
 
     def close(self) -> None:
         try:

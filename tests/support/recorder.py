@@ -91,7 +91,48 @@ class Message:
         return self.received - datetime.fromisoformat(str(self.slot)).timestamp()
 
 
-class Recorder:
+class Draining:
+    """What a recorder offers beyond its own ``drain``: the messages seen so far, and a
+    wait for a number of them (a Redis list or an AMQP queue alike)."""
+
+    queue: str
+    messages: list[Message]
+
+    def drain(self) -> list[Message]:
+        raise NotImplementedError
+
+    def drain_all(self) -> list[Message]:
+        """Drain, then return every message seen so far (not only the new ones)."""
+        self.drain()
+        return self.messages
+
+    def wait_for(self, count: int, timeout: float = 10.0, task: str | None = None) -> list[Message]:
+        """Drain until at least ``count`` messages (of ``task``, if given) were seen in total."""
+        deadline = time.monotonic() + timeout
+        while True:
+            self.drain()
+            seen = [m for m in self.messages if task is None or m.task == task]
+            if len(seen) >= count:
+                return seen
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"expected {count} messages{f' of {task}' if task else ''} "
+                    f"within {timeout}s on queue {self.queue!r}, saw {len(seen)}"
+                )
+            time.sleep(0.05)
+
+    def watch(self, seconds: float) -> list[Message]:
+        """Drain every 50 ms for ``seconds`` (so each message's ``received`` is close to
+        when it was published); the new messages."""
+        start = len(self.messages)
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            self.drain()
+            time.sleep(0.05)
+        return self.messages[start:]
+
+
+class Recorder(Draining):
     """Drains one queue of the broker and remembers every message seen.
 
     ``drain()`` returns the messages published since the last drain, oldest
@@ -121,27 +162,6 @@ class Recorder:
             new.extend(Message.parse(raw, self.queue, received) for raw in reversed(items))
         self.messages.extend(new)
         return new
-
-    def drain_all(self) -> list[Message]:
-        """Drain, then return every message seen so far (not only the new ones)."""
-        self.drain()
-        return self.messages
-
-    def wait_for(self, count: int, timeout: float = 10.0, task: str | None = None) -> list[Message]:
-        """Drain until at least ``count`` messages (of ``task``, if given) were seen in total."""
-        deadline = time.monotonic() + timeout
-        while True:
-            self.drain()
-            seen = [m for m in self.messages if task is None or m.task == task]
-            if len(seen) >= count:
-                return seen
-            if time.monotonic() > deadline:
-                raise AssertionError(
-                    f"expected {count} messages{f' of {task}' if task else ''} "
-                    f"within {timeout}s on queue {self.queue!r}, saw {len(seen)}"
-                )
-            time.sleep(0.05)
-
 
 def duplicates(messages: Iterable[Message]) -> list[tuple[str | None, Any]]:
     """The (entry, slot) pairs seen more than once: must be empty (guarantee G1)."""
