@@ -75,7 +75,7 @@ def faulted(monkeypatch: pytest.MonkeyPatch, seam: Seam) -> Iterator[None]:
                                config.socket_timeout)
         return redis_store(client, Keys(config.key_prefix), config)
 
-    monkeypatch.setattr(scheduler_module, "connect", connect)
+    monkeypatch.setattr(scheduler_module, "open_store", connect)
     yield
 
 

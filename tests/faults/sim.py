@@ -202,9 +202,9 @@ class Sim:
 
     def install(self, monkeypatch: Any) -> Sim:
         install_clock(monkeypatch, self.clock)
-        monkeypatch.setattr(scheduler_module, "connect", self._connect)
+        monkeypatch.setattr(scheduler_module, "open_store", self._connect)
         # a worker guard built in this process gets a seamed client too (node id "guard")
-        monkeypatch.setattr(guard_module, "connect", self._connect_guard)
+        monkeypatch.setattr(guard_module, "open_store", self._connect_guard)
         # the broker: a trigger, a backfill and a lone slot go through ``publish``; a chunk
         # through ``Enqueuer.publish_one``. ``enqueue.publish`` is left alone: there it
         # builds a message into a capturing producer (nothing is sent), and a recorder in
