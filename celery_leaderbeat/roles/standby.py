@@ -28,7 +28,6 @@ from ..errors import LeaseLostError
 from ..store.base import STORE_ERRORS
 from ..store.events import ENTRIES, RELEASED
 from ..store.types import ClaimItem, Code, Event, Op, SlotStatus
-from ..timing.policy import CatchupPolicy
 from ..timing.slots import Plan, from_ms, to_ms
 from .agenda import Agenda, Tracked, small_change
 from .batch import Outcome, RescueGate, run_batch
@@ -36,9 +35,6 @@ from .dynamic_schedule import POLL
 from .shared import Shared, utcnow
 
 logger = logging.getLogger(__name__)
-
-#: how a standby younger than a loss grace plans: only slots due since it started
-_FRESH = CatchupPolicy("skip")
 
 #: seconds before a rescue that Redis answered "not yet" is asked again (by Redis TIME it
 #: was early, or the leader is still claiming a burst), doubling while the answer stays
@@ -194,7 +190,7 @@ class Standby:
             return
         now = utcnow()
         cutoff = now - timedelta(seconds=self.shared.config.rescue_after)
-        due = self.agenda.pop_due(cutoff, self.since, self._fresh_policy())
+        due = self.agenda.pop_due(cutoff, self.since)
         if not due:
             return
         try:
@@ -219,15 +215,6 @@ class Standby:
         finally:
             self.agenda.push_all(due)
         self._rescued(outcome)
-
-    def _fresh_policy(self) -> CatchupPolicy | None:
-        """``skip`` for a process that began less than a loss grace ago: it cannot tell the
-        store from an older snapshot restored between two calls of a live leader, so a slot
-        due before its start may have been sent (the leader reports the loss within the
-        grace); a standby that followed longer rescues under each entry's own policy."""
-        if time.monotonic() - self.shared.started < loss_grace(self.shared.config):
-            return _FRESH
-        return None
 
     def _follow(self, version: int) -> None:
         """Read the schedule's changes since the agenda was built, or the whole of it."""

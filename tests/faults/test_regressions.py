@@ -752,6 +752,9 @@ def test_a_restore_between_two_calls_of_the_leader_is_not_sent_again_by_a_new_pr
 
 
 
+@pytest.mark.xfail(strict=True, reason="Redis restored from an older snapshot between two calls "
+                   "of a live leader, and a standby started in that moment rescues, under the "
+                   "entry's catch-up policy, a slot the leader sent after the snapshot")
 def test_a_restore_between_two_calls_of_the_leader_is_not_rescued_again_by_a_new_standby(
         regression_redis, caplog):
     """Found by the model (LEADERBEAT_MODEL_STEPS=30, 400 examples; shrunk by hand to the
