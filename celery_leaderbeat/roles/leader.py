@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
 from ..errors import LeaseLostError, NotReplicatedError
 from ..store.base import STORE_ERRORS, STORE_UNREACHABLE
 from ..store.ledger import REMOVED
-from ..store.types import Code, Event, Op, SlotStatus
+from ..store.types import Code, Event, Op, SlotState, SlotStatus
 from ..timing.slots import from_ms, plan, to_ms
 from .agenda import (
     Agenda,
@@ -103,20 +103,20 @@ class Leader:
 
     def elected(self, version: int) -> None:
         """Load the state in Redis; report what an earlier leader claimed and never sent."""
-        self._hold_catchup_if_fresh()
         self.reload(version, report=True)
 
-    def _hold_catchup_if_fresh(self) -> None:
+    def _hold_catchup_if_fresh(self, stored: Mapping[str, SlotState]) -> None:
         """A process that began following the store less than a loss grace ago, elected
         over state it holds, cannot tell that state from an older snapshot restored between
         two calls of a leader that is still alive: the slots that leader sent after the
         snapshot are due before this election, and it reports the loss within the grace.
         So this leader claims no slot due before its election until a loss grace after
         its start (see :meth:`_held_back`); an entry with nothing to catch up sends as
-        usual. A cluster's first start (a store never written) holds nothing back."""
+        usual. A store that holds no settled slot (a cluster's first start, even with
+        several beats starting together) holds nothing back."""
         grace = loss_grace(self.shared.config)
         left = self.shared.started + grace - time.monotonic()
-        if left > 0 and self.shared.ledger.generation > 0:
+        if left > 0 and any(state.state != SlotStatus.ANCHOR for state in stored.values()):
             now = utcnow()
             self._catchup_held = (now, now + timedelta(seconds=left))
             logger.info("leaderbeat: %s started %.1f s ago, over state it never saw: slots "
@@ -157,6 +157,8 @@ class Leader:
         shared = self.shared
         start = shared.fresh_start()
         stored, definitions = shared.ledger.load_with_definitions()
+        if report:  # just elected
+            self._hold_catchup_if_fresh(stored)
         # Only a node that led until Redis lost its data knows nobody sent anything later
         trusted = shared.lease.vanished_while_held or self._led_through
         rolled_back = self._rolled_back
