@@ -513,23 +513,31 @@ def report_unsent(unsent: Sequence[Unsent], *, gate: LeaderGate, send: Send,
     events += [_already_sent(memory, u.name, to_ms(u.slot), "") for u in mine]
     later: list[Unsent] = []
     if recover and others and gate.may_send():
-        items = [ClaimItem(u.name, to_ms(u.slot), Op.RECOVER) for u in others]
-        results = gate.claim(items, events)
-        events = []
-        for u, result in zip(others, results):
-            slot_ms = to_ms(u.slot)
-            if result is Code.EARLY:
-                later.append(u._replace(unreported=False))
-            elif result is not Code.GRANTED:
-                continue  # confirmed sent meanwhile, or moved on: nothing to recover
-            elif memory.published(u.name, slot_ms):  # listed twice: the first went out
-                events.append(_already_sent(memory, u.name, slot_ms, "recovered"))
-            elif gate.may_send() and send(u.name, u.slot):
-                memory.note(u.name, slot_ms)
-                events.append(Event(u.name, slot_ms, "sent", "recovered"))
-            else:
-                events.append(Event(u.name, slot_ms, "unsent", "recovery: not sent"))
+        results = gate.claim([ClaimItem(u.name, to_ms(u.slot), Op.RECOVER) for u in others],
+                             events)
+        events = _recovered(others, results, later, gate=gate, send=send, memory=memory)
     gate.record(events)
     if not recover:
         gate.ledger.forget_overtaken([(u.name, to_ms(u.slot)) for u in others if u.overtaken])
     return later
+
+
+def _recovered(others: Sequence[Unsent], results: Sequence[Any], later: list[Unsent], *,
+               gate: LeaderGate, send: Send, memory: SentMemory) -> list[Event]:
+    """Send each recovery claim that was granted; the events to record. A claim too
+    early (a standby's, younger than the lease ttl) goes to ``later``."""
+    events: list[Event] = []
+    for u, result in zip(others, results):
+        slot_ms = to_ms(u.slot)
+        if result is Code.EARLY:
+            later.append(u._replace(unreported=False))
+        elif result is not Code.GRANTED:
+            continue  # confirmed sent meanwhile, or moved on: nothing to recover
+        elif memory.published(u.name, slot_ms):  # listed twice: the first went out
+            events.append(_already_sent(memory, u.name, slot_ms, "recovered"))
+        elif gate.may_send() and send(u.name, u.slot):
+            memory.note(u.name, slot_ms)
+            events.append(Event(u.name, slot_ms, "sent", "recovered"))
+        else:
+            events.append(Event(u.name, slot_ms, "unsent", "recovery: not sent"))
+    return events
