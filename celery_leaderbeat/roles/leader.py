@@ -183,10 +183,13 @@ class Leader:
             if self._unaware:
                 self._lost_reports_until = time.monotonic() + shared.config.lease_ttl
             self._take_lost_reports()
-        if rolled_back and self._unaware:
+        if rolled_back and self._unaware and not self._led_through:
             # entries this leader anchored afresh knowing of no loss: there was one after
             # all (another node reported it). Their margin is recorded from the newest slot
-            # reported settled, else from this leader's start
+            # reported settled, else from this leader's start. A leader that led through
+            # the loss held its lease since before the snapshot, so since those anchors:
+            # the loss came after them and says nothing of their start (a report of an
+            # earlier one may still come, see _take_lost_reports)
             reports = shared.ledger.lost_reports()
             for name, (clock, anchor_ms) in self._unaware.items():
                 shared.backlog.extend(self._margin_events(name, clock, reports.get(name),
