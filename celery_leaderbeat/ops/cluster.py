@@ -179,7 +179,7 @@ class Cluster:
                 after = from_ms(state.slot_ms) if state else datetime.now(timezone.utc)
                 row["next_due"] = clock.fire_time(clock.next_after(after)).isoformat()
             rows.append(row)
-        runs = self._runs([row["task_id"] for row in rows if row["task_id"]])
+        runs = self.runs([row["task_id"] for row in rows if row["task_id"]])
         for row in rows:
             row["run"] = runs.get(row["task_id"] or "")
         return rows
@@ -209,7 +209,7 @@ class Cluster:
             return "dynamic" if name in dynamic[0] else "dynamic (disabled)"
         return "database" if self.config.base_scheduler is not None else "-"
 
-    def _runs(self, task_ids: list[str]) -> dict[str, str]:
+    def runs(self, task_ids: list[str]) -> dict[str, str]:
         """The worker guard's record of each run: started (on whom) or finished."""
         return {task_id: (f"finished on {run.worker}" if run.state == "finished" else
                           f"running on {run.worker}" if run.alive else

@@ -102,9 +102,11 @@ class DynamicSchedule:
             if was or name in self.anchors:
                 touched.add(name)
         self.seen = changes.version
-        logger.info("leaderbeat: dynamic entries at version %d: %d in the schedule (%+d), "
-                    "%d changed", changes.version, len(self.anchors), len(self.anchors) - before,
-                    len(touched))
+        # a whole read is news; a storm of edits would write a line per change at INFO
+        logger.log(logging.INFO if changes.full else logging.DEBUG,
+                   "leaderbeat: dynamic entries at version %d: %d in the schedule (%+d), "
+                   "%d changed", changes.version, len(self.anchors), len(self.anchors) - before,
+                   len(touched))
         return touched
 
     def _apply(self, name: str, stored: Stored) -> None:

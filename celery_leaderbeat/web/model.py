@@ -191,7 +191,7 @@ class ClusterView:
         """The rows ``status`` shows for ``names`` (``Cluster.entries`` for just these)."""
         rows = [self._row(name, definitions, stored.get(name), paused.get(name))
                 for name in names]
-        runs = self.cluster._runs([row["task_id"] for row in rows if row["task_id"]])
+        runs = self.cluster.runs([row["task_id"] for row in rows if row["task_id"]])
         for row in rows:
             row["run"] = runs.get(row["task_id"] or "")
         return rows
