@@ -10,7 +10,7 @@ from typing import Any
 
 from ..config import Config
 from .memory_state import MemoryState
-from .records import GuardDecision, GuardRun, RunRecord
+from .records import GuardDecision, GuardRun, RunRecord, guard_decision
 
 
 class _GuardCall:
@@ -245,7 +245,7 @@ class MemoryGuard:
     def start(self, run: GuardRun, *, will_ask_again: bool = False) -> GuardDecision:
         with self.state.lock:
             reply = self._call(run).start(will_ask_again)
-        return GuardDecision(reply[0], reply[1], int(reply[2]) if len(reply) > 2 else 0)
+        return guard_decision(reply[0], reply[1], int(reply[2]) if len(reply) > 2 else 0)
 
     def renew(self, run: GuardRun, token: int) -> bool:
         with self.state.lock:

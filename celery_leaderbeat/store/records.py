@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from ..errors import ScriptError
+
 
 @dataclass(frozen=True)
 class Stored:
@@ -74,6 +76,19 @@ class GuardDecision(NamedTuple):
     decision: str
     why: str
     token: int = 0  #: ``run``: the run's fencing token, above every token handed out before
+
+
+#: every answer a guard's start may give (see :class:`GuardDecision`)
+DECISIONS = frozenset({"run", "duplicate", "overlap", "wait", "cancel"})
+
+
+def guard_decision(decision: str, why: str, token: int = 0) -> GuardDecision:
+    """A store's answer to a start, checked: an answer this version does not know is an
+    error, never taken for a reason to skip the delivery."""
+    if decision not in DECISIONS:
+        raise ScriptError(f"the worker guard's start answered {decision!r} ({why!r}), not one "
+                          f"of {', '.join(sorted(DECISIONS))}")
+    return GuardDecision(decision, why, token)
 
 
 class RunRecord(NamedTuple):

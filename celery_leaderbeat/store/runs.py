@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .records import GuardDecision, GuardRun, RunRecord
+from .records import GuardDecision, GuardRun, RunRecord, guard_decision
 from .scripts import RedisPart, text
 
 
@@ -39,7 +39,7 @@ class RedisRuns(RedisPart):
 
     def start(self, run: GuardRun, *, will_ask_again: bool = False) -> GuardDecision:
         reply = self._call(self.scripts.guard_start, run, "wait" if will_ask_again else "")
-        return GuardDecision(reply[0], reply[1], int(reply[2]) if len(reply) > 2 else 0)
+        return guard_decision(reply[0], reply[1], int(reply[2]) if len(reply) > 2 else 0)
 
     def renew(self, run: GuardRun, token: int) -> bool:
         return self._call(self.scripts.guard_renew, run, token=token)[0] == "ok"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from ...config import Config
 from ..base import GuardDecision, GuardRun, RunRecord
+from ..records import guard_decision
 from . import guard_sql
 from .guard_call import Ttls
 from .place import Place
@@ -21,7 +22,7 @@ class PostgresGuard:
     def start(self, run: GuardRun, *, will_ask_again: bool = False) -> GuardDecision:
         decision, why, token = self.place.run(guard_sql.start_run, run, self.ttls,
                                               will_ask_again)
-        return GuardDecision(decision, why, token)
+        return guard_decision(decision, why, token)
 
     def renew(self, run: GuardRun, token: int) -> bool:
         ours, _ = self.place.run(guard_sql.renew_run, run, self.ttls, token)
