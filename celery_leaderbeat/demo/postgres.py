@@ -8,8 +8,9 @@ saying what to install). No PostgreSQL the user already runs is touched.
 
 The broker cannot be the demo's Redis, there being none: RabbitMQ when one answers
 (``$LEADERBEAT_DEMO_BROKER``, else ``amqp://guest:guest@127.0.0.1:5672//``), on a queue
-of the demo's own, deleted afterwards; else kombu's filesystem transport in the demo's
-directory (several processes on one machine share it; it polls every 0.1 s).
+of the demo's own, deleted afterwards; else (or with ``LEADERBEAT_DEMO_BROKER=filesystem://``)
+kombu's filesystem transport in the demo's directory: unlike an in-memory transport,
+several processes on one machine share it; it polls every 0.1 s.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ RUNS_TABLE = "leaderbeat_demo_runs"
 #: the OS user the cluster runs as when the demo runs as root (initdb refuses root)
 SERVER_USER = "postgres"
 AMQP_URL = "amqp://guest:guest@127.0.0.1:5672//"
+#: ``$LEADERBEAT_DEMO_BROKER`` naming the filesystem transport: no RabbitMQ is tried
+FILESYSTEM = "filesystem://"
 INSTALL = ("install the PostgreSQL server (Debian/Ubuntu: apt-get install postgresql; "
            "macOS: brew install postgresql) so that `pg_config --bindir` finds initdb, "
            "or set LEADERBEAT_PG_BINDIR to the directory holding initdb and postgres")
@@ -126,15 +129,15 @@ def choose_broker(directory: Path) -> tuple[dict[str, str], str, Any]:
     what to call at the end to remove the demo's queue (None: nothing to remove)."""
     url = os.environ.get("LEADERBEAT_DEMO_BROKER", AMQP_URL)
     queue = f"leaderbeat-demo-{secrets.token_hex(4)}"
-    if _answers(url):
+    if url != FILESYSTEM and _answers(url):
         return ({"LBDEMO_BROKER_URL": url, "LBDEMO_QUEUE": queue},
                 f"broker: RabbitMQ at {url.split('@')[-1]}, queue {queue}",
                 lambda: _delete_queue(url, queue))
     folder = directory / "broker"
     folder.mkdir()
-    return ({"LBDEMO_BROKER_URL": "filesystem://", "LBDEMO_BROKER_DIR": str(folder)},
-            (f"broker: kombu's filesystem transport in {folder} (no RabbitMQ at "
-             f"{url.split('@')[-1]})"), None)
+    why = "asked for" if url == FILESYSTEM else f"no RabbitMQ at {url.split('@')[-1]}"
+    return ({"LBDEMO_BROKER_URL": FILESYSTEM, "LBDEMO_BROKER_DIR": str(folder)},
+            f"broker: kombu's filesystem transport in {folder} ({why})", None)
 
 
 def _answers(url: str) -> bool:

@@ -75,6 +75,7 @@ class Demo:
         self.signals: list[Signalled] = []
         self._leader: tuple[str, int] | None = None
         self._cleanup: Callable[[], None] | None = None
+        self.broker_said = "broker: the demo's Redis (db 1)"
 
     # -- processes ----------------------------------------------------------------
 
@@ -125,8 +126,8 @@ class Demo:
             self.procs.append(self.server)
         self._say(f"postgres {bindir} on {url.split('@')[-1]} (pid {self.server.pid}), "
                   f"in {self.dir}")
-        broker, said, self._cleanup = postgres.choose_broker(self.dir)
-        self._say(said)
+        broker, self.broker_said, self._cleanup = postgres.choose_broker(self.dir)
+        self._say(self.broker_said)
         self.watch = postgres.PostgresWatcher(url, PREFIX, self.beats)
         return {**broker, "LBDEMO_STORE_URL": url, "LBDEMO_RECORD_URL": url,
                 "LBDEMO_PREFIX": PREFIX}
@@ -182,9 +183,11 @@ class Demo:
         self._poll()
         rhythms = {name: Rhythm(period, isinstance(spec, str))
                    for name, (spec, period) in SCHEDULE.items()}
-        return summarize(runs=self.watch.runs, history=self.watch.history, anchors=anchors,
-                         rhythms=rhythms, until=until, signals=self.signals,
-                         beat_of=self.watch.beat_of, origin=self.origin)
+        summary = summarize(runs=self.watch.runs, history=self.watch.history, anchors=anchors,
+                            rhythms=rhythms, until=until, signals=self.signals,
+                            beat_of=self.watch.beat_of, origin=self.origin)
+        return {**summary, "store": self.store,
+                "broker": self.broker_said.removeprefix("broker: ")}
 
     def _anchors(self) -> dict[str, int]:
         """Each entry's first-seen time (state ``a``): its slots are the ones after it.
