@@ -28,6 +28,8 @@ from celery import Celery
 
 #: the Redis list (at ``LBDEMO_RECORD_URL``) that :func:`record` appends to
 RUNS_KEY = "leaderbeat-demo:runs"
+#: the table (in the demo's PostgreSQL database) :func:`record` appends to instead
+RUNS_TABLE = "leaderbeat_demo_runs"
 TASK_NAME = "celery_leaderbeat.demo.app.record"
 
 #: entry name -> (schedule as given to beat, seconds between slots)
@@ -79,8 +81,6 @@ def record(self: Any, entry: str) -> None:
     url = os.environ["LBDEMO_RECORD_URL"]
     if url.startswith("postgresql://"):
         import psycopg
-
-        from .postgres import RUNS_TABLE
 
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute(f"INSERT INTO {RUNS_TABLE} (run) VALUES (%s::jsonb)", (json.dumps(row),))

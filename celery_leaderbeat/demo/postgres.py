@@ -29,11 +29,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .app import RUNS_TABLE
 from .procs import DemoError, Proc, free_port
 from .watch import Watcher
 
-#: the table the demo's task appends each run to (in the demo's own database)
-RUNS_TABLE = "leaderbeat_demo_runs"
 #: the OS user the cluster runs as when the demo runs as root (initdb refuses root)
 SERVER_USER = "postgres"
 AMQP_URL = "amqp://guest:guest@127.0.0.1:5672//"
