@@ -160,8 +160,8 @@ def _delete_queue(url: str, queue: str) -> None:
 
 
 class PostgresWatcher(Watcher):
-    """The same reads as :class:`Watcher`, from the store's tables (the schema
-    ``leaderbeat``) and the runs table: what any operator could select."""
+    """The same reads as :class:`Watcher`, from the store's tables (in the default schema,
+    the demo's beats setting none) and the runs table: what any operator could select."""
 
     def __init__(self, url: str, app: str, beats: Sequence[Proc]) -> None:
         import psycopg
@@ -175,22 +175,25 @@ class PostgresWatcher(Watcher):
         self.conn.close()
 
     def _rows(self, query: str, *params: Any) -> list[tuple[Any, ...]]:
-        return self.conn.execute(query, params).fetchall()
+        """``query``'s rows, ``{schema}`` in it naming the store's schema (quoted)."""
+        from ..store.postgres.schema import DEFAULT_SCHEMA, qualified
+
+        return self.conn.execute(qualified(query, DEFAULT_SCHEMA), params).fetchall()
 
     def _lease(self) -> str | None:
-        rows = self._rows("SELECT holder, epoch FROM leaderbeat.lease WHERE app = %s AND holder"
+        rows = self._rows("SELECT holder, epoch FROM {schema}.lease WHERE app = %s AND holder"
                           " IS NOT NULL AND expires_at > clock_timestamp()", self.app)
         return f"{rows[0][0]}|{rows[0][1]}" if rows else None
 
     def _node_record(self, node: str) -> dict[str, Any] | None:
-        rows = self._rows("SELECT record FROM leaderbeat.nodes WHERE app = %s AND node = %s",
+        rows = self._rows("SELECT record FROM {schema}.nodes WHERE app = %s AND node = %s",
                           self.app, node)
         return dict(rows[0][0]) if rows else None
 
     def _history_since(self) -> list[dict[str, str]]:
         rows = self._rows(
             "SELECT id, (extract(epoch FROM at) * 1000)::bigint, event, entry, slot_ms, node,"
-            " epoch, detail FROM leaderbeat.history WHERE app = %s AND id > %s ORDER BY id",
+            " epoch, detail FROM {schema}.history WHERE app = %s AND id > %s ORDER BY id",
             self.app, self._last_row)
         out = []
         for row_id, at_ms, event, entry, slot, node, epoch, detail in rows:
@@ -201,13 +204,14 @@ class PostgresWatcher(Watcher):
         return out
 
     def new_runs(self) -> list[dict[str, Any]]:
-        rows = self._rows(f"SELECT run FROM {RUNS_TABLE} ORDER BY id OFFSET %s", len(self.runs))
+        rows = self._rows("SELECT run FROM " + RUNS_TABLE + " ORDER BY id OFFSET %s",
+                          len(self.runs))
         new = [row[0] if isinstance(row[0], dict) else json.loads(row[0]) for row in rows]
         self.runs += new
         return new
 
     def slot_states(self) -> dict[str, tuple[int, str]]:
-        rows = self._rows("SELECT entry, slot_ms, state FROM leaderbeat.slots WHERE app = %s",
+        rows = self._rows("SELECT entry, slot_ms, state FROM {schema}.slots WHERE app = %s",
                           self.app)
         return {entry: (int(slot), state) for entry, slot, state in rows}
 
