@@ -215,3 +215,28 @@ def test_a_role_without_usage_on_the_schema_stops_beat_naming_postgresql(tmp_pat
             conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
             conn.execute(psycopg.sql.SQL("DROP ROLE IF EXISTS {}").format(
                 psycopg.sql.Identifier(role)))
+
+
+# -- the worker guard and the run-time entries open the named schema -------------------------
+
+def test_the_worker_guard_and_the_run_time_entries_open_the_named_schema(database):
+    from celery import Celery
+
+    from celery_leaderbeat.integrations.guard import Guard
+    from celery_leaderbeat.store import dynamic
+
+    app = Celery("wire", broker="amqp://guest@127.0.0.1//")
+    app.conf.leaderbeat_store_url = url_of(database)
+    app.conf.leaderbeat_store_schema = "lb_workers"
+    app.conf.leaderbeat_key_prefix = "same"
+    guard = Guard(app)
+    guard.store()
+    assert guard._store is not None
+    try:
+        assert guard._store.place.schema == "lb_workers"
+    finally:
+        guard._store.close()
+    entries = dynamic._store(app)
+    assert getattr(entries, "_part", entries).place.schema == "lb_workers"
+    assert {"guard_runs", "entries"} <= tables_in(database, "lb_workers")
+    assert tables_in(database, "leaderbeat") == set()
