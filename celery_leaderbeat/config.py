@@ -12,6 +12,7 @@ import dataclasses
 import importlib.util
 import logging
 import os
+import re
 import socket
 import uuid
 from collections.abc import Callable, Mapping
@@ -34,6 +35,24 @@ STORE_SCHEMES = (*REDIS_SCHEMES, "memory")
 POSTGRES_SCHEMES = ("postgresql", "postgres")
 #: ``leaderbeat_store_url`` naming Django's ``DATABASES["default"]``
 DJANGO_STORE = "django"
+#: PostgreSQL's reserved key words (``pg_get_keywords()``, category R): not usable as a
+#: schema name unquoted, so refused as one
+_RESERVED = frozenset({
+    "all", "analyse", "analyze", "and", "any", "array", "as", "asc", "asymmetric", "both",
+    "case", "cast", "check", "collate", "column", "constraint", "create",
+    "current_catalog", "current_date", "current_role", "current_time", "current_timestamp",
+    "current_user", "default", "deferrable", "desc", "distinct", "do", "else", "end",
+    "except", "false", "fetch", "for", "foreign", "from", "grant", "group", "having", "in",
+    "initially", "intersect", "into", "lateral", "leading", "limit", "localtime",
+    "localtimestamp", "not", "null", "offset", "on", "only", "or", "order", "placing",
+    "primary", "references", "returning", "select", "session_user", "some", "symmetric",
+    "table", "then", "to", "trailing", "true", "union", "unique", "user", "using",
+    "variadic", "when", "where", "window", "with"
+})
+_IDENTIFIER = re.compile(r"[a-z_][a-z0-9_$]{0,62}")
+SCHEMA_RULE = ("must be a valid unquoted PostgreSQL identifier in lower case: a letter or '_', "
+               "then letters, digits, '_' or '$', at most 63 characters, not a reserved key "
+               "word and not starting with 'pg_'")
 STORE_RULE = ("must be a Redis URL (redis://, rediss://, unix://, sentinel://, "
               "redis+cluster://, memory://), a PostgreSQL URL (postgresql://, postgres://) or "
               f"{DJANGO_STORE!r} (Django's DATABASES['default'])")
@@ -41,6 +60,7 @@ STORE_RULE = ("must be a Redis URL (redis://, rediss://, unix://, sentinel://, "
 #: setting name (without ``leaderbeat_``) -> default.  ``None`` means "derived".
 DEFAULTS: dict[str, Any] = {
     "store_url": None,
+    "store_schema": "leaderbeat",
     "redis_url": None,
     "redis_options": {},
     "key_prefix": None,
@@ -117,6 +137,8 @@ class Config:
     #: the URL the store is opened from: Redis, PostgreSQL or ``"django"`` (empty: the
     #: Redis of ``redis_url``)
     store_url: str = ""
+    #: the PostgreSQL schema the store's tables live in (one per cluster of beats)
+    store_schema: str = DEFAULTS["store_schema"]
     #: start-up warnings (Celery settings this scheduler does not use, a newer Celery)
     notes: tuple[str, ...] = field(default=(), compare=False)
 
@@ -169,6 +191,7 @@ class Config:
         raw = {**DEFAULTS, **{k: v for k, v in raw.items() if v is not None}}
         v = _Validator(problems)
         url, store_url = _store_urls(v, raw)
+        schema = v.check("store_schema", raw.get("store_schema"), is_schema_name, SCHEMA_RULE)
         options = v.check("redis_options", raw.get("redis_options", {}),
                           lambda x: isinstance(x, Mapping), "must be a dict")
         prefix = v.check("key_prefix", raw.get("key_prefix"),
@@ -220,7 +243,7 @@ class Config:
             history_length=history, min_replicas=replicas, rescue_after=float(rescue),
             guard=guard, guard_expires=float(guard_expires),
             overlap=str(overlap), metrics_port=metrics_port,
-            base_scheduler=base, atomic_enqueue=atomic, store_url=store_url,
+            base_scheduler=base, atomic_enqueue=atomic, store_url=store_url, store_schema=schema,
         )
 
 
@@ -450,6 +473,12 @@ def _store_urls(v: _Validator, raw: Mapping[str, Any]) -> tuple[Any, Any]:
 def _is_store_url(value: Any) -> bool:
     return (value == DJANGO_STORE or _is_redis_url(value) or
             (isinstance(value, str) and value.split("://", 1)[0] in POSTGRES_SCHEMES))
+
+
+def is_schema_name(value: Any) -> bool:
+    """Whether ``value`` is a schema name PostgreSQL takes unquoted, as it is written."""
+    return (isinstance(value, str) and _IDENTIFIER.fullmatch(value) is not None
+            and value not in _RESERVED and not value.startswith("pg_"))
 
 
 def is_postgres_store(config: Config) -> bool:

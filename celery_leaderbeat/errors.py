@@ -7,7 +7,9 @@
     ├── BackfillRefused         a backfill's slots cannot be told (also a LookupError)
     ├── LeaseLostError          another node leads now
     ├── NotReplicatedError      a claim was not replicated in time
-    ├── RedisAuthError          Redis refused the credentials
+    ├── StoreAuthError          the store refused the credentials or a permission
+    │   ├── RedisAuthError      ... Redis did
+    │   └── PostgresAuthError   ... PostgreSQL did
     ├── RolledBackError         Redis holds older state than this node has seen
     └── ScriptError             a Lua script answered an unknown code
 """
@@ -95,8 +97,17 @@ class StoreCredentialsRefused(StoreRefused):
     """The store refused the credentials (user name, password)."""
 
 
-class RedisAuthError(LeaderbeatError):
-    """Redis refused the credentials; retrying cannot help."""
+class StoreAuthError(LeaderbeatError):
+    """The store refused the credentials or a permission; retrying cannot help. Raised
+    as the subclass naming the store that refused."""
+
+
+class RedisAuthError(StoreAuthError):
+    """Redis refused the credentials or a permission; retrying cannot help."""
+
+
+class PostgresAuthError(StoreAuthError):
+    """PostgreSQL refused the credentials or a privilege; retrying cannot help."""
 
 
 class ScriptError(LeaderbeatError):

@@ -49,8 +49,47 @@ def test_the_example_project_migrates_runs_its_beat_and_sends_its_tasks(
            "LEADERBEAT_KEY_PREFIX": key_prefix, "PYTHONPATH": str(EXAMPLE),
            "DJANGO_SETTINGS_MODULE": "proj.settings"}
     env.pop("POSTGRES_DB", None)
+    env.pop("LEADERBEAT_STORE", None)
+    run_the_example(tmp_path, env, Recorder(broker.client()))
+
+
+def test_the_example_project_on_postgresql_keeps_its_lease_in_the_sites_database(
+        tmp_path, key_prefix):
+    from tests.support.amqp_recorder import AmqpRecorder
+    from tests.support.postgres import _connect, postgres_database
+    from tests.support.rabbitmq import require_rabbitmq
+
+    pytest.importorskip("psycopg")
+    recorder = AmqpRecorder(require_rabbitmq())
+    with postgres_database("lbexample") as name:
+        env = {**os.environ, "LEADERBEAT_STORE": "postgres", "POSTGRES_DB": name,
+               "POSTGRES_HOST": "127.0.0.1", "POSTGRES_PORT": "5432",
+               "POSTGRES_USER": "postgres", "CELERY_TASK_DEFAULT_QUEUE": recorder.queue,
+               "LEADERBEAT_KEY_PREFIX": key_prefix, "PYTHONPATH": str(EXAMPLE),
+               "DJANGO_SETTINGS_MODULE": "proj.settings"}
+        for unset in ("CELERY_BROKER_URL", "LEADERBEAT_REDIS_URL", "SQLITE_PATH"):
+            env.pop(unset, None)  # the settings' own: RabbitMQ, no Redis at all
+        try:
+            log = run_the_example(tmp_path, env, recorder)
+        finally:
+            recorder.close()
+        assert ". leaderbeat -> django prefix=" in log and "Redis" not in log, log
+        with _connect(name) as conn:
+            lease = conn.execute("SELECT epoch FROM leaderbeat.lease WHERE app = %s",
+                                 (key_prefix,)).fetchone()
+            elected = conn.execute("SELECT count(*) FROM leaderbeat.history WHERE app = %s"
+                                   " AND event = 'elected'", (key_prefix,)).fetchone()
+            tables = conn.execute("SELECT count(*) FROM pg_tables"
+                                  " WHERE tablename = 'django_celery_beat_periodictask'"
+                                  ).fetchone()
+        assert lease is not None and lease[0] >= 1, "the lease lives in the site's database"
+        assert elected == (1,) and tables == (1,)
+
+
+def run_the_example(tmp_path, env: dict[str, str], recorder) -> str:
+    """Migrate, run one beat until it sent ``say-hello`` twice, stop it; check what it
+    sent and wrote. Returns the beat's log."""
     manage(env, "migrate", "--verbosity", "0")
-    recorder = Recorder(broker.client())
     beat = BeatProcess("proj", env, tmp_path / "beat.log")
     with beat:
         recorder.wait_for(2, timeout=30, task="reports.tasks.say_hello")
@@ -72,3 +111,4 @@ def test_the_example_project_migrates_runs_its_beat_and_sends_its_tasks(
     # the admin's "Run selected tasks" sends directly through the app, outside any slot
     (run,) = recorder.wait_for(1, timeout=10, task="reports.tasks.purge_old_reports")
     assert run.slot is None and run.headers["periodic_task_name"] == "purge-old-reports"
+    return log

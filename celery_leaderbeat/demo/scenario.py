@@ -1,12 +1,13 @@
 """The demo's scenario: start everything, elect, SIGKILL, SIGTERM, run on, measure.
 
 :class:`Demo` drives the processes of :mod:`.procs`, watches Redis through
-:class:`.watch.Watcher`, shows what happens on a :mod:`.view` view and
+:class:`.watch.Watcher` (PostgreSQL through :class:`.postgres.PostgresWatcher`), shows what happens on a :mod:`.view` view and
 hands what it read to :func:`.summary.summarize`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import tempfile
 import time
@@ -26,6 +27,7 @@ from .procs import (
     Proc,
     celery_argv,
     check_broker_transport,
+    check_postgres_driver,
     find_redis_server,
     start_redis,
     stop_all,
@@ -60,33 +62,27 @@ class Demo:
     """
 
     def __init__(self, plan: Plan, interrupts: Interrupts, view: PlainView,
-                 screen: Screen) -> None:
+                 screen: Screen, store: str = "redis") -> None:
         self.plan = plan
         self.interrupts = interrupts
         self.view = view
         self.screen = screen
+        self.store = store
         self.dir = Path(tempfile.mkdtemp(prefix="leaderbeat-demo-"))
         self.procs: list[Proc] = []
         self.beats: list[Proc] = []
         self.origin = time.time()
         self.signals: list[Signalled] = []
         self._leader: tuple[str, int] | None = None
+        self._cleanup: Callable[[], None] | None = None
+        self.broker_said = "broker: the demo's Redis (db 1)"
 
     # -- processes ----------------------------------------------------------------
 
     def start(self) -> None:
-        """Redis, then the worker, then the beats, each registered before anything else."""
-        check_broker_transport()
-        binary = find_redis_server()
-        with self.interrupts.held():
-            self.redis, port = start_redis(self.dir, binary)
-            self.procs.append(self.redis)
-        self._say(f"redis-server {binary} on port {port} (pid {self.redis.pid}), in {self.dir}")
-        url = f"redis://127.0.0.1:{port}"
-        env = {"LBDEMO_BROKER_URL": f"{url}/1", "LBDEMO_REDIS_URL": f"{url}/0",
-               "LBDEMO_RECORD_URL": f"{url}/2", "LBDEMO_PREFIX": PREFIX}
-        self.client = redis.Redis.from_url(f"{url}/0", socket_timeout=2)
-        self.broker = redis.Redis.from_url(f"{url}/1", socket_timeout=2)
+        """The store's server, then the worker, then the beats, each registered before
+        anything else."""
+        env = self._start_postgres() if self.store == "postgres" else self._start_redis()
         with self.interrupts.held():
             self.worker = Proc("worker", celery_argv(
                 "worker", "-P", "solo", "-n", "demo-worker@%h", "--loglevel=INFO",
@@ -102,13 +98,51 @@ class Demo:
                 self.beats.append(beat)
             self.screen.beats.append(BeatRow(i, beat.pid))
             self._say(f"celery beat -S celery_leaderbeat.Scheduler: beat {i} (pid {beat.pid})")
-        self.watch = Watcher(self.client, redis.Redis.from_url(f"{url}/2", socket_timeout=2),
-                             Keys(PREFIX), self.beats)
+
+    def _start_redis(self) -> dict[str, str]:
+        """A Redis of the demo's own: the broker (db 1), the store (db 0), the runs (db 2)."""
+        check_broker_transport()
+        binary = find_redis_server()
+        with self.interrupts.held():
+            self.server, port = start_redis(self.dir, binary)
+            self.procs.append(self.server)
+        self._say(f"redis-server {binary} on port {port} (pid {self.server.pid}), in {self.dir}")
+        url = f"redis://127.0.0.1:{port}"
+        self.watch = Watcher(redis.Redis.from_url(f"{url}/0", socket_timeout=2),
+                             redis.Redis.from_url(f"{url}/2", socket_timeout=2),
+                             Keys(PREFIX), self.beats,
+                             broker=redis.Redis.from_url(f"{url}/1", socket_timeout=2))
+        return {"LBDEMO_BROKER_URL": f"{url}/1", "LBDEMO_REDIS_URL": f"{url}/0",
+                "LBDEMO_RECORD_URL": f"{url}/2", "LBDEMO_PREFIX": PREFIX}
+
+    def _start_postgres(self) -> dict[str, str]:
+        """A PostgreSQL cluster of the demo's own (the store and the runs), and a broker."""
+        from . import postgres
+
+        check_postgres_driver()
+        bindir = postgres.find_bindir()
+        with self.interrupts.held():
+            self.server, url = postgres.start_postgres(self.dir, bindir)
+            self.procs.append(self.server)
+        self._say(f"postgres {bindir} on {url.split('@')[-1]} (pid {self.server.pid}), "
+                  f"in {self.dir}")
+        broker, self.broker_said, self._cleanup = postgres.choose_broker(self.dir)
+        self._say(self.broker_said)
+        self.watch = postgres.PostgresWatcher(url, PREFIX, self.beats)
+        return {**broker, "LBDEMO_STORE_URL": url, "LBDEMO_RECORD_URL": url,
+                "LBDEMO_PREFIX": PREFIX}
 
     def close(self) -> list[int]:
         """Stop every process group and reap it; returns the pids that outlived SIGKILL."""
         with self.interrupts.held(then_raise=False):
-            return stop_all(self.procs, grace=5.0)
+            watch = getattr(self, "watch", None)  # none before the server answered
+            if watch is not None:
+                with contextlib.suppress(Exception):  # the server may be gone already
+                    watch.close()
+            left = stop_all(self.procs, grace=5.0)
+            if self._cleanup is not None:
+                self._cleanup()
+            return left
 
     # -- the scenario -------------------------------------------------------------------
 
@@ -143,15 +177,17 @@ class Demo:
                 beat.signalled, row.state = "SIGTERM", "stopped"
         with self.interrupts.held():
             stop_all(self.beats, grace=10.0)
-        self._until(lambda: self.watch.queued(self.broker) == 0, 15.0,
+        self._until(lambda: self.watch.pending() == 0, 15.0,
                     "the worker did not finish the queued tasks")
         time.sleep(0.5)  # Celery acks before it runs a task: let the last run record itself
         self._poll()
         rhythms = {name: Rhythm(period, isinstance(spec, str))
                    for name, (spec, period) in SCHEDULE.items()}
-        return summarize(runs=self.watch.runs, history=self.watch.history, anchors=anchors,
-                         rhythms=rhythms, until=until, signals=self.signals,
-                         beat_of=self.watch.beat_of, origin=self.origin)
+        summary = summarize(runs=self.watch.runs, history=self.watch.history, anchors=anchors,
+                            rhythms=rhythms, until=until, signals=self.signals,
+                            beat_of=self.watch.beat_of, origin=self.origin)
+        return {**summary, "store": self.store,
+                "broker": self.broker_said.removeprefix("broker: ")}
 
     def _anchors(self) -> dict[str, int]:
         """Each entry's first-seen time (state ``a``): its slots are the ones after it.
@@ -215,7 +251,7 @@ class Demo:
             time.sleep(min(POLL, max(0.0, moment - time.monotonic())))
 
     def _poll(self) -> None:
-        for proc in (self.redis, self.worker):  # nothing works without them
+        for proc in (self.server, self.worker):  # nothing works without them
             if not proc.alive:
                 raise DemoError(f"{proc.name} (pid {proc.pid}) exited on its own "
                                 f"({proc.popen.returncode}); its log ends:\n{_tail(proc)}")

@@ -163,6 +163,8 @@ def print_summary(result: dict[str, Any], stream: TextIO) -> None:
     start, end = result["window_s"]
     say()
     say(f"Summary: run window {start:+.1f} s .. {end:+.1f} s, wall time {result['wall_time_s']} s")
+    if "store" in result:
+        say(f"  store, broker        {result['store']}; {result['broker']}")
     say(f"  slots expected       {result['expected']}")
     say(f"  executed             {result['executed']}   ({result['runs']} task runs in all; "
         f"{result['runs_outside_window']} of them for slots after the window)")

@@ -1,7 +1,8 @@
 """Reading the demo's Redis: who leads, what was sent (history), what ran (worker records).
 
 The demo never asks a beat anything: all it knows comes from the keys any
-operator could read, plus the beats' logs to put a name on a node id.
+operator could read, plus the beats' logs to put a name on a node id. The same reads
+on PostgreSQL's tables: :class:`~.postgres.PostgresWatcher`.
 """
 
 from __future__ import annotations
@@ -27,11 +28,13 @@ def _text(value: Any) -> str:
 class Watcher:
     """Incremental reads of the lease, the node registry, the history and the runs."""
 
-    def __init__(self, client: redis.Redis, records: redis.Redis, keys: Keys,
-                 beats: Sequence[Proc]) -> None:
-        self.client = client
-        self.records = records
-        self.keys = keys
+    def __init__(self, client: redis.Redis | None, records: redis.Redis | None,
+                 keys: Keys | None, beats: Sequence[Proc], broker: redis.Redis | None = None
+                 ) -> None:
+        self.client: Any = client
+        self.records: Any = records
+        self.keys: Any = keys
+        self.broker: Any = broker
         self.beats = beats
         self.beat_of: dict[str, int] = {}  # node id -> beat index
         self.node_of_epoch: dict[int, str] = {}
@@ -41,10 +44,10 @@ class Watcher:
 
     def leader(self) -> tuple[str, int] | None:
         """(node id, epoch) from ``{prefix}:leader``, None while nobody holds the lease."""
-        raw = self.client.get(self.keys.leader)
+        raw = self._lease()
         if raw is None:
             return None
-        node, _, epoch = _text(raw).rpartition("|")
+        node, _, epoch = raw.rpartition("|")
         self.identify(node)
         return node, int(epoch)
 
@@ -52,8 +55,8 @@ class Watcher:
         """Which beat runs ``node``: by the pid in the node registry, else by the logs."""
         if node in self.beat_of:
             return self.beat_of[node]
-        raw = self.client.hget(self.keys.nodes, node)
-        pid = json.loads(_text(raw)).get("pid") if raw else None
+        record = self._node_record(node)
+        pid = record.get("pid") if record else None
         for index, beat in enumerate(self.beats):
             if beat.pid == pid or any(m.group(1) == node
                                       for m in _ELECTED_LOG.finditer(beat.log_text())):
@@ -78,17 +81,32 @@ class Watcher:
         return f"beat {index} (epoch {epoch})" if index is not None else f"epoch {epoch}"
 
     def new_history(self) -> list[dict[str, str]]:
-        """History events written since the last call, oldest first, each with its ``id``."""
-        rows: list[tuple[Any, dict[Any, Any]]] = self.client.xrange(  # type: ignore[assignment]
+        """History events written since the last call, oldest first, each with its ``id``
+        (``<ms>-<n>``: the time it was written, as a Redis stream id)."""
+        new = self._history_since()
+        for row in new:
+            if row.get("event") == "elected" and row.get("epoch"):
+                self.node_of_epoch[int(row["epoch"])] = row.get("node", "")
+        self.history += new
+        return new
+
+    def _lease(self) -> str | None:
+        """``node|epoch`` of the lease's holder (None: nobody holds it)."""
+        raw = self.client.get(self.keys.leader)
+        return None if raw is None else _text(raw)
+
+    def _node_record(self, node: str) -> dict[str, Any] | None:
+        raw = self.client.hget(self.keys.nodes, node)
+        return dict(json.loads(_text(raw))) if raw else None
+
+    def _history_since(self) -> list[dict[str, str]]:
+        rows: list[tuple[Any, dict[Any, Any]]] = self.client.xrange(
             self.keys.history, min=f"({self._last_id}")
         new = []
         for event_id, fields in rows:
             row = {_text(k): _text(v) for k, v in fields.items()}
             row["id"] = self._last_id = _text(event_id)
-            if row.get("event") == "elected" and row.get("epoch"):
-                self.node_of_epoch[int(row["epoch"])] = row.get("node", "")
             new.append(row)
-        self.history += new
         return new
 
     def new_runs(self) -> list[dict[str, Any]]:
@@ -106,6 +124,9 @@ class Watcher:
             out[_text(name)] = (int(slot), state)
         return out
 
-    def queued(self, broker: redis.Redis) -> int:
+    def pending(self) -> int:
         """Messages the worker has not finished: still queued, or delivered but unacked."""
-        return int(broker.llen("celery")) + int(broker.hlen("unacked"))
+        return int(self.broker.llen("celery")) + int(self.broker.hlen("unacked"))
+
+    def close(self) -> None:
+        """Nothing to close: the demo's Redis clients go with the server."""

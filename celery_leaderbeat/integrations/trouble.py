@@ -12,7 +12,7 @@ import logging
 import time
 
 from ..config import is_postgres_store
-from ..errors import LeaseLostError, RedisAuthError
+from ..errors import LeaseLostError, PostgresAuthError, RedisAuthError, StoreAuthError
 from ..roles.shared import utcnow
 from ..store.base import STORE_ERRORS
 from ..store.connection import describe
@@ -35,14 +35,20 @@ class Trouble(Attributes):
             return f"PostgreSQL at {describe(config.store_url)}"
         return f"Redis at {describe(config.redis_url)}"
 
-    def _refused(self, exc: Exception) -> RedisAuthError:
-        """Credentials (``AuthenticationError``) or a permission (``NoPermissionError``)
-        the store refused, as an error that says what to check."""
+    def _refused(self, exc: Exception) -> StoreAuthError:
+        """Credentials or a permission the store refused, as the error of the store that
+        refused (:class:`PostgresAuthError` or :class:`RedisAuthError`), saying what to
+        check."""
         if is_postgres_store(self.lb_config):
-            return RedisAuthError(
-                f"{self._store_at()} refused ({exc}); check the role and password in "
-                "leaderbeat_store_url (or Django's DATABASES) and the role's grants on the "
-                "schema leaderbeat and its tables")
+            schema = self.lb_config.store_schema
+            if isinstance(exc, StoreCredentialsRefused):
+                return PostgresAuthError(
+                    f"{self._store_at()} refused the credentials ({exc}); check the role and "
+                    "password in leaderbeat_store_url (or Django's DATABASES)")
+            return PostgresAuthError(
+                f"{self._store_at()} refused a privilege ({exc}); the role needs USAGE on "
+                f"the schema {schema!r} (leaderbeat_store_schema) and SELECT, INSERT, UPDATE, "
+                "DELETE on its tables")
         if isinstance(exc, StoreCredentialsRefused):
             return RedisAuthError(
                 f"Redis at {describe(self.lb_config.redis_url)} refused the credentials "

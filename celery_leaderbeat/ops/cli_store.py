@@ -9,13 +9,22 @@ from __future__ import annotations
 
 import click
 
-from ..config import Config, is_postgres_store
+from ..config import SCHEMA_RULE, Config, is_postgres_store, is_schema_name
 from ..store.open import postgres_conninfo
 from .cli_group import command, emit
 
 
-@command(name="init-store")
-def init_store(ctx: click.Context, as_json: bool) -> None:
+def _schema_name(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    if value is not None and not is_schema_name(value):
+        raise click.BadParameter(f"--schema={value!r} {SCHEMA_RULE}", ctx=ctx, param=param)
+    return value
+
+
+@command(click.option("--schema", default=None, callback=_schema_name,
+                      help="The schema to create or migrate (default: the setting "
+                           "leaderbeat_store_schema, 'leaderbeat' unless set)."),
+         name="init-store")
+def init_store(ctx: click.Context, schema: str | None, as_json: bool) -> None:
     """Create or migrate the store's schema (PostgreSQL); a Redis store needs none."""
     config = Config.from_app(ctx.obj.app)
     if not is_postgres_store(config):
@@ -23,21 +32,21 @@ def init_store(ctx: click.Context, as_json: bool) -> None:
              ["nothing to do: a Redis store has no schema"])
         return
     from ..store.postgres.pool import ERRORS, connection, make_pool, store_error
-    from ..store.postgres.schema import DEFAULT_SCHEMA, ensure_schema, schema_version
+    from ..store.postgres.schema import ensure_schema, schema_version
 
+    schema = schema or config.store_schema
     try:  # a failure leaves as the store's error, so the command's exit says what it was
         pool = make_pool(postgres_conninfo(config), timeout=config.socket_timeout, max_size=1)
         try:
             with connection(pool) as conn:
-                applied = ensure_schema(conn, DEFAULT_SCHEMA)
-                version = schema_version(conn, DEFAULT_SCHEMA)
+                applied = ensure_schema(conn, schema)
+                version = schema_version(conn, schema)
         finally:
             pool.close()
     except ERRORS as exc:
         raise store_error(exc) from exc
-    said = (f"schema {DEFAULT_SCHEMA!r}: applied migration(s) "
+    said = (f"schema {schema!r}: applied migration(s) "
             f"{', '.join(map(str, applied))}; now at version {version}" if applied else
-            f"schema {DEFAULT_SCHEMA!r} is current (version {version}): nothing to do")
-    emit(as_json, {"store": "postgresql", "schema": DEFAULT_SCHEMA, "applied": applied,
+            f"schema {schema!r} is current (version {version}): nothing to do")
+    emit(as_json, {"store": "postgresql", "schema": schema, "applied": applied,
                    "version": version}, [said])
-

@@ -24,7 +24,7 @@ INIT_STORE = "celery -A <app> leaderbeat init-store"
 def open_store(config: Config) -> Store:
     """The store ``config`` names, on new connections (one per process: never share it
     across a fork). On PostgreSQL the schema is created or migrated first where it
-    lacks this version's migrations."""
+    lacks this version's migrations (``leaderbeat_store_schema`` names it)."""
     if is_postgres_store(config):
         return _open_postgres(config)
     if config.redis_url.startswith("memory://"):
@@ -78,7 +78,6 @@ _NOT_LIBPQ = frozenset({"isolation_level", "server_side_binding", "pool", "assum
 def _open_postgres(config: Config) -> Store:
     try:
         from .postgres import store as postgres
-        from .postgres.schema import DEFAULT_SCHEMA
     except ImportError as exc:
         raise ConfigurationError(
             f"leaderbeat_store_url={config.store_url!r} names PostgreSQL, which needs "
@@ -91,7 +90,7 @@ def _open_postgres(config: Config) -> Store:
     except ERRORS as exc:
         raise store_error(exc) from exc
     try:
-        ensure_current(store, DEFAULT_SCHEMA)
+        ensure_current(store, config.store_schema)
     except ERRORS as exc:
         store.close()
         raise store_error(exc) from exc

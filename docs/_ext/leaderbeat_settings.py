@@ -28,6 +28,10 @@ MEANING = {
                  "`postgresql://user@host/db` (or `postgres://`), or `django`: the "
                  "PostgreSQL of Django's `DATABASES[\"default\"]`, on connections of its own. "
                  "See [PostgreSQL](../postgresql.md).",
+    "store_schema": "On a PostgreSQL store: the schema its tables live in, created by the "
+                    "first beat or by `celery leaderbeat init-store`. Beats in two schemas of "
+                    "one database are two clusters that never see each other. See "
+                    "[PostgreSQL](../postgresql.md#the-schema).",
     "redis_url": "Where leaderbeat keeps its state: `redis://`, `rediss://` (TLS), `unix://`, "
                  "`sentinel://h:p;sentinel://h2:p/db`, `redis+cluster://`. Required when the "
                  "broker is not Redis and `store_url` does not name PostgreSQL.",

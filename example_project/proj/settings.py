@@ -1,7 +1,13 @@
 """Settings of the example project: Django, django-celery-beat, celery-leaderbeat.
 
-SQLite by default. For several beats use PostgreSQL: set POSTGRES_DB (and, if
-needed, POSTGRES_HOST, POSTGRES_PORT, POSTGRES_USER, POSTGRES_PASSWORD).
+LEADERBEAT_STORE chooses where leaderbeat keeps its state:
+
+- ``redis`` (the default): Redis, also the broker; the site's database is SQLite unless
+  POSTGRES_DB is set (for several beats use PostgreSQL: POSTGRES_DB and, if needed,
+  POSTGRES_HOST, POSTGRES_PORT, POSTGRES_USER, POSTGRES_PASSWORD);
+- ``postgres``: no Redis at all. The site's database is PostgreSQL (POSTGRES_DB,
+  ``leaderbeat_example`` unless set) and leaderbeat's state lives in it, in the schema
+  ``leaderbeat``; the broker is RabbitMQ unless CELERY_BROKER_URL says otherwise.
 """
 
 import os
@@ -9,6 +15,15 @@ from datetime import timedelta
 from pathlib import Path
 
 import django
+from django.core.exceptions import ImproperlyConfigured
+
+# not named LEADERBEAT_*: Celery reads every setting of that prefix as leaderbeat's own
+STORES = ("redis", "postgres")
+STORE = os.environ.get("LEADERBEAT_STORE", "redis")
+if STORE not in STORES:
+    raise ImproperlyConfigured(f"LEADERBEAT_STORE={STORE!r} (environment) must be one of "
+                               f"{', '.join(STORES)}")
+ON_POSTGRES = STORE == "postgres"
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "example-only-not-a-secret")
@@ -47,10 +62,10 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 USE_TZ = True
 TIME_ZONE = "UTC"
 
-if os.environ.get("POSTGRES_DB"):
+if ON_POSTGRES or os.environ.get("POSTGRES_DB"):
     DATABASES = {"default": {
         "ENGINE": "django.db.backends.postgresql",
-        "NAME": os.environ["POSTGRES_DB"],
+        "NAME": os.environ.get("POSTGRES_DB", "leaderbeat_example"),
         "HOST": os.environ.get("POSTGRES_HOST", "127.0.0.1"),
         "PORT": os.environ.get("POSTGRES_PORT", "5432"),
         "USER": os.environ.get("POSTGRES_USER", "postgres"),
@@ -66,17 +81,25 @@ else:
     }}
 
 # -- Celery ---------------------------------------------------------------------------------
-CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", "redis://127.0.0.1:6379/0")
+CELERY_BROKER_URL = os.environ.get(
+    "CELERY_BROKER_URL",
+    "amqp://guest:guest@127.0.0.1:5672//" if ON_POSTGRES else "redis://127.0.0.1:6379/0")
+# a queue other than Celery's default, for a site sharing its broker
+CELERY_TASK_DEFAULT_QUEUE = os.environ.get("CELERY_TASK_DEFAULT_QUEUE", "celery")
 CELERY_TIMEZONE = TIME_ZONE
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 
 # -- beat: celery-leaderbeat in front of django-celery-beat's DatabaseScheduler ----------------
 # Run `celery -A proj beat` on as many machines as you like: one leads, every run is
 # sent once. The schedule stays in the database (and the admin); leadership, the
-# last slot of every entry and the history live in Redis.
+# last slot of every entry and the history live in Redis, or with LEADERBEAT_STORE=postgres
+# in the site's own PostgreSQL database (on connections of leaderbeat's own).
 CELERY_BEAT_SCHEDULER = "celery_leaderbeat.Scheduler"
 CELERY_LEADERBEAT_BASE_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
-CELERY_LEADERBEAT_REDIS_URL = os.environ.get("LEADERBEAT_REDIS_URL", CELERY_BROKER_URL)
+if ON_POSTGRES:
+    CELERY_LEADERBEAT_STORE_URL = "django"  # DATABASES["default"]
+else:
+    CELERY_LEADERBEAT_REDIS_URL = os.environ.get("LEADERBEAT_REDIS_URL", CELERY_BROKER_URL)
 CELERY_LEADERBEAT_KEY_PREFIX = os.environ.get("LEADERBEAT_KEY_PREFIX", "leaderbeat:example")
 CELERY_LEADERBEAT_LEASE_TTL = 10  # a crashed leader is replaced within about 11 s
 CELERY_LEADERBEAT_CATCHUP = "latest"  # after an outage of every beat: one run per entry

@@ -19,10 +19,11 @@ from typing import Any
 
 from psycopg import sql
 
+from ...config import DEFAULTS
 from ...errors import ConfigurationError
 
-#: the schema the tables live in unless the site names another
-DEFAULT_SCHEMA = "leaderbeat"
+#: the schema the tables live in unless ``leaderbeat_store_schema`` names another
+DEFAULT_SCHEMA: str = DEFAULTS["store_schema"]
 
 
 @cache
@@ -81,8 +82,9 @@ def ensure_schema(conn: Any, schema: str = DEFAULT_SCHEMA) -> list[int]:
 
 def schema_version(conn: Any, schema: str = DEFAULT_SCHEMA) -> int:
     """The newest migration applied to ``schema`` (0: none, or no schema at all)."""
-    exists = conn.execute("SELECT to_regclass(%s)", (f'"{schema}".schema_version',)).fetchone()
-    if exists is None or exists[0] is None:
+    exists = conn.execute("SELECT 1 FROM pg_catalog.pg_tables WHERE schemaname = %s"
+                          " AND tablename = 'schema_version'", (schema,)).fetchone()
+    if exists is None:
         return 0
     row = conn.execute(qualified("SELECT max(version) FROM {schema}.schema_version",
                                  schema)).fetchone()

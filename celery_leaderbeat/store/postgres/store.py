@@ -32,7 +32,7 @@ from .ledger import PostgresLedger
 from .place import Place
 from .pool import ERRORS, connection, make_pool, store_error
 from .requests import PostgresRequests
-from .schema import DEFAULT_SCHEMA, ensure_schema
+from .schema import ensure_schema
 
 #: server settings that put the guarantees at risk: (query, bad answer, what to say)
 _RISKS = (
@@ -97,17 +97,18 @@ def _translated() -> Iterator[None]:
         raise store_error(exc) from exc
 
 
-def open_store(conninfo: str, config: Config, *, schema: str = DEFAULT_SCHEMA,
+def open_store(conninfo: str, config: Config, *, schema: str | None = None,
                create: bool = True, listen: bool = True,
                **connection_options: Any) -> PostgresStore:
-    """The store of ``config``'s app (its key prefix) on one new pool; the schema created
-    or migrated first unless ``create`` is False. ``listen=False``: the events are not
+    """The store of ``config``'s app (its key prefix) on one new pool, in ``schema``
+    (``config.store_schema`` unless given); the schema created or migrated first unless
+    ``create`` is False. ``listen=False``: the events are not
     listened for (behind a transaction-mode pooler). ``connection_options`` go to every
     connection (``prepare_threshold=5``: server-side prepared statements, where no
     transaction-mode pooler older than PgBouncer 1.21 sits in between)."""
     pool = make_pool(conninfo, timeout=config.socket_timeout, **connection_options)
-    place = Place(pool, schema, config.key_prefix)
+    place = Place(pool, schema or config.store_schema, config.key_prefix)
     if create:
         with connection(pool) as conn:
-            ensure_schema(conn, schema)
+            ensure_schema(conn, place.schema)
     return PostgresStore(place, config, listen=listen)
