@@ -24,7 +24,7 @@ from ..errors import (
     EntryExists,
     EntryNotFound,
     LeaderbeatError,
-    RedisAuthError,
+    StoreAuthError,
     did_you_mean,
 )
 from ..store.base import STORE_ERRORS, STORE_REFUSED
@@ -155,7 +155,7 @@ def _translate(exc: Exception) -> CommandError | None:
         return ClickUsage(exc)
     if isinstance(exc, (EntryNotFound, EntryExists, BackfillRefused)):
         return DataFailure(str(exc))
-    if isinstance(exc, (RedisAuthError, *STORE_REFUSED)):
+    if isinstance(exc, (StoreAuthError, *STORE_REFUSED)):
         return ConfigFailure(f"{_server(exc)} refused: {exc}")
     if isinstance(exc, ConfigurationError):
         return ConfigFailure(str(exc))
