@@ -239,7 +239,8 @@ def test_each_slot_script_gets_the_prelude_pieces_it_calls_and_no_other():
     from celery_leaderbeat.store.scripts import PIECES, SLOT_SCRIPTS
     texts = _slot_scripts()
     pieces = {piece for used in PIECES.values() for piece in used}
-    defined = {piece: re.findall(r"^local function (\w+)", texts[piece], re.M) for piece in pieces}
+    defined = {piece: re.findall(r"^local function (\w+)", texts[piece], re.MULTILINE)
+               for piece in pieces}
     calls = {(name, piece) for name in SLOT_SCRIPTS for piece in pieces
              if any(re.search(rf"\b{f}\(", texts[name]) for f in defined[piece])}
     assert calls == {(name, piece) for name, used in PIECES.items() for piece in used}
