@@ -229,9 +229,21 @@ def test_an_unsent_event_marks_a_claimed_slot_reported_but_not_a_newer_one(parts
 def _slot_scripts() -> dict[str, str]:
     from importlib import resources
 
-    from celery_leaderbeat.store.scripts import SLOT_SCRIPTS
+    from celery_leaderbeat.store.scripts import PIECES, SLOT_SCRIPTS
     lua = resources.files("celery_leaderbeat.store").joinpath("lua")
-    return {name: lua.joinpath(f"{name}.lua").read_text() for name in (*SLOT_SCRIPTS, "prelude")}
+    names = {*SLOT_SCRIPTS, "prelude", *(piece for used in PIECES.values() for piece in used)}
+    return {name: lua.joinpath(f"{name}.lua").read_text() for name in sorted(names)}
+
+
+def test_each_slot_script_gets_the_prelude_pieces_it_calls_and_no_other():
+    from celery_leaderbeat.store.scripts import PIECES, SLOT_SCRIPTS
+    texts = _slot_scripts()
+    pieces = {piece for used in PIECES.values() for piece in used}
+    defined = {piece: re.findall(r"^local function (\w+)", texts[piece], re.MULTILINE)
+               for piece in pieces}
+    calls = {(name, piece) for name in SLOT_SCRIPTS for piece in pieces
+             if any(re.search(rf"\b{f}\(", texts[name]) for f in defined[piece])}
+    assert calls == {(name, piece) for name, used in PIECES.items() for piece in used}
 
 
 def test_every_code_a_slot_script_names_is_in_the_python_enums():

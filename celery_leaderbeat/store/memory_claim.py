@@ -1,7 +1,8 @@
 """The slot scripts in Python, for the in-memory store: one call's rules under the state's
 lock (``lead.lua``, whose items also carry ``backfill.lua``'s and ``define.lua``'s work,
 ``check.lua`` as a lead call with no items, ``rescue.lua`` and ``record.lua``, all over
-``prelude.lua``'s generation check and fence).
+``prelude.lua``'s generation check and fence, with the prelude pieces they call:
+``prelude_events.lua``'s events, ``prelude_claims.lua``'s grants and recovers).
 
 The scripts are the specification; each rule below is one of theirs. :func:`claim_call`
 answers in their shape (``{1, now, marked, generation, r...}``), so the node-side half
@@ -73,7 +74,8 @@ class _Call:
         return generation, reset
 
     def write_event(self, event: Event) -> int:
-        """One event into the history; a ``sent`` or ``unsent`` one moves its slot's state."""
+        """One event into the history; a ``sent`` or ``unsent`` one moves its slot's state
+        (``write_events``, ``prelude_events.lua``)."""
         s, marked = self.s, 0
         slot = str(event.slot_ms)
         stored = s.slots.get(event.name)
@@ -142,6 +144,7 @@ class _Call:
         return _GRANT
 
     def recover_verdict(self, item: ClaimItem, stored: str | None) -> Any:
+        """A leader's ``recover`` (``recover``, ``prelude_claims.lua``)."""
         field = f"{item.name}|{item.slot_ms}"
         over = self.s.overtaken.get(field)
         left = over
@@ -205,6 +208,7 @@ class _Call:
         return _GRANT
 
     def grant(self, item: ClaimItem, stored: str | None, slot: int) -> int:
+        """Store a granted item (``skip_paused``, ``store_slot``: ``prelude_claims.lua``)."""
         s = self.s
         if item.op == "claim" and item.name in s.paused:
             s.slots[item.name] = f"{slot}|{self.epoch}|k{self.suffix}"

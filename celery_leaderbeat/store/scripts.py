@@ -3,10 +3,12 @@
 redis-py's ``Script`` objects reload themselves when Redis answers NOSCRIPT
 (after a restart or ``SCRIPT FLUSH``), so registering once is enough. The slot
 scripts (one per operation) each get the code tables written from
-:mod:`.types` and the helpers of ``prelude.lua`` in front of them: one
-``EVALSHA`` per operation still, and Python and Lua read one vocabulary. The
-guard's scripts get the overlap lock's hand-over (``guard_lock.lua``) in front
-of them, and those of one run the helpers of ``guard_prelude.lua`` too.
+:mod:`.types`, the helpers of ``prelude.lua`` and those of the ``prelude_*.lua``
+pieces they use (:data:`PIECES`) in front of them: one ``EVALSHA`` per
+operation still, each script short enough to read in one sitting, and Python
+and Lua read one vocabulary. The guard's scripts get the overlap lock's
+hand-over (``guard_lock.lua``) in front of them, and those of one run the
+helpers of ``guard_prelude.lua`` too.
 """
 
 from __future__ import annotations
@@ -23,6 +25,10 @@ from .types import BackfillReason, Code, SlotStatus
 
 #: the scripts about slots, which share ``prelude.lua`` and the code tables
 SLOT_SCRIPTS = ("lead", "rescue", "record", "backfill", "define", "check")
+#: the prelude pieces a slot script gets after ``prelude.lua``: only those it calls, in
+#: this order (a piece calls only what ``prelude.lua`` and the pieces before it define)
+PIECES = {"lead": ("prelude_events", "prelude_claims", "prelude_enqueue"),
+          "rescue": ("prelude_events", "prelude_claims"), "record": ("prelude_events",)}
 #: the worker guard's scripts of one run, which share ``guard_prelude.lua``
 RUN_SCRIPTS = ("guard_start", "guard_renew", "guard_finish", "guard_release")
 NAMES = ("acquire", "renew", "release", "prune", "lost", *SLOT_SCRIPTS, *RUN_SCRIPTS,
@@ -31,12 +37,13 @@ NAMES = ("acquire", "renew", "release", "prune", "lost", *SLOT_SCRIPTS, *RUN_SCR
 
 @cache
 def source(name: str) -> str:
-    """The text Redis runs for script ``name``: ``lua/<name>.lua``, after the code tables
-    and ``prelude.lua`` for a slot script, after ``guard_lock.lua`` (and ``guard_prelude.lua``
-    for one run) for a guard script."""
+    """The text Redis runs for script ``name``: ``lua/<name>.lua``, after the code tables,
+    ``prelude.lua`` and its :data:`PIECES` for a slot script, after ``guard_lock.lua`` (and
+    ``guard_prelude.lua`` for one run) for a guard script."""
     text = _read(name)
     if name in SLOT_SCRIPTS:
-        text = f"{code_tables()}\n{_read('prelude')}\n{text}"
+        parts = [code_tables(), *(_read(p) for p in ("prelude", *PIECES.get(name, ()))), text]
+        text = "\n".join(parts)
     elif name in RUN_SCRIPTS:
         text = f"{_read('guard_lock')}\n{_read('guard_prelude')}\n{text}"
     elif name == "guard_sweep":

@@ -1,45 +1,26 @@
 -- lead.lua: the leader's claim of slots (KEYS and replies: prelude.lua). Fenced: nothing is
 -- granted unless KEYS[1] holds ``token``; a slot only when newer than the stored one.
--- ARGV: token, ttl (ms), epoch, history max length, node id, ahead (ms a slot's fire time
--- may lie ahead of the store's clock), recover age (ms a standby's claim must be old before
--- 'recover' takes it), the highest generation seen ('' none; 'reset': lift the counter above
--- the next ARGV and go on), that generation or '', n events, events (4 each, prelude.lua),
--- items (5 each: entry, slot, op, fire time, fingerprint), and optionally the enqueue
--- section: per item its broker commands as one word ('l' LPUSH or 'e' PEXPIRE, each with
--- a KEYS index from 11: 'l11e12'; '' none), then one argument per command; last its length.
--- A granted 'claim' with commands runs them in this same step and is stored sent; a queue
--- that is not a list leaves its claims granted without them (UNQUEUED). A paused entry's
--- 'claim' is skipped (PAUSED). A leader's own slot asked again: stored sent answers
--- ENQUEUED, still claimed is granted again. Per item: a CODE, or the stored value that
--- refused it.
+-- ARGV, named below: token, ttl (ms), epoch, history max length, node id, ahead (ms a slot's
+-- fire time may lie ahead of the store's clock), recover age (ms a standby's claim must be
+-- old before 'recover' takes it), the highest generation seen ('' none; 'reset': lift the
+-- counter above the next ARGV and go on), that generation or '', n events, events (4 each,
+-- prelude_events.lua), items (5 each: entry, slot, op, fire time, fingerprint), then the
+-- optional enqueue section (prelude_enqueue.lua). A granted 'claim' with commands runs them
+-- in this same step and is stored sent; a queue that is not a list leaves its claims
+-- granted without them (UNQUEUED). A paused entry's 'claim' is skipped (PAUSED). A
+-- leader's own slot asked again: stored sent answers ENQUEUED, still claimed is granted
+-- again. Per item: a CODE, or the stored value that refused it.
 local token, ttl, epoch, history_max = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local node, ahead, recover_age = ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7])
 local seen, lift_above, n = ARGV[8], ARGV[9], tonumber(ARGV[10])
-local items_at = 11 + 4 * n
-local items_end, enq = #ARGV, nil  -- enq: where the current item's broker commands start
-if #KEYS > 10 then
-  items_end = #ARGV - 1 - tonumber(ARGV[#ARGV])
-  enq = items_end + 1
-end
+local items_at, items_end = 11 + 4 * n, enqueue_section()
 local STATE = {claim = STATUS.CLAIMED, skip = STATUS.SKIPPED, rolled_back = STATUS.SKIPPED,
                anchor = STATUS.ANCHOR, reanchor = STATUS.ANCHOR, restore = STATUS.SENT,
                recover = STATUS.CLAIMED}
 
-local not_list = {}  -- KEYS indices of queues (LPUSH) that are not lists
 local function problem()
-  local wrong = bad_keys()
+  local wrong = bad_keys() or bad_commands()
   if wrong then return wrong end
-  local j = enq
-  while j and j < #ARGV do
-    local rest, c = string.gsub(ARGV[j], '[le]%d+', '')
-    if rest ~= '' then return 'broker commands ' .. ARGV[j] .. ' not supported' end
-    for key in string.gmatch(ARGV[j], 'l(%d+)') do
-      if not_list[key] == nil then
-        not_list[key] = wrong_type(KEYS[tonumber(key)], 'list') ~= nil
-      end
-    end
-    j = j + 1 + c
-  end
   local names = {}
   for i = 11, items_at - 1, 4 do names[#names + 1] = ARGV[i] end
   for i = items_at, items_end, 5 do
@@ -63,27 +44,6 @@ local holder = fence(token, ttl, reset, ahead)
 if holder ~= nil then return {0, holder, marked} end
 local now = now_ms()
 
--- a 'recover': granted while the slot is still unconfirmed (stored, or overtaken in KEYS[4])
-local function recover(name, slot, slot_text, stored)
-  local field = name .. '|' .. slot_text
-  local over = redis.call('HGET', KEYS[4], field)
-  local s_slot, _, s_state = nil, nil, nil
-  if stored then s_slot, _, s_state = parts(stored) end
-  local left = over or (s_slot == slot and (s_state == STATUS.CLAIMED or s_state == STATUS.UNSENT)
-                        and stored)
-  if not left then return stored or CODE.UNKNOWN end
-  local _, o_epoch, _, o_node, o_at = parts(left)
-  if o_epoch == epoch and o_node == '' then
-    return CODE.GRANTED  -- this leader's own claim (a retry)
-  elseif o_at and now < o_at + recover_age then
-    return CODE.EARLY  -- a standby's claim, young enough that it may still publish it
-  elseif over then
-    redis.call('HDEL', KEYS[4], field)
-    return CODE.GRANTED  -- the newer stored slot stays as it is
-  end
-  return nil
-end
-
 -- why an item is not granted as asked, or nil; and the slot to store when granted
 local function judge(op, name, slot, slot_text, fire, fp, stored)
   local s_slot, s_epoch, s_state, s_node
@@ -97,7 +57,7 @@ local function judge(op, name, slot, slot_text, fire, fp, stored)
     if stored and s_slot > slot then return nil, tostring(s_slot) end
     return nil
   elseif op == 'recover' then
-    return recover(name, slot, slot_text, stored)
+    return recover(name, slot_text, stored, epoch, now, recover_age)
   elseif not stored then
     return nil
   end
@@ -112,26 +72,6 @@ local function judge(op, name, slot, slot_text, fire, fp, stored)
     return stored
   end
   return nil
-end
-
--- the next item's broker commands: their word, where their arguments start, how many,
--- and whether a queue they write is not a list (then none runs: UNQUEUED)
-local function take_commands()
-  if not enq then return '', 0, 0, false end
-  local spec, cmds = ARGV[enq], enq + 1
-  local ncmds = select(2, string.gsub(spec, '[le]', ''))
-  enq = cmds + ncmds
-  for key in string.gmatch(spec, 'l(%d+)') do
-    if not_list[key] then return '', 0, 0, true end
-  end
-  return spec, cmds, ncmds, false
-end
-
-local function run_commands(spec, j)
-  for cmd, key in string.gmatch(spec, '([le])(%d+)') do
-    redis.call(cmd == 'l' and 'LPUSH' or 'PEXPIRE', KEYS[tonumber(key)], ARGV[j])
-    j = j + 1
-  end
 end
 
 local out = {1, now, marked, generation}
@@ -154,8 +94,7 @@ for i = items_at, items_end, 5 do
     result, moved = judge(op, name, slot, slot_text, fire, fp, stored)
   end
   if result == nil then
-    if op == 'claim' and redis.call('HEXISTS', KEYS[5], name) == 1 then
-      redis.call('HSET', KEYS[2], name, slot_text .. '|' .. epoch .. '|' .. STATUS.SKIPPED)
+    if op == 'claim' and skip_paused(name, slot_text, epoch, '') then
       result = CODE.PAUSED
     else
       local _, s_epoch, s_node
@@ -165,8 +104,7 @@ for i = items_at, items_end, 5 do
                  op == 'recover' or (s_epoch == epoch and s_node == ''))
       run_commands(spec, cmds)
       if ncmds > 0 then  -- enqueued: its 'sent' event is written here, not by the caller
-        redis.call('XADD', KEYS[3], 'MAXLEN', '~', history_max, '*', 'event', 'sent',
-                   'entry', name, 'slot', slot_text, 'node', node, 'epoch', epoch, 'detail', '')
+        add_event(name, slot_text, 'sent', '', node, epoch, history_max)
       end
       result = unqueued and CODE.UNQUEUED or CODE.GRANTED
     end

@@ -1,6 +1,6 @@
--- prelude.lua: what the slot scripts share (lead, rescue, record, backfill, define, check).
--- The loader puts the code tables (CODE, REASON, STATUS, from store/types.py) before it.
--- KEYS, the same in every slot script:
+-- prelude.lua: what every slot script shares (lead, rescue, record, backfill, define, check),
+-- after the code tables (CODE, REASON, STATUS, from store/types.py); prelude_*.lua follow it
+-- for the scripts that use them (store/scripts.py says which). KEYS, the same in each:
 --  [1] leader key  [2] slots hash: entry -> "<slot_ms>|<epoch>|<state>[|<node>|<claimed ms>]"
 --  [3] history stream  [4] overtaken hash: "<entry>|<slot_ms>" -> a value a newer claim
 --  replaced while it was unconfirmed  [5] paused hash  [6] definitions hash: entry ->
@@ -96,39 +96,6 @@ local function check_generation(seen, reset, lift_above, loss_ok)
   return nil, redis.call('INCR', KEYS[8])
 end
 
--- History events ARGV[first ..], groups of four (entry, slot, event, detail). Unfenced:
--- they say what already happened. 'sent' marks the stored slot sent (and drops an
--- overtaken record of it); 'unsent' marks a claimed one unsent: a leader's any, a
--- standby's (epoch '0') only its own. Returns how many were marked sent.
-local function write_events(first, n, epoch, node, history_max)
-  local marked = 0
-  local any_overtaken = redis.call('EXISTS', KEYS[4]) == 1
-  for i = first, first + 4 * n - 1, 4 do
-    local name, slot, event, detail = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
-    if event == 'sent' or event == 'unsent' then
-      local stored = redis.call('HGET', KEYS[2], name)
-      if stored and string.match(stored, '^(%d+)|') == slot then
-        local rest, state, who = string.match(stored, '^(%d+|%d+|)(%a)(.*)$')
-        if event == 'sent' then
-          redis.call('HSET', KEYS[2], name, rest .. STATUS.SENT .. who)
-          marked = marked + 1
-        elseif state == STATUS.CLAIMED then
-          local s_who = string.match(who, '^|([^|]*)') or ''
-          if epoch ~= '0' or s_who == node then
-            redis.call('HSET', KEYS[2], name, rest .. STATUS.UNSENT .. who)
-          end
-        end
-      end
-      if event == 'sent' and any_overtaken then
-        redis.call('HDEL', KEYS[4], name .. '|' .. slot)
-      end
-    end
-    redis.call('XADD', KEYS[3], 'MAXLEN', '~', history_max, '*', 'event', event,
-               'entry', name, 'slot', slot, 'node', node, 'epoch', epoch, 'detail', detail)
-  end
-  return marked
-end
-
 -- A leader's call: the holder's token when ``token`` no longer leads, else nil (the lease
 -- is renewed for ``ttl`` ms). After a reset what was sent before it cannot be told: the
 -- backfill floor moves to now plus ``ahead`` ms.
@@ -148,16 +115,4 @@ end
 local function define(name, fingerprint, epoch)
   if name ~= '' then redis.call('HSET', KEYS[6], name, fingerprint) end
   redis.call('HSET', KEYS[6], '|epoch', epoch)
-end
-
--- the entry's value after a grant; an unconfirmed claim it replaces, not its own, is kept
--- in KEYS[4] for the next leader to report
-local function store_slot(name, slot_text, epoch, state, suffix, stored, own)
-  if stored and not own then
-    local s_slot, _, s_state = parts(stored)
-    if (s_state == STATUS.CLAIMED or s_state == STATUS.UNSENT) and s_slot ~= tonumber(slot_text) then
-      redis.call('HSET', KEYS[4], name .. '|' .. s_slot, stored)
-    end
-  end
-  redis.call('HSET', KEYS[2], name, slot_text .. '|' .. epoch .. '|' .. state .. suffix)
 end

@@ -8,8 +8,7 @@
 --         so an entry another node still sends, during a rolling deploy, is kept)
 -- ARGV[4+n ..] backfilled fields "<entry>|<slot_ms>" (candidates, same cutoff on the slot)
 -- Returns {slots dropped, backfill records dropped, nodes dropped}
-local cutoff = tonumber(ARGV[1])
-local n = tonumber(ARGV[3])
+local cutoff, node_cutoff, n = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local slots, backfills, nodes = 0, 0, 0
 for i = 4, 3 + n do
   local name = ARGV[i]
@@ -28,7 +27,6 @@ for i = 4 + n, #ARGV do
     backfills = backfills + redis.call('HDEL', KEYS[3], ARGV[i])
   end
 end
-local node_cutoff = tonumber(ARGV[2])
 local all = redis.call('HGETALL', KEYS[4])
 for i = 1, #all, 2 do
   local seen = tonumber(string.match(all[i + 1], '"last_seen": *([%d%.]+)'))

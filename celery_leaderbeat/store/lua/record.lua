@@ -1,6 +1,6 @@
 -- record.lua: write history events; 'sent' and 'unsent' also mark their stored slot (see
--- write_events in prelude.lua; KEYS and replies there too). Unfenced: events say what
--- already happened. A reported loss does not stop a record.
+-- write_events in prelude_events.lua; KEYS and replies: prelude.lua). Unfenced: events
+-- say what already happened. A reported loss does not stop a record.
 -- ARGV: epoch ('0' a standby), history max length, node id, the highest generation seen
 -- ('' none), n events, events (4 each).
 local epoch, history_max, node, seen, n = ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5])

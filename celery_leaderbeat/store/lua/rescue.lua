@@ -7,8 +7,8 @@
 -- claimed within the busy window (else EARLY): a standby with a fast clock cannot pre-empt
 -- a healthy leader. Written with epoch 0 and "|<node>|<claimed at ms>".
 -- ARGV: rescue_after (ms), history max length, node id, busy window (ms), the highest
--- generation seen ('' none), n events, events (4 each, prelude.lua), items (6 each: entry,
--- slot, op, fire time, previous slot or '', fingerprint or '').
+-- generation seen ('' none), n events, events (4 each, prelude_events.lua), items (6 each:
+-- entry, slot, op, fire time, previous slot or '', fingerprint or '').
 local rescue_after, history_max, node = tonumber(ARGV[1]), ARGV[2], ARGV[3]
 local busy_window, seen, n = tonumber(ARGV[4]), ARGV[5], tonumber(ARGV[6])
 local items_at = 7 + 4 * n
@@ -65,8 +65,7 @@ for i = items_at, #ARGV, 6 do
                        ARGV[i + 5], stored)
   if result ~= nil then
     -- refused, as judged
-  elseif op == 'claim' and redis.call('HEXISTS', KEYS[5], name) == 1 then
-    redis.call('HSET', KEYS[2], name, slot_text .. '|0|' .. STATUS.SKIPPED .. suffix)
+  elseif op == 'claim' and skip_paused(name, slot_text, '0', suffix) then
     result = CODE.PAUSED
   else
     local _, s_epoch, _, s_node = parts(stored)
