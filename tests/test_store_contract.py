@@ -165,6 +165,17 @@ def test_a_claimed_slot_stays_claimed_and_only_the_lease_holder_claims(backend):
     assert a.ledger.load()["e"].slot_ms == 1000
 
 
+def test_recovering_a_claim_the_store_no_longer_holds_answers_unknown(backend):
+    """A leader recovers an unconfirmed claim it was told of; the store lost it (a loss
+    of writes) or never had it: nothing is granted and the answer says the slot is
+    unknown, on every store alike."""
+    a = backend.make("a")
+    assert a.lease.try_acquire()
+    assert a.ledger.claim(*a.lease.credentials(), [ClaimItem("e", 1000, Op.RECOVER, 1000)]) \
+        == [Code.UNKNOWN]
+    assert "e" not in a.ledger.load()
+
+
 def test_a_rescue_is_granted_once_and_only_for_an_entry_whose_phase_is_known(backend):
     leader, s1, s2 = backend.make("leader"), backend.make("s1"), backend.make("s2")
     assert leader.lease.try_acquire()

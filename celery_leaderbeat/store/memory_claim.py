@@ -16,7 +16,7 @@ from typing import Any
 
 from .errors import StoreRefused
 from .memory_state import MemoryState, parts
-from .types import ClaimItem, Event
+from .types import ClaimItem, Code, Event
 
 _STATES = {"claim": "c", "skip": "k", "rolled_back": "k", "anchor": "a", "reanchor": "a",
            "restore": "s", "recover": "c"}
@@ -153,7 +153,7 @@ class _Call:
             if s_slot == item.slot_ms and s_state in ("c", "u"):
                 left = stored
         if left is None:
-            return stored
+            return stored or int(Code.UNKNOWN)
         _, o_epoch, _, o_node, o_at = parts(left)
         if o_epoch == self.epoch and o_node == "":
             return 1  # this leader's own claim (a retry)
