@@ -23,7 +23,7 @@ from typing import Any
 
 from celery import beat
 
-from .config import Config
+from .config import DJANGO_STORE, Config, is_postgres_store
 from .entries import EntryOptions
 from .errors import LeaseLostError, NotReplicatedError, RolledBackError
 from .integrations.lifecycle import LEADER, STANDBY, Lifecycle, _collector_paused
@@ -103,7 +103,11 @@ class Scheduler(ScheduleState, Sending, Trouble, Lifecycle, beat.Scheduler):
         # The banner comes from a lazy instance whose generated node id is not the
         # running one's; the "elected" log line names the real id.
         node = c.node_id if self.app.conf.get("leaderbeat_node_id") else c.node_id.rsplit(":", 1)[0]
-        return (f"    . leaderbeat -> {describe(c.store_url or c.redis_url)} prefix={c.key_prefix} "
+        store = describe(c.store_url or c.redis_url)
+        if is_postgres_store(c):  # which database, and where in it
+            store = (f"{store} (PostgreSQL of DATABASES['default'])" if c.store_url == DJANGO_STORE
+                     else store) + f" schema={c.store_schema}"
+        return (f"    . leaderbeat -> {store} prefix={c.key_prefix} "
                 f"node={node} ttl={c.lease_ttl}s rescue_after={c.rescue_after}s "
                 f"catchup={c.catchup} redis_down_policy={c.redis_down_policy}")
 

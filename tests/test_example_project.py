@@ -73,7 +73,8 @@ def test_the_example_project_on_postgresql_keeps_its_lease_in_the_sites_database
             log = run_the_example(tmp_path, env, recorder)
         finally:
             recorder.close()
-        assert ". leaderbeat -> django prefix=" in log and "Redis" not in log, log
+        banner = ". leaderbeat -> django (PostgreSQL of DATABASES['default']) schema=leaderbeat"
+        assert f"{banner} prefix=" in log and "Redis" not in log, log
         with _connect(name) as conn:
             lease = conn.execute("SELECT epoch FROM leaderbeat.lease WHERE app = %s",
                                  (key_prefix,)).fetchone()
