@@ -72,7 +72,10 @@ class Watcher:
         return f"beat {index} (pid {self.beats[index].pid})"
 
     def sender(self, epoch: Any) -> str:
-        """Who sent a run, from its ``leaderbeat_epoch`` header."""
+        """Who sent a run, from its ``leaderbeat_epoch`` header (0: a standby rescued it,
+        holding no lease)."""
+        if str(epoch) == "0":
+            return "a standby (rescue, epoch 0)"
         try:
             node = self.node_of_epoch.get(int(epoch))
         except (TypeError, ValueError):
