@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..config import Config
 from ..errors import LeaseLostError
@@ -28,8 +28,6 @@ from .memory import SentMemory
 
 if TYPE_CHECKING:
     from datetime import datetime
-
-    from .lease import LeaseView
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +49,15 @@ def loss_grace(config: Config) -> float:
     leader's lease expires and a standby takes it at its next poll as ever.
     """
     return config.renew_interval + 2 * config.standby_poll
+
+
+class ProvingLease(Protocol):
+    """What :meth:`Losses.lease_proved_all_along` reads of the lease view (roles/lease.py)."""
+
+    confirmed_at: float | None  #: when the latest call that proved the lease began
+    longest_gap: float  #: the longest time between two such calls since it was taken
+
+    def is_held(self) -> bool: ...
 
 
 class Losses:
@@ -127,7 +134,7 @@ class Losses:
         self.own_writes_kept = epoch if reported else None
         self.led_through = not reported and proved()
 
-    def lease_proved_all_along(self, lease: LeaseView, *, reported: bool,
+    def lease_proved_all_along(self, lease: ProvingLease, *, reported: bool,
                                earliest: float | None, recovering: bool) -> bool:
         """May a leader, which found Redis gone back to older state holding its own lease,
         trust what it knows settled, as one whose lease vanished does?
