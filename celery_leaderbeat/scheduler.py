@@ -36,10 +36,11 @@ from .ops.telemetry import Telemetry
 from .roles.dynamic_schedule import DynamicSchedule
 from .roles.leader import Leader, Resign
 from .roles.lease import LeaseView
+from .roles.loss import Losses
 from .roles.shared import Shared
 from .roles.standby import Standby
 from .send.sender import Enqueuer
-from .store.base import STORE_ERRORS, STORE_REFUSED, SlotStore
+from .store.base import STORE_ERRORS, STORE_REFUSED, SlotStore, loss_detection
 from .store.connection import describe
 from .store.keys import Keys
 from .store.open import open_store
@@ -147,13 +148,12 @@ class Scheduler(ScheduleState, Sending, Trouble, Lifecycle, beat.Scheduler):
             logger.info("leaderbeat: metrics on http://0.0.0.0:%d/metrics, probes on /healthz "
                         "and /readyz", config.metrics_port)
         self._telemetry.metrics.overlap_from(store.guard.decisions)
-        lease = LeaseView(store.lease, config)
+        lease = LeaseView(store.lease, config, losses=Losses(config, loss_detection(store)))
         lease.on_renew = lambda seconds: self._telemetry.metrics.renewed(seconds)
         shared = self._shared = Shared(config=config, keys=self.keys, store=store, lease=lease,
                                        ledger=store.ledger, celery=self)
         self._enqueuer = None  # made again in this process, on the first batch
         self._dynamic = self._follow_dynamic(store.entries)
-        lease.on_generation = shared.ledger.observe_generation
         self._leader = None
         self._standby = Standby(shared)
         return shared
@@ -206,7 +206,8 @@ class Scheduler(ScheduleState, Sending, Trouble, Lifecycle, beat.Scheduler):
             return 0.0
         except LeaseLostError as exc:
             if self._leader is not None:
-                self._leader.lease_lost(exc)
+                shared = self._leader.shared
+                shared.losses.lease_lost(exc, held=shared.lease.is_held())
             self._step_down(str(exc))
             return 0.0
         except NotReplicatedError as exc:

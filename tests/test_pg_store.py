@@ -576,7 +576,7 @@ def test_an_acquire_attempt_tells_the_node_the_generation(make_node: Callable[..
     lease, ledger = lead(make_node)
     claim(lease, ledger, ClaimItem("e", 1000, Op.CLAIM, 1000))
     other, other_ledger = make_node("n2")
-    other.on_generation = other_ledger.observe_generation
+    other.losses.detection = other_ledger
     assert not other.try_acquire()
     assert other_ledger.generation == 1
 
@@ -696,7 +696,7 @@ def test_a_lease_the_database_lost_while_it_was_valid_is_told_apart_from_a_takeo
     sql(conninfo, "UPDATE {schema}.lease SET holder = NULL")  # an older copy came back
     with pytest.raises(LeaseLostError):
         lease.renew()
-    assert lease.vanished_while_held
+    assert lease.losses.vanished_while_held
     other, _ = make_node("n2", lease_ttl=30.0)
     assert other.try_acquire()
     sql(conninfo, "UPDATE {schema}.lease SET expires_at = clock_timestamp()")
@@ -704,7 +704,7 @@ def test_a_lease_the_database_lost_while_it_was_valid_is_told_apart_from_a_takeo
     assert third.try_acquire()
     with pytest.raises(LeaseLostError):
         other.renew()
-    assert not other.vanished_while_held
+    assert not other.losses.vanished_while_held
 
 
 def test_a_leader_starting_again_after_a_loss_still_does_when_its_first_claim_failed(

@@ -408,14 +408,14 @@ def test_a_lease_that_vanishes_while_valid_says_redis_lost_its_data(node, redis_
     redis_client.delete(leader.keys.leader)  # Redis restarted empty
     with pytest.raises(LeaseLostError):
         leader.lease.renew()
-    assert leader.lease.vanished_while_held
+    assert leader.lease.losses.vanished_while_held
     other, taken = node("other"), node("taker")
     assert other.lease.try_acquire()
     redis_client.delete(other.keys.leader)
     assert taken.lease.try_acquire()  # another node leads now: nothing vanished
     with pytest.raises(LeaseLostError):
         other.lease.renew()
-    assert not other.lease.vanished_while_held
+    assert not other.lease.losses.vanished_while_held
 
 
 def test_a_paused_leaders_claimed_chunk_is_recovered_by_its_next_election_once(

@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 
 from celery_leaderbeat.config import Config
-from celery_leaderbeat.roles.standby import loss_grace
+from celery_leaderbeat.roles.loss import loss_grace
 from celery_leaderbeat.store.keys import Keys
 from tests.support.beat import BeatCluster, beat_env
 from tests.support.recorder import Message, Recorder

@@ -18,7 +18,14 @@ import pytest
 from celery_leaderbeat.config import Config
 from celery_leaderbeat.errors import LeaseLostError
 from celery_leaderbeat.roles.lease import LeaseView
-from celery_leaderbeat.store.base import GuardRun, Store, one_step_client
+from celery_leaderbeat.store.base import (
+    DetectsLoss,
+    GuardRun,
+    LossDetection,
+    Store,
+    loss_detection,
+    one_step_client,
+)
 from celery_leaderbeat.store.entry_store import EntryExists, EntryUnknown
 from celery_leaderbeat.store.events import ENTRIES, RELEASED, REQUEST
 from celery_leaderbeat.store.keys import Keys
@@ -47,6 +54,15 @@ class Seen:
     def __init__(self, store: Store, config: Config) -> None:
         self.store = store
         self.lease = LeaseView(store.lease, config)
+
+    @property
+    def loss(self) -> LossDetection:
+        """The store's loss detection, an optional capability: the tests of its members
+        are skipped for a store that does not declare it."""
+        detection = loss_detection(self.store)
+        if detection is None:
+            pytest.skip("the store does not detect losses of writes")
+        return detection
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.store, name)
@@ -204,10 +220,10 @@ def test_checking_the_generation_is_fenced_by_the_lease(backend):
     a = backend.make("a")
     assert a.lease.try_acquire()
     token, epoch = a.lease.credentials()
-    a.ledger.check_generation(token, epoch)  # still leads, nothing lost: no answer
+    a.loss.check_generation(token, epoch)  # still leads, nothing lost: no answer
     assert a.lease.release()
     with pytest.raises(LeaseLostError):
-        a.ledger.check_generation(token, epoch)
+        a.loss.check_generation(token, epoch)
     with pytest.raises(LeaseLostError):
         a.ledger.mark_definitions(token, epoch)
 
@@ -222,29 +238,29 @@ def test_a_sent_record_marks_the_slot_sent_and_joins_the_history(backend):
 
 def test_loss_reports_give_each_entry_the_newest_slot_any_node_reported(backend):
     a, b = backend.make("a"), backend.make("b")
-    assert a.ledger.lost_reports() == {}
-    a.ledger.observe_generation(10)
-    a.ledger.observe_generation(5)  # the store went back: a loss this node saw
-    assert a.ledger.loss_seen is True
-    a.ledger.report_lost({"e": 5000, "f": 1000})
-    assert a.ledger.loss_seen is False  # reported: said once per loss
-    b.ledger.report_lost({"e": 3000, "g": 7000})
-    assert b.ledger.lost_reports() == {"e": 5000, "f": 1000, "g": 7000}
+    assert a.loss.lost_reports() == {}
+    a.loss.observe_generation(10)
+    a.loss.observe_generation(5)  # the store went back: a loss this node saw
+    assert a.loss.loss_seen is True
+    a.loss.report_lost({"e": 5000, "f": 1000})
+    assert a.loss.loss_seen is False  # reported: said once per loss
+    b.loss.report_lost({"e": 3000, "g": 7000})
+    assert b.loss.lost_reports() == {"e": 5000, "f": 1000, "g": 7000}
 
 
 def test_a_store_answering_an_older_generation_than_a_node_saw_is_a_loss_seen_once(backend):
     b = backend.make("b")
     seen = 10
-    assert b.ledger.generation == 0  # none seen yet
-    b.ledger.observe_generation(seen)
-    assert b.ledger.generation == seen and b.ledger.loss_seen is False
-    b.ledger.observe_generation(seen - 2)  # the store went back (lost writes)
-    assert b.ledger.loss_seen is True and b.ledger.generation == seen  # the highest seen
-    b.ledger.report_lost({})
-    b.ledger.observe_generation(seen - 1)  # climbing again after the same loss
-    assert b.ledger.loss_seen is False
-    b.ledger.observe_generation(seen - 3)  # lower again: another loss
-    assert b.ledger.loss_seen is True
+    assert b.loss.generation == 0  # none seen yet
+    b.loss.observe_generation(seen)
+    assert b.loss.generation == seen and b.loss.loss_seen is False
+    b.loss.observe_generation(seen - 2)  # the store went back (lost writes)
+    assert b.loss.loss_seen is True and b.loss.generation == seen  # the highest seen
+    b.loss.report_lost({})
+    b.loss.observe_generation(seen - 1)  # climbing again after the same loss
+    assert b.loss.loss_seen is False
+    b.loss.observe_generation(seen - 3)  # lower again: another loss
+    assert b.loss.loss_seen is True
 
 
 def test_prune_forgets_entries_no_longer_scheduled_once_they_are_old(backend):
@@ -510,13 +526,13 @@ def test_a_backfill_is_granted_once_per_slot_and_refused_with_its_reason(backend
 
 def test_a_leader_starting_again_after_a_loss_sets_when_and_no_backfill_reaches_before(backend):
     a = backend.make("a")
-    assert a.ledger.lost_at() is None
+    assert a.loss.lost_at() is None
     assert a.lease.try_acquire()
     token, epoch = a.lease.credentials()
     a.ledger.claim(token, epoch, [ClaimItem("e", 10_000, Op.CLAIM)])
-    a.ledger.reset_generation()
+    a.loss.reset_generation()
     a.ledger.claim(token, epoch, [ClaimItem("e", 50_000, Op.SKIP)])
-    lost_at = a.ledger.lost_at()
+    lost_at = a.loss.lost_at()
     assert lost_at is not None and abs(lost_at - backend.now_ms()) < 60_000
     assert a.ledger.backfill(token, epoch, "e", [30_000], "r1") == [BackfillRefused(BackfillReason.LOST)]
 
@@ -573,7 +589,7 @@ def test_a_node_that_saw_a_higher_epoch_is_given_a_higher_one(backend):
     a.lease.observe_epoch(50)
     assert a.lease.highest_epoch == 50
     assert a.lease.try_acquire()
-    assert a.lease.epoch is not None and a.lease.epoch > 50 and a.lease.led_last
+    assert a.lease.epoch is not None and a.lease.epoch > 50 and a.lease.losses.led_last
 
 
 def test_a_held_lease_is_held_until_marked_lost(backend):
@@ -596,6 +612,11 @@ def test_the_heartbeat_keeps_the_lease_until_stopped(backend):
     assert a.lease.is_held()
 
 
+def test_the_stores_here_detect_losses_of_writes(backend):
+    a = backend.make("a")
+    assert loss_detection(a.store) is not None
+
+
 def test_a_store_that_cannot_enqueue_in_one_step_says_so_and_closes(backend):
     a = backend.make("a")
     client = one_step_client(a.store)
@@ -603,10 +624,9 @@ def test_a_store_that_cannot_enqueue_in_one_step_says_so_and_closes(backend):
     a.close()
 
 
-#: members of the seam that are this node's own view of the losses it saw, not questions
-#: to the store: they move to the roles' side, and until then each store shares their
-#: code (Ledger)
-NODE_SIDE = {("SlotStore", "loss_reported"), ("SlotStore", "below")}
+#: members of the loss detection that are this node's own view of the losses it saw, not
+#: questions to the store (the roles read them: roles/loss.py)
+NODE_SIDE = {("LossDetection", "loss_reported"), ("LossDetection", "below")}
 
 _PARTS = {"lease": "LeaseStore", "ledger": "SlotStore", "events": "Events",
           "requests": "RequestQueue", "entries": "EntryDefinitions", "guard": "GuardStore",
@@ -645,7 +665,8 @@ def test_the_suite_exercises_every_member_of_the_seam(key_prefix):
     seen: set[tuple[str, str]] = set()
     protocols = {name: getattr(base, name) for name in
                  ("LeaseStore", "SlotStore", "Subscription", "Events", "RequestQueue",
-                  "EntryDefinitions", "GuardStore", "ClusterAdmin", "Store")}
+                  "EntryDefinitions", "GuardStore", "ClusterAdmin", "Store", "LossDetection",
+                  "DetectsLoss")}
     for test in [f for name, f in globals().items() if name.startswith("test_")
                  and f is not test_the_suite_exercises_every_member_of_the_seam]:
         state = MemoryState()
@@ -658,10 +679,13 @@ def test_the_suite_exercises_every_member_of_the_seam(key_prefix):
             for attr, protocol in _PARTS.items():
                 object.__setattr__(recording, attr, _Recording(getattr(store, attr), protocol,
                                                                seen))
+            if isinstance(store, DetectsLoss):  # the optional capability's members
+                object.__setattr__(recording, "loss", _Recording(store.loss, "LossDetection",
+                                                                 seen))
             return recording, config
 
         test(Backend(make, state.now_ms))
-    seen |= {("Store", attr) for attr in _PARTS}
+    seen |= {("Store", attr) for attr in _PARTS} | {("DetectsLoss", "loss")}
     every = {(name, member) for name, protocol in protocols.items()
              for member in _members(protocol)}
     assert every - seen - NODE_SIDE == set()

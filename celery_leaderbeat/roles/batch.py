@@ -108,9 +108,8 @@ class LeaderGate:
         try:
             return self.ledger.claim(*self.lease.credentials(), items, events)
         except LeaseLostError as exc:
-            if exc.answered and exc.holder is None and self.lease.is_held():
-                # the key vanished while the lease was valid: Redis lost its data
-                self.lease.vanished_while_held = True
+            # the key vanished while the lease was valid: Redis lost its data
+            self.lease.losses.lease_lost(exc, held=self.lease.is_held())
             raise
 
     def may_send(self) -> bool:

@@ -15,7 +15,7 @@ from collections.abc import Collection, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
-from ..errors import LeaseLostError, NotReplicatedError
+from ..errors import NotReplicatedError
 from ..store.base import STORE_ERRORS, STORE_UNREACHABLE
 from ..store.ledger import REMOVED
 from ..store.types import Code, Event, Op, SlotState, SlotStatus
@@ -26,24 +26,16 @@ from .agenda import (
     Tracked,
     Unsent,
     adopt_refused_anchors,
-    margin_slots,
     small_change,
 )
 from .batch import CHUNK, LeaderGate, report_unsent, run_batch, say_capped_once
 from .degraded import Outage
 from .dynamic_schedule import LEADER_LOOK
+from .loss import loss_grace
 from .requests import WAKE, LeaderSide, carry_out
 from .shared import Shared, utcnow
-from .standby import loss_grace
 
 logger = logging.getLogger(__name__)
-
-#: the history's reason for a slot skipped by that margin
-MARGIN_REASON = ("slot state lost (Redis lost writes): started again after a margin, "
-                 "not sent since the loss")
-
-#: seconds between two looks for a report of a loss of writes (see _take_lost_reports)
-LOST_REPORTS_EVERY = 0.5
 
 #: state of an entry nobody schedules any more, and backfill records, older than this go
 PRUNE_AFTER = 30 * 86400.0
@@ -80,19 +72,10 @@ class Leader:
         #: what earlier leaders left unconfirmed is reported once, by the first reload that
         #: gets through (an election whose first load failed reports on the next one)
         self._reported = False
-        self._rolled_back = False  # Redis went back to older state: re-anchor every entry
-        #: with a rollback another node reported: this leader's epoch (its writes stand)
-        self._own_writes_kept: int | None = None
-        #: with a rollback this leader found itself, its lease proved all along: nobody
-        #: else led or rescued since the snapshot, so it carries on from what it knew settled
-        self._led_through = False
+        shared.losses.new_term()  # what a loss means for this leader (roles/loss.py)
         self._recover_later: list[Unsent] = []  # a standby's claims too young to take over
         self._recover_at = 0.0  # monotonic: when to try those again
         self._prune_at = time.monotonic() + 60.0
-        #: entries anchored afresh with no loss known: name -> (slot clock, anchor ms)
-        self._unaware: dict[str, tuple[Any, int]] = {}
-        self._lost_reports_at = 0.0  # monotonic: when to look for reports of a loss again
-        self._lost_reports_until = 0.0  # monotonic: when to stop looking
         #: a fresh process elected over state it never saw: its catch-up waits until then
         self._catchup_held: tuple[datetime, datetime] | None = None  # (elected, until)
         self._held: set[str] = set()  # entries whose catch-up waits for the hold's end
@@ -154,18 +137,17 @@ class Leader:
 
     def reload(self, version: int, *, report: bool = False) -> None:
         """Rebuild what the leader tracks from the schedule and the state in Redis."""
-        shared = self.shared
+        shared, losses = self.shared, self.shared.losses
         start = shared.fresh_start()
         stored, definitions = shared.ledger.load_with_definitions()
         if report:  # just elected
             self._hold_catchup_if_fresh(stored)
-        # Only a node that led until Redis lost its data knows nobody sent anything later
-        trusted = shared.lease.vanished_while_held or self._led_through
-        rolled_back = self._rolled_back
+        trusted = losses.trusts_memory
+        rolled_back = losses.rollback_pending
         loaded = shared.track(stored, start=start, epoch=shared.lease.epoch,
                             definitions=definitions, trust_memory=trusted,
-                            rolled_back=rolled_back and not self._led_through,
-                            trusted_epoch=self._own_writes_kept)
+                            rolled_back=rolled_back and not losses.led_through,
+                            trusted_epoch=losses.own_writes_kept)
         report = (report or not self._reported) and not rolled_back
         unsent: list[Unsent] = []
         if report:
@@ -178,31 +160,18 @@ class Leader:
                                          state.claimed_ms, overtaken=True))
         if loaded.anchors:
             refused = _anchor(shared, loaded, "new")
-            shared.backlog.extend(self._margin_missed(loaded, refused, stored,
-                                                    lost=rolled_back or trusted))
-            if self._unaware:
-                self._lost_reports_until = time.monotonic() + shared.config.lease_ttl
-            self._take_lost_reports()
-        if rolled_back and self._unaware and not self._led_through:
-            # entries this leader anchored afresh knowing of no loss: there was one after
-            # all (another node reported it). Their margin is recorded from the newest slot
-            # reported settled, else from this leader's start. A leader that led through
-            # the loss held its lease since before the snapshot, so since those anchors:
-            # the loss came after them and says nothing of their start (a report of an
-            # earlier one may still come, see _take_lost_reports)
-            reports = shared.ledger.lost_reports()
-            for name, (clock, anchor_ms) in self._unaware.items():
-                shared.backlog.extend(self._margin_events(name, clock, reports.get(name),
-                                                        anchor_ms))
-            self._unaware.clear()
-        self._rolled_back = False
-        self._own_writes_kept = None
-        self._led_through = False
+            shared.backlog.extend(losses.margin_missed(loaded, refused, stored, since=self.since,
+                                                       memory=shared.sent,
+                                                       lost=rolled_back or trusted))
+            losses.watch_reports()
+            shared.backlog.extend(losses.take_reports(self.since))
+        shared.backlog.extend(losses.unaware_rolled_back(self.since))
+        losses.reloaded()
         self._publish_definitions(loaded.tracked, definitions)
         self._mark_definitions()
         self.agenda = Agenda(loaded.tracked)
         self._version = version
-        shared.lease.vanished_while_held = False
+        losses.vanished_while_held = False
         if report:
             self._recover_later = report_unsent(unsent, gate=self.gate, send=self._send,
                                                 recover=shared.config.recover_unsent,
@@ -210,59 +179,21 @@ class Leader:
             self._recover_at = time.monotonic() + shared.config.lease_ttl
             self._reported = True
 
-    def lease_lost(self, exc: LeaseLostError) -> None:
-        """A call of this leader's found the lease gone. Held by nobody while it was still
-        valid here: Redis lost its data under this leader, which then carries on after
-        what it knew was settled (whichever call saw it first: a renewal, a claim, an
-        anchor or a reset after a rollback)."""
-        lease = self.shared.lease
-        if exc.answered and exc.holder is None and lease.is_held():
-            lease.vanished_while_held = True
-
     def rolled_back(self, why: str) -> None:
         """Redis holds older state than this node has seen: what it says was sent or claimed
         may be behind what was. Every entry starts again from now (or after what this
         process itself sent), and the generation counter is lifted past the loss."""
         logger.warning("leaderbeat: %s; every entry starts again from now, without catch-up "
                        "(slots sent before the loss are never sent again)", why)
-        self._rolled_back = True
         self._version = -1
-        ledger = self.shared.ledger
-        ledger.reset_generation()  # this leader re-anchors and records the margin
-        # another node reported it: nothing this leader saw went back, so the slot states
-        # it wrote itself (under its epoch) are still what it wrote
-        self._own_writes_kept = self.shared.lease.epoch if ledger.loss_reported else None
-        self._led_through = not ledger.loss_reported and self._lease_proved_all_along()
-        if self._led_through:
+        lease, losses = self.shared.lease, self.shared.losses
+        losses.rolled_back(lease.epoch, proved=lambda: losses.lease_proved_all_along(
+            lease, reported=self._reported, earliest=self.agenda.earliest(),
+            recovering=bool(self._recover_later)))
+        if losses.led_through:
             logger.warning("leaderbeat: %s kept its lease through the loss: it carries on "
                            "after the newest slot of each entry it knew settled",
                            self.shared.config.node_id)
-
-    def _lease_proved_all_along(self) -> bool:
-        """May this leader, which found Redis gone back to older state holding its own
-        lease, trust what it knows settled, as one whose lease vanished does?
-
-        Only if its lease was in the snapshot: a reload of this leader's got through
-        before the loss was found (a leader elected after the restore finds it at its
-        first claim; the reset claim that follows proves the lease is still this one,
-        else nothing is granted). And only if nobody else can have led or rescued since
-        the snapshot: every call that proved the lease came within the loss grace of the
-        one before, and so did the claim that found the loss (a longer gap, a pause or a
-        Redis that stopped answering, leaves room for the lease to lapse, or for a
-        standby to lead after the grace once Redis lost the key and send slots the
-        restore then erased), and none of its entries is ``rescue_after`` late (a
-        standby may have rescued that slot, unknown here).
-        """
-        shared, lease = self.shared, self.shared.lease
-        now = time.monotonic()
-        grace = loss_grace(shared.config)
-        if not self._reported or not lease.is_held() or lease.confirmed_at is None:
-            return False
-        if lease.longest_gap >= grace or now - lease.confirmed_at >= grace:
-            return False
-        earliest = self.agenda.earliest()
-        late = earliest is not None and earliest < time.time() - shared.config.rescue_after
-        return not late and not self._recover_later
 
     def update(self, names: Collection[str], version: int) -> None:
         """Take in a change of a few entries: work in proportion to the change, not the
@@ -326,8 +257,8 @@ class Leader:
                                                 recover=True, memory=shared.sent)
             self._recover_at = time.monotonic() + shared.config.lease_ttl
         self.notice_requests()
-        if self._unaware:
-            self._take_lost_reports()
+        if shared.losses.waiting_for_reports:
+            shared.backlog.extend(shared.losses.take_reports(self.since))
         if time.monotonic() >= self._prune_at:
             self._prune()
         if self._requests_pending:
@@ -339,12 +270,13 @@ class Leader:
         # snapshot that still held this leader's lease brings back requests already
         # carried out, and nothing else in this tick has noticed yet (a rollback found
         # here re-anchors first; then requests queued before the loss are dropped)
-        shared.ledger.check_generation(*lease.credentials())
+        shared.losses.check_generation(*lease.credentials())
         token, _ = lease.credentials()
         carry_out(LeaderSide(shared.ledger, shared.store.requests, lease.epoch or 0, token,
                              shared.keys.prefix, self._publish,
                              known=lambda name: name in self.tracked,
-                             stored=self._stored_slot, memory=shared.sent), utcnow())
+                             stored=self._stored_slot, memory=shared.sent,
+                             lost_at=shared.losses.lost_at), utcnow())
         self._requests_pending = False  # only now: a failed pop leaves them pending
 
     def _send_due(self) -> None:
@@ -391,89 +323,6 @@ class Leader:
         changes.update({name: REMOVED for name in (stored if names is None else names)
                         if name not in tracked and stored.get(name) not in (None, REMOVED)})
         self.shared.ledger.write_definitions(changes)
-
-    def _take_lost_reports(self) -> None:
-        """Entries this leader anchored afresh knowing of no loss: has a node that saw Redis
-        lose writes reported what it knew settled? Their margin's slots are recorded
-        ``missed`` from there (asked at the election and every half second for a lease
-        ttl after it: a standby reports once it sees the loss)."""
-        now = time.monotonic()
-        if not self._unaware or now < self._lost_reports_at:
-            return
-        if now >= self._lost_reports_until:
-            self._unaware.clear()
-            return
-        self._lost_reports_at = now + LOST_REPORTS_EVERY
-        reports = self.shared.ledger.lost_reports()
-        for name in [n for n in self._unaware if n in reports]:
-            clock, anchor_ms = self._unaware.pop(name)
-            self.shared.backlog.extend(self._margin_events(name, clock, reports[name], anchor_ms))
-
-    def _margin_events(self, name: str, clock: Any, known: int | None, anchor_ms: int, *,
-                       stored: int | None = None) -> list[Event]:
-        """``name``'s slots up to its anchor, after the margin, recorded ``missed`` with the
-        margin's reason: from the slot after ``known`` (the newest a live node knows was
-        settled: this process's memory, or a node's report of the loss) or ``stored`` (the
-        slot Redis still holds settled), whichever is newer.
-
-        A slot a live node knows settled starts the margin even before ``since``: this
-        leader may have been elected only after the loss (it led before it, paused, and
-        stepped down on finding it), and the slots between that slot and its election
-        came due while Redis held no state a rescuer could follow. A slot only Redis
-        holds (an older snapshot) starts it no earlier than ``since``: the leaders before
-        the loss sent the slots after it, unknown to every live node.
-        """
-        if known is not None:
-            since = from_ms(max(known, stored if stored is not None else known) + 1)
-        elif stored is not None:
-            since = max(self.since, from_ms(stored + 1))
-        else:
-            since = self.since
-        listed, older = margin_slots(clock, since, from_ms(anchor_ms))
-        events = [Event(name, to_ms(slot), "missed", MARGIN_REASON) for slot in listed]
-        if older:
-            events.append(Event(name, to_ms(listed[0]), "missed",
-                                f"{older} older slots not listed ({MARGIN_REASON})"))
-        return events
-
-    def _margin_missed(self, loaded: Loaded, refused: list[Any], stored: dict[str, Any], *,
-                       lost: bool) -> list[Event]:
-        """The slots an entry whose state Redis lost skips: from this node's ``since`` (or
-        after the newest slot it knows was settled, or the slot Redis still holds settled) up to its
-        anchor, after the margin (nothing sent before the loss may come round again). Not
-        sent after the loss, so recorded ``missed``, with the reason; they ride on the next
-        claim call.
-
-        Only where the loss is known (``lost``: Redis went back to older state, or lost
-        the lease under this leader; or this node knows a slot of the entry that Redis no
-        longer has; or another node reported one, see :meth:`_take_lost_reports`): an
-        empty Redis that no live node remembers looks like a first start, where an entry
-        anchored after the margin missed nothing. Entries anchored afresh that way are
-        kept for a lease ttl, in case a node that saw the loss reports it.
-        """
-        events: list[Event] = []
-        reports = self.shared.ledger.lost_reports()  # what nodes that saw a loss knew settled
-        for item, result in zip(loaded.anchors, refused):
-            tracked = loaded.tracked.get(item.name)
-            if item.op not in (Op.ANCHOR, Op.ROLLED_BACK) or result is not Code.GRANTED \
-                    or tracked is None:
-                continue
-            self._unaware.pop(item.name, None)
-            known = [s for s in (self.shared.sent.newest_known(item.name),  # by anyone
-                                 reports.get(item.name)) if s is not None]
-            settled = max(known) if known else None
-            if settled is None and not lost:
-                if item.op == Op.ANCHOR:
-                    self._unaware[item.name] = (tracked.clock, item.slot_ms)
-                continue
-            state = stored.get(item.name)
-            # Rolled back: a slot Redis still holds was settled, but an anchor ('a') is only
-            # where an entry starts: nothing before it was settled under it (a leader elected
-            # after the loss may have anchored afresh, knowing of none, and led no further)
-            held = state.slot_ms if state is not None and state.state != SlotStatus.ANCHOR else None
-            events += self._margin_events(item.name, tracked.clock, settled, item.slot_ms,
-                                          stored=held)
-        return events
 
     def _mark_definitions(self) -> None:
         """Mark the stored definitions as this leader's (its epoch, fenced by its lease).

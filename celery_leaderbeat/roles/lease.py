@@ -22,6 +22,7 @@ from ..config import Config
 from ..errors import LeaseLostError
 from ..store.base import STORE_ERRORS, LeaseStore
 from ..store.records import LOSS
+from .loss import Losses
 
 logger = logging.getLogger(__name__)
 
@@ -31,8 +32,12 @@ class LeaseView:
 
     def __init__(self, store: LeaseStore, config: Config, *,
                  clock: Callable[[], float] = time.monotonic,
-                 wall: Callable[[], float] | None = None) -> None:
+                 wall: Callable[[], float] | None = None,
+                 losses: Losses | None = None) -> None:
         self.store = store
+        #: what this node knows of losses of writes (roles/loss.py): by default, a view
+        #: of its own that asks the store nothing about them
+        self.losses = losses if losses is not None else Losses(config)
         self.config = config
         self.clock = clock
         self.wall = wall or (lambda: time.time())  # looked up per call: tests may shift it
@@ -50,20 +55,9 @@ class LeaseView:
         self._heartbeat: Heartbeat | None = None
         #: told the seconds each heartbeat renewal took, or None when Redis did not answer
         self.on_renew: Callable[[float | None], None] = lambda seconds: None
-        #: told the state generation each acquire attempt read (see prelude.lua)
-        self.on_generation: Callable[[int], None] = lambda generation: None
         #: the highest fencing epoch this node has seen; acquire lifts the counter above
         #: it, so epochs never go backwards even after Redis lost its data
         self.highest_epoch = 0
-        #: the leader key vanished while this node's lease was still valid: Redis lost its
-        #: data (restarted empty, an older snapshot) while this node led, so no other node
-        #: can have sent a later slot than those it remembers sending
-        self.vanished_while_held = False
-        #: as far as this node knows, it held the lease last: it acquired it, and no attempt
-        #: since found another holder. After Redis lost writes it goes first (acquire.lua)
-        self.led_last = False
-        #: the highest state generation an acquire attempt read (standbys learn it so)
-        self.highest_generation = 0
         #: the last attempt was refused because Redis lost writes and this node did not
         #: lead last: it holds back while the node that led takes the lease again
         self.held_back = False
@@ -114,22 +108,18 @@ class LeaseView:
         A reply that never comes changes nothing here: the next attempt asks again.
         """
         started = self.clock()
-        answer = self.store.acquire(self.highest_epoch, self.highest_generation,
-                                    despite_loss=self.led_last or despite_loss)
+        losses = self.losses
+        answer = self.store.acquire(self.highest_epoch, losses.highest_generation,
+                                    despite_loss=losses.led_last or despite_loss)
         acquired = answer.acquired
         self._measured(started, answer.now)
-        generation = answer.generation
-        self.on_generation(generation)
+        losses.observe_generation(answer.generation)
         self.held_back = not acquired and not answer.holder and answer.pttl == LOSS
         if self.held_back:
             return False
-        self.highest_generation = max(self.highest_generation, generation)
-        self.led_last = acquired
+        losses.attempted(answer.generation, acquired=acquired)
         if not acquired:
             self.observe_epoch(_epoch_of(answer.holder))
-            # another node leads: what this node sent before its lease vanished is no longer
-            # all that was sent (a leader elected later must not carry on from its memory)
-            self.vanished_while_held = False
             return False
         self.epoch = answer.epoch
         self.observe_epoch(self.epoch)
@@ -156,7 +146,7 @@ class LeaseView:
         if not answer.renewed:
             if current:
                 if not answer.holder and self.clock() < self._valid_until:
-                    self.vanished_while_held = True
+                    self.losses.vanished_while_held = True
                     logger.warning("leaderbeat: the lease %s vanished while still valid: Redis "
                                    "lost its data (restarted empty, or an older snapshot)", token)
                 self.mark_lost()

@@ -92,6 +92,9 @@ class LeaderSide:
     #: the entry's last slot as the leader tracks it (claimed, sent or passed)
     stored: Callable[[str], int | None] = lambda name: None
     memory: SentMemory = field(default_factory=SentMemory)
+    #: the store's time (ms) a leader last started again after a loss of writes, or None
+    #: (see :class:`~celery_leaderbeat.roles.loss.Losses`)
+    lost_at: Callable[[], int | None] = lambda: None
 
 
 def carry_out(leader: LeaderSide, now: datetime) -> int:
@@ -103,7 +106,7 @@ def carry_out(leader: LeaderSide, now: datetime) -> int:
     """
     raw = leader.queue.pop(1000)
     events: list[Event] = []
-    lost_at = leader.ledger.lost_at() if raw else None
+    lost_at = leader.lost_at() if raw else None
     for at, item in enumerate(raw):
         try:
             request = Request.loads(item)

@@ -19,6 +19,7 @@ from .batch import Send
 from .dynamic_schedule import reanchor
 from .fingerprint import fingerprint
 from .lease import LeaseView
+from .loss import Losses
 from .memory import SentMemory
 from .port import CelerySide
 
@@ -48,6 +49,11 @@ class Shared:
     #: history events whose record call failed: they ride on the next call
     backlog: list[Event] = field(default_factory=list)
     _fingerprints: dict[str, tuple[tuple[Any, ...], Any, Any, str]] = field(default_factory=dict)
+
+    @property
+    def losses(self) -> Losses:
+        """What this node knows of losses of writes (the lease view's: one per node)."""
+        return self.lease.losses
 
     @property
     def client(self) -> Any:

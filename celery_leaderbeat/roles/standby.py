@@ -23,7 +23,6 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from ..config import Config
 from ..errors import LeaseLostError
 from ..store.base import STORE_ERRORS
 from ..store.events import ENTRIES, RELEASED
@@ -43,18 +42,6 @@ _EARLY_RETRY = 0.1
 _EARLY_RETRY_CAP = 0.5
 
 
-def loss_grace(config: Config) -> float:
-    """Seconds a standby holds back once Redis lost writes and nobody holds the lease.
-
-    The node that led finds its lease gone at its next claim or heartbeat renewal
-    (every ``renew_interval``) and tries again within a ``standby_poll``: it knows what
-    it sent, so it carries on where Redis lost track. A standby elected instead would
-    start every entry again after a margin. Only a loss makes anyone wait: a crashed
-    leader's lease expires and a standby takes it at its next poll as ever.
-    """
-    return config.renew_interval + 2 * config.standby_poll
-
-
 class Standby:
     """The standing-by half of one beat process."""
 
@@ -68,8 +55,6 @@ class Standby:
         self._unknown_checked = 0.0
         self._next_attempt = 0.0  # monotonic: when to try for the lease again
         self._head_start_until = 0.0  # monotonic: last-leader goes first after an outage
-        #: monotonic: Redis lost writes and nobody led; the node that led goes first until then
-        self._loss_wait_until: float | None = None
         self._retry_at = 0.0
         self._early_retry = _EARLY_RETRY  # the next wait after a "not yet"
         self._pubsub: Any = None
@@ -78,7 +63,6 @@ class Standby:
         self._differs: set[str] = set()  # entries whose definition is not the leader's (said)
         #: rescue claims whose reply was lost, and when they were asked (monotonic)
         self._inflight: tuple[list[ClaimItem], float] | None = None
-        self._report_again_at = 0.0  # monotonic: when to report a loss not dealt with again
         self._look_again = 0.0  # monotonic: an entries notice came; look at the store by then
 
     # -- what the scheduler tells it ---------------------------------------------------
@@ -124,12 +108,7 @@ class Standby:
             if self._try_to_lead(now):
                 return True
             self._next_attempt = now + config.standby_poll
-        ledger = shared.ledger
-        if ledger.loss_seen or (ledger.below and now >= self._report_again_at):
-            # Redis answered older state than this node has seen; said again every poll
-            # until a leader has dealt with it (Redis may have lost the report too)
-            self._report_again_at = now + config.standby_poll
-            self._report_lost(shared.sent.settled(), say=ledger.loss_seen)
+        shared.losses.report_if_due(now, shared.sent)
         if shared.backlog:  # history events a failed call did not write: write them now
             events = list(shared.backlog)
             RescueGate(shared.ledger).record(events)
@@ -139,22 +118,12 @@ class Standby:
         return False
 
     def _try_to_lead(self, now: float) -> bool:
-        """One attempt at the lease. Redis lost writes and nobody leads: the node that led
-        goes first; this one holds back for :func:`loss_grace` from the first such answer,
-        then takes the lease (the node that led is gone too, or cut off)."""
-        lease = self.shared.lease
-        if lease.try_acquire(despite_loss=self._loss_wait_until is not None
-                             and now >= self._loss_wait_until):
-            self._loss_wait_until = None
-            return True
-        if not lease.held_back:
-            self._loss_wait_until = None
-        elif self._loss_wait_until is None:
-            self._loss_wait_until = now + loss_grace(self.shared.config)
-            logger.warning("leaderbeat: Redis holds older state than standby %s has seen and "
-                           "nobody leads; the node that led goes first (this one waits up to "
-                           "%.1f s)", self.shared.config.node_id, loss_grace(self.shared.config))
-        return False
+        """One attempt at the lease (after a loss of writes, see
+        :meth:`~celery_leaderbeat.roles.loss.Losses.standby_attempted`)."""
+        lease, losses = self.shared.lease, self.shared.losses
+        acquired = lease.try_acquire(despite_loss=losses.despite_loss(now))
+        losses.standby_attempted(now, acquired=acquired, held_back=lease.held_back)
+        return acquired
 
     def _clock_ok(self) -> bool:
         """False while this node's clock is beyond ``max_clock_skew`` (it refuses to lead)."""
@@ -293,8 +262,8 @@ class Standby:
         only move on to where the leader stands.
         """
         stored = self.shared.ledger.load([tracked.name for tracked, _ in due])
-        if losses := self._losses(stored, [tracked.name for tracked, _ in due]):
-            self._report_lost(losses)
+        self.shared.losses.report_behind(stored, [tracked.name for tracked, _ in due],
+                                         self.shared.sent)
         unclaimed = []
         for tracked, p in due:
             state = stored.get(tracked.name)
@@ -306,40 +275,11 @@ class Standby:
                 unclaimed.append((tracked, p))
         return unclaimed
 
-    def _report_lost(self, settled: dict[str, int], *, say: bool = True) -> None:
-        """Redis lost writes this node knows of: say so, and what it knew settled.
-
-        A leader elected after the loss that is a new process knows of none: it would
-        carry on from what an older snapshot holds (sending again what was sent after
-        it), or anchor entries Redis forgot after its margin as on a first start. Told,
-        it starts again as after any rollback, and records the slots its margin skips
-        from what this node knew settled (kept a few lease ttls).
-        """
-        if say:
-            logger.warning("leaderbeat: standby %s finds Redis lost writes it had seen; it "
-                           "says so (the leader starts every entry again, as after any "
-                           "rollback) and reports the newest slots it knew settled of %d "
-                           "entries", self.shared.config.node_id, len(settled))
-        self.shared.ledger.report_lost(settled)
-
-    def _losses(self, stored: dict[str, Any], names: Any) -> dict[str, int]:
-        """The entries of ``names`` whose slot state in Redis is older than one this node
-        knew settled: Redis lost writes (claims only move forward). A state gone is not
-        taken for a loss here (the leader prunes entries it has not scheduled for 30
-        days): Redis restarted empty shows as the generation counter gone back."""
-        memory, out = self.shared.sent, {}
-        for name in names:
-            known = memory.newest_known(name)
-            state = stored.get(name)
-            if known is not None and state is not None and state.slot_ms < known:
-                out[name] = known
-        return out
-
     def _load(self, version: int) -> None:
         """Read every entry's slot state once (one HGETALL); track those that have one."""
         stored = self.shared.ledger.load()
-        if losses := self._losses(stored, self.shared.celery.slot_entries()):
-            self._report_lost(losses)
+        self.shared.losses.report_behind(stored, self.shared.celery.slot_entries(),
+                                         self.shared.sent)
         loaded = self.shared.track(stored, start=utcnow(), epoch=None)
         # a run-time entry's phase is the entry store's, known before any slot state (the
         # leader writes it as its first state): followed from the start
@@ -355,8 +295,7 @@ class Standby:
         assert self.agenda is not None
         ordered = sorted(names)
         stored = self.shared.ledger.load(ordered)
-        if losses := self._losses(stored, ordered):
-            self._report_lost(losses)
+        self.shared.losses.report_behind(stored, ordered, self.shared.sent)
         loaded = self.shared.track(stored, start=utcnow(), epoch=None, only=ordered)
         for name in ordered:
             if name in loaded.tracked and (name in stored or name in loaded.runtime):
@@ -378,8 +317,7 @@ class Standby:
         found = self.shared.ledger.load(sorted(self._unknown))
         if not found:
             return
-        if losses := self._losses(found, found):
-            self._report_lost(losses)
+        self.shared.losses.report_behind(found, found, self.shared.sent)
         loaded = self.shared.track(found, start=utcnow(), epoch=None, only=sorted(found))
         for name, tracked in loaded.tracked.items():
             if name in found and name in self._unknown:

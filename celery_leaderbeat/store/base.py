@@ -50,6 +50,12 @@ exactly the slots it grants. A store declares it by being a :class:`OneStepEnque
 (its ``client``: the Redis client the enqueuer compares with the broker's); elsewhere
 (another store, another server, Cluster, Sentinel) no claim carries broker commands:
 a chunk is claimed first and then published in one kombu batch.
+
+Another capability is optional too: **loss detection** (:class:`LossDetection`). A store
+that can tell it lost acknowledged writes declares it by being a :class:`DetectsLoss`
+(its ``loss``); the three stores here do. The roles ask for it once
+(:func:`loss_detection`) and keep what a loss means on their side
+(:mod:`celery_leaderbeat.roles.loss`); a store without it gets no loss handling at all.
 """
 
 from __future__ import annotations
@@ -80,6 +86,7 @@ __all__ = [
     "ClaimResult",
     "Claimed",
     "ClusterAdmin",
+    "DetectsLoss",
     "EntryDefinitions",
     "Event",
     "Events",
@@ -87,6 +94,7 @@ __all__ = [
     "GuardRun",
     "GuardStore",
     "LeaseStore",
+    "LossDetection",
     "OneStepEnqueue",
     "RequestQueue",
     "RunRecord",
@@ -115,8 +123,9 @@ class LeaseStore(Protocol):
                 despite_loss: bool = False) -> Acquired:
         """Take the lease if nobody holds it (or this node's id holds it, or a holder
         whose epoch is below ``seen_epoch``): an epoch above every one handed out and
-        above ``seen_epoch``. A store that detects lost writes refuses (``pttl`` LOSS)
-        while its state is older than ``seen_generation``, unless ``despite_loss``."""
+        above ``seen_epoch``. A store that detects lost writes (:class:`LossDetection`)
+        answers its generation, and refuses (``pttl`` LOSS) while its state is older than
+        ``seen_generation``, unless ``despite_loss``; another answers generation 0."""
     def renew(self, token: str) -> Renewed:
         """Extend the lease held under ``token`` by one ttl; refused (with the holder)
         once another token holds it or it lapsed."""
@@ -135,18 +144,12 @@ class SlotStore(Protocol):
     def claim(self, token: str, epoch: int, items: Sequence[ClaimItem],
               events: Sequence[Event] = ()) -> list[ClaimResult]:
         """Leader: write ``events``, then claim ``items`` in order, fenced by ``token``."""
-    def check_generation(self, token: str, epoch: int) -> None:
-        """Leader: raise when the store lost writes this node saw, or ``token`` no longer
-        leads; before acting on state a restore may have brought back."""
     def mark_definitions(self, token: str, epoch: int) -> None:
         """Leader: mark the stored definitions as the ones this leader plans."""
     def backfill(self, token: str, epoch: int, name: str, slots: Sequence[int],
                  request_id: str) -> list[ClaimResult]:
         """Leader: grant a backfill of each slot or say why not, from what the store holds
         now (sent by anyone, unconfirmed, backfilled before, due before a loss)."""
-    def lost_at(self) -> int | None:
-        """The store's time (ms) when a leader last started again after the store lost
-        writes; None if never."""
     def rescue(self, items: Sequence[ClaimItem], events: Sequence[Event] = ()) -> Claimed:
         """Standby: claim slots nobody claimed ``rescue_after`` past their fire time."""
     def record(self, epoch: int, events: Iterable[Event]) -> int:
@@ -156,20 +159,6 @@ class SlotStore(Protocol):
     def load_with_definitions(self, names: Sequence[str] | None = None
                               ) -> tuple[dict[str, SlotState], dict[str, str]]: ...
     def write_definitions(self, fingerprints: dict[str, str]) -> None: ...
-    def observe_generation(self, generation: int | None) -> None: ...
-    def reset_generation(self) -> None:
-        """The next claim re-anchors after a loss of writes (clears :attr:`loss_seen`)."""
-    generation: int  #: the highest generation of the state this node has seen (0: none)
-    loss_seen: bool  #: the store answered older state than this node has seen
-    loss_reported: bool  #: the last rollback answered was a loss another node reported
-    @property
-    def below(self) -> bool:
-        """The store's generation was last seen below the highest this node saw."""
-    def report_lost(self, settled: dict[str, int]) -> None:
-        """Keep, for a while, the newest slot of each entry this node knew settled before
-        the store lost writes (clears :attr:`loss_seen`)."""
-    def lost_reports(self) -> dict[str, int]:
-        """Per entry, the newest slot any node reported settled before a loss."""
     def prune(self, scheduled: Iterable[str], *, keep_ms: int,
               node_keep_s: float) -> list[int]:
         """Forget entries no longer scheduled (after ``keep_ms``) and long-gone nodes."""
@@ -314,6 +303,56 @@ class OneStepEnqueue(Protocol):
 def one_step_client(store: Store) -> Any:
     """The client of ``store``'s claim-and-enqueue in one step; None when it has none."""
     return store.client if isinstance(store, OneStepEnqueue) else None
+
+
+@runtime_checkable
+class LossDetection(Protocol):
+    """Optional: a store that can tell it lost writes it acknowledged (restarted empty,
+    restored from an older snapshot, a lagging replica promoted).
+
+    Its state carries a generation that every call which may write raises; each node
+    remembers the highest it saw, and a lower one means the store went back. Then the
+    slot calls refuse (``RolledBackError``) until a leader starts again past the loss
+    (:meth:`reset_generation`), and nodes report what they knew settled. The members
+    are the node's own note of the generations it saw and the calls that act on it;
+    the roles keep what a loss means (:mod:`celery_leaderbeat.roles.loss`).
+    """
+
+    generation: int  #: the highest generation of the state this node has seen (0: none)
+    loss_seen: bool  #: the store answered older state than this node has seen
+    loss_reported: bool  #: the last rollback answered was a loss another node reported
+    @property
+    def below(self) -> bool:
+        """The store's generation was last seen below the highest this node saw."""
+    def observe_generation(self, generation: int | None) -> None:
+        """Note a generation seen elsewhere (an acquire attempt's answer); a lower one than
+        this node has seen is a loss (:attr:`loss_seen`)."""
+    def reset_generation(self) -> None:
+        """The next claim re-anchors after a loss of writes (clears :attr:`loss_seen`)."""
+    def check_generation(self, token: str, epoch: int) -> None:
+        """Leader: raise when the store lost writes this node saw, or ``token`` no longer
+        leads; before acting on state a restore may have brought back."""
+    def report_lost(self, settled: dict[str, int]) -> None:
+        """Keep, for a while, the newest slot of each entry this node knew settled before
+        the store lost writes (clears :attr:`loss_seen`)."""
+    def lost_reports(self) -> dict[str, int]:
+        """Per entry, the newest slot any node reported settled before a loss."""
+    def lost_at(self) -> int | None:
+        """The store's time (ms) when a leader last started again after the store lost
+        writes; None if never."""
+
+
+@runtime_checkable
+class DetectsLoss(Protocol):
+    """A store that detects losses of writes declares it by its ``loss``: the part that
+    does (the store's ledger, behind the same boundary: its calls are ``ledger.*``)."""
+
+    loss: LossDetection
+
+
+def loss_detection(store: Store) -> LossDetection | None:
+    """``store``'s loss detection; None when the store cannot tell it lost writes."""
+    return store.loss if isinstance(store, DetectsLoss) else None
 
 
 class Store(Protocol):

@@ -105,7 +105,7 @@ class Boundary:
 
 
 #: members of a part that ask the store nothing: the node's own note of the generations it
-#: saw (see ``SlotStore``), kept by the part until the roles keep it
+#: saw (see ``LossDetection``)
 NOT_CALLS = frozenset({"observe_generation", "reset_generation"})
 
 #: the parts of a store, each behind a boundary of its name

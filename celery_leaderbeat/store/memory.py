@@ -20,7 +20,7 @@ import json
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from ..config import Config
 from .base import (
@@ -29,6 +29,7 @@ from .base import (
     Events,
     GuardStore,
     LeaseStore,
+    LossDetection,
     RequestQueue,
     SlotStore,
 )
@@ -242,7 +243,9 @@ class MemoryStore:
                  hook: Hook | None = None) -> None:
         self.state = state
         self.lease: LeaseStore = MemoryLease(state, config)
-        self.ledger: SlotStore = MemoryLedger(state, config)
+        ledger = MemoryLedger(state, config)
+        self.ledger: SlotStore = ledger
+        self.loss: LossDetection = ledger  # it detects losses of writes
         self.events: Events = MemoryEvents(state)
         self.requests: RequestQueue = MemoryRequests(state)
         self.entries: EntryDefinitions = MemoryEntries(state)
@@ -250,6 +253,7 @@ class MemoryStore:
         self.admin: ClusterAdmin = MemoryAdmin(state, config, name)
         self._hook = hook
         through_boundary(self, PARTS, hook=hook)
+        self.loss = cast(LossDetection, self.ledger)  # behind the boundary: ``ledger.*``
 
     def ping(self) -> None:
         """Always answers (the state is in this process), unless a test's hook fails it."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, cast
 
 from ..config import Config
 from .admin import RedisAdmin
@@ -19,6 +19,7 @@ from .base import (
     Events,
     GuardStore,
     LeaseStore,
+    LossDetection,
     RequestQueue,
     SlotStore,
     Store,
@@ -45,7 +46,9 @@ class RedisStore:
         scripts = Scripts(client)
         self.client = client
         self.lease: LeaseStore = Lease(client, scripts, keys, config)
-        self.ledger: SlotStore = Ledger(client, scripts, keys, config)
+        ledger = Ledger(client, scripts, keys, config)
+        self.ledger: SlotStore = ledger
+        self.loss: LossDetection = ledger  # it detects losses of writes
         self.events: Events = RedisEvents(client, keys)
         self.requests: RequestQueue = RedisRequests(client, keys)
         self.entries: EntryDefinitions = EntryStore(client, keys)
@@ -53,6 +56,7 @@ class RedisStore:
         self.admin: ClusterAdmin = RedisAdmin(client, scripts, keys, config)
 
         through_boundary(self, PARTS, errors=ERRORS, translate=store_error)
+        self.loss = cast(LossDetection, self.ledger)  # behind the boundary: ``ledger.*``
 
     def ping(self) -> None:
         with store_call("store.ping"), _translated():

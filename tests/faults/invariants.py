@@ -20,7 +20,7 @@ from typing import Any
 
 import redis
 
-from celery_leaderbeat.roles.leader import MARGIN_REASON
+from celery_leaderbeat.roles.loss import MARGIN_REASON
 from celery_leaderbeat.store.keys import Keys
 from celery_leaderbeat.timing.slots import slot_id
 

@@ -17,8 +17,8 @@ from datetime import timedelta
 import pytest
 
 from celery_leaderbeat.ops.cluster import Cluster
+from celery_leaderbeat.roles.loss import loss_grace
 from celery_leaderbeat.roles.shared import utcnow
-from celery_leaderbeat.roles.standby import loss_grace
 from tests.support.redis_server import RedisServer
 
 from . import scenario

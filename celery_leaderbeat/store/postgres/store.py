@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, cast
 
 from ...config import Config
 from ..base import (
@@ -19,6 +19,7 @@ from ..base import (
     Events,
     GuardStore,
     LeaseStore,
+    LossDetection,
     RequestQueue,
     SlotStore,
 )
@@ -60,7 +61,9 @@ class PostgresStore:
         self.place = place
         events = PostgresEvents(place, listen=listen)
         self.lease: LeaseStore = PostgresLease(place, config)
-        self.ledger: SlotStore = PostgresLedger(place, config)
+        ledger = PostgresLedger(place, config)
+        self.ledger: SlotStore = ledger
+        self.loss: LossDetection = ledger  # it detects losses of writes
         self.events: Events = events
         self.requests: RequestQueue = PostgresRequests(place)
         self.admin: ClusterAdmin = PostgresAdmin(place, config.history_length)
@@ -68,6 +71,7 @@ class PostgresStore:
         self.guard: GuardStore = PostgresGuard(place, config)
 
         through_boundary(self, PARTS, errors=ERRORS, translate=store_error)
+        self.loss = cast(LossDetection, self.ledger)  # behind the boundary: ``ledger.*``
 
     def ping(self) -> None:
         """Raise a store error unless the server answers."""
