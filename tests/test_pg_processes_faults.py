@@ -194,6 +194,7 @@ def test_an_asynchronous_replica_that_lacks_commits_is_detected_and_slots_after_
             tmp_path, recorder, key_prefix, primary, replica, lag=True)
     assert after[0] == before[0] and after[1] > before[1]  # the same data, a new timeline
     assert "holds older state than this node has seen" in logs, logs[-5000:]
+    assert f"on timeline {after[1]}" in logs, "the loss names the promoted server's timeline"
     assert duplicates(messages) == [], logs[-5000:]
     # the slots the lost commits had settled may be neither sent again nor recorded (their
     # records went with the commits); from the failover on, every one is either
