@@ -3,6 +3,7 @@
     python bench/soak.py --seconds 300 --nodes 5 [--seed 1234] [--workdir DIR]
     python bench/soak.py --seconds 3600 --nodes 5 --workers 3 --broker amqp --guard \\
         --json results.json
+    python bench/soak.py --seconds 1800 --store postgres --workers 2 --broker amqp --guard
 
 Without ``--workers``: the short run's setup, longer (Redis broker drained by a
 recorder, 4 entries, a 3 s lease, the six original fault kinds). With
@@ -13,6 +14,14 @@ ttl 10 s), every fault kind (standby stopped, worker killed, Redis stopped, Redi
 restarted with its data too), and the figures: slots published more than once,
 executed twice, missed without a reason, lateness. ``LEADERBEAT_SOAK=300 python -m
 pytest tests/chaos -k soak`` runs the full soak as a test.
+
+``--store postgres`` (needs ``--broker amqp``): no Redis process at all. The store is
+a PostgreSQL cluster of the run's own, the executions go to a database of the run's own
+on the PostgreSQL at 127.0.0.1:5432, and the store's faults are PostgreSQL's: stopped
+and started ("fast"), crashed (immediate stop, WAL recovery), every session ended by
+``pg_terminate_backend``, every server process SIGSTOPped 1.5-5 s; beside them the
+beats' (SIGKILL, SIGSTOP of the leader and of a standby, SIGTERM), the links' (cut,
+stalled) and the workers' (SIGKILL) faults (``tests/chaos/pgrun.py``).
 
 ``--reanalyse DIR`` recomputes the figures of a finished run from the files it
 left in its work directory (publishes, executions, history, faults).
@@ -34,7 +43,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.chaos.figures import soak_figures
-from tests.chaos.harness import FAULT_KINDS, SOAK_KINDS, ChaosRun, seed_from_env
+from tests.chaos.harness import FAULT_KINDS, PG_SOAK_KINDS, SOAK_KINDS, ChaosRun, seed_from_env
+from tests.chaos.pgrun import PgChaosRun
 from tests.chaos.soakschedule import soak_schedule
 
 
@@ -64,6 +74,8 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=0)
     parser.add_argument("--broker", choices=("redis", "amqp"), default="redis")
     parser.add_argument("--guard", action="store_true", help="leaderbeat_guard = True")
+    parser.add_argument("--store", choices=("redis", "postgres"), default="redis",
+                        help="the beats' store (postgres: no Redis process anywhere)")
     parser.add_argument("--gap", type=float, nargs=2, default=None, metavar=("MIN", "MAX"),
                         help="seconds between faults (default 5 7 with workers, else 2 5)")
     parser.add_argument("--seed", type=int, default=None,
@@ -78,19 +90,24 @@ def main() -> int:
         return 0
     if args.workers and args.broker != "amqp":
         parser.error("--workers needs --broker amqp")
+    if args.store == "postgres" and args.broker != "amqp":
+        parser.error("--store postgres needs --broker amqp (it runs no Redis)")
     seed = args.seed if args.seed is not None else seed_from_env(os.environ)
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix=f"lb-soak-{seed}-"))
     print(f"chaos seed={seed} (replay: --seed {seed} or LEADERBEAT_CHAOS_SEED={seed})",
           flush=True)
     full = bool(args.workers)
-    run = ChaosRun(workdir, seed=seed, nodes=args.nodes, duration=args.seconds,
-                   log=lambda line: print(line, flush=True), workers=args.workers,
-                   broker=args.broker, guard=args.guard,
-                   gap=tuple(args.gap) if args.gap else ((5.0, 7.0) if full else (2.0, 5.0)),
-                   steady=25.0 if full else 8.0,
-                   schedule=soak_schedule() if full else None,
-                   settings={} if full else None,
-                   kinds=SOAK_KINDS if full else FAULT_KINDS)
+    kinds = PG_SOAK_KINDS if args.store == "postgres" else \
+        (SOAK_KINDS if full else FAULT_KINDS)
+    runner = PgChaosRun if args.store == "postgres" else ChaosRun
+    run = runner(workdir, seed=seed, nodes=args.nodes, duration=args.seconds,
+                 log=lambda line: print(line, flush=True), workers=args.workers,
+                 broker=args.broker, guard=args.guard,
+                 gap=tuple(args.gap) if args.gap else ((5.0, 7.0) if full else (2.0, 5.0)),
+                 steady=25.0 if full else 8.0,
+                 schedule=soak_schedule() if full else None,
+                 settings={} if full else None,
+                 kinds=kinds)
     report = run.run()
     if not report.ok:
         print(report.failure_text(), flush=True)

@@ -8,6 +8,8 @@
   recording every publish), :mod:`.soaktask` (the task recording each execution),
   :mod:`.soakschedule` (about 219 entries), :mod:`.figures` (published more than
   once, executed twice, lateness).
+- :mod:`.pgrun`: the soak on RabbitMQ and PostgreSQL (no Redis process): a cluster of the
+  run's own as the store, and its faults (stopped, crashed, sessions ended, frozen).
 
 Replay a run with ``LEADERBEAT_CHAOS_SEED=<seed>``.
 """

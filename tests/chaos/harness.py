@@ -99,7 +99,15 @@ FAULT_KINDS = (
 #: the soak's kinds: the above plus a standby stopped, a worker killed (and replaced),
 #: the state Redis stopped (SIGSTOP) a few seconds, and killed and restarted with its data
 SOAK_KINDS = FAULT_KINDS + ("stop_standby", "kill_worker", "stop_redis", "restart_redis_kept")
-ALL_KINDS = SOAK_KINDS
+
+#: the PostgreSQL soak's kinds (``tests/chaos/pgrun.py``): the beats', the links' and the
+#: workers' faults above, and the server's: stopped and started again ("fast": sessions
+#: closed cleanly), crashed (immediate stop: recovery from the WAL on start), every
+#: client session ended by ``pg_terminate_backend``, and every server process SIGSTOPped
+PG_KINDS = ("restart_pg", "crash_pg", "terminate_pg", "pause_pg")
+PG_SOAK_KINDS = ("kill_leader", "stop_leader", "term_node", "cut_link", "stall_link",
+                 "stop_standby", "kill_worker", *PG_KINDS)
+ALL_KINDS = SOAK_KINDS + PG_KINDS
 
 #: Redis faults after which a missing slot may lack a history record (the stream is lost)
 HISTORY_LOSING = frozenset({"restart_redis"})
@@ -657,19 +665,29 @@ class ChaosRun:
         self.state = RedisServer(state_args, workdir=self.workdir / "redis-state")
         self.ctl = self.state.client(timeout=0.5)
         self.results: RedisServer | None = None
+        broker_url = self._start_broker()
+        if self.n_workers:
+            self.results = RedisServer(workdir=self.workdir / "redis-results")
+        self.env = beat_env(self.workdir, broker_url=broker_url, redis_url=self.state.url,
+                            prefix=self.prefix, schedule=self.schedule,
+                            settings=self._celery_settings())
+        if self.results is not None:
+            self.env["LB_RECORD_URL"] = self.results.url
+
+    def _start_broker(self) -> str:
+        """RabbitMQ's topology and recorder, or the Redis broker and its recorder: the URL."""
         self.topology: Topology | None = None
         if self.broker_kind == "amqp":
             self.topology = Topology(self.tag)
             self.topology.declare()
             self.amqp = AmqpRecorder(self.topology)
             self.amqp.start()
-            broker_url = self.topology.url
-        else:
-            self.broker = RedisServer(workdir=self.workdir / "redis-broker")
-            self.recorder = Recorder(self.broker.client())
-            broker_url = self.broker.url_for(0)
-        if self.n_workers:
-            self.results = RedisServer(workdir=self.workdir / "redis-results")
+            return self.topology.url
+        self.broker = RedisServer(workdir=self.workdir / "redis-broker")
+        self.recorder = Recorder(self.broker.client())
+        return self.broker.url_for(0)
+
+    def _celery_settings(self) -> dict[str, Any]:
         settings = dict(self.settings)
         if self.guard:
             settings["leaderbeat_guard"] = True
@@ -677,22 +695,19 @@ class ChaosRun:
             settings.update(self.topology.settings())
         if self.n_workers:
             settings["task_acks_late"] = True
-        self.env = beat_env(self.workdir, broker_url=broker_url, redis_url=self.state.url,
-                            prefix=self.prefix, schedule=self.schedule, settings=settings)
-        if self.results is not None:
-            self.env["LB_RECORD_URL"] = self.results.url
+        return settings
 
     def run(self) -> Report:
         self.log(f"start: seed={self.seed} nodes={self.n} chaos={self.duration:.0f}s "
                  f"mode={self.report.mode} workdir={self.workdir} "
                  f"(replay: LEADERBEAT_CHAOS_SEED={self.seed})")
         self._start_servers()
-        self.monitor = Monitor(self.state, self.prefix)
+        self.monitor = self._make_monitor()
         try:
             for i in range(self.n_workers):
                 self.seats.append(WorkerSeat(i, self._spawn_worker(i, 0)))
             for i in range(self.n):
-                proxy = TcpProxy("127.0.0.1", self.state.port)
+                proxy = TcpProxy("127.0.0.1", self._state_port())
                 self.nodes.append(Node(i, proxy, self._spawn(i, proxy, 0)))
             self.monitor.start()
             self._warm_up()
@@ -722,7 +737,7 @@ class ChaosRun:
         finally:
             if self.monitor.is_alive():
                 self.monitor.stop()
-            rows = executed(self.results.client()) if self.results is not None else []
+            rows = self._executed_rows()
             self._teardown()
         observations, history = self.monitor.snapshot()
         report = self.report
@@ -820,10 +835,7 @@ class ChaosRun:
             proc.close()
         for node in self.nodes:
             node.proxy.close()
-        with contextlib.suppress(redis.RedisError, OSError):
-            self.ctl.close()
-        self.state.resume()  # a stop_redis interrupted mid-way must not leave it frozen
-        self.state.kill()
+        self._stop_state()
         if self.broker_kind == "amqp":
             self.amqp.stop()
             assert self.topology is not None
@@ -836,6 +848,26 @@ class ChaosRun:
             with contextlib.suppress(redis.RedisError, OSError):
                 self.recorder.client.close()
             self.broker.kill()
+        self._stop_results()
+
+    # -- the store's server (the PostgreSQL run overrides these)
+
+    def _make_monitor(self) -> Any:
+        return Monitor(self.state, self.prefix)
+
+    def _state_port(self) -> int:
+        return self.state.port
+
+    def _executed_rows(self) -> list[dict[str, Any]]:
+        return executed(self.results.client()) if self.results is not None else []
+
+    def _stop_state(self) -> None:
+        with contextlib.suppress(redis.RedisError, OSError):
+            self.ctl.close()
+        self.state.resume()  # a stop_redis interrupted mid-way must not leave it frozen
+        self.state.kill()
+
+    def _stop_results(self) -> None:
         if self.results is not None:
             self.results.kill()
 

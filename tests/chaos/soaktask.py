@@ -1,8 +1,10 @@
-"""The soak's task: records every execution (entry, slot, id, worker, time) in a Redis of its own.
+"""The soak's task: records every execution (entry, slot, id, worker, time) in a store of its own.
 
 Loaded into the workers with ``celery worker --include tests.chaos.soaktask``; beat sends
 it by name. The record goes to ``LB_RECORD_URL`` (a Redis no fault ever touches), list
-``executed``, so an execution is counted whatever happens to the state Redis.
+``executed``, or with ``LB_RECORD_PG`` (a libpq connection string: the PostgreSQL soak,
+which runs no Redis) to the table ``executed`` of a database on a server no fault
+touches; so an execution is counted whatever happens to the store the beats use.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from tests.support.beatapp import app
 
 TASK = "tests.chaos.soaktask.record"
 _client: redis.Redis | None = None
+_pg: Any = None
 
 
 def _results() -> redis.Redis:
@@ -41,4 +44,16 @@ def record(self: Any, *args: Any, **kwargs: Any) -> None:
         "redelivered": bool((self.request.delivery_info or {}).get("redelivered")),
         "at": time.time(),
     }
-    _results().rpush("executed", json.dumps(row))
+    if os.environ.get("LB_RECORD_PG"):
+        _record_pg(json.dumps(row))
+    else:
+        _results().rpush("executed", json.dumps(row))
+
+
+def _record_pg(row: str) -> None:
+    global _pg
+    import psycopg
+
+    if _pg is None or _pg.closed:  # one connection per pool process
+        _pg = psycopg.connect(os.environ["LB_RECORD_PG"], autocommit=True, connect_timeout=5)
+    _pg.execute("INSERT INTO executed (row) VALUES (%s)", (row,))

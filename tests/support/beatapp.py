@@ -6,6 +6,8 @@ describes the whole app through the environment:
 - ``LB_BROKER_URL``: the broker (a test Redis URL, e.g. db 1 of the test server).
 - ``LB_REDIS_URL``: ``leaderbeat_redis_url`` (optional).
 - ``LB_PREFIX``: ``leaderbeat_key_prefix`` (optional).
+- ``LB_STORE_URL``: ``leaderbeat_store_url`` (optional; e.g. a PostgreSQL URL, which
+  each beat of a run may reach by another address, through a proxy of its own).
 - ``LB_SCHEDULE_FILE``: a JSON file, entry name -> one of
   ``{"task": ..., "every": seconds}``,
   ``{"task": ..., "crontab": {crontab kwargs}}``,
@@ -81,6 +83,8 @@ def make_app(env: os._Environ[str] | dict[str, str] = os.environ) -> Celery:
         conf["leaderbeat_redis_url"] = env["LB_REDIS_URL"]
     if env.get("LB_PREFIX"):
         conf["leaderbeat_key_prefix"] = env["LB_PREFIX"]
+    if env.get("LB_STORE_URL"):
+        conf["leaderbeat_store_url"] = env["LB_STORE_URL"]
     conf.update(json.loads(env.get("LB_SETTINGS") or "{}"))
     app.conf.update(conf)
     return app

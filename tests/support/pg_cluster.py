@@ -9,6 +9,7 @@ under ``CI=true``).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -16,7 +17,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -42,10 +43,16 @@ def _free_port() -> int:
 
 class Cluster:
     """One running cluster: ``conninfo``, and ``restart()``, ``stop()``, ``kill()``,
-    ``start()``, ``promote()`` (a standby)."""
+    ``start()``, ``promote()`` (a standby), ``pause()``/``resume()`` (every server process).
 
-    def __init__(self, bindir: Path, root: Path, port: int) -> None:
+    ``settings``: ``postgresql.conf`` parameters written after this module's own (so they
+    win over them), e.g. ``{"max_connections": "100"}``.
+    """
+
+    def __init__(self, bindir: Path, root: Path, port: int,
+                 settings: Mapping[str, str] | None = None) -> None:
         self.bindir, self.root, self.port = bindir, root, port
+        self.settings = dict(settings or {})
         self.data = root / "data"
         self.log = root / "server.log"
 
@@ -79,6 +86,7 @@ class Cluster:
             conf.write(f"\nport = {self.port}\nlisten_addresses = '127.0.0.1'\n"
                        f"unix_socket_directories = '{self.root}'\nfsync = off\n"
                        "max_connections = 30\nshared_buffers = 16MB\n")
+            conf.writelines(f"{name} = {value}\n" for name, value in self.settings.items())
 
     def start(self) -> None:
         self._pg_ctl("-o", f"-p {self.port}", "start")
@@ -92,6 +100,35 @@ class Cluster:
     def promote(self) -> None:
         """A standby becomes a primary (on a new timeline)."""
         self._pg_ctl("promote")
+
+    def postmaster_pid(self) -> int:
+        return int((self.data / "postmaster.pid").read_text().split()[0])
+
+    def pids(self) -> list[int]:
+        """The postmaster and its children (the backends and the background processes)."""
+        main = self.postmaster_pid()
+        children = []
+        for status in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = status.read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue  # ended meanwhile
+            if int(fields[1]) == main:
+                children.append(int(status.parent.name))
+        return [main, *children]
+
+    def pause(self) -> list[int]:
+        """SIGSTOP every server process (a frozen host); the pids, for :meth:`resume`."""
+        pids = self.pids()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+        return pids
+
+    def resume(self, pids: list[int] | None = None) -> None:
+        for pid in pids if pids is not None else self.pids():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
 
     def kill(self) -> None:
         """SIGKILL the postmaster (its children end when they find it gone)."""
@@ -107,14 +144,15 @@ class Cluster:
 
 
 @contextmanager
-def pg_cluster(standby_of: Cluster | None = None) -> Iterator[Cluster]:
-    """A fresh cluster on a free port (a streaming replica of ``standby_of`` if given);
-    stopped (immediate) and its files removed after."""
+def pg_cluster(standby_of: Cluster | None = None,
+               settings: Mapping[str, str] | None = None) -> Iterator[Cluster]:
+    """A fresh cluster on a free port (a streaming replica of ``standby_of`` if given, with
+    ``settings`` in its ``postgresql.conf``); stopped (immediate) and its files removed after."""
     bindir = _bindir()
     root = Path(tempfile.mkdtemp(prefix="lb-pg-"))
     if os.geteuid() == 0:
         shutil.chown(root, "postgres", "postgres")
-    cluster = Cluster(bindir, root, _free_port())
+    cluster = Cluster(bindir, root, _free_port(), settings)
     try:
         if standby_of is None:
             cluster.init()

@@ -36,8 +36,14 @@ class PostgresLease:
         if got.holder is not None and got.remaining_ms > 0:
             return Acquired(False, None, f"{got.holder}|{got.held_epoch}", got.remaining_ms,
                             got.generation, now)
-        # nobody holds it and it was not taken: the app's generation is below the caller's
-        return Acquired(False, None, None, LOSS, got.generation, now)
+        if not despite_loss and got.generation < seen_generation:
+            # nobody holds it and it was not taken: the app's generation is below the caller's
+            return Acquired(False, None, None, LOSS, got.generation, now)
+        # Refused, though the row as this statement's snapshot shows it is free: another
+        # node's acquire committed while this one waited on the row (ON CONFLICT sees the
+        # new row, the SELECT does not). That node holds it: read it again.
+        token, remaining = self.holder()
+        return Acquired(False, None, token, max(remaining, 0), got.generation, now)
 
     def renew(self, token: str) -> Renewed:
         holder, _, epoch = token.rpartition("|")

@@ -148,6 +148,11 @@ def server_identity(conn: Any) -> tuple[int, int]:
     return int(row[0]), int(row[1])
 
 
+def identity(conn: Any, schema: str, app: str) -> tuple[int, int]:
+    """:func:`server_identity`, as a store call (for :meth:`Place.run`)."""
+    return server_identity(conn)
+
+
 def now_ms(conn: Any, schema: str, app: str) -> int:
     """The server's clock (ms), as a store call (for :meth:`Place.run`)."""
     return server_ms(conn)

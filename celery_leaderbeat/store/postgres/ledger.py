@@ -21,7 +21,7 @@ from ..types import (
     Refused,
     SlotState,
 )
-from . import claims_sql, rules, state_sql
+from . import claims_sql, lease_sql, rules, state_sql
 from .place import Place
 from .pool import ERRORS
 
@@ -123,9 +123,18 @@ class PostgresLedger:
             except ERRORS:
                 pass  # the next call that sees the loss marks it
         error = RolledBackError(f"{older} (a replica promoted that lacked commits, or a "
-                                "backup restored)")
+                                f"backup restored){self._identity_text()}")
         error.generation = older.generation
         return error
+
+    def _identity_text(self) -> str:
+        """Which server answered the older state: its system identifier and timeline (above
+        1: a replica was promoted), for the message; empty when it does not answer."""
+        try:
+            system, timeline = self.place.run(lease_sql.identity)
+        except ERRORS:
+            return ""
+        return f"; the server answering is system {system} on timeline {timeline}"
 
     def report_lost(self, settled: dict[str, int]) -> None:
         """This node saw the database lose writes: say so (the leader then starts again,
