@@ -481,6 +481,13 @@ def is_schema_name(value: Any) -> bool:
             and value not in _RESERVED and not value.startswith("pg_"))
 
 
+def store_name(config: Config) -> str:
+    """The store as a log line names it: ``PostgreSQL``, ``the in-memory store`` or ``Redis``."""
+    if is_postgres_store(config):
+        return "PostgreSQL"
+    return "the in-memory store" if config.redis_url.startswith("memory://") else "Redis"
+
+
 def is_postgres_store(config: Config) -> bool:
     """Whether ``config`` puts the store on PostgreSQL (a URL, or Django's database)."""
     return config.store_url == DJANGO_STORE or config.store_url.split("://", 1)[0] in POSTGRES_SCHEMES

@@ -66,9 +66,9 @@ def test_a_node_skewed_beyond_the_limit_never_leads(tmp_path, make_redis_server,
     behind = BeatProcess(env={**env, "LB_CLOCK_OFFSET": "-10"}, log_path=tmp_path / "behind.log")
     with ahead, behind:
         # 10 s off, as measured against Redis TIME: +9.999 is as right as +10.001
-        ahead.wait_for_log(r"clock is \+(?:9\.9\d\d|10\.\d+) s off Redis TIME.*refusing to lead",
+        ahead.wait_for_log(r"clock is \+(?:9\.9\d\d|10\.\d+) s off Redis's clock.*refusing to lead",
                            timeout=20)
-        behind.wait_for_log(r"clock is -(?:9\.9\d\d|10\.\d+) s off Redis TIME.*refusing to lead",
+        behind.wait_for_log(r"clock is -(?:9\.9\d\d|10\.\d+) s off Redis's clock.*refusing to lead",
                             timeout=20)
         for _ in range(int(3 * TTL / 0.1)):  # alone for 3 ttl: nobody leads, nothing sent
             assert leader_token(client, key_prefix) is None

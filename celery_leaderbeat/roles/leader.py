@@ -15,6 +15,7 @@ from collections.abc import Collection, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
+from ..config import store_name
 from ..errors import NotReplicatedError
 from ..store.base import STORE_ERRORS, STORE_UNREACHABLE
 from ..store.ledger import REMOVED
@@ -238,7 +239,7 @@ class Leader:
             raise Resign(f"the heartbeat thread stopped ({stopped})", release=True)
         skew = lease.clock_skew
         if skew is not None and abs(skew) > shared.config.max_clock_skew:
-            raise Resign(f"clock is {skew:+.3f} s off Redis TIME, beyond "
+            raise Resign(f"clock is {skew:+.3f} s off {store_name(shared.config)}'s clock, beyond "
                          f"leaderbeat_max_clock_skew={shared.config.max_clock_skew}", release=True)
 
     def _keep_up(self, version: int) -> None:
@@ -419,7 +420,8 @@ class Leader:
         """Redis is unreachable: send from the agenda alone; reconcile once Redis answers."""
         if outage.expired():  # a hard cap, checked first: also when PING answers, writes fail
             self.outage = None
-            raise Resign("Redis unreachable for longer than leaderbeat_degraded_max_seconds="
+            raise Resign(f"{store_name(self.shared.config)} unreachable for longer than "
+                         "leaderbeat_degraded_max_seconds="
                          f"{self.shared.config.degraded_max_seconds}")
         outage.send_due(self.agenda, utcnow(), self.since, self._send, self.shared.sent)
         try:
@@ -433,11 +435,11 @@ class Leader:
             return min(self.delay(), 1.0)  # still flapping: the outage stays as it was
         self.outage = None  # only now: a Redis error above leaves the outage in place
         if not reconciled:
-            raise Resign("another node leads after the Redis outage")
+            raise Resign(f"another node leads after the {store_name(self.shared.config)} outage")
         return 0.0
 
 
-def _say_anchored(loaded: Any) -> None:
+def _say_anchored(loaded: Any, store: str) -> None:
     """One line per kind of anchor and reload, not per entry: after a Redis restart that
     lost its data this is the only trace. Unknown state is "start from now", never "never
     ran"; a slot this node remembers sending is never sent again."""
@@ -447,14 +449,14 @@ def _say_anchored(loaded: Any) -> None:
     if runtime:  # their phase is the save's, as the entry store says: nothing to warn of
         logger.debug("leaderbeat: %d run-time entries start at their anchor in the entry "
                      "store: %s", len(runtime), ", ".join(runtime[:10]))
-    for op, said in ((Op.ANCHOR, ("had no slot state in Redis (new entries, or Redis lost its "
-                      "data); they start from now, without catch-up")),
+    for op, said in ((Op.ANCHOR, (f"had no slot state in {store} (new entries, or {store} lost "
+                      "its data); they start from now, without catch-up")),
                      (Op.REANCHOR, "have a changed definition; they start again from now"),
-                     (Op.RESTORE, ("had lost the slot state of what this node sent (Redis "
-                      "restarted empty or went back to an older snapshot while this node led); "
-                      "they carry on after what it sent")),
+                     (Op.RESTORE, ("had lost the slot state of what this node sent "
+                      f"({store} restarted empty or went back to older state while this node "
+                      "led); they carry on after what it sent")),
                      (Op.ROLLED_BACK, ("had a slot state older than a slot this node sent "
-                      "(Redis went back to an older snapshot or a lagging replica); they start "
+                      f"({store} went back to older state, or a lagging replica); they start "
                       "from now, without catch-up, like entries with no state"))):
         names = [item.name for item in loaded.anchors if item.op == op
                  and not (item.op == Op.REANCHOR and item.name in loaded.runtime)]
@@ -473,5 +475,5 @@ def _anchor(shared: Shared, loaded: Loaded, what: str) -> list[Any]:
         logger.warning("leaderbeat: %s for the anchors of %s entries; going on", exc, what)
         refused = [Code.GRANTED] * len(loaded.anchors)
     adopt_refused_anchors(loaded, refused)
-    _say_anchored(loaded)
+    _say_anchored(loaded, store_name(shared.config))
     return list(refused)

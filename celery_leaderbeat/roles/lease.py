@@ -18,7 +18,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from ..config import Config
+from ..config import Config, store_name
 from ..errors import LeaseLostError
 from ..store.base import STORE_ERRORS, LeaseStore
 from ..store.records import LOSS
@@ -147,8 +147,9 @@ class LeaseView:
             if current:
                 if not answer.holder and self.clock() < self._valid_until:
                     self.losses.vanished_while_held = True
-                    logger.warning("leaderbeat: the lease %s vanished while still valid: Redis "
-                                   "lost its data (restarted empty, or an older snapshot)", token)
+                    logger.warning("leaderbeat: the lease %s vanished while still valid: %s "
+                                   "lost its data (restarted empty, or older state)", token,
+                                   store_name(self.config))
                 self.mark_lost()
             holder = answer.holder
             lost = LeaseLostError(f"lease {token} lost; held by {holder or 'nobody'}")

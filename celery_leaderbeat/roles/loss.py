@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..config import Config
+from ..config import Config, store_name
 from ..errors import LeaseLostError
 from ..store.base import LossDetection
 from ..store.types import Code, Event, Op, SlotStatus
@@ -285,9 +285,9 @@ class Losses:
         elif self._wait_until is None:
             grace = loss_grace(self.config)
             self._wait_until = now + grace
-            logger.warning("leaderbeat: Redis holds older state than standby %s has seen and "
+            logger.warning("leaderbeat: %s holds older state than standby %s has seen and "
                            "nobody leads; the node that led goes first (this one waits up to "
-                           "%.1f s)", self.config.node_id, grace)
+                           "%.1f s)", store_name(self.config), self.config.node_id, grace)
 
     def report_if_due(self, now: float, memory: SentMemory) -> None:
         """Redis answered older state than this node has seen: said again every poll
@@ -328,10 +328,10 @@ class Losses:
         if self.detection is None:
             return
         if say:
-            logger.warning("leaderbeat: standby %s finds Redis lost writes it had seen; it "
+            logger.warning("leaderbeat: standby %s finds %s lost writes it had seen; it "
                            "says so (the leader starts every entry again, as after any "
                            "rollback) and reports the newest slots it knew settled of %d "
-                           "entries", self.config.node_id, len(settled))
+                           "entries", self.config.node_id, store_name(self.config), len(settled))
         self.detection.report_lost(settled)
 
 

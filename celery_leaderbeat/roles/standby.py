@@ -23,6 +23,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
+from ..config import store_name
 from ..errors import LeaseLostError
 from ..store.base import STORE_ERRORS
 from ..store.events import ENTRIES, RELEASED
@@ -133,8 +134,9 @@ class Standby:
             skew = lease.measure_skew()
         if abs(skew) > limit:
             if not self._skew_refused:
-                logger.warning("leaderbeat: this node's clock is %+.3f s off Redis TIME, beyond "
-                               "leaderbeat_max_clock_skew=%s; refusing to lead", skew, limit)
+                logger.warning("leaderbeat: this node's clock is %+.3f s off %s's clock, beyond "
+                               "leaderbeat_max_clock_skew=%s; refusing to lead", skew,
+                               store_name(self.shared.config), limit)
             self._skew_refused = True
             return False
         if self._skew_refused:
