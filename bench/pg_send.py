@@ -132,6 +132,7 @@ def steady(kind: str, n: int, every: float, seconds: float) -> dict[str, Any]:
         msgs = run.consumer.seen[sent0:]
         elapsed = time.time() - t0
         per = Counter((m.entry, m.slot) for m in msgs)
+        batches = [b for b in _logged_batches(beat) if b[0] > 0][1:]  # past the first
         return {"scenario": "steady", "store": kind, "entries": n, "every": every,
                 "window_s": round(elapsed, 1), "sent": len(msgs),
                 "expected": round(n * elapsed / every),
@@ -140,6 +141,8 @@ def steady(kind: str, n: int, every: float, seconds: float) -> dict[str, Any]:
                 "beat_cpu_per_1000": round(1000 * cpu / max(len(msgs), 1), 3),
                 "server_cpu_per_1000": round(1000 * server / max(len(msgs), 1), 3),
                 "late_p99_s": _p99([m.received - _slot_time(m) for m in msgs]),
+                "batch_ms_max": max((b[1] for b in batches), default=None),
+                "batch_start_late_ms_max": max((b[2] for b in batches), default=None),
                 "load_before": load0, "load_after": load()}
     return run_store(kind, interval_entries(n, every), body)  # type: ignore[no-any-return]
 
