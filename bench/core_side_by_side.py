@@ -1,0 +1,184 @@
+"""Two checkouts of the package measured side by side, by the same bench code, in one run.
+
+    python bench/core_side_by_side.py --before ../before [--after .] [--rounds 3] \\
+        [--steps inprocess,steady,burst,kill] [--seconds 60] [--kills 4]
+
+Each round runs every step once on each checkout, alternating which goes first
+from round to round, so the other load on the machine falls on both alike.
+A step runs in a process of its own, started in the checkout it measures with
+``PYTHONPATH`` set to it: the package, ``tests.support`` (servers, beat
+processes, the broker watch) and the beats' app are that checkout's; the bench
+code driving them (``send.py``, ``send_inprocess.py``, ``_scenarios.py``,
+``_harness.py``) is this directory's, for both. Steps:
+
+- ``inprocess``: ``send_inprocess.py steady`` with ``--path fast`` (the default
+  path: claim and enqueue in one step) and ``--path plain`` (no one step, every
+  message built by ``apply_async``, kombu's batch): CPU of the process per
+  1,000 sends, 2,000 entries every 5 s;
+- ``steady``: ``send.py steady`` with a real ``celery beat``, kinds ``fast`` and
+  ``batched``: the beat's CPU seconds per 1,000 sends;
+- ``burst``: ``send.py burst``, 10,000 entries due the same second, one leader
+  and two standbys, two bursts in a row: last message after the slot, rescued;
+- ``kill``: ``_scenarios.failover`` with SIGKILL, ``--kills`` times: the worst
+  slot's lateness after each kill.
+
+Every row (with the checkout's commit and the 1-minute load average before and
+after the step) is appended to bench/results/core_side_by_side.jsonl.
+Not part of the test suite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+OUT = HERE / "results" / "core_side_by_side.jsonl"
+STEPS = ("inprocess", "steady", "burst", "kill")
+
+
+def load1() -> float:
+    return float(Path("/proc/loadavg").read_text().split()[0])
+
+
+def commit_of(tree: Path) -> str:
+    return subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+
+
+# -- in the measured checkout ---------------------------------------------------------
+
+
+def import_tree(tree: Path) -> None:
+    """Import the package and ``tests.support`` from ``tree`` before any bench module puts
+    this repository first on ``sys.path``: their submodules then come from ``tree``."""
+    sys.path.insert(0, str(tree))
+    import celery_leaderbeat
+    import tests.support.beat
+
+    for module in (celery_leaderbeat, tests.support.beat):
+        if not str(module.__file__).startswith(str(tree) + os.sep):
+            raise SystemExit(f"{module.__name__} imported from {module.__file__}, not {tree}")
+
+
+def check_tree(tree: Path) -> None:
+    """Every module of the package and of ``tests.support`` loaded came from ``tree``."""
+    for name, module in list(sys.modules.items()):
+        origin = str(getattr(module, "__file__", None) or "")
+        if name.startswith(("celery_leaderbeat", "tests.support")) and origin \
+                and not origin.startswith(str(tree) + os.sep):
+            raise SystemExit(f"{name} was imported from {origin}, not {tree}")
+
+
+def run_step(step: str, args: argparse.Namespace) -> list[dict[str, Any]]:
+    if step == "inprocess":  # one path a process: nothing of the other path's run is left
+        return inprocess_one(args.path or "fast", args.seconds_inprocess)
+    import send
+
+    if step == "steady":
+        return [send.steady(kind, 2000, 5.0, args.seconds) for kind in ("fast", "batched")]
+    if step == "burst":
+        return send.burst("fast", 10_000, 2, 2)
+    import _scenarios
+
+    return _scenarios.failover("leaderbeat", "kill", args.kills)
+
+
+def child(args: argparse.Namespace) -> None:
+    tree = Path(args.tree).resolve()
+    import_tree(tree)
+    before = load1()
+    rows = run_step(args.step, args)
+    check_tree(tree)
+    stamp = {"tree": args.label, "commit": commit_of(tree), "load_before": before,
+             "load": load1(), "utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())}
+    OUT.parent.mkdir(exist_ok=True)
+    with open(OUT, "a") as out:
+        for row in rows:
+            row = {**stamp, "step": args.step, **row}
+            out.write(json.dumps(row) + "\n")
+            print(json.dumps(row), flush=True)
+
+
+def inprocess_one(path: str, seconds: float) -> list[dict[str, Any]]:
+    """``send_inprocess.py steady --path path``, its printed line as a row."""
+    import send_inprocess
+
+    sys.argv = ["send_inprocess.py", "steady", "--path", path, "--seconds", str(seconds)]
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        send_inprocess.main()
+    line = printed.getvalue().strip()
+    found = re.search(r"(\d+) sent, ([\d.]+) CPU s, ([\d.]+) CPU s per 1,000", line)
+    if found is None:
+        raise SystemExit(f"send_inprocess.py printed {line!r}")
+    return [{"scenario": "inprocess", "path": path, "sent": int(found[1]),
+             "cpu_s": float(found[2]), "cpu_per_1000": float(found[3]), "seconds": seconds}]
+
+
+# -- the driver -------------------------------------------------------------------------
+
+
+def launch(tree: Path, label: str, step: str, args: argparse.Namespace,
+           extra: list[str]) -> None:
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    command = [sys.executable, str(Path(__file__).resolve()), "--child", "--tree", str(tree),
+               "--label", label, "--step", step, "--seconds", str(args.seconds),
+               "--seconds-inprocess", str(args.seconds_inprocess), "--kills", str(args.kills),
+               *extra]
+    print(f"{time.strftime('%H:%M:%S', time.gmtime())} load {load1():.2f} {label} {step} "
+          f"{' '.join(extra)}", flush=True)
+    subprocess.run(command, cwd=tree, env=env, check=False)
+
+
+def driver(args: argparse.Namespace) -> None:
+    trees = [(Path(args.before).resolve(), "before"), (Path(args.after).resolve(), "after")]
+    for index in range(args.rounds):
+        order = trees if index % 2 == 0 else trees[::-1]
+        for step in args.steps.split(","):
+            runs: list[Callable[[Path, str], None]]
+            if step == "inprocess":  # each path in a process of its own
+                runs = [lambda t, lb, p=p: launch(t, lb, "inprocess", args, ["--path", p])
+                        for p in ("fast", "plain")]
+            else:
+                runs = [lambda t, lb, s=step: launch(t, lb, s, args, [])]
+            for run in runs:
+                for tree, label in order:
+                    run(tree, label)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--before", default=None)
+    parser.add_argument("--after", default=str(HERE.parent))
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", default=",".join(STEPS))
+    parser.add_argument("--seconds", type=float, default=60.0, help="steady: the window")
+    parser.add_argument("--seconds-inprocess", type=float, default=20.0)
+    parser.add_argument("--kills", type=int, default=4)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--tree", help=argparse.SUPPRESS)
+    parser.add_argument("--label", help=argparse.SUPPRESS)
+    parser.add_argument("--step", choices=STEPS, help=argparse.SUPPRESS)
+    parser.add_argument("--path", choices=["fast", "plain"], help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args)
+    elif args.before is None:
+        parser.error("--before: the checkout of the code before the change")
+    else:
+        driver(args)
+
+
+if __name__ == "__main__":
+    main()
