@@ -2,6 +2,7 @@
 
     python bench/core_side_by_side.py --before ../before [--after .] [--rounds 3] \\
         [--steps inprocess,steady,burst,kill] [--seconds 60] [--kills 4]
+    python bench/core_side_by_side.py --summary    # the table, from the rows so far
 
 Each round runs every step once on each checkout, alternating which goes first
 from round to round, so the other load on the machine falls on both alike.
@@ -35,6 +36,7 @@ import io
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import time
@@ -126,6 +128,55 @@ def inprocess_one(path: str, seconds: float) -> list[dict[str, Any]]:
              "cpu_s": float(found[2]), "cpu_per_1000": float(found[3]), "seconds": seconds}]
 
 
+# -- the summary ------------------------------------------------------------------------
+
+
+def _fmt(values: list[float]) -> str:
+    if not values:
+        return "–"
+    return ", ".join(f"{v:.3g}" for v in values) + (
+        f" (median {statistics.median(values):.3g})" if len(values) > 2 else "")
+
+
+def _figures(rows: list[dict[str, Any]]) -> dict[str, Callable[[dict[str, Any]], Any]]:
+    """Each table row's name and how a measured row gives its figure (None: not this row)."""
+    def pick(step: str, key: str, **match: Any) -> Callable[[dict[str, Any]], Any]:
+        return lambda r: r.get(key) if r["step"] == step and all(
+            r.get(k) == v for k, v in match.items()) else None
+
+    return {
+        "in one process, 2,000 every 5 s, default path: CPU s per 1,000 sends":
+            pick("inprocess", "cpu_per_1000", path="fast"),
+        "the same, plain path": pick("inprocess", "cpu_per_1000", path="plain"),
+        "celery beat, 2,000 every 5 s, fast (one step): CPU s per 1,000 sends":
+            pick("steady", "cpu_per_1000", kind="fast"),
+        "celery beat, the same, batched (state on another Redis)":
+            pick("steady", "cpu_per_1000", kind="batched"),
+        "10,000 burst: last message after the slot, s": pick("burst", "last_s"),
+        "10,000 burst: first message after the slot, s": pick("burst", "first_s"),
+        "10,000 burst: rescued by standbys": pick("burst", "rescued"),
+        "10,000 burst: leader CPU s": pick("burst", "cpu_leader_s"),
+        "SIGKILL of the leader: worst slot lateness, s": pick("kill", "late_max_s"),
+        "SIGKILL: first send by another beat, s": pick("kill", "first_send_s"),
+        "SIGKILL: new leader elected, s": pick("kill", "elected_s"),
+    }
+
+
+def summary(path: Path) -> None:
+    """The rows of ``path`` as a markdown table: before and after, each run's figure."""
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    print("| measure | before | after |\n|---|---|---|")
+    for name, figure in _figures(rows).items():
+        cells = []
+        for tree in ("before", "after"):
+            got = [figure(r) for r in rows if r["tree"] == tree]
+            cells.append(_fmt([float(v) for v in got if v is not None]))
+        print(f"| {name} | {cells[0]} | {cells[1]} |")
+    loads = [r[k] for r in rows for k in ("load_before", "load")]
+    print(f"\n1-minute load average {min(loads):.2f}–{max(loads):.2f}; "
+          f"{rows[0]['utc']} – {rows[-1]['utc']} UTC")
+
+
 # -- the driver -------------------------------------------------------------------------
 
 
@@ -166,13 +217,17 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=60.0, help="steady: the window")
     parser.add_argument("--seconds-inprocess", type=float, default=20.0)
     parser.add_argument("--kills", type=int, default=4)
+    parser.add_argument("--summary", action="store_true",
+                        help="print the table of bench/results/core_side_by_side.jsonl")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--tree", help=argparse.SUPPRESS)
     parser.add_argument("--label", help=argparse.SUPPRESS)
     parser.add_argument("--step", choices=STEPS, help=argparse.SUPPRESS)
     parser.add_argument("--path", choices=["fast", "plain"], help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.child:
+    if args.summary:
+        summary(OUT)
+    elif args.child:
         child(args)
     elif args.before is None:
         parser.error("--before: the checkout of the code before the change")
