@@ -16,6 +16,8 @@ code driving them (``send.py``, ``send_inprocess.py``, ``_scenarios.py``,
   path: claim and enqueue in one step) and ``--path plain`` (no one step, every
   message built by ``apply_async``, kombu's batch): CPU of the process per
   1,000 sends, 2,000 entries every 5 s;
+- ``inburst``: ``send_inprocess.py burst --path fast``: CPU seconds of a warm
+  burst of 10,000 entries on one cron, in one process;
 - ``steady``: ``send.py steady`` with a real ``celery beat``, kinds ``fast`` and
   ``batched``: the beat's CPU seconds per 1,000 sends;
 - ``burst``: ``send.py burst``, 10,000 entries due the same second, one leader
@@ -46,7 +48,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "results" / "core_side_by_side.jsonl"
-STEPS = ("inprocess", "steady", "burst", "kill")
+STEPS = ("inprocess", "inburst", "steady", "burst", "kill")
 
 
 def load1() -> float:
@@ -83,8 +85,9 @@ def check_tree(tree: Path) -> None:
 
 
 def run_step(step: str, args: argparse.Namespace) -> list[dict[str, Any]]:
-    if step == "inprocess":  # one path a process: nothing of the other path's run is left
-        return inprocess_one(args.path or "fast", args.seconds_inprocess)
+    if step in ("inprocess", "inburst"):  # one path a process: nothing of another run is left
+        what = "steady" if step == "inprocess" else "burst"
+        return inprocess_one(what, args.path or "fast", args.seconds_inprocess)
     import send
 
     if step == "steady":
@@ -103,7 +106,7 @@ def child(args: argparse.Namespace) -> None:
     rows = run_step(args.step, args)
     check_tree(tree)
     stamp = {"tree": args.label, "commit": commit_of(tree), "load_before": before,
-             "load": load1(), "utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())}
+             "load_after": load1(), "utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())}
     OUT.parent.mkdir(exist_ok=True)
     with open(OUT, "a") as out:
         for row in rows:
@@ -112,11 +115,11 @@ def child(args: argparse.Namespace) -> None:
             print(json.dumps(row), flush=True)
 
 
-def inprocess_one(path: str, seconds: float) -> list[dict[str, Any]]:
-    """``send_inprocess.py steady --path path``, its printed line as a row."""
+def inprocess_one(what: str, path: str, seconds: float) -> list[dict[str, Any]]:
+    """``send_inprocess.py what --path path``, its printed line as a row."""
     import send_inprocess
 
-    sys.argv = ["send_inprocess.py", "steady", "--path", path, "--seconds", str(seconds)]
+    sys.argv = ["send_inprocess.py", what, "--path", path, "--seconds", str(seconds)]
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         send_inprocess.main()
@@ -124,8 +127,10 @@ def inprocess_one(path: str, seconds: float) -> list[dict[str, Any]]:
     found = re.search(r"(\d+) sent, ([\d.]+) CPU s, ([\d.]+) CPU s per 1,000", line)
     if found is None:
         raise SystemExit(f"send_inprocess.py printed {line!r}")
-    return [{"scenario": "inprocess", "path": path, "sent": int(found[1]),
-             "cpu_s": float(found[2]), "cpu_per_1000": float(found[3]), "seconds": seconds}]
+    wall = re.search(r"([\d.]+) s wall in the ticks that sent", line)
+    return [{"scenario": f"inprocess {what}", "path": path, "sent": int(found[1]),
+             "cpu_s": float(found[2]), "cpu_per_1000": float(found[3]), "seconds": seconds,
+             **({"sending_wall_s": float(wall[1])} if wall else {})}]
 
 
 # -- the summary ------------------------------------------------------------------------
@@ -148,6 +153,9 @@ def _figures(rows: list[dict[str, Any]]) -> dict[str, Callable[[dict[str, Any]],
         "in one process, 2,000 every 5 s, default path: CPU s per 1,000 sends":
             pick("inprocess", "cpu_per_1000", path="fast"),
         "the same, plain path": pick("inprocess", "cpu_per_1000", path="plain"),
+        "in one process, a warm burst of 10,000 on one cron, default path: CPU s":
+            pick("inburst", "cpu_s"),
+        "the same: wall s in the ticks that sent": pick("inburst", "sending_wall_s"),
         "celery beat, 2,000 every 5 s, fast (one step): CPU s per 1,000 sends":
             pick("steady", "cpu_per_1000", kind="fast"),
         "celery beat, the same, batched (state on another Redis)":
@@ -162,6 +170,14 @@ def _figures(rows: list[dict[str, Any]]) -> dict[str, Callable[[dict[str, Any]],
     }
 
 
+def _load(value: Any) -> float | None:
+    """A 1-minute load average: a number, or the first of send.py's ``load a b c``."""
+    if isinstance(value, str):
+        found = re.search(r"[\d.]+", value)
+        return float(found[0]) if found else None
+    return float(value) if isinstance(value, int | float) else None
+
+
 def summary(path: Path) -> None:
     """The rows of ``path`` as a markdown table: before and after, each run's figure."""
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
@@ -172,7 +188,8 @@ def summary(path: Path) -> None:
             got = [figure(r) for r in rows if r["tree"] == tree]
             cells.append(_fmt([float(v) for v in got if v is not None]))
         print(f"| {name} | {cells[0]} | {cells[1]} |")
-    loads = [r[k] for r in rows for k in ("load_before", "load")]
+    loads = [_load(r.get(k)) for r in rows for k in ("load_before", "load_after", "load")]
+    loads = [v for v in loads if v is not None]
     print(f"\n1-minute load average {min(loads):.2f}–{max(loads):.2f}; "
           f"{rows[0]['utc']} – {rows[-1]['utc']} UTC")
 
@@ -201,6 +218,8 @@ def driver(args: argparse.Namespace) -> None:
             if step == "inprocess":  # each path in a process of its own
                 runs = [lambda t, lb, p=p: launch(t, lb, "inprocess", args, ["--path", p])
                         for p in ("fast", "plain")]
+            elif step == "inburst":
+                runs = [lambda t, lb: launch(t, lb, "inburst", args, ["--path", "fast"])]
             else:
                 runs = [lambda t, lb, s=step: launch(t, lb, s, args, [])]
             for run in runs:
