@@ -62,7 +62,8 @@ def shares(stats: pstats.Stats) -> dict[str, float]:
     return {
         "ticks": cum("celery_leaderbeat/scheduler.py", "tick"),
         "redis-py packing": cum("redis/connection.py", "pack"),
-        "building messages": cum("send/templates.py", "build"),
+        "building messages": cum("send/templates.py", "build")
+        + cum("roles/messages.py", "build"),
         "kombu Producer.publish": sum(v[3] for k, v in raw.items()
                                       if "kombu/messaging.py" in k[0] and k[2] == "publish"
                                       and k[1] > 200),
@@ -71,15 +72,31 @@ def shares(stats: pstats.Stats) -> dict[str, float]:
         "socket reads (wall)": own("<method 'recv' of '_socket.socket' objects>"),
         "run_batch's own": sum(v[2] for k, v in raw.items() if "roles/batch.py" in k[0]
                                and k[2] in ("run_batch", "<listcomp>", "<setcomp>")),
-        "after the grant (enqueued)": cum("send/chunk.py", "enqueued"),
+        "after the grant (enqueued)": cum("send/chunk.py", "enqueued")
+        + cum("roles/enqueue.py", "enqueued"),
         "planning (pop_due)": cum("roles/agenda.py", "pop_due"),
-        "send lines": cum("integrations/sending.py", "say_sending_chunk"),
-        "routing at send (--topic)": cum("send/routing.py", "commands"),
+        "send lines": cum("integrations/sending.py", "say_sending_chunk")
+        + cum("integrations/sending.py", "_say_sending_chunk"),
+        "routing at send (--topic)": cum("send/routing.py", "commands")
+        + cum("roles/routing.py", "commands"),
     }
+
+
+def split_send_path() -> bool:
+    """Whether the imported package has the send path in ``celery_leaderbeat/send/``; before
+    the core's redesign it lived in ``roles/`` (``messages``, ``publish``, ``enqueue``), and
+    this script measures either (docs/benchmarks.md, "The core redesign, side by side")."""
+    import celery_leaderbeat
+
+    # the directory, not an import: the editable install may find a module of another checkout
+    return (Path(celery_leaderbeat.__file__).parent / "send").is_dir()
 
 
 def choose_path(path: str) -> None:
     """Turn the optimisations ``path`` leaves out off, for this process."""
+    if not split_send_path():
+        _choose_path_in_roles(path)
+        return
     if path == "plain":  # the reference: no one step, no single write, no templates
         from celery_leaderbeat.send import sender
 
@@ -92,6 +109,20 @@ def choose_path(path: str) -> None:
         from celery_leaderbeat.send.templates import Messages
 
         Messages.usable = lambda self: False  # type: ignore[method-assign]
+
+
+def _choose_path_in_roles(path: str) -> None:
+    """:func:`choose_path` where the send path is in ``roles/``: there one step is the
+    ``leaderbeat_atomic_enqueue`` setting alone, templates are ``roles.messages`` and the
+    single write on py-amqp is ``roles.frames``."""
+    if path in ("plain", "templates"):
+        from celery_leaderbeat.roles import frames  # type: ignore[attr-defined]
+
+        frames._client = lambda producer: None
+    if path in ("plain", "fast-apply"):
+        from celery_leaderbeat.roles.messages import Messages  # type: ignore[import-not-found]
+
+        Messages.usable = lambda self: False
 
 
 def main() -> None:
@@ -147,9 +178,13 @@ def main() -> None:
         profile = cProfile.Profile() if args.profile else None
         if profile:
             profile.enable()
+        sending = 0.0  # wall seconds of the burst's ticks that sent something
         if args.what == "burst":  # the next burst, warm
-            while enqueued() < n0 + 10_000:
+            while (before := enqueued()) < n0 + 10_000:
+                started = time.monotonic()
                 delay = scheduler.tick()
+                if enqueued() > before:
+                    sending += time.monotonic() - started
                 if enqueued() < n0 + 10_000:
                     time.sleep(min(delay, 0.05))
         else:
@@ -159,7 +194,8 @@ def main() -> None:
             profile.disable()
         cpu, sent = time.process_time() - cpu0, enqueued() - n0
         print(f"{args.what} --path {args.path}: {sent} sent, {cpu:.3f} CPU s, {1000 * cpu / max(sent, 1):.4f} "
-              f"CPU s per 1,000 sends{' (profiled)' if profile else ''}")
+              f"CPU s per 1,000 sends{' (profiled)' if profile else ''}"
+              + (f", {sending:.3f} s wall in the ticks that sent" if args.what == "burst" else ""))
         if profile:
             parts = shares(pstats.Stats(profile))
             ticks = parts.pop("ticks")
