@@ -31,6 +31,7 @@ from types import SimpleNamespace
 import pytest
 from celery import Celery
 
+from celery_leaderbeat.integrations import guard as guard_module
 from celery_leaderbeat.integrations.guard import SWEEP_INTERVAL, Guard
 from tests.support.beat import beat_env
 from tests.support.postgres import HOST, NO_REDIS, PORT, USER, postgres_database
@@ -74,19 +75,18 @@ def test_the_sweep_of_a_workers_main_process_starts_no_thread(store_url):
     before = set(threading.enumerate())
     for _ in range(3):
         guard.sweep()
-    assert guard.main_call(lambda store: store.runs(["none"])) == {}
     started = [t.name for t in set(threading.enumerate()) - before]
     assert started == [], f"the main process's store started threads: {started}"
+    assert guard.main_call(lambda store: store.runs(["none"])) == {}
 
 
-def test_a_fork_waits_for_the_main_process_store_call_in_flight(store_url):
-    guard = guard_on(store_url)
-    guard.sweep()  # the store open, the fork gate hooked
+def fork_during(guard: Guard, seconds: float) -> tuple[float, float]:
+    """Fork while a main-process store call of ``seconds`` runs: (fork done, call done)."""
     entered, ended = threading.Event(), []
 
     def slow(store):
         entered.set()
-        time.sleep(0.5)
+        time.sleep(seconds)
         out = store.sweep()
         ended.append(time.monotonic())
         return out
@@ -100,7 +100,25 @@ def test_a_fork_waits_for_the_main_process_store_call_in_flight(store_url):
     forked = time.monotonic()
     os.waitpid(pid, 0)
     call.join(10)
-    assert ended and forked >= ended[0], "the child was forked while the call was in flight"
+    assert ended, "the call ended"
+    return forked, ended[0]
+
+
+def test_a_fork_waits_for_the_main_process_store_call_in_flight(store_url):
+    guard = guard_on(store_url)
+    guard.sweep()  # the store open, the fork gate hooked
+    forked, ended = fork_during(guard, 0.5)
+    assert forked >= ended, "the child was forked while the call was in flight"
+
+
+def test_a_fork_waits_for_a_call_in_flight_no_longer_than_fork_wait(store_url, monkeypatch):
+    monkeypatch.setattr(guard_module, "FORK_WAIT", 0.2)
+    guard = guard_on(store_url)
+    guard.sweep()
+    started = time.monotonic()
+    forked, ended = fork_during(guard, 3.0)
+    assert forked < ended, "the fork went on while the call still ran"
+    assert forked - started < 2.5
 
 
 def test_a_slot_started_with_postgresql_unreachable_runs_and_the_log_names_postgresql(caplog):

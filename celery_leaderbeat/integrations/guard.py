@@ -65,8 +65,9 @@ meanwhile anyway.
 Forks: the worker's main process forks the pool's children, at start and whenever
 one is replaced. Its own store calls (the sweep, a release) go through a store with
 no threads of its own (PostgreSQL on one connection, not a pool), each call holding
-a gate a fork holds too: a child is never forked while a call of its parent is in
-flight, so it inherits no lock held (libpq's, OpenSSL's, a pool's). Each child opens
+a gate a fork holds too: a child is not forked while a call of its parent is in
+flight (a fork waits up to :data:`FORK_WAIT` for it), so it inherits no lock held
+(libpq's, OpenSSL's, a pool's). Each child opens
 a store of its own; the one it may have inherited is kept untouched, since closing
 or finalizing it takes locks that were the parent's threads'.
 """
@@ -113,19 +114,27 @@ T = TypeVar("T")
 
 #: held by each store call of a worker's main process and by each fork it makes
 _FORK_GATE = threading.RLock()
+#: how long a fork waits for a call in flight. Past it the fork goes on: a call that long
+#: waits for a server that stopped answering, in a read on its own socket, which holds
+#: none of the locks (libpq's, OpenSSL's, the resolver's) a child could need
+FORK_WAIT = 5.0
+_FORKING = threading.local()
 
 
 def _before_fork() -> None:
-    _FORK_GATE.acquire()
+    _FORKING.held = _FORK_GATE.acquire(timeout=FORK_WAIT)
 
 
 def _after_fork_in_parent() -> None:
-    _FORK_GATE.release()
+    if getattr(_FORKING, "held", False):
+        _FORKING.held = False
+        _FORK_GATE.release()
 
 
 def _after_fork_in_child() -> None:
     global _FORK_GATE
     _FORK_GATE = threading.RLock()  # the inherited one is held by the forking thread
+    _FORKING.held = False
 
 
 _GATE_HOOKED = threading.Event()
