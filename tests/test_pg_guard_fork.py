@@ -28,11 +28,13 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from types import SimpleNamespace
 
+import psycopg
 import pytest
 from celery import Celery
 
 from celery_leaderbeat.integrations import guard as guard_module
 from celery_leaderbeat.integrations.guard import SWEEP_INTERVAL, Guard
+from celery_leaderbeat.store.base import STORE_ERRORS
 from tests.support.beat import beat_env
 from tests.support.postgres import HOST, NO_REDIS, PORT, USER, postgres_database
 from tests.support.rabbitmq import AMQP_URL, require_rabbitmq
@@ -77,6 +79,21 @@ def test_the_sweep_of_a_workers_main_process_starts_no_thread(store_url):
         guard.sweep()
     started = [t.name for t in set(threading.enumerate()) - before]
     assert started == [], f"the main process's store started threads: {started}"
+    assert guard.main_call(lambda store: store.runs(["none"])) == {}
+
+
+def test_the_main_process_store_after_its_session_was_ended_answers_on_a_new_one(store_url):
+    guard = guard_on(store_url)
+    guard.sweep()
+    dbname = store_url.rsplit("/", 1)[1]
+    with psycopg.connect(store_url, autocommit=True) as admin:
+        ended = admin.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                              " WHERE datname = %s AND pid <> pg_backend_pid()",
+                              (dbname,)).fetchone()
+    assert ended == (1,), "the main process's one session"
+    with pytest.raises(STORE_ERRORS):
+        guard.sweep()  # the call that meets the ended session fails, as a store call may
+    guard.sweep()
     assert guard.main_call(lambda store: store.runs(["none"])) == {}
 
 
