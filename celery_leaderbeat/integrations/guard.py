@@ -58,8 +58,18 @@ hand-over was never published) and hands them on.
 Records expire after ``leaderbeat_guard_expires`` (2 h by default): longer than
 any redelivery window a broker uses by default (Redis transport visibility
 timeout 1 h, RabbitMQ consumer timeout 30 min), short enough that a schedule of
-thousands of entries does not fill Redis. Redis unreachable at start: the task
-runs (the guard fails open and says so); beat sends nothing meanwhile anyway.
+thousands of entries does not fill Redis. The store unreachable at start: the task
+runs (the guard fails open and says so, naming the store); beat sends nothing
+meanwhile anyway.
+
+Forks: the worker's main process forks the pool's children, at start and whenever
+one is replaced. Its own store calls (the sweep, a release) go through a store with
+no threads of its own (PostgreSQL on one connection, not a pool), each call holding
+a gate a fork holds too: a child is not forked while a call of its parent is in
+flight (a fork waits up to :data:`FORK_WAIT` for it), so it inherits no lock held
+(libpq's, OpenSSL's, a pool's). Each child opens
+a store of its own; the one it may have inherited is kept untouched, since closing
+or finalizing it takes locks that were the parent's threads'.
 """
 
 from __future__ import annotations
@@ -72,14 +82,14 @@ import time
 from collections.abc import Callable
 from contextvars import ContextVar
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from celery import bootsteps, signals
 from celery._state import _get_active_apps, connect_on_app_finalize
 from celery.exceptions import Ignore, Retry
 from kombu.utils import json
 
-from ..config import OVERLAP_RULE, Config, overlap_policy
+from ..config import OVERLAP_RULE, Config, is_postgres_store, overlap_policy
 from ..errors import ConfigurationError
 from ..store.base import STORE_ERRORS, GuardRun, GuardStore, Store
 from ..store.open import open_store
@@ -100,6 +110,55 @@ _HEADERS = ("leaderbeat_entry", "leaderbeat_slot", "leaderbeat_epoch", "leaderbe
 #: how often each guarded worker looks for entries whose run's lock lapsed with slots waiting
 SWEEP_INTERVAL = 1.0
 
+T = TypeVar("T")
+
+#: held by each store call of a worker's main process and by each fork it makes
+_FORK_GATE = threading.RLock()
+#: how long a fork waits for a call in flight. Past it the fork goes on: a call that long
+#: waits for a server that stopped answering, in a read on its own socket, which holds
+#: none of the locks (libpq's, OpenSSL's, the resolver's) a child could need
+FORK_WAIT = 5.0
+_FORKING = threading.local()
+
+
+def _before_fork() -> None:
+    _FORKING.held = _FORK_GATE.acquire(timeout=FORK_WAIT)
+
+
+def _after_fork_in_parent() -> None:
+    if getattr(_FORKING, "held", False):
+        _FORKING.held = False
+        _FORK_GATE.release()
+
+
+def _after_fork_in_child() -> None:
+    global _FORK_GATE
+    _FORK_GATE = threading.RLock()  # the inherited one is held by the forking thread
+    _FORKING.held = False
+
+
+_GATE_HOOKED = threading.Event()
+_HOOKING = threading.Lock()
+
+
+def _hook_fork_gate() -> None:
+    """Make every fork of this process hold the gate (once; by the first main call, so
+    importing the module changes nothing)."""
+    with _HOOKING:
+        if not _GATE_HOOKED.is_set():
+            os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
+                                after_in_child=_after_fork_in_child)
+            _GATE_HOOKED.set()
+
+
+def store_name(config: Config) -> str:
+    """The store ``config`` names, as the guard's log lines say it."""
+    if is_postgres_store(config):
+        return "PostgreSQL"
+    if config.redis_url.startswith("memory://"):
+        return "the in-memory store"
+    return "Redis"
+
 
 def header(request: Any, name: str) -> Any:
     """A message header as Celery hands it to the task (an attribute, or in ``headers``)."""
@@ -115,15 +174,43 @@ class Guard:
     def __init__(self, app: Any) -> None:
         self.app = app
         self.config = Config.from_app(app)
+        self.store_name = store_name(self.config)
         self._pid: int | None = None
         self._store: Store | None = None
+        self._main_pid: int | None = None
+        self._main: Store | None = None
+        #: stores this process inherited across a fork: never closed nor finalized here
+        self._inherited: list[Store] = []
 
     def store(self) -> GuardStore:
-        """This process's guard store (a forked pool child opens its own)."""
+        """This process's guard store for its tasks (a forked pool child opens its own)."""
         if self._pid != os.getpid() or self._store is None:
+            self._keep(self._store)
+            self._store = None
             self._pid = os.getpid()
             self._store = open_store(self.config)
         return self._store.guard
+
+    def main_call(self, call: Callable[[GuardStore], T]) -> T:
+        """``call`` on the store of the worker's main process (sweeps, releases).
+
+        That process forks the pool's children: its store has no threads of its own,
+        and the call holds the fork gate, so no child is forked while it is in flight.
+        """
+        _hook_fork_gate()
+        with _FORK_GATE:
+            if self._main_pid != os.getpid() or self._main is None:
+                self._keep(self._main)
+                self._main = None
+                self._main_pid = os.getpid()
+                self._main = open_store(self.config, threads=False)
+            return call(self._main.guard)
+
+    def _keep(self, store: Store | None) -> None:
+        """Keep a store inherited across a fork referenced: dropped, it is finalized, and
+        a pool's finalizer takes locks a thread of the parent may have held."""
+        if store is not None:
+            self._inherited.append(store)
 
     def wrap(self, task: Any) -> None:
         """Put the guard around ``task.run`` (once)."""
@@ -146,8 +233,8 @@ class Guard:
         try:
             decision, why = run.decide()
         except STORE_ERRORS as exc:
-            logger.warning("leaderbeat guard: Redis unreachable (%s); running %s unguarded",
-                           exc, run.what)
+            logger.warning("leaderbeat guard: %s unreachable (%s); running %s unguarded",
+                           self.store_name, exc, run.what)
             return body(*args, **kwargs)
         if decision == "cancel":
             self.cancel(why, run)
@@ -204,8 +291,8 @@ class Guard:
                                "(%s); a sweep sends it again after two lease ttls", exc)
 
     def sweep(self) -> None:
-        """Hand the turn on for entries whose run's lock lapsed; Redis errors propagate."""
-        self.publish(self.store().sweep())
+        """Hand the turn on for entries whose run's lock lapsed; store errors propagate."""
+        self.publish(self.main_call(lambda store: store.sweep()))
 
     def release(self, request: Any, detail: str) -> None:
         """This worker terminated the run of ``request``: once its process is gone, record
@@ -220,7 +307,8 @@ class Guard:
         run = self._run_of(request, keep_message=False)
         if run is None:
             return
-        record = self.store().runs([run.record.run_id]).get(run.record.run_id)
+        run_id = run.record.run_id
+        record = self.main_call(lambda store: store.runs([run_id]).get(run_id))
         if record is None or record.state != "started":
             return
         host, _, pid = record.worker.rpartition(":")
@@ -229,7 +317,7 @@ class Guard:
             logger.info("leaderbeat guard: %s still runs after its termination; its own "
                         "end hands its entry's turn on", run.what)
             return
-        self.publish([self.store().release(run.record, detail)])
+        self.publish([self.main_call(lambda store: store.release(run.record, detail))])
 
     def _run_of(self, request: Any, *, keep_message: bool = True) -> _Run | None:
         """The guarded run this delivery asks for; None for a message without our headers.
@@ -351,9 +439,9 @@ class _Run:
         if not self.guard.store().renew(self.record, self.token):
             self.superseded = True
             logger.warning("leaderbeat guard: %s started again elsewhere while this worker "
-                           "could not reach Redis for longer than the lease ttl; this run "
+                           "could not reach %s for longer than the lease ttl; this run "
                            "goes on, superseded (current_run().still_ours() is False)",
-                           self.what)
+                           self.what, self.guard.store_name)
         return not self.superseded
 
     def confirm(self) -> bool:
@@ -405,10 +493,10 @@ class _Keeper(threading.Thread):
                                self.run_.what, exc)
                 if not warned and time.monotonic() - confirmed > ttl:
                     warned = True
-                    logger.warning("leaderbeat guard: the liveness of %s has lapsed (Redis "
+                    logger.warning("leaderbeat guard: the liveness of %s has lapsed (%s "
                                    "unreachable for more than the lease ttl, %.1f s): a "
                                    "redelivery may start the slot again while this run goes "
-                                   "on", self.run_.what, ttl)
+                                   "on", self.run_.what, self.run_.guard.store_name, ttl)
 
     def stop(self) -> None:
         self._stop_event.set()

@@ -21,12 +21,14 @@ from .base import Store
 INIT_STORE = "celery -A <app> leaderbeat init-store"
 
 
-def open_store(config: Config) -> Store:
+def open_store(config: Config, *, threads: bool = True) -> Store:
     """The store ``config`` names, on new connections (one per process: never share it
     across a fork). On PostgreSQL the schema is created or migrated first where it
-    lacks this version's migrations (``leaderbeat_store_schema`` names it)."""
+    lacks this version's migrations (``leaderbeat_store_schema`` names it).
+    ``threads=False``: no threads of the store's own (PostgreSQL on one connection
+    instead of a pool), for a process that forks while it is open."""
     if is_postgres_store(config):
-        return _open_postgres(config)
+        return _open_postgres(config, threads=threads)
     if config.redis_url.startswith("memory://"):
         from .memory import connect as memory_store
 
@@ -75,7 +77,7 @@ _NOT_LIBPQ = frozenset({"isolation_level", "server_side_binding", "pool", "assum
                         "cursor_factory"})
 
 
-def _open_postgres(config: Config) -> Store:
+def _open_postgres(config: Config, *, threads: bool) -> Store:
     try:
         from .postgres import store as postgres
     except ImportError as exc:
@@ -86,7 +88,7 @@ def _open_postgres(config: Config) -> Store:
 
     conninfo = postgres_conninfo(config)
     try:
-        store = postgres.open_store(conninfo, config, create=False)
+        store = postgres.open_store(conninfo, config, create=False, threads=threads)
     except ERRORS as exc:
         raise store_error(exc) from exc
     try:

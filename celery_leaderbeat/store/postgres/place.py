@@ -13,10 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import psycopg_pool
-
 from .events import channel_name
-from .pool import connection
+from .pool import Pool, connection
 
 #: a test's fault: told (call name, "before" or "after"); raises to fail the call there
 Fault = Callable[[str, str], None]
@@ -26,7 +24,7 @@ Fault = Callable[[str, str], None]
 class Place:
     """Where one app's state lives: a pool, a schema, and the app's key in it."""
 
-    pool: psycopg_pool.ConnectionPool
+    pool: Pool
     schema: str
     app: str
     fault: Fault | None = None

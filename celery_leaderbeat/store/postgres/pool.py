@@ -4,10 +4,15 @@ and the store error each leaves the store as.
 A pool hands a call any open connection; after a server restart its idle connections are
 all broken. The call that meets one fails (the store's connection error) and the pool is
 checked at once, so the next call gets a fresh connection rather than the next broken one.
+
+A process that forks (a prefork worker's main process) uses :class:`OneConnection`
+instead: a pool's workers and scheduler are threads, and a child forked while one of
+them holds a lock (the pool's, libpq's, OpenSSL's) inherits it held forever.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -43,23 +48,80 @@ def store_error(exc: Exception) -> StoreError:
     return StoreError(str(exc))
 
 
-def make_pool(conninfo: str, *, timeout: float = 5.0, max_size: int = 4,
-              **kwargs: Any) -> psycopg_pool.ConnectionPool:
+def make_pool(conninfo: str, *, timeout: float = 5.0, max_size: int = 4, threads: bool = True,
+              **kwargs: Any) -> Pool:
     """A pool for ``conninfo`` whose connections fail within about ``timeout`` s.
 
     ``prepare_threshold=None`` (no server-side prepared statements) keeps it working
     behind a transaction-mode pooler, where consecutive statements may reach different
-    server sessions.
+    server sessions. ``threads=False``: one connection and no threads
+    (:class:`OneConnection`), for a process that forks.
     """
     options = {"connect_timeout": max(1, int(timeout)), "prepare_threshold": None,
                "autocommit": True, **kwargs}
+    if not threads:
+        return OneConnection(conninfo, timeout=timeout, kwargs=options)
     return psycopg_pool.ConnectionPool(conninfo, min_size=1, max_size=max_size,
                                        kwargs=options, timeout=timeout, open=True,
                                        name="leaderbeat")
 
 
+class OneConnection:
+    """One connection, opened by the call that needs it, one call at a time: no threads.
+
+    What a pool offers the store (``connection()``, ``check()``, ``close()``,
+    ``conninfo``, ``timeout``), for a process that forks: nothing runs in it but the
+    callers, so a fork made between two calls leaves no lock held in the child. A call
+    waits for the one in flight at most ``timeout`` s (then ``PoolTimeout``, as a pool's).
+    """
+
+    def __init__(self, conninfo: str, *, timeout: float, kwargs: dict[str, Any]) -> None:
+        self.conninfo = conninfo
+        self.timeout = timeout
+        self._kwargs = kwargs
+        self._lock = threading.Lock()
+        self._conn: psycopg.Connection[Any] | None = None
+
+    @contextmanager
+    def connection(self) -> Iterator[psycopg.Connection[Any]]:
+        if not self._lock.acquire(timeout=self.timeout):
+            raise psycopg_pool.PoolTimeout(
+                f"no connection within {self.timeout} s: the call before still runs")
+        try:
+            if self._conn is None or self._conn.closed:
+                self._conn = psycopg.connect(self.conninfo, **self._kwargs)
+            conn = self._conn
+            try:
+                yield conn
+            finally:
+                # a call that left a transaction open or the connection broken: a new one
+                if conn.broken or conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                    self._drop()
+        finally:
+            self._lock.release()
+
+    def check(self) -> None:
+        """Drop the connection if it is broken; the next call opens another."""
+        with self._lock:
+            if self._conn is not None and self._conn.broken:
+                self._drop()
+
+    def close(self) -> None:
+        with self._lock:
+            self._drop()
+
+    def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
+
+
+#: what the store's calls take connections from
+Pool = psycopg_pool.ConnectionPool | OneConnection
+
+
 @contextmanager
-def connection(pool: psycopg_pool.ConnectionPool) -> Iterator[psycopg.Connection[Any]]:
+def connection(pool: Pool) -> Iterator[psycopg.Connection[Any]]:
     """A connection from ``pool``; a connection error also checks the pool's idle ones."""
     try:
         with pool.connection() as conn:

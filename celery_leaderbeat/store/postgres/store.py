@@ -102,15 +102,17 @@ def _translated() -> Iterator[None]:
 
 
 def open_store(conninfo: str, config: Config, *, schema: str | None = None,
-               create: bool = True, listen: bool = True,
+               create: bool = True, listen: bool = True, threads: bool = True,
                **connection_options: Any) -> PostgresStore:
     """The store of ``config``'s app (its key prefix) on one new pool, in ``schema``
     (``config.store_schema`` unless given); the schema created or migrated first unless
     ``create`` is False. ``listen=False``: the events are not
     listened for (behind a transaction-mode pooler). ``connection_options`` go to every
     connection (``prepare_threshold=5``: server-side prepared statements, where no
-    transaction-mode pooler older than PgBouncer 1.21 sits in between)."""
-    pool = make_pool(conninfo, timeout=config.socket_timeout, **connection_options)
+    transaction-mode pooler older than PgBouncer 1.21 sits in between). ``threads=False``:
+    on one connection with no threads (``pool.OneConnection``), for a process that forks."""
+    pool = make_pool(conninfo, timeout=config.socket_timeout, threads=threads,
+                     **connection_options)
     place = Place(pool, schema or config.store_schema, config.key_prefix)
     if create:
         with connection(pool) as conn:
