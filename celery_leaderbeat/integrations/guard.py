@@ -89,7 +89,7 @@ from celery._state import _get_active_apps, connect_on_app_finalize
 from celery.exceptions import Ignore, Retry
 from kombu.utils import json
 
-from ..config import OVERLAP_RULE, Config, is_postgres_store, overlap_policy
+from ..config import OVERLAP_RULE, Config, overlap_policy, store_name
 from ..errors import ConfigurationError
 from ..store.base import STORE_ERRORS, GuardRun, GuardStore, Store
 from ..store.open import open_store
@@ -149,15 +149,6 @@ def _hook_fork_gate() -> None:
             os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
                                 after_in_child=_after_fork_in_child)
             _GATE_HOOKED.set()
-
-
-def store_name(config: Config) -> str:
-    """The store ``config`` names, as the guard's log lines say it."""
-    if is_postgres_store(config):
-        return "PostgreSQL"
-    if config.redis_url.startswith("memory://"):
-        return "the in-memory store"
-    return "Redis"
 
 
 def header(request: Any, name: str) -> Any:
