@@ -29,10 +29,12 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.support.postgres import postgres_database
 from tests.support.redis_server import RedisServer
 
 from . import scenario
 from .memory_sim import MemorySim
+from .pg_sim import PostgresDatabase, PostgresSim
 from .seam import AFTER, BEFORE, KINDS, Seam
 from .sim import Sim
 
@@ -47,22 +49,36 @@ def sweep_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServe
         yield server
 
 
-@pytest.fixture(params=["redis", "memory"])
-def store(request: pytest.FixtureRequest) -> RedisServer | None:
-    """The store the scenario runs on: the module's Redis, or the in-memory store (None)."""
+@pytest.fixture(scope="module")
+def sweep_postgres() -> Iterator[PostgresDatabase]:
+    """One database for every replay of the module, emptied before each."""
+    with postgres_database("lbsweep") as name:
+        yield PostgresDatabase(name)
+
+
+#: what a replay runs on: the module's Redis, its PostgreSQL database, or the in-memory store
+Store = RedisServer | PostgresDatabase | None
+
+
+@pytest.fixture(params=["redis", "memory", "postgres"])
+def store(request: pytest.FixtureRequest) -> Store:
+    """The store the scenario runs on: the module's Redis or PostgreSQL database, or the
+    in-memory store (None)."""
     if request.param == "memory":
         return None
-    server: RedisServer = request.getfixturevalue("sweep_redis")
-    return server
+    found: Store = request.getfixturevalue(f"sweep_{request.param}")
+    return found
 
 
-def replay(server: RedisServer | None, monkeypatch: pytest.MonkeyPatch,
+def replay(server: Store, monkeypatch: pytest.MonkeyPatch,
            plan: dict[int, str]) -> tuple[Sim, list[str]]:
     """One run of the scenario on an empty store with ``plan`` (index -> kind): on
     ``server``, or on a new in-memory store when it is None."""
     seam = Seam(plan=dict(plan))
     if server is None:
         sim: Sim = MemorySim.on("sweep", scenario.schedule(), seam=seam)
+    elif isinstance(server, PostgresDatabase):
+        sim = PostgresSim.on(server, "sweep", scenario.schedule(), seam=seam)
     else:
         admin = server.client()
         admin.flushall()
