@@ -75,7 +75,7 @@ LANGUAGE sql VOLATILE AS $$ SELECT at FROM {VIRTUAL}.clock $$;
 
 #: the server's clocks besides ``clock_timestamp()``: none may appear in the store's SQL
 OTHER_CLOCKS = re.compile(
-    r"\bnow\s*\(|current_timestamp|current_time\b|current_date|localtime|"
+    r"\bnow\s*\(\s*\)|current_timestamp|current_time\b|current_date|localtime|"
     r"statement_timestamp|transaction_timestamp|timeofday|'now'|pg_catalog\.clock_timestamp",
     re.IGNORECASE)
 
@@ -347,7 +347,10 @@ class PostgresSim(Sim):
         return cls(database.name, prefix, schedule, **kw)
 
     def history(self) -> list[dict[str, str]]:
-        return self.admin.history(self.prefix)  # type: ignore[no-any-return]
+        """The history as the database has it now (kept in :attr:`last_history`: a test
+        reads it once the sim is closed)."""
+        self.last_history: list[dict[str, str]] = self.admin.history(self.prefix)
+        return self.last_history
 
     def close(self) -> None:
         try:

@@ -1,4 +1,5 @@
-"""Model-based test: three in-process nodes on a real Redis, driven by hypothesis.
+"""Model-based test: three in-process nodes on a real Redis, driven by hypothesis; the same
+on PostgreSQL (:mod:`tests.faults.pg_sim`) and on the in-memory store.
 
 Each example starts three nodes (see :mod:`tests.faults.sim`: a virtual clock,
 every Redis call through the fault seam, publishes recorded) on an empty Redis
@@ -48,14 +49,18 @@ from hypothesis.stateful import (
 
 from celery_leaderbeat.ops.cluster import Cluster
 from celery_leaderbeat.roles.shared import utcnow
+from tests.support.postgres import postgres_database
 from tests.support.redis_server import RedisServer
 
 from .invariants import duplicates
 from .memory_sim import MemoryWorld
 from .model_world import NODES, World
+from .pg_sim import PostgresDatabase, PostgresWorld
 from .seam import KINDS
 
 EXAMPLES = int(os.environ.get("LEADERBEAT_MODEL_EXAMPLES", "40"))
+#: on PostgreSQL, where an example takes longer (every call a round trip to the server)
+PG_EXAMPLES = int(os.environ.get("LEADERBEAT_MODEL_EXAMPLES", "40"))
 STEPS = int(os.environ.get("LEADERBEAT_MODEL_STEPS", "25"))
 #: shrinking a failure takes minutes here: only when asked (the unshrunk steps are printed)
 SHRINK = os.environ.get("LEADERBEAT_MODEL_SHRINK") == "1"
@@ -188,50 +193,73 @@ class MemoryModel(LeaderbeatModel):
         self.world = MemoryWorld()
 
 
+class PostgresModel(LeaderbeatModel):
+    """The same rules and invariants on PostgreSQL ("Redis" there: the database, which
+    loses its rows or goes back to a snapshot)."""
+
+    database: PostgresDatabase  # set by the test before the machine runs
+
+    def __init__(self) -> None:
+        RuleBasedStateMachine.__init__(self)
+        self.world = PostgresWorld(self.database)
+
+
 @pytest.fixture(scope="module")
 def model_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     with RedisServer(workdir=tmp_path_factory.mktemp("model-redis")) as server:
         yield server
 
 
-@pytest.fixture(params=["redis", "memory"])
-def store(request: pytest.FixtureRequest) -> RedisServer | None:
-    """The module's Redis, or the in-memory store (None)."""
+@pytest.fixture(scope="module")
+def model_postgres() -> Iterator[PostgresDatabase]:
+    with postgres_database("lbmodel") as name:
+        yield PostgresDatabase(name)
+
+
+#: what the model runs on: the module's Redis, its PostgreSQL database, or the in-memory store
+Store = RedisServer | PostgresDatabase | None
+
+
+@pytest.fixture(params=["redis", "memory", "postgres"])
+def store(request: pytest.FixtureRequest) -> Store:
+    """The module's Redis or PostgreSQL database, or the in-memory store (None)."""
     if request.param == "memory":
         return None
-    server: RedisServer = request.getfixturevalue("model_redis")
-    return server
+    found: Store = request.getfixturevalue(f"model_{request.param}")
+    return found
+
+
+def _model(store: Store) -> type[LeaderbeatModel]:
+    """The machine for ``store``, pointed at it."""
+    if store is None:
+        return MemoryModel
+    if isinstance(store, PostgresDatabase):
+        PostgresModel.database = store
+        return PostgresModel
+    LeaderbeatModel.server = store
+    return LeaderbeatModel
 
 
 @pytest.mark.xdist_group("heavy")  # CPU-heavy: never beside another heavy test
 def test_the_protocol_keeps_its_invariants_under_any_sequence_of_faults(store, caplog):
     """Crashes, pauses, failing calls (every kind), the store restarted empty or from an
     older snapshot, schedule changes, step-downs, triggers and backfills, in any order: no
-    slot twice, every due slot sent or recorded. On Redis and on the in-memory store."""
-    _run(LeaderbeatModel if store is not None else MemoryModel, store, caplog)
-
-
-def _run(model: type[LeaderbeatModel], server: RedisServer | None,
-         caplog: pytest.LogCaptureFixture) -> None:
+    slot twice, every due slot sent or recorded. On Redis, PostgreSQL and the in-memory
+    store."""
     caplog.set_level(logging.CRITICAL)
-    if server is not None:
-        model.server = server
-    run_state_machine_as_test(model, settings=settings(
-        max_examples=EXAMPLES, stateful_step_count=STEPS, deadline=None, derandomize=True,
+    examples = EXAMPLES if not isinstance(store, PostgresDatabase) else PG_EXAMPLES
+    run_state_machine_as_test(_model(store), settings=settings(
+        max_examples=examples, stateful_step_count=STEPS, deadline=None, derandomize=True,
         database=None, suppress_health_check=list(HealthCheck),
         phases=[Phase.explicit, Phase.generate] + ([Phase.shrink] if SHRINK else [])))
 
 
 def test_slots_due_while_nobody_may_lead_after_two_losses_are_recorded(store):
-    """Found by the model on both stores: Redis restarted empty twice while nobody led (the
+    """Found by the model on Redis and the in-memory store: Redis restarted empty twice while nobody led (the
     leader crashed, one standby paused, the other holding back for the node that led last):
     the slots due until a new process leads are recorded, the new leader's margin reaching
     back to the newest slot a live node knew settled."""
-    if store is None:
-        state: LeaderbeatModel = MemoryModel()
-    else:
-        LeaderbeatModel.server = store
-        state = LeaderbeatModel()
+    state = _model(store)()
     try:
         state.start_three_nodes()
         state.resume(node='b')

@@ -34,11 +34,13 @@ from tests.support.redis_server import RedisServer
 
 from . import scenario
 from .memory_sim import MemorySim
-from .pg_sim import PostgresDatabase, PostgresSim
+from .pg_sim import PostgresDatabase, PostgresSim, server_time_uses
 from .seam import AFTER, BEFORE, KINDS, Seam
 from .sim import Sim
 
 FULL = os.environ.get("LEADERBEAT_SWEEP") == "full"
+#: PostgreSQL's SQL functions of the Lua scripts' rules (the lease, claims, rescues, records)
+PG_RULES = ("SQL[acquire]", "SQL[renew]", "SQL[release]", "SQL[claim]", "SQL[record]")
 SEED = int(os.environ.get("LEADERBEAT_SWEEP_SEED", "14"))
 
 
@@ -96,8 +98,9 @@ def replay(server: Store, monkeypatch: pytest.MonkeyPatch,
 
 def sample(calls: list[str], rng: random.Random) -> list[tuple[int, str]]:
     """CI: every call site once, the kinds in turn; every Lua script call site (the
-    protocol's state changes) also with ``before`` and ``after``; each at a randomly
-    chosen occurrence of the site. Full: every index with every kind."""
+    protocol's state changes) also with ``before`` and ``after``, and on PostgreSQL each
+    SQL call site of the same rules also with ``after`` (a replay there takes longer);
+    each at a randomly chosen occurrence of the site. Full: every index with every kind."""
     if FULL:
         return [(index, kind) for index in range(len(calls)) for kind in KINDS]
     where: dict[str, list[int]] = defaultdict(list)
@@ -108,6 +111,8 @@ def sample(calls: list[str], rng: random.Random) -> list[tuple[int, str]]:
         chosen.add((rng.choice(indices), KINDS[turn % len(KINDS)]))
         if label.startswith(("EVALSHA", "CALL ")):  # one atomic step of the store
             chosen |= {(rng.choice(indices), BEFORE), (rng.choice(indices), AFTER)}
+        if label.startswith(PG_RULES):  # a transaction committed, its answer lost
+            chosen.add((rng.choice(indices), AFTER))
     return sorted(chosen)
 
 
@@ -122,6 +127,15 @@ def test_the_scenario_without_faults_keeps_every_invariant_and_replays_the_same_
     assert len(first.published) >= 8 * scenario.ENTRIES
     assert any(p.epoch == 0 for p in first.published), "no standby rescued anything"
     assert len({p.epoch for p in first.published if p.epoch}) >= 3, "fewer than 3 leaders sent"
+    if isinstance(first, PostgresSim):  # the server's time was the virtual one
+        written = max(int(event["at"]) for event in first.last_history)
+        assert written <= first.clock.time() * 1000, "a time was written by the real clock"
+
+
+def test_the_postgres_store_reads_the_servers_time_only_through_clock_timestamp():
+    """The harness's virtual server clock takes an unqualified ``clock_timestamp()`` only
+    (see pg_sim.py): another clock function in the store's SQL would run in real time."""
+    assert server_time_uses() == {}
 
 
 @pytest.mark.xdist_group("heavy")  # CPU-heavy: never beside another heavy test
