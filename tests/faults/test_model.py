@@ -59,8 +59,6 @@ from .pg_sim import PostgresDatabase, PostgresWorld
 from .seam import KINDS
 
 EXAMPLES = int(os.environ.get("LEADERBEAT_MODEL_EXAMPLES", "40"))
-#: on PostgreSQL, where an example takes longer (every call a round trip to the server)
-PG_EXAMPLES = int(os.environ.get("LEADERBEAT_MODEL_EXAMPLES", "40"))
 STEPS = int(os.environ.get("LEADERBEAT_MODEL_STEPS", "25"))
 #: shrinking a failure takes minutes here: only when asked (the unshrunk steps are printed)
 SHRINK = os.environ.get("LEADERBEAT_MODEL_SHRINK") == "1"
@@ -241,15 +239,18 @@ def _model(store: Store) -> type[LeaderbeatModel]:
 
 
 @pytest.mark.xdist_group("heavy")  # CPU-heavy: never beside another heavy test
-def test_the_protocol_keeps_its_invariants_under_any_sequence_of_faults(store, caplog):
+def test_the_protocol_keeps_its_invariants_under_any_sequence_of_faults(store, caplog, request):
     """Crashes, pauses, failing calls (every kind), the store restarted empty or from an
     older snapshot, schedule changes, step-downs, triggers and backfills, in any order: no
     slot twice, every due slot sent or recorded. On Redis, PostgreSQL and the in-memory
     store."""
     caplog.set_level(logging.CRITICAL)
-    examples = EXAMPLES if not isinstance(store, PostgresDatabase) else PG_EXAMPLES
+    if isinstance(store, PostgresDatabase):
+        request.applymarker(pytest.mark.xfail(strict=True, reason=(
+            "an early example is the case pinned by test_slots_due_after_the_store_lost_its_"
+            "data_four_times_in_a_row_are_accounted_for[postgres]")))
     run_state_machine_as_test(_model(store), settings=settings(
-        max_examples=examples, stateful_step_count=STEPS, deadline=None, derandomize=True,
+        max_examples=EXAMPLES, stateful_step_count=STEPS, deadline=None, derandomize=True,
         database=None, suppress_health_check=list(HealthCheck),
         phases=[Phase.explicit, Phase.generate] + ([Phase.shrink] if SHRINK else [])))
 
@@ -286,6 +287,53 @@ def test_slots_due_while_nobody_may_lead_after_two_losses_are_recorded(store):
         state.schedule_change_seen_by_all()
         state.pause(node='a')
         state.resume(node='a')
+    except BaseException:
+        state.world.close()
+        raise
+    state.teardown()
+
+
+def test_slots_due_after_the_store_lost_its_data_four_times_in_a_row_are_accounted_for(
+        store, request):
+    """Found by the model on PostgreSQL: the store emptied four times with no time between
+    (a node started, then crashed, in between); then every node comes back.
+
+    On PostgreSQL the leader's (b's) pooled connections died with the restart, so its
+    first call after it, a renewal, fails instead of answering "no lease" (as the Redis
+    client, which reconnects, and the in-memory store do): b finds the loss at its next
+    claim (rolled back, "kept its lease through the loss"), is refused it (a node started
+    afresh, a, was elected meanwhile, epoch 1, and anchored every entry from its start),
+    steps down, is elected again (epoch 3, above a's) and goes on from a's anchors. The
+    slots from the loss to those anchors are neither sent nor recorded (neither a nor b
+    writes a ``missed`` event for them)."""
+    if isinstance(store, PostgresDatabase):
+        request.applymarker(pytest.mark.xfail(strict=True, reason=(
+            "a leader whose first call after the database's restart failed on a dead pooled "
+            "connection is overtaken by a fresh node: the slots up to the fresh node's "
+            "anchors are neither sent nor recorded")))
+    state = _model(store)()
+    try:
+        state.start_three_nodes()
+        state.schedule_change_seen_by_all()
+        state.crash(node='a')
+        state.time_passes(seconds=12.0)
+        state.schedule_change_seen_by_all()
+        state.trigger(entry='s1')
+        state.time_passes(seconds=2.0)
+        state.time_passes(seconds=3.0)
+        state.resume(node='b')
+        state.schedule_change_seen_by_all()
+        state.start(node='a')
+        state.redis_restarts_empty()
+        state.resume(node='b')
+        state.schedule_change_seen_by_one_node(node='c')
+        state.redis_restarts_empty()
+        state.a_redis_call_fails(ahead=15, kind='late')
+        state.resume(node='a')
+        state.redis_restarts_empty()
+        state.redis_restarts_empty()
+        state.crash(node='a')
+        state.redis_restarts_empty()
     except BaseException:
         state.world.close()
         raise

@@ -1,7 +1,9 @@
 """The fault sweep: the scenario replayed with one fault at one store call, call by call.
 
-It runs on Redis (a fault at each Redis command, pipeline and subscription read) and
-on the in-memory store (a fault at each call of a store member, at its boundary).
+It runs on Redis (a fault at each Redis command, pipeline and subscription read), on
+the in-memory store (a fault at each call of a store member, at its boundary) and on
+PostgreSQL (a fault at each SQL transaction and subscription read, the server's clock
+the virtual one: see :mod:`tests.faults.pg_sim`).
 
 A clean run counts the scenario's calls and labels each by call site (see
 :mod:`tests.faults.seam`). Each replay then injects one fault kind at one call
