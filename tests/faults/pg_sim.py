@@ -310,7 +310,7 @@ class PostgresSim(Sim):
 
     def app(self, node_id: str) -> Any:
         app = super().app(node_id)
-        app.conf.leaderbeat_store_url = store_url(self.dbname, node_id)
+        app.conf.leaderbeat_store_url = store_url(self.dbname, f"lbsim-{node_id}")
         return app
 
     def _connect(self, config: Config) -> Any:
