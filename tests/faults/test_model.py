@@ -338,3 +338,47 @@ def test_slots_due_after_the_store_lost_its_data_four_times_in_a_row_are_account
         state.world.close()
         raise
     state.teardown()
+
+
+def test_slots_due_after_four_losses_with_nodes_paused_and_crashed_are_accounted_for(
+        store, request):
+    """Found by the model on PostgreSQL (200 examples under another derandomized seed: the
+    88th); it fails on every store alike: the store emptied four times
+    while nodes were paused, crashed and started again, the last loss right after a lost
+    answer, with one node paused through it; then every node comes back. The slots due
+    from about the last loss until a leader sends again (7-10 s) are neither sent nor
+    recorded."""
+    request.applymarker(pytest.mark.xfail(strict=True, reason=(
+        "slots due about the last of four losses, one node paused through it, are neither "
+        "sent nor recorded (every store)")))
+    state = _model(store)()
+    try:
+        state.start_three_nodes()
+        state.pause(node='b')
+        state.pause(node='a')
+        state.time_passes(seconds=12.0)
+        state.a_redis_call_fails(ahead=4, kind='repeat')
+        state.pause(node='b')
+        state.time_passes(seconds=3.0)
+        state.time_passes(seconds=0.5)
+        state.start(node='a')
+        state.redis_restarts_empty()
+        state.pause(node='b')
+        state.redis_restarts_empty()
+        state.crash(node='b')
+        state.start(node='c')
+        state.pause(node='a')
+        state.pause(node='c')
+        state.pause(node='c')
+        state.a_redis_call_fails(ahead=16, kind='after')
+        state.crash(node='c')
+        state.redis_restarts_empty()
+        state.start(node='c')
+        state.time_passes(seconds=6.0)
+        state.pause(node='a')
+        state.a_redis_call_fails(ahead=0, kind='after')
+        state.redis_restarts_empty()
+    except BaseException:
+        state.world.close()
+        raise
+    state.teardown()
