@@ -1,4 +1,5 @@
-"""Model-based test: three in-process nodes on a real Redis, driven by hypothesis.
+"""Model-based test: three in-process nodes on a real Redis, driven by hypothesis; the same
+on PostgreSQL (:mod:`tests.faults.pg_sim`) and on the in-memory store.
 
 Each example starts three nodes (see :mod:`tests.faults.sim`: a virtual clock,
 every Redis call through the fault seam, publishes recorded) on an empty Redis
@@ -48,11 +49,13 @@ from hypothesis.stateful import (
 
 from celery_leaderbeat.ops.cluster import Cluster
 from celery_leaderbeat.roles.shared import utcnow
+from tests.support.postgres import postgres_database
 from tests.support.redis_server import RedisServer
 
 from .invariants import duplicates
 from .memory_sim import MemoryWorld
 from .model_world import NODES, World
+from .pg_sim import PostgresDatabase, PostgresWorld
 from .seam import KINDS
 
 EXAMPLES = int(os.environ.get("LEADERBEAT_MODEL_EXAMPLES", "40"))
@@ -188,50 +191,76 @@ class MemoryModel(LeaderbeatModel):
         self.world = MemoryWorld()
 
 
+class PostgresModel(LeaderbeatModel):
+    """The same rules and invariants on PostgreSQL ("Redis" there: the database, which
+    loses its rows or goes back to a snapshot)."""
+
+    database: PostgresDatabase  # set by the test before the machine runs
+
+    def __init__(self) -> None:
+        RuleBasedStateMachine.__init__(self)
+        self.world = PostgresWorld(self.database)
+
+
 @pytest.fixture(scope="module")
 def model_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     with RedisServer(workdir=tmp_path_factory.mktemp("model-redis")) as server:
         yield server
 
 
-@pytest.fixture(params=["redis", "memory"])
-def store(request: pytest.FixtureRequest) -> RedisServer | None:
-    """The module's Redis, or the in-memory store (None)."""
+@pytest.fixture(scope="module")
+def model_postgres() -> Iterator[PostgresDatabase]:
+    with postgres_database("lbmodel") as name:
+        yield PostgresDatabase(name)
+
+
+#: what the model runs on: the module's Redis, its PostgreSQL database, or the in-memory store
+Store = RedisServer | PostgresDatabase | None
+
+
+@pytest.fixture(params=["redis", "memory", "postgres"])
+def store(request: pytest.FixtureRequest) -> Store:
+    """The module's Redis or PostgreSQL database, or the in-memory store (None)."""
     if request.param == "memory":
         return None
-    server: RedisServer = request.getfixturevalue("model_redis")
-    return server
+    found: Store = request.getfixturevalue(f"model_{request.param}")
+    return found
+
+
+def _model(store: Store) -> type[LeaderbeatModel]:
+    """The machine for ``store``, pointed at it."""
+    if store is None:
+        return MemoryModel
+    if isinstance(store, PostgresDatabase):
+        PostgresModel.database = store
+        return PostgresModel
+    LeaderbeatModel.server = store
+    return LeaderbeatModel
 
 
 @pytest.mark.xdist_group("heavy")  # CPU-heavy: never beside another heavy test
-def test_the_protocol_keeps_its_invariants_under_any_sequence_of_faults(store, caplog):
+def test_the_protocol_keeps_its_invariants_under_any_sequence_of_faults(store, caplog, request):
     """Crashes, pauses, failing calls (every kind), the store restarted empty or from an
     older snapshot, schedule changes, step-downs, triggers and backfills, in any order: no
-    slot twice, every due slot sent or recorded. On Redis and on the in-memory store."""
-    _run(LeaderbeatModel if store is not None else MemoryModel, store, caplog)
-
-
-def _run(model: type[LeaderbeatModel], server: RedisServer | None,
-         caplog: pytest.LogCaptureFixture) -> None:
+    slot twice, every due slot sent or recorded. On Redis, PostgreSQL and the in-memory
+    store."""
     caplog.set_level(logging.CRITICAL)
-    if server is not None:
-        model.server = server
-    run_state_machine_as_test(model, settings=settings(
+    if isinstance(store, PostgresDatabase):
+        request.applymarker(pytest.mark.xfail(strict=True, reason=(
+            "an early example is the case pinned by test_slots_due_after_the_store_lost_its_"
+            "data_four_times_in_a_row_are_accounted_for[postgres]")))
+    run_state_machine_as_test(_model(store), settings=settings(
         max_examples=EXAMPLES, stateful_step_count=STEPS, deadline=None, derandomize=True,
         database=None, suppress_health_check=list(HealthCheck),
         phases=[Phase.explicit, Phase.generate] + ([Phase.shrink] if SHRINK else [])))
 
 
 def test_slots_due_while_nobody_may_lead_after_two_losses_are_recorded(store):
-    """Found by the model on both stores: Redis restarted empty twice while nobody led (the
+    """Found by the model on Redis and the in-memory store: Redis restarted empty twice while nobody led (the
     leader crashed, one standby paused, the other holding back for the node that led last):
     the slots due until a new process leads are recorded, the new leader's margin reaching
     back to the newest slot a live node knew settled."""
-    if store is None:
-        state: LeaderbeatModel = MemoryModel()
-    else:
-        LeaderbeatModel.server = store
-        state = LeaderbeatModel()
+    state = _model(store)()
     try:
         state.start_three_nodes()
         state.resume(node='b')
@@ -258,6 +287,97 @@ def test_slots_due_while_nobody_may_lead_after_two_losses_are_recorded(store):
         state.schedule_change_seen_by_all()
         state.pause(node='a')
         state.resume(node='a')
+    except BaseException:
+        state.world.close()
+        raise
+    state.teardown()
+
+
+def test_slots_due_after_the_store_lost_its_data_four_times_in_a_row_are_accounted_for(
+        store, request):
+    """Found by the model on PostgreSQL: the store emptied four times with no time between
+    (a node started, then crashed, in between); then every node comes back.
+
+    On PostgreSQL the leader's (b's) pooled connections died with the restart, so its
+    first call after it, a renewal, fails instead of answering "no lease" (as the Redis
+    client, which reconnects, and the in-memory store do): b finds the loss at its next
+    claim (rolled back, "kept its lease through the loss"), is refused it (a node started
+    afresh, a, was elected meanwhile, epoch 1, and anchored every entry from its start),
+    steps down, is elected again (epoch 3, above a's) and goes on from a's anchors. The
+    slots from the loss to those anchors are neither sent nor recorded (neither a nor b
+    writes a ``missed`` event for them)."""
+    if isinstance(store, PostgresDatabase):
+        request.applymarker(pytest.mark.xfail(strict=True, reason=(
+            "a leader whose first call after the database's restart failed on a dead pooled "
+            "connection is overtaken by a fresh node: the slots up to the fresh node's "
+            "anchors are neither sent nor recorded")))
+    state = _model(store)()
+    try:
+        state.start_three_nodes()
+        state.schedule_change_seen_by_all()
+        state.crash(node='a')
+        state.time_passes(seconds=12.0)
+        state.schedule_change_seen_by_all()
+        state.trigger(entry='s1')
+        state.time_passes(seconds=2.0)
+        state.time_passes(seconds=3.0)
+        state.resume(node='b')
+        state.schedule_change_seen_by_all()
+        state.start(node='a')
+        state.redis_restarts_empty()
+        state.resume(node='b')
+        state.schedule_change_seen_by_one_node(node='c')
+        state.redis_restarts_empty()
+        state.a_redis_call_fails(ahead=15, kind='late')
+        state.resume(node='a')
+        state.redis_restarts_empty()
+        state.redis_restarts_empty()
+        state.crash(node='a')
+        state.redis_restarts_empty()
+    except BaseException:
+        state.world.close()
+        raise
+    state.teardown()
+
+
+def test_slots_due_after_four_losses_with_nodes_paused_and_crashed_are_accounted_for(
+        store, request):
+    """Found by the model on PostgreSQL (200 examples under another derandomized seed: the
+    88th); it fails on every store alike: the store emptied four times
+    while nodes were paused, crashed and started again, the last loss right after a lost
+    answer, with one node paused through it; then every node comes back. The slots due
+    from about the last loss until a leader sends again (7-10 s) are neither sent nor
+    recorded."""
+    request.applymarker(pytest.mark.xfail(strict=True, reason=(
+        "slots due about the last of four losses, one node paused through it, are neither "
+        "sent nor recorded (every store)")))
+    state = _model(store)()
+    try:
+        state.start_three_nodes()
+        state.pause(node='b')
+        state.pause(node='a')
+        state.time_passes(seconds=12.0)
+        state.a_redis_call_fails(ahead=4, kind='repeat')
+        state.pause(node='b')
+        state.time_passes(seconds=3.0)
+        state.time_passes(seconds=0.5)
+        state.start(node='a')
+        state.redis_restarts_empty()
+        state.pause(node='b')
+        state.redis_restarts_empty()
+        state.crash(node='b')
+        state.start(node='c')
+        state.pause(node='a')
+        state.pause(node='c')
+        state.pause(node='c')
+        state.a_redis_call_fails(ahead=16, kind='after')
+        state.crash(node='c')
+        state.redis_restarts_empty()
+        state.start(node='c')
+        state.time_passes(seconds=6.0)
+        state.pause(node='a')
+        state.a_redis_call_fails(ahead=0, kind='after')
+        state.redis_restarts_empty()
     except BaseException:
         state.world.close()
         raise
