@@ -470,7 +470,9 @@ def test_a_rescue_waits_until_the_newest_leader_defined_its_entries(
 
 # --- the server restarted ---------------------------------------------------------------
 
-def test_after_a_server_restart_one_call_fails_and_the_next_succeeds() -> None:
+def test_after_a_server_restart_the_next_call_succeeds_on_a_fresh_connection() -> None:
+    """The restart ended every idle session with a message the pool finds on the socket
+    before it hands a connection out: no call meets a broken one."""
     with pg_cluster() as cluster:
         config = pg_config(key_prefix="app", node_id="n1")
         store = open_store(cluster.conninfo, config)
@@ -478,8 +480,6 @@ def test_after_a_server_restart_one_call_fails_and_the_next_succeeds() -> None:
         try:
             assert lease.try_acquire()
             cluster.restart()
-            with pytest.raises(StoreUnreachable):
-                lease.renew()
             lease.renew()
             assert lease.holder()[0] == lease.token
         finally:

@@ -1,9 +1,13 @@
 """Connections to PostgreSQL: one ``psycopg_pool.ConnectionPool`` per store, its errors,
 and the store error each leaves the store as.
 
-A pool hands a call any open connection; after a server restart its idle connections are
-all broken. The call that meets one fails (the store's connection error) and the pool is
-checked at once, so the next call gets a fresh connection rather than the next broken one.
+A pool hands a call an idle connection only after :func:`closed_while_idle` found nothing
+waiting on its socket: a server that restarted, or ended the session, sent its last
+message (or closed the socket) while nobody asked anything, so that connection is dropped
+and the call gets another, with no round trip spent on a healthy one. A server that
+vanished without a word (a host gone) is found by the call that meets it: it fails (the
+store's connection error) and the pool is checked at once, so the next call gets a fresh
+connection rather than the next broken one.
 
 A process that forks (a prefork worker's main process) uses :class:`OneConnection`
 instead: a pool's workers and scheduler are threads, and a child forked while one of
@@ -12,6 +16,7 @@ them holds a lock (the pool's, libpq's, OpenSSL's) inherits it held forever.
 
 from __future__ import annotations
 
+import select
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -63,7 +68,21 @@ def make_pool(conninfo: str, *, timeout: float = 5.0, max_size: int = 4, threads
         return OneConnection(conninfo, timeout=timeout, kwargs=options)
     return psycopg_pool.ConnectionPool(conninfo, min_size=1, max_size=max_size,
                                        kwargs=options, timeout=timeout, open=True,
-                                       name="leaderbeat")
+                                       name="leaderbeat", check=closed_while_idle)
+
+
+def closed_while_idle(conn: psycopg.Connection[Any]) -> None:
+    """Raise if the server ended this idle connection: anything readable on its socket
+    while no statement runs is the server's goodbye (a restart's or a terminated
+    session's FATAL message, or the socket's end). A pool's connections never LISTEN, so
+    no notification is mistaken for it; a parameter the server reports changing at a
+    reload is, and costs one new connection."""
+    if conn.closed or conn.broken:
+        raise psycopg.OperationalError("the connection is closed")
+    readable, _, _ = select.select([conn.fileno()], [], [], 0)
+    if readable:
+        conn.close()  # so the pool drops it and opens another, not hands it out again
+        raise psycopg.OperationalError("the server ended the session while it was idle")
 
 
 class OneConnection:
@@ -88,7 +107,12 @@ class OneConnection:
             raise psycopg_pool.PoolTimeout(
                 f"no connection within {self.timeout} s: the call before still runs")
         try:
-            if self._conn is None or self._conn.closed:
+            if self._conn is not None:
+                try:
+                    closed_while_idle(self._conn)
+                except psycopg.OperationalError:
+                    self._drop()
+            if self._conn is None:
                 self._conn = psycopg.connect(self.conninfo, **self._kwargs)
             conn = self._conn
             try:
