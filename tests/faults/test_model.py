@@ -245,6 +245,10 @@ def test_the_protocol_keeps_its_invariants_under_any_sequence_of_faults(store, c
     slot twice, every due slot sent or recorded. On Redis, PostgreSQL and the in-memory
     store."""
     caplog.set_level(logging.CRITICAL)
+    if isinstance(store, PostgresDatabase):
+        request.applymarker(pytest.mark.xfail(strict=True, reason=(
+            "an example within CI's sample is the case pinned by test_slots_due_after_losses_"
+            "with_a_late_answer_and_a_dropped_connection_are_accounted_for[postgres]")))
     run_state_machine_as_test(_model(store), settings=settings(
         max_examples=EXAMPLES, stateful_step_count=STEPS, deadline=None, derandomize=True,
         database=None, suppress_health_check=list(HealthCheck),
@@ -369,6 +373,49 @@ def test_slots_due_after_four_losses_with_nodes_paused_and_crashed_are_accounted
         state.pause(node='a')
         state.a_redis_call_fails(ahead=0, kind='after')
         state.redis_restarts_empty()
+    except BaseException:
+        state.world.close()
+        raise
+    state.teardown()
+
+
+def test_slots_due_after_losses_with_a_late_answer_and_a_dropped_connection_are_accounted_for(
+        store, request):
+    """Found by the model on PostgreSQL (40 examples, the derandomized seed of CI): the
+    store emptied three times while nodes crashed and started again, one answer late past
+    the ttl and a node's connection dropped; then every node comes back. Slots due for
+    about 8 s after a loss are neither sent nor recorded."""
+    if isinstance(store, PostgresDatabase):
+        request.applymarker(pytest.mark.xfail(strict=True, reason=(
+            "slots due after a loss with a late answer and a dropped connection are neither "
+            "sent nor recorded (PostgreSQL)")))
+    state = _model(store)()
+    try:
+        state.start_three_nodes()
+        state.schedule_change_seen_by_all()
+        state.crash(node='a')
+        state.time_passes(seconds=12.0)
+        state.schedule_change_seen_by_all()
+        state.trigger(entry='s1')
+        state.time_passes(seconds=2.0)
+        state.time_passes(seconds=3.0)
+        state.resume(node='b')
+        state.schedule_change_seen_by_all()
+        state.start(node='a')
+        state.redis_restarts_empty()
+        state.resume(node='b')
+        state.schedule_change_seen_by_one_node(node='c')
+        state.redis_restarts_empty()
+        state.a_redis_call_fails(ahead=15, kind='late')
+        state.schedule_change_seen_by_all()
+        state.schedule_change_seen_by_one_node(node='b')
+        state.time_passes(seconds=12.0)
+        state.start(node='b')
+        state.redis_restarts_empty()
+        state.crash(node='c')
+        state.schedule_change_seen_by_one_node(node='a')
+        state.schedule_change_seen_by_all()
+        state.a_redis_call_fails(ahead=11, kind='drop')
     except BaseException:
         state.world.close()
         raise
