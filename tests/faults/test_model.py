@@ -420,3 +420,43 @@ def test_slots_due_after_losses_with_a_late_answer_and_a_dropped_connection_are_
         state.world.close()
         raise
     state.teardown()
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "the store restored twice from one snapshot with the leader crashed between: a standby "
+    "rescues a slot the leader sent after the snapshot (every store)"))
+def test_a_slot_sent_before_two_restores_from_one_snapshot_is_not_rescued_again(store):
+    """Found by the model on the in-memory store at 1,000 examples: the store restarted
+    empty, restored from a snapshot, the leader crashed, restored from the same snapshot
+    again; a standby rescues a slot the leader had sent after the snapshot."""
+    state = _model(store)()
+    try:
+        state.start_three_nodes()
+        state.time_passes(seconds=3.0)
+        state.resume(node='a')
+        state.step_down()
+        state.pause(node='a')
+        state.redis_restarts_empty()
+        state.crash(node='a')
+        state.start(node='c')
+        state.time_passes(seconds=0.5)
+        state.time_passes(seconds=0.5)
+        state.start(node='a')
+        state.time_passes(seconds=12.0)
+        state.schedule_change_seen_by_all()
+        state.schedule_change_seen_by_all()
+        state.redis_snapshot()
+        state.redis_restarts_empty()
+        state.redis_restarts_from_the_snapshot()
+        state.resume(node='a')
+        state.schedule_change_seen_by_one_node(node='b')
+        state.time_passes(seconds=0.5)
+        state.resume(node='b')
+        state.schedule_change_seen_by_one_node(node='c')
+        state.crash(node='a')
+        state.redis_restarts_from_the_snapshot()
+        state.backfill(ahead=-1.0, back=6.0, entry='s2')
+    except BaseException:
+        state.world.close()
+        raise
+    state.teardown()
