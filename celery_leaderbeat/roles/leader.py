@@ -277,7 +277,8 @@ class Leader:
                              shared.keys.prefix, self._publish,
                              known=lambda name: name in self.tracked,
                              stored=self._stored_slot, memory=shared.sent,
-                             lost_at=shared.losses.lost_at), utcnow())
+                             lost_at=shared.losses.lost_at,
+                             store=store_name(shared.config)), utcnow())
         self._requests_pending = False  # only now: a failed pop leaves them pending
 
     def _send_due(self) -> None:

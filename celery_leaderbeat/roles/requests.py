@@ -95,6 +95,7 @@ class LeaderSide:
     #: the store's time (ms) a leader last started again after a loss of writes, or None
     #: (see :class:`~celery_leaderbeat.roles.loss.Losses`)
     lost_at: Callable[[], int | None] = lambda: None
+    store: str = "Redis"  #: the store as the history and the log name it
 
 
 def carry_out(leader: LeaderSide, now: datetime) -> int:
@@ -139,13 +140,13 @@ def _refused(request: Request, leader: LeaderSide, now: datetime,
              lost_at: int | None) -> Event | None:
     """The event of a request not carried out at all, or None to carry it out."""
     if lost_at is not None and request.queued_ms is not None and request.queued_ms <= lost_at:
-        # Redis went back to older state, which may bring back a request already
+        # the store went back to older state, which may bring back a request already
         # carried out: at most once, each is dropped and said so
-        logger.warning("leaderbeat: %s request %s for %r was queued before Redis lost "
+        logger.warning("leaderbeat: %s request %s for %r was queued before %s lost "
                        "writes; not carried out (it may have been already)", request.op,
-                       request.id, request.entry)
+                       request.id, request.entry, leader.store)
         return Event(request.entry, to_ms(now), "skipped",
-                     f"{request.op} {request.id}: queued before Redis lost writes "
+                     f"{request.op} {request.id}: queued before {leader.store} lost writes "
                      "(it may have been carried out then)")
     if not leader.known(request.entry):
         logger.warning("leaderbeat: %s request for %r: no such entry", request.op,
