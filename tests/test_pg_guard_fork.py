@@ -43,7 +43,7 @@ from tests.test_guard import publish_slot
 FENCED = "tests.support.beatapp.fenced"
 CONCURRENCY = 4
 GENERATIONS = 3
-ROUNDS = 3
+ROUNDS = 2
 #: how long a generation's tasks may take to run, once its worker is ready
 RUN_WITHIN = 12.0
 

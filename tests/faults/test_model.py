@@ -62,6 +62,8 @@ EXAMPLES = int(os.environ.get("LEADERBEAT_MODEL_EXAMPLES", "40"))
 STEPS = int(os.environ.get("LEADERBEAT_MODEL_STEPS", "25"))
 #: shrinking a failure takes minutes here: only when asked (the unshrunk steps are printed)
 SHRINK = os.environ.get("LEADERBEAT_MODEL_SHRINK") == "1"
+#: the generic model on PostgreSQL (see the test: its sample stops at a pinned case)
+PG_MODEL = os.environ.get("LEADERBEAT_MODEL_POSTGRES") == "1"
 
 
 class LeaderbeatModel(RuleBasedStateMachine):
@@ -245,10 +247,12 @@ def test_the_protocol_keeps_its_invariants_under_any_sequence_of_faults(store, c
     slot twice, every due slot sent or recorded. On Redis, PostgreSQL and the in-memory
     store."""
     caplog.set_level(logging.CRITICAL)
-    if isinstance(store, PostgresDatabase):
-        request.applymarker(pytest.mark.xfail(strict=True, reason=(
-            "an example within CI's sample is the case pinned by test_slots_due_after_losses_"
-            "with_a_late_answer_and_a_dropped_connection_are_accounted_for[postgres]")))
+    if isinstance(store, PostgresDatabase) and not PG_MODEL:
+        # until it is fixed, CI's sample stops at the case pinned by test_slots_due_after_
+        # losses_with_a_late_answer_and_a_dropped_connection_are_accounted_for[postgres]
+        # (which runs): two minutes that would check nothing more
+        pytest.skip("set LEADERBEAT_MODEL_POSTGRES=1: CI's sample on PostgreSQL stops at a "
+                    "pinned case")
     run_state_machine_as_test(_model(store), settings=settings(
         max_examples=EXAMPLES, stateful_step_count=STEPS, deadline=None, derandomize=True,
         database=None, suppress_health_check=list(HealthCheck),
