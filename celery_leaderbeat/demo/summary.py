@@ -72,21 +72,29 @@ def summarize(*, runs: Sequence[Mapping[str, Any]], history: Sequence[Mapping[st
     until_ms = round(until * 1000)
     expected = {(name, s) for name, anchor in anchors.items()
                 for s in rhythms[name].slots(anchor, until_ms)}
-    counts = Counter((str(r.get("entry")), slot_ms(r.get("slot"))) for r in runs)
-    ran = {key for key in counts if key in expected}
-    missed = sorted(expected - ran, key=lambda k: (k[1], k[0]))
-    outside = sorted(key for key in counts if key not in expected)
-    lateness = [(float(r["started"]) - (slot_ms(r.get("slot")) or 0) / 1000, r) for r in runs
-                if r.get("slot")]
-    worst = max(lateness, key=lambda pair: pair[0], default=None)
     sends = sorted(((stream_ms(h["id"]), h) for h in history if h.get("event") == "sent"),
                    key=lambda pair: pair[0])
-    recorded_missed = [h for h in history if h.get("event") == "missed"]
-    gap, gap_end = _longest_gap([ms for ms, _ in sends])
     failovers = [_failover(sig, history, sends, beat_of, origin) for sig in signals]
     leaderless = [(round(sig.at * 1000), round(sig.at * 1000 + f["new_leader_elected_after_s"]
                                                * 1000))
                   for sig, f in zip(signals, failovers) if f["new_leader_elected_after_s"]]
+    return {
+        **_slots(runs, expected, leaderless),
+        "missed_recorded_by_leaderbeat": sum(1 for h in history if h.get("event") == "missed"),
+        **_lateness(runs),
+        "failovers": failovers,
+        **_gaps([ms for ms, _ in sends], origin),
+        "window_s": [round(min(anchors.values(), default=until_ms) / 1000 - origin, 1),
+                     round(until - origin, 1)],
+    }
+
+
+def _slots(runs: Sequence[Mapping[str, Any]], expected: set[tuple[str, int]],
+           leaderless: Sequence[tuple[int, int]]) -> dict[str, Any]:
+    """What ran against what was due: duplicates, misses, runs outside the window."""
+    counts = Counter((str(r.get("entry")), slot_ms(r.get("slot"))) for r in runs)
+    ran = {key for key in counts if key in expected}
+    missed = sorted(expected - ran, key=lambda k: (k[1], k[0]))
     return {
         "expected": len(expected),
         "executed": len(ran),
@@ -98,17 +106,27 @@ def summarize(*, runs: Sequence[Mapping[str, Any]], history: Sequence[Mapping[st
         # a miss outside every signal-to-election window would be a scheduler bug
         "missed_outside_failovers": sum(1 for _, ms in missed
                                         if not any(a <= ms <= b for a, b in leaderless)),
-        "missed_recorded_by_leaderbeat": len(recorded_missed),
-        "runs_outside_window": len(outside),
-        "worst_lateness_s": round(worst[0], 3) if worst else None,
-        "worst_lateness_slot": _slot_row((str(worst[1]["entry"]), slot_ms(worst[1]["slot"])))
-        if worst else None,
-        "failovers": failovers,
-        "longest_gap_s": round(gap / 1000, 3) if gap is not None else None,
-        "longest_gap_ended_at_s": round(gap_end / 1000 - origin, 1) if gap_end else None,
-        "window_s": [round(min(anchors.values(), default=until_ms) / 1000 - origin, 1),
-                     round(until - origin, 1)],
+        "runs_outside_window": sum(1 for key in counts if key not in expected),
     }
+
+
+def _lateness(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The latest run after its slot, and which slot it was."""
+    lateness = [(float(r["started"]) - (slot_ms(r.get("slot")) or 0) / 1000, r) for r in runs
+                if r.get("slot")]
+    worst = max(lateness, key=lambda pair: pair[0], default=None)
+    if worst is None:
+        return {"worst_lateness_s": None, "worst_lateness_slot": None}
+    late, run = worst
+    return {"worst_lateness_s": round(late, 3),
+            "worst_lateness_slot": _slot_row((str(run["entry"]), slot_ms(run["slot"])))}
+
+
+def _gaps(sends_ms: Sequence[int], origin: float) -> dict[str, Any]:
+    """The longest wait between consecutive sends, and when it ended."""
+    gap, gap_end = _longest_gap(sends_ms)
+    return {"longest_gap_s": round(gap / 1000, 3) if gap is not None else None,
+            "longest_gap_ended_at_s": round(gap_end / 1000 - origin, 1) if gap_end else None}
 
 
 def _slot_row(key: tuple[str, int | None]) -> dict[str, Any]:
