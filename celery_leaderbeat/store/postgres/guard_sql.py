@@ -208,7 +208,7 @@ def skipped(call: Call, why: str, holder: str | None) -> tuple[str, str]:
 
 def overlap_check(call: Call) -> tuple[str, str] | None:
     """None: this slot may start; else the answer that says why not."""
-    run, lock, policy = call.run, call.lock, call.policy
+    run, lock = call.run, call.lock
     if lock == run.task_id:
         return None  # handed the lock: its turn came
     first = call.first_waiting()
@@ -219,22 +219,34 @@ def overlap_check(call: Call) -> tuple[str, str] | None:
         return skipped(call, "no longer waits", lock)
     if not lock and not head:
         return None
+    return _by_policy(call, lock, head)
+
+
+def _by_policy(call: Call, lock: str | None, head: str | None) -> tuple[str, str]:
+    """Another run holds the entry, or a slot waits for it: what the policy does."""
+    policy = call.policy
     if policy == "skip":
         return skipped(call, f"{lock or head} still runs", lock or head)
     if policy == "buffer_all":
         return wait_here(call)
     if head:  # buffer_one, cancel_other: one slot waits already and is kept
         return skipped(call, f"{head} waits already", lock or head)
-    if policy == "cancel_other" and lock and call.held_slot > run.slot_ms:
-        return skipped(call, f"older than the running slot ({lock})", lock)  # delivered late
+    if policy == "cancel_other" and lock:
+        if call.held_slot > call.run.slot_ms:  # delivered late
+            return skipped(call, f"older than the running slot ({lock})", lock)
+        return _cancel_held(call)
+    return wait_here(call)
+
+
+def _cancel_held(call: Call) -> tuple[str, str]:
+    """cancel_other with no slot waiting: this one waits, the lock's holder is cancelled."""
     reply = wait_here(call)
-    if policy == "cancel_other" and lock:  # no slot waits: the lock's holder runs
-        call.history("cancelled", f"replaced by slot {run.slot_text or run.slot_ms}",
-                     call.held_slot)
-        call.count("cancelled")
-        call.q(_CANCEL_HELD)
-        return "cancel", reply[1]
-    return reply
+    run = call.run
+    call.history("cancelled", f"replaced by slot {run.slot_text or run.slot_ms}",
+                 call.held_slot)
+    call.count("cancelled")
+    call.q(_CANCEL_HELD)
+    return "cancel", reply[1]
 
 
 def sweep_waiting(conn: Any, schema: str, app: str, lease_ms: int) -> list[str]:
