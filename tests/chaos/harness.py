@@ -203,26 +203,26 @@ class Observation:
     ok: bool  # False: Redis did not answer
 
 
-class Monitor(threading.Thread):
-    """Polls the leader key (changes only are kept) and copies the history stream."""
+class Watching(threading.Thread):
+    """Polls the store's leader (changes only are kept) every ``interval`` s and copies its
+    history every ``copy_every`` polls, and once more at the end; a store's watcher says
+    how (``_poll_leader``, ``_copy_history``, ``_close``)."""
 
-    def __init__(self, server: RedisServer, prefix: str, interval: float = 0.02) -> None:
-        super().__init__(name="chaos-monitor", daemon=True)
-        self.client = server.client(timeout=0.5)
-        self.leader_key = "{" + prefix + "}:leader"
-        self.history_key = "{" + prefix + "}:history"
+    copy_every = 10
+
+    def __init__(self, name: str, interval: float) -> None:
+        super().__init__(name=name, daemon=True)
         self.interval = interval
         self.lock = threading.Lock()
         self.observations: list[Observation] = []
         self.history: dict[tuple[str, ...], dict[str, str]] = {}
-        self._last_id = "-"
         self._halt = threading.Event()
 
     def run(self) -> None:
         n = 0
         while not self._halt.is_set():
             self._poll_leader()
-            if n % 10 == 0:
+            if n % self.copy_every == 0:
                 self._copy_history()
             n += 1
             self._halt.wait(self.interval)
@@ -231,6 +231,29 @@ class Monitor(threading.Thread):
     def stop(self) -> None:
         self._halt.set()
         self.join(10)
+        self._close()
+
+    def _poll_leader(self) -> None:
+        raise NotImplementedError
+
+    def _copy_history(self) -> None:
+        raise NotImplementedError
+
+    def _close(self) -> None:
+        raise NotImplementedError
+
+
+class Monitor(Watching):
+    """Polls the leader key and copies the history stream."""
+
+    def __init__(self, server: RedisServer, prefix: str, interval: float = 0.02) -> None:
+        super().__init__("chaos-monitor", interval)
+        self.client = server.client(timeout=0.5)
+        self.leader_key = "{" + prefix + "}:leader"
+        self.history_key = "{" + prefix + "}:history"
+        self._last_id = "-"
+
+    def _close(self) -> None:
         self.client.close()
 
     def _poll_leader(self) -> None:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -34,7 +33,7 @@ import psycopg
 from tests.support.beat import BeatProcess, beat_env
 from tests.support.pg_cluster import pg_cluster
 
-from .harness import PG_SOAK_KINDS, ChaosRun, Observation, Spawned
+from .harness import PG_SOAK_KINDS, ChaosRun, Observation, Spawned, Watching
 
 SCHEMA = "leaderbeat"
 RESULTS_HOST = "host=127.0.0.1 port=5432 user=postgres connect_timeout=5"
@@ -44,35 +43,20 @@ MONITOR_APP = "chaos-monitor"
 SERVER_SETTINGS = {"max_connections": "200", "fsync": "on"}
 
 
-class PgMonitor(threading.Thread):
-    """Polls the lease row (changes only are kept) and copies the history table."""
+class PgMonitor(Watching):
+    """Polls the lease row and copies the history table."""
+
+    copy_every = 4
 
     def __init__(self, conninfo: str, prefix: str, interval: float = 0.05) -> None:
-        super().__init__(name="chaos-pg-monitor", daemon=True)
+        super().__init__("chaos-pg-monitor", interval)
         self.conninfo = f"{conninfo} application_name={MONITOR_APP}"
         self.prefix = prefix
-        self.interval = interval
-        self.lock = threading.Lock()
-        self.observations: list[Observation] = []
-        self.history: dict[tuple[str, ...], dict[str, str]] = {}
         self.current: str | None = None
         self._last_id = 0
         self._conn: psycopg.Connection[Any] | None = None
-        self._halt = threading.Event()
 
-    def run(self) -> None:
-        n = 0
-        while not self._halt.is_set():
-            self._poll_leader()
-            if n % 4 == 0:
-                self._copy_history()
-            n += 1
-            self._halt.wait(self.interval)
-        self._copy_history()
-
-    def stop(self) -> None:
-        self._halt.set()
-        self.join(10)
+    def _close(self) -> None:
         if self._conn is not None:
             with contextlib.suppress(psycopg.Error):
                 self._conn.close()
