@@ -16,6 +16,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from tests.support.beat import BeatCluster, Recorder, duplicates, slots_by_entry
+from tests.support.djangosite.testing import SETTINGS, migrated
 from tests.support.postgres import postgres_database
 
 pytestmark = pytest.mark.slow
@@ -35,17 +36,9 @@ def django_db(monkeypatch):
     with postgres_database("lbdjango") as name:
         # restored afterwards: later tests' subprocesses must not inherit this site
         monkeypatch.setenv("LB_DJANGO_DB", name)
-        monkeypatch.setenv("DJANGO_SETTINGS_MODULE", "tests.support.djangosite.settings")
-        import django
-        from django.core.management import call_command
-        from django.db import connections
-
-        django.setup()
-        connections["default"].close()
-        connections["default"].settings_dict["NAME"] = name
-        call_command("migrate", verbosity=0)
-        yield name
-        connections.close_all()
+        monkeypatch.setenv("DJANGO_SETTINGS_MODULE", SETTINGS)
+        with migrated(name):
+            yield name
 
 
 def every(seconds: float):

@@ -20,6 +20,7 @@ import pytest
 from celery_leaderbeat.config import Config
 from tests.support.amqp_recorder import AmqpRecorder
 from tests.support.beat import BeatCluster, duplicates, slots_by_entry
+from tests.support.djangosite.testing import SETTINGS, migrated
 from tests.support.pg_beats import by_pid, holder, pid_of, slot_ms, wait_holder
 from tests.support.postgres import postgres_database
 from tests.support.rabbitmq import require_rabbitmq
@@ -39,17 +40,9 @@ def django_db(monkeypatch) -> Iterator[str]:
     with postgres_database("lbdjpg") as name:
         # restored afterwards: later tests' subprocesses must not inherit this site
         monkeypatch.setenv("LB_DJANGO_DB", name)
-        monkeypatch.setenv("DJANGO_SETTINGS_MODULE", "tests.support.djangosite.settings")
-        import django
-        from django.core.management import call_command
-        from django.db import connections
-
-        django.setup()
-        connections["default"].close()
-        connections["default"].settings_dict["NAME"] = name
-        call_command("migrate", verbosity=0)
-        yield name
-        connections.close_all()
+        monkeypatch.setenv("DJANGO_SETTINGS_MODULE", SETTINGS)
+        with migrated(name):
+            yield name
 
 
 @pytest.fixture
