@@ -24,7 +24,7 @@ both, so no two calls deadlock):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -324,8 +324,7 @@ def write_events(run: Any, node: str, epoch: int, events: Events) -> Any:
     unsent = [(n, s) for n, s, e in zip(events.names, events.slots, events.events)
               if e == "unsent"]
     if unsent:
-        run(_MARK_UNSENT, {"names": [n for n, _ in unsent], "slots": [s for _, s in unsent],
-                           "epoch": epoch, "node": node})
+        run(_MARK_UNSENT, {**_keys(unsent), "epoch": epoch, "node": node})
     cursor = run(_EVENTS, {"node": node, "epoch": epoch, **events._asdict()})
     return lambda: int(cursor.fetchone()[0])
 
@@ -333,12 +332,24 @@ def write_events(run: Any, node: str, epoch: int, events: Events) -> Any:
 def _write(run: Any, chunk: rules.Chunk) -> Any:
     """Queue one statement per table the decisions changed; the grants' cursor (None:
     no grant), whose rows say which grants were written."""
+    granted = _write_slots(run, chunk)
+    if chunk.defined:
+        run(_DEFINE, {"names": list(chunk.defined), "fingerprints": list(chunk.defined.values())})
+    if chunk.defined_epoch is not None:
+        run(_DEFINED_BY, {"epoch": chunk.defined_epoch})
+    if chunk.new_backfills:
+        run(_BACKFILL, {**_keys(chunk.new_backfills),
+                        "requests": list(chunk.new_backfills.values())})
+    return granted
+
+
+def _write_slots(run: Any, chunk: rules.Chunk) -> Any:
+    """The grants, the slots' states and the overtaken claims; the grants' cursor."""
     granted = None
     epoch, node, claimed = chunk.claimant()
     if chunk.new_grants:
         keys = list(chunk.new_grants)
-        granted = run(_GRANT, {"names": [n for n, _ in keys], "slots": [s for _, s in keys],
-                               "recovered": [k in chunk.recovered for k in keys],
+        granted = run(_GRANT, {**_keys(keys), "recovered": [k in chunk.recovered for k in keys],
                                "epoch": epoch, "node": node})
     if chunk.written:
         written = list(chunk.written.items())
@@ -348,18 +359,14 @@ def _write(run: Any, chunk: rules.Chunk) -> Any:
     if chunk.overtaken_added:
         run(_OVERTAKE, _row_columns([(n, r) for (n, _), r in chunk.overtaken_added.items()]))
     if chunk.overtaken_dropped:
-        dropped = sorted(chunk.overtaken_dropped)
-        run(_FORGET_OVERTAKEN, {"names": [n for n, _ in dropped],
-                                "slots": [s for _, s in dropped]})
-    if chunk.defined:
-        run(_DEFINE, {"names": list(chunk.defined), "fingerprints": list(chunk.defined.values())})
-    if chunk.defined_epoch is not None:
-        run(_DEFINED_BY, {"epoch": chunk.defined_epoch})
-    if chunk.new_backfills:
-        keys = list(chunk.new_backfills)
-        run(_BACKFILL, {"names": [n for n, _ in keys], "slots": [s for _, s in keys],
-                        "requests": list(chunk.new_backfills.values())})
+        run(_FORGET_OVERTAKEN, _keys(sorted(chunk.overtaken_dropped)))
     return granted
+
+
+def _keys(keys: Iterable[tuple[str, int]]) -> dict[str, list[Any]]:
+    """(entry, slot) keys as the two arrays a statement unnests."""
+    pairs = list(keys)
+    return {"names": [n for n, _ in pairs], "slots": [s for _, s in pairs]}
 
 
 def _row_columns(rows: list[tuple[str, rules.Row]]) -> dict[str, list[Any]]:
