@@ -185,12 +185,8 @@ class DatabaseAdapter(Adapter):
         every beat rebuild every row on every pass, as the base's ``schedule`` does.
         """
         s = self.scheduler
-        changed = s.schedule_changed()
-        now = time.monotonic()
-        if not changed and self._known is not None and now - self._full_at < FULL_READ:
+        if not self._read_due(s.schedule_changed()):
             return None
-        if self._known is None or now - self._full_at >= FULL_READ:
-            self._full_at = now
         query = s.enabled_models_qs() if hasattr(s, "enabled_models_qs") else \
             s.Model.objects.enabled()
         stamps = dict(query.values_list("pk", "date_changed"))
@@ -198,15 +194,31 @@ class DatabaseAdapter(Adapter):
         fetch = [pk for pk, stamp in stamps.items() if pk not in known or known[pk][0] != stamp]
         if not fetch and stamps.keys() == known.keys():
             return None
-        rows = {pk: known[pk] for pk in stamps if pk in known and pk not in set(fetch)}
-        for i in range(0, len(fetch), 1000):
-            for model in query.filter(pk__in=fetch[i:i + 1000]):
-                try:
-                    rows[model.pk] = (model.date_changed, s.Entry(model, app=s.app))
-                except ValueError:
-                    pass  # as django-celery-beat: a row it cannot build is left out
+        refetched = set(fetch)
+        rows = {pk: known[pk] for pk in stamps if pk in known and pk not in refetched}
+        rows.update(self._built(query, fetch))
         self._known = rows
         return {entry.name: entry for _, entry in rows.values()}
+
+    def _read_due(self, changed: bool) -> bool:
+        """Whether to look at the rows now: the change marker moved, nothing was read yet,
+        or the last whole read is :data:`FULL_READ` seconds old (then this one is whole)."""
+        now = time.monotonic()
+        if self._known is None or now - self._full_at >= FULL_READ:
+            self._full_at = now
+            return True
+        return changed
+
+    def _built(self, query: Any, pks: list[Any]) -> dict[Any, tuple[Any, Any]]:
+        """The rows ``pks`` built as entries, a thousand per query."""
+        s, out = self.scheduler, {}
+        for i in range(0, len(pks), 1000):
+            for model in query.filter(pk__in=pks[i:i + 1000]):
+                try:
+                    out[model.pk] = (model.date_changed, s.Entry(model, app=s.app))
+                except ValueError:
+                    pass  # as django-celery-beat: a row it cannot build is left out
+        return out
 
     def sync(self, *, leading: bool) -> None:
         """Increments and disables, safe from any node (they never overwrite a value)."""
