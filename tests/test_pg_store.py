@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, cast
 
 import psycopg
@@ -623,6 +624,68 @@ def test_a_claim_stalled_between_its_round_trips_is_ended_by_the_server(
         conn.execute(qualified("SELECT 1 FROM {schema}.lease FOR UPDATE NOWAIT", SCHEMA))
     assert ledger.load() == {}
     assert claim(lease, ledger, ClaimItem("e", 1000, Op.CLAIM, 1000)) == [Code.GRANTED]
+
+
+@contextmanager
+def stopped_mid_pipeline(conninfo: str) -> Iterator[int]:
+    """A session that updated the lease row in a pipeline and stopped before its sync, as
+    a beat frozen mid-claim leaves it (the server waits for the rest: active, not idle in
+    transaction); its backend's process id."""
+    conn = psycopg.connect(conninfo, autocommit=True)
+    pipeline, transaction = conn.pipeline(), conn.transaction()
+    pipeline.__enter__()
+    transaction.__enter__()
+    conn.execute(qualified("UPDATE {schema}.lease SET progress_at = progress_at", SCHEMA))
+    try:
+        with psycopg.connect(conninfo, autocommit=True) as watch:
+            deadline = time.monotonic() + 10
+            while not watch.execute("SELECT count(*) FROM pg_locks WHERE locktype = "
+                                    "'transactionid' AND pid = %s", (conn.info.backend_pid,)
+                                    ).fetchone()[0]:
+                assert time.monotonic() < deadline, "the update never reached the server"
+                time.sleep(0.01)
+        yield conn.info.backend_pid
+    finally:
+        conn.pgconn.finish()  # no sync, no rollback: the session may be gone already
+
+
+def session_alive(conninfo: str, pid: int) -> bool:
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        return bool(conn.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s",
+                                 (pid,)).fetchone()[0])
+
+
+def test_a_session_stopped_mid_pipeline_on_the_lease_row_is_ended_past_a_ttl_and_a_standby_leads(
+        make_node: Callable[..., Node], conninfo: str) -> None:
+    # a ttl of 2 s so that the test waits out one ttl (the lease's), not ten seconds
+    settings = {"lease_ttl": 2, "redis_options": {"socket_timeout": 0.3}}
+    lead(make_node, **settings)
+    standby, _ = make_node("n2", **settings)
+    with stopped_mid_pipeline(conninfo) as pid:
+        stopped_at = time.monotonic()
+        with pytest.raises(StoreUnreachable) as waited:  # held for less than a ttl: kept
+            standby.try_acquire()
+        assert isinstance(waited.value.__cause__, psycopg.errors.LockNotAvailable)
+        assert session_alive(conninfo, pid)
+        time.sleep(max(0.0, 2.2 - (time.monotonic() - stopped_at)))
+        assert standby.try_acquire(), "the standby did not take the lease past the stalled session"
+        assert not session_alive(conninfo, pid)
+
+
+def test_a_leader_renews_past_a_session_stalled_on_the_lease_row_for_half_a_ttl(
+        make_node: Callable[..., Node], conninfo: str) -> None:
+    # a ttl of 4 s: the session is ended past 2 s, the lease still held
+    lease, _ = lead(make_node, lease_ttl=4, redis_options={"socket_timeout": 0.3})
+    token, _ = lease.credentials()
+    with stopped_mid_pipeline(conninfo) as pid:
+        stopped_at = time.monotonic()
+        with pytest.raises(StoreUnreachable) as waited:  # bounded, not waiting for ever
+            lease.store.renew(token)
+        assert isinstance(waited.value.__cause__, psycopg.errors.LockNotAvailable)
+        assert session_alive(conninfo, pid), "a session younger than half the ttl is kept"
+        time.sleep(max(0.0, 2.2 - (time.monotonic() - stopped_at)))
+        assert lease.store.renew(token).renewed
+        assert not session_alive(conninfo, pid)
 
 
 def test_a_loss_one_node_saw_stops_every_nodes_claims_until_a_leader_starts_again(

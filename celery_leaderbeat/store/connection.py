@@ -84,7 +84,7 @@ def _sentinel_class() -> Any:
 
         def discover_master(self, service_name: str) -> Any:
             try:
-                return super().discover_master(service_name)  # type: ignore[no-untyped-call]
+                return super().discover_master(service_name)  # type: ignore[no-untyped-call, unused-ignore]
             except MasterNotFoundError:
                 for sentinel in self.sentinels:
                     try:

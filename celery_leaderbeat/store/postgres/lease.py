@@ -22,6 +22,8 @@ class PostgresLease:
         self.place = place
         self.config = config
         self.ttl_ms = int(config.lease_ttl * 1000)
+        #: how long a call waits for the lease row while another transaction holds it
+        self.wait_ms = max(100, int(config.socket_timeout * 1000))
 
     def acquire(self, seen_epoch: int, seen_generation: int = 0, *,
                 despite_loss: bool = False) -> Acquired:
@@ -29,7 +31,7 @@ class PostgresLease:
         got = self.place.run(lease_sql.acquire, holder=node, node=node, ttl_ms=self.ttl_ms,
                              seen_epoch=seen_epoch, seen_generation=seen_generation,
                              despite_loss=despite_loss,
-                             wait_ms=max(100, int(self.config.socket_timeout * 1000)))
+                             wait_ms=self.wait_ms)
         now = got.server_ms / 1000
         if got.epoch is not None:
             return Acquired(True, got.epoch, None, 0, got.generation, now)
@@ -49,7 +51,7 @@ class PostgresLease:
         holder, _, epoch = token.rpartition("|")
         now_ms = self.place.run(lease_sql.renew, holder=holder,
                                 epoch=int(epoch) if epoch.isdigit() else -1,
-                                ttl_ms=self.ttl_ms)
+                                ttl_ms=self.ttl_ms, wait_ms=self.wait_ms)
         if now_ms is None:
             return Renewed(False, self.holder()[0], None)
         return Renewed(True, None, now_ms / 1000)

@@ -13,6 +13,10 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+import psycopg
+from psycopg import sql
+
+from ..errors import StoreError
 from .schema import qualified
 
 #: the server's time in ms since the Unix epoch, as every statement here reports it
@@ -87,20 +91,53 @@ class Acquired(NamedTuple):
 #: a statement's bound on waiting for the lease row (a claim holding it stalled)
 _BOUND = "SELECT set_config('lock_timeout', %s, true)"
 
+# The sessions holding the lease row in a transaction that began more than half a lease
+# ttl ago: processes stopped mid-call (SIGSTOP, a frozen VM) whose server still waits for
+# the rest of a pipeline. Such a session counts as active, not idle, so no
+# idle_in_transaction_session_timeout ends it, and while it lives nobody renews or takes
+# the lease: a standby stopped mid-rescue would cost the leader its lease. No call of ours
+# holds the row that long (each of its waits is bounded by a call's timeout), so what
+# holds it so is stalled: the call that met it ends that session. Half a ttl lets a leader
+# that met one renew before its lease runs out.
+_END_STALLED = """
+SELECT a.pid, pg_terminate_backend(a.pid)
+FROM {schema}.lease AS l
+JOIN pg_locks AS k ON k.locktype = 'transactionid' AND k.granted AND k.transactionid = l.xmax
+JOIN pg_stat_activity AS a ON a.pid = k.pid
+WHERE l.app = %(app)s AND a.pid <> pg_backend_pid()
+      AND a.xact_start < clock_timestamp() - %(age_ms)s * interval '1 millisecond'
+"""
+
+
+def end_stalled(conn: Any, schema: str, app: str, *, age_ms: int) -> list[int]:
+    """End the sessions that have held the lease row for more than ``age_ms`` in one
+    transaction; their process ids (empty: none such). Raises StoreError when the
+    server refused (ending another role's session needs ``pg_signal_backend``)."""
+    try:
+        rows = conn.execute(qualified(_END_STALLED, schema),
+                            {"app": app, "age_ms": age_ms}).fetchall()
+    except psycopg.errors.InsufficientPrivilege as refused:
+        raise StoreError(
+            f"a session has held the lease row of app {app!r} for over {age_ms} ms (a "
+            f"process stopped mid-call) and this role may not end it ({refused}): grant "
+            "the beats' role pg_signal_backend, or run every beat as one role") from refused
+    return [int(pid) for pid, ended in rows if ended]
+
 
 def acquire(conn: Any, schema: str, app: str, *, holder: str, node: str, ttl_ms: int,
             seen_epoch: int, seen_generation: int = 0, despite_loss: bool = False,
             wait_ms: int = 0) -> Acquired:
     """Take the lease if it is free (one statement); the new epoch or the holder's.
-    ``wait_ms``: how long to wait for the row while another transaction holds it."""
-    with conn.pipeline(), conn.transaction():
-        if wait_ms:
-            conn.execute(_BOUND, (f"{wait_ms}ms",))
-        cursor = conn.execute(qualified(_ACQUIRE, schema),
-                              {"app": app, "holder": holder, "node": node, "ttl_ms": ttl_ms,
-                               "seen": seen_epoch, "seen_generation": seen_generation,
-                               "despite": despite_loss})
-    row = cursor.fetchone()
+    ``wait_ms``: how long to wait for the row while another transaction holds it; past
+    that, a session stalled on it for over half ``ttl_ms`` is ended and the row tried again."""
+    params = {"app": app, "holder": holder, "node": node, "ttl_ms": ttl_ms,
+              "seen": seen_epoch, "seen_generation": seen_generation, "despite": despite_loss}
+    try:
+        row = _bounded(conn, qualified(_ACQUIRE, schema), params, wait_ms)
+    except psycopg.errors.LockNotAvailable:
+        if not end_stalled(conn, schema, app, age_ms=ttl_ms // 2):
+            raise
+        row = _bounded(conn, qualified(_ACQUIRE, schema), params, wait_ms)
     epoch, held_by, held_epoch, remaining, now_ms, generation = row
     if epoch is not None:
         return Acquired(int(epoch), None, 0, ttl_ms, int(now_ms), int(generation))
@@ -108,12 +145,27 @@ def acquire(conn: Any, schema: str, app: str, *, holder: str, node: str, ttl_ms:
                     int(now_ms), int(generation))
 
 
+def _bounded(conn: Any, statement: sql.Composed, params: dict[str, Any], wait_ms: int) -> Any:
+    """``statement``'s one row, in a transaction that waits at most ``wait_ms`` for a lock."""
+    with conn.pipeline(), conn.transaction():
+        if wait_ms:
+            conn.execute(_BOUND, (f"{wait_ms}ms",))
+        cursor = conn.execute(statement, params)
+    return cursor.fetchone()
+
+
 def renew(conn: Any, schema: str, app: str, *, holder: str, epoch: int,
-          ttl_ms: int) -> int | None:
+          ttl_ms: int, wait_ms: int = 0) -> int | None:
     """Extend the lease held by ``holder`` under ``epoch``; the server's time (ms), or
-    None when the lease is no longer held so (expired, taken, released): lost."""
-    row = conn.execute(qualified(_RENEW, schema), {"app": app, "holder": holder,
-                                                    "epoch": epoch, "ttl_ms": ttl_ms}).fetchone()
+    None when the lease is no longer held so (expired, taken, released): lost.
+    ``wait_ms``: as :func:`acquire`'s (a session stalled on the row is ended)."""
+    params = {"app": app, "holder": holder, "epoch": epoch, "ttl_ms": ttl_ms}
+    try:
+        row = _bounded(conn, qualified(_RENEW, schema), params, wait_ms)
+    except psycopg.errors.LockNotAvailable:
+        if not end_stalled(conn, schema, app, age_ms=ttl_ms // 2):
+            raise
+        row = _bounded(conn, qualified(_RENEW, schema), params, wait_ms)
     return None if row is None else int(row[0])
 
 
