@@ -99,13 +99,16 @@ _BOUND = "SELECT set_config('lock_timeout', %s, true)"
 # holds the row that long (each of its waits is bounded by a call's timeout), so what
 # holds it so is stalled: the call that met it ends that session. Half a ttl lets a leader
 # that met one renew before its lease runs out.
+# The transaction's start is compared with this statement's own start, both as
+# pg_stat_activity records them: one clock, whatever clock_timestamp() a session resolves.
 _END_STALLED = """
 SELECT a.pid, pg_terminate_backend(a.pid)
 FROM {schema}.lease AS l
 JOIN pg_locks AS k ON k.locktype = 'transactionid' AND k.granted AND k.transactionid = l.xmax
 JOIN pg_stat_activity AS a ON a.pid = k.pid
-WHERE l.app = %(app)s AND a.pid <> pg_backend_pid()
-      AND a.xact_start < clock_timestamp() - %(age_ms)s * interval '1 millisecond'
+JOIN pg_stat_activity AS me ON me.pid = pg_backend_pid()
+WHERE l.app = %(app)s AND a.pid <> me.pid
+      AND a.xact_start < me.query_start - %(age_ms)s * interval '1 millisecond'
 """
 
 
