@@ -7,6 +7,8 @@
 - ``key_prefix``: unique per test, e.g. ``t-3f9a1c2b-5e0d77``.
 - ``make_redis_server(*extra_args, **kw)``: more servers in one test.
 - ``make_proxy(server)``: a :class:`TcpProxy` in front of a server.
+- ``amqp_recorder``: a RabbitMQ queue of the test's own on the machine's broker, read
+  back message by message (skipped, or failed under ``CI=true``, without RabbitMQ).
 - Celery's own ``celery_app`` / ``celery_worker`` come from ``celery.contrib.pytest``.
 """
 
@@ -29,7 +31,9 @@ REPO_ROOT = str(Path(__file__).resolve().parents[1])
 if REPO_ROOT not in sys.path:
     sys.path.insert(0, REPO_ROOT)
 
+from tests.support.amqp_recorder import AmqpRecorder
 from tests.support.proxy import TcpProxy
+from tests.support.rabbitmq import require_rabbitmq
 from tests.support.redis_server import RedisServer
 
 pytest_plugins = ("celery.contrib.pytest",)
@@ -82,3 +86,13 @@ def redis_client(shared_redis: RedisServer) -> Iterator[redis.Redis]:
     client = shared_redis.client()
     yield client
     client.close()
+
+
+@pytest.fixture
+def amqp_recorder() -> Iterator[AmqpRecorder]:
+    """A queue of this test's own on RabbitMQ, drained message by message."""
+    recorder = AmqpRecorder(require_rabbitmq())
+    try:
+        yield recorder
+    finally:
+        recorder.close()

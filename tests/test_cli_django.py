@@ -20,16 +20,18 @@ from tests.support.djangosite.testing import SETTINGS, add, every, migrated
 APP = "tests.support.djangosite"
 
 
+def site_env(name: str, state, key_prefix: str) -> dict[str, str]:
+    return {"LB_DJANGO_DB": name, "LB_BROKER_URL": state.url_for(1), "LB_REDIS_URL": state.url,
+            "LB_PREFIX": key_prefix, "DJANGO_SETTINGS_MODULE": SETTINGS}
+
+
 @pytest.fixture
 def env(monkeypatch, make_redis_server, key_prefix):
     with postgres_database("lbcli") as name:
         monkeypatch.setenv("LB_DJANGO_DB", name)
         monkeypatch.setenv("DJANGO_SETTINGS_MODULE", SETTINGS)
         with migrated(name):
-            state = make_redis_server()
-            yield {"LB_DJANGO_DB": name, "LB_BROKER_URL": state.url_for(1),
-                   "LB_REDIS_URL": state.url, "LB_PREFIX": key_prefix,
-                   "DJANGO_SETTINGS_MODULE": SETTINGS}
+            yield site_env(name, make_redis_server(), key_prefix)
 
 
 def cli(env: dict, *args: str) -> subprocess.CompletedProcess:
@@ -56,3 +58,15 @@ def test_status_labels_a_django_row_database_and_a_beat_schedule_entry_static(en
     source = {row["entry"]: row["source"] for row in json.loads(done.stdout)["entries"]}
     assert source["nightly-report"] == "database"
     assert all(source[name] == "static" for name in source if name.startswith("celery."))
+
+
+
+def test_status_on_a_database_whose_migrations_were_not_applied_says_to_migrate(
+        make_redis_server, key_prefix):
+    with postgres_database("lbcli") as name:
+        done = cli(site_env(name, make_redis_server(), key_prefix), "status")
+    assert done.returncode == 78, done.stderr
+    assert "Traceback" not in done.stderr
+    assert "django_celery_beat_periodictask" in done.stderr
+    assert f"({name})" in done.stderr
+    assert "python manage.py migrate django_celery_beat" in done.stderr

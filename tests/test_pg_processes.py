@@ -21,7 +21,6 @@ from tests.support.beat import NOOP, BeatCluster, beat_env, duplicates, slots_by
 from tests.support.beatapp import make_app
 from tests.support.pg_cluster import Cluster as PgCluster
 from tests.support.pg_cluster import pg_cluster
-from tests.support.rabbitmq import require_rabbitmq
 
 # each test runs three beats and a PostgreSQL cluster of its own: never beside another heavy test
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("heavy")]
@@ -38,25 +37,16 @@ def server() -> Iterator[PgCluster]:
         yield cluster
 
 
-@pytest.fixture
-def recorder() -> Iterator[AmqpRecorder]:
-    rec = AmqpRecorder(require_rabbitmq())
-    try:
-        yield rec
-    finally:
-        rec.close()
-
-
 def url_of(cluster: PgCluster) -> str:
     return f"postgresql://postgres@127.0.0.1:{cluster.port}/postgres?connect_timeout=3"
 
 
-def env_for(tmp_path, cluster, recorder: AmqpRecorder, key_prefix: str) -> dict[str, str]:
+def env_for(tmp_path, cluster, amqp_recorder: AmqpRecorder, key_prefix: str) -> dict[str, str]:
     schedule = {f"e{i}": {"task": NOOP, "every": 1} for i in range(ENTRIES)}
-    return beat_env(tmp_path, broker_url=recorder.url,
+    return beat_env(tmp_path, broker_url=amqp_recorder.url,
                     prefix=key_prefix, schedule=schedule,
                     settings={"leaderbeat_store_url": url_of(cluster),
-                              "task_default_queue": recorder.queue})
+                              "task_default_queue": amqp_recorder.queue})
 
 
 def watcher(env: dict[str, str]) -> Cluster:
@@ -95,15 +85,15 @@ def beat_pid(beats: BeatCluster, pid: int):
 
 
 def test_three_beats_on_postgresql_one_leads_and_every_slot_goes_out_once(
-        tmp_path, server, recorder, key_prefix):
-    env = env_for(tmp_path, server, recorder, key_prefix)
+        tmp_path, server, amqp_recorder, key_prefix):
+    env = env_for(tmp_path, server, amqp_recorder, key_prefix)
     view = watcher(env)
     with BeatCluster(3, env, tmp_path) as beats:
         leader = leader_pid(view)
-        recorder.wait_for(3 * ENTRIES, timeout=40)
-        recorder.watch(8)
+        amqp_recorder.wait_for(3 * ENTRIES, timeout=40)
+        amqp_recorder.watch(8)
         roles = {row["node"]: row["role"] for row in view.nodes()}
-        messages = recorder.drain_all()
+        messages = amqp_recorder.drain_all()
         logs = beats.logs()
     assert duplicates(messages) == [], logs
     assert gaps(messages) == {}, logs
@@ -116,19 +106,19 @@ def test_three_beats_on_postgresql_one_leads_and_every_slot_goes_out_once(
 
 
 def test_sigkill_of_the_leader_a_standby_rescues_within_rescue_after_and_another_leads(
-        tmp_path, server, recorder, key_prefix):
-    env = env_for(tmp_path, server, recorder, key_prefix)
+        tmp_path, server, amqp_recorder, key_prefix):
+    env = env_for(tmp_path, server, amqp_recorder, key_prefix)
     view = watcher(env)
     with BeatCluster(3, env, tmp_path) as beats:
         old = leader_pid(view)
         old_node = view.leader()["node"]
-        recorder.wait_for(3 * ENTRIES, timeout=40)
+        amqp_recorder.wait_for(3 * ENTRIES, timeout=40)
         killed_at = time.time()
         beat_pid(beats, old).kill()
-        after = recorder.watch(TTL + 6)
+        after = amqp_recorder.watch(TTL + 6)
         new = leader_pid(view, other_than=old_node)
-        recorder.watch(3)
-        messages = recorder.drain_all()
+        amqp_recorder.watch(3)
+        messages = amqp_recorder.drain_all()
         logs = beats.logs()
     assert new != old
     assert duplicates(messages) == [], logs
@@ -144,17 +134,17 @@ def test_sigkill_of_the_leader_a_standby_rescues_within_rescue_after_and_another
 
 
 def test_sigterm_hands_over_with_no_slot_twice_and_none_missed(
-        tmp_path, server, recorder, key_prefix):
-    env = env_for(tmp_path, server, recorder, key_prefix)
+        tmp_path, server, amqp_recorder, key_prefix):
+    env = env_for(tmp_path, server, amqp_recorder, key_prefix)
     view = watcher(env)
     with BeatCluster(3, env, tmp_path) as beats:
         old = leader_pid(view)
         old_node = view.leader()["node"]
-        recorder.wait_for(3 * ENTRIES, timeout=40)
+        amqp_recorder.wait_for(3 * ENTRIES, timeout=40)
         assert beat_pid(beats, old).term() == 0
         new = leader_pid(view, other_than=old_node, timeout=TTL)
-        recorder.watch(5)
-        messages = recorder.drain_all()
+        amqp_recorder.watch(5)
+        messages = amqp_recorder.drain_all()
         logs = beats.logs()
     assert new != old
     assert duplicates(messages) == [], logs
@@ -162,16 +152,16 @@ def test_sigterm_hands_over_with_no_slot_twice_and_none_missed(
 
 
 def test_postgresql_restarted_under_running_beats_they_go_on_with_no_slot_twice(
-        tmp_path, server, recorder, key_prefix):
-    env = env_for(tmp_path, server, recorder, key_prefix)
+        tmp_path, server, amqp_recorder, key_prefix):
+    env = env_for(tmp_path, server, amqp_recorder, key_prefix)
     view = watcher(env)
     with BeatCluster(3, env, tmp_path) as beats:
         leader_pid(view)
-        recorder.wait_for(3 * ENTRIES, timeout=40)
+        amqp_recorder.wait_for(3 * ENTRIES, timeout=40)
         server.restart()
         restarted_at = time.time()
-        recorder.watch(TTL + 5)
-        messages = recorder.drain_all()
+        amqp_recorder.watch(TTL + 5)
+        messages = amqp_recorder.drain_all()
         alive = len(beats.alive)
         logs = beats.logs()
     assert alive == 3, logs

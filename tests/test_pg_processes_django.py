@@ -18,12 +18,10 @@ import psycopg
 import pytest
 
 from celery_leaderbeat.config import Config
-from tests.support.amqp_recorder import AmqpRecorder
 from tests.support.beat import BeatCluster, duplicates, slots_by_entry
 from tests.support.djangosite.testing import SETTINGS, migrated
 from tests.support.pg_beats import by_pid, holder, pid_of, slot_ms, wait_holder
 from tests.support.postgres import postgres_database
-from tests.support.rabbitmq import require_rabbitmq
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("heavy")]
 
@@ -45,15 +43,6 @@ def django_db(monkeypatch) -> Iterator[str]:
             yield name
 
 
-@pytest.fixture
-def recorder() -> Iterator[AmqpRecorder]:
-    rec = AmqpRecorder(require_rabbitmq())
-    try:
-        yield rec
-    finally:
-        rec.close()
-
-
 def add_row(name: str, seconds: int) -> None:
     from django_celery_beat.models import IntervalSchedule, PeriodicTask
 
@@ -66,24 +55,24 @@ def steps(slots: list[int]) -> set[int]:
 
 
 def test_two_beats_of_a_django_site_on_its_database_one_leads_and_one_takes_over(
-        tmp_path, django_db, recorder, key_prefix):
+        tmp_path, django_db, amqp_recorder, key_prefix):
     for i in range(3):
         add_row(f"row-{i}", 2)
     conninfo = f"host=127.0.0.1 port=5432 user=postgres dbname={django_db}"
-    env = {"LB_DJANGO_DB": django_db, "LB_BROKER_URL": recorder.url, "LB_PREFIX": key_prefix,
+    env = {"LB_DJANGO_DB": django_db, "LB_BROKER_URL": amqp_recorder.url, "LB_PREFIX": key_prefix,
            "DJANGO_SETTINGS_MODULE": "tests.support.djangosite.settings",
            "LB_SETTINGS": json.dumps({"leaderbeat_store_url": "django",
-                                      "task_default_queue": recorder.queue})}
+                                      "task_default_queue": amqp_recorder.queue})}
     with BeatCluster(2, env, tmp_path, app_module=APP) as beats:
         node = wait_holder(conninfo, key_prefix, timeout=40)
-        recorder.wait_for(6, timeout=30)
-        recorder.watch(4)
+        amqp_recorder.wait_for(6, timeout=30)
+        amqp_recorder.watch(4)
         held = holder(conninfo, key_prefix)
         killed_at = time.time()
         by_pid(beats, pid_of(node)).kill()
         new = wait_holder(conninfo, key_prefix, other_than=node, timeout=TTL + 5)
-        recorder.watch(6)
-        messages = recorder.drain_all()
+        amqp_recorder.watch(6)
+        messages = amqp_recorder.drain_all()
         logs = beats.logs()
     with psycopg.connect(conninfo) as conn:  # leaderbeat's tables beside the site's
         tables = {row[0] for row in conn.execute(

@@ -11,7 +11,6 @@ unless a test says which setting it changes and why.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import psycopg
 import pytest
@@ -32,7 +31,6 @@ from tests.support.pg_beats import (
 )
 from tests.support.pg_cluster import Cluster as PgCluster
 from tests.support.pg_cluster import pg_cluster, pgbouncer
-from tests.support.rabbitmq import require_rabbitmq
 
 # each test runs three beats and PostgreSQL clusters of its own: never beside another heavy test
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("heavy")]
@@ -42,21 +40,12 @@ TTL, POLL, RESCUE_AFTER = DEFAULTS.lease_ttl, DEFAULTS.standby_poll, DEFAULTS.re
 ENTRIES = 5
 
 
-@pytest.fixture
-def recorder() -> Iterator[AmqpRecorder]:
-    rec = AmqpRecorder(require_rabbitmq())
-    try:
-        yield rec
-    finally:
-        rec.close()
-
-
-def env_for(tmp_path, url: str, recorder: AmqpRecorder, key_prefix: str,
+def env_for(tmp_path, url: str, amqp_recorder: AmqpRecorder, key_prefix: str,
             schedule: dict | None = None, **settings) -> dict[str, str]:
     schedule = schedule or {f"e{i}": {"task": NOOP, "every": 1} for i in range(ENTRIES)}
-    return beat_env(tmp_path, broker_url=recorder.url, prefix=key_prefix, schedule=schedule,
+    return beat_env(tmp_path, broker_url=amqp_recorder.url, prefix=key_prefix, schedule=schedule,
                     settings={"leaderbeat_store_url": url,
-                              "task_default_queue": recorder.queue, **settings})
+                              "task_default_queue": amqp_recorder.queue, **settings})
 
 
 # -- a leader frozen mid-burst --------------------------------------------------------------
@@ -65,24 +54,24 @@ BURST = 2000
 
 
 def test_a_leader_paused_mid_burst_of_2000_resigns_on_waking_and_no_slot_goes_twice(
-        tmp_path, recorder, key_prefix):
+        tmp_path, amqp_recorder, key_prefix):
     """SIGSTOP once about 200 of the 2,000 slots due together are at the broker, past the
     ttl; SIGCONT. Every slot of every burst is sent once or recorded ``unsent``/``missed``."""
     schedule = {f"e{i:04d}": {"task": NOOP, "every": 5} for i in range(BURST)}
     with pg_cluster() as server:
         # 2,000 'sent' events per burst would prune the default 10,000-row history within
         # 25 s, the records this test reads among them
-        env = env_for(tmp_path, store_url(server.port), recorder, key_prefix, schedule,
+        env = env_for(tmp_path, store_url(server.port), amqp_recorder, key_prefix, schedule,
                       leaderbeat_history_length=100_000)
         with BeatCluster(3, env, tmp_path) as beats:
             node = wait_holder(server.conninfo, key_prefix, timeout=40)
             leader = by_pid(beats, pid_of(node))
             deadline = time.monotonic() + 40
-            while queue_depth(recorder) < 200:
+            while queue_depth(amqp_recorder) < 200:
                 assert time.monotonic() < deadline, "the leader never started its burst"
                 time.sleep(0.002)
             leader.stop()
-            paused_at, at_pause = time.monotonic(), queue_depth(recorder)
+            paused_at, at_pause = time.monotonic(), queue_depth(amqp_recorder)
             assert at_pause < BURST - 100, f"the pause landed after {at_pause} publishes"
             # the test is about what the paused leader does on waking, not how fast a
             # standby takes over (the failover tests bound that): a standby rescuing the
@@ -92,10 +81,10 @@ def test_a_leader_paused_mid_burst_of_2000_resigns_on_waking_and_no_slot_goes_tw
             since = len(leader.log_text())
             leader.cont()
             leader.wait_for_log(r"steps down", timeout=10, since=since)
-            recorder.watch(6)
+            amqp_recorder.watch(6)
             end_ms = round(time.time() * 1000)
             alive = [b.alive for b in beats]
-            messages = recorder.drain_all()
+            messages = amqp_recorder.drain_all()
             recorded = recorded_unsent(server.conninfo, key_prefix)
             logs = beats.logs()
     first = min(slot_ms(m.slot) for m in messages)
@@ -145,28 +134,28 @@ def _identity(cluster: PgCluster) -> tuple[int, int]:
         return lease_sql.server_identity(conn)
 
 
-def _promote_under_beats(tmp_path, recorder, key_prefix, primary: PgCluster,
+def _promote_under_beats(tmp_path, amqp_recorder, key_prefix, primary: PgCluster,
                          replica: PgCluster, *, lag: bool):
     """Three beats on ``primary`` (a URL naming both servers, libpq choosing the writable
     one); the primary stopped (immediate: a crash) and the replica promoted. ``lag``: the
     replica stops receiving 3 s before. (messages, recorded, ms of the promotion, end ms,
     identity before, after, logs)."""
     url = store_url(primary.port, replica.port, target_session_attrs="read-write")
-    env = env_for(tmp_path, url, recorder, key_prefix)
+    env = env_for(tmp_path, url, amqp_recorder, key_prefix)
     with BeatCluster(3, env, tmp_path) as beats:
         wait_holder(primary.conninfo, key_prefix, timeout=40)
-        recorder.wait_for(3 * ENTRIES, timeout=40)
+        amqp_recorder.wait_for(3 * ENTRIES, timeout=40)
         before = _identity(primary)
         if lag:
             _cut_replication(replica)
-            recorder.watch(3)
+            amqp_recorder.watch(3)
         primary.stop("immediate")
         replica.promote()
         promoted_ms = round(time.time() * 1000)
         wait_holder(replica.conninfo, key_prefix, timeout=TTL + 10)
-        recorder.watch(TTL + 5)
+        amqp_recorder.watch(TTL + 5)
         end_ms = round(time.time() * 1000)
-        messages = recorder.drain_all()
+        messages = amqp_recorder.drain_all()
         recorded = recorded_unsent(replica.conninfo, key_prefix)
         after = _identity(replica)
         alive = len(beats.alive)
@@ -177,11 +166,11 @@ def _promote_under_beats(tmp_path, recorder, key_prefix, primary: PgCluster,
 
 @pytest.mark.parametrize("names", ["*", "ANY 1 (*)"])
 def test_a_synchronous_replica_promoted_under_real_beats_no_slot_twice_none_unrecorded(
-        tmp_path, recorder, key_prefix, names):
+        tmp_path, amqp_recorder, key_prefix, names):
     with pg_cluster() as primary, pg_cluster(standby_of=primary) as replica:
         _wait_sync(primary, names)
         messages, recorded, promoted_ms, end_ms, before, after, logs = _promote_under_beats(
-            tmp_path, recorder, key_prefix, primary, replica, lag=False)
+            tmp_path, amqp_recorder, key_prefix, primary, replica, lag=False)
     first = min(slot_ms(m.slot) for m in messages)
     assert after[0] == before[0] and after[1] > before[1]  # the same data, a new timeline
     assert duplicates(messages) == [], logs[-5000:]
@@ -191,10 +180,10 @@ def test_a_synchronous_replica_promoted_under_real_beats_no_slot_twice_none_unre
 
 
 def test_an_asynchronous_replica_that_lacks_commits_is_detected_and_slots_after_it_recorded(
-        tmp_path, recorder, key_prefix):
+        tmp_path, amqp_recorder, key_prefix):
     with pg_cluster() as primary, pg_cluster(standby_of=primary) as replica:
         messages, recorded, promoted_ms, end_ms, before, after, logs = _promote_under_beats(
-            tmp_path, recorder, key_prefix, primary, replica, lag=True)
+            tmp_path, amqp_recorder, key_prefix, primary, replica, lag=True)
     assert after[0] == before[0] and after[1] > before[1]  # the same data, a new timeline
     assert "holds older state than this node has seen" in logs, logs[-5000:]
     assert f"on timeline {after[1]}" in logs, "the loss names the promoted server's timeline"
@@ -211,18 +200,18 @@ def test_an_asynchronous_replica_that_lacks_commits_is_detected_and_slots_after_
 
 
 def test_beats_behind_pgbouncer_in_transaction_mode_lead_and_a_standby_rescues_after_sigkill(
-        tmp_path, recorder, key_prefix):
+        tmp_path, amqp_recorder, key_prefix):
     with pg_cluster() as server, pgbouncer(server.port) as port:
-        env = env_for(tmp_path, store_url(port), recorder, key_prefix)
+        env = env_for(tmp_path, store_url(port), amqp_recorder, key_prefix)
         with BeatCluster(3, env, tmp_path) as beats:
             node = wait_holder(server.conninfo, key_prefix, timeout=40)
-            recorder.wait_for(3 * ENTRIES, timeout=40)
+            amqp_recorder.wait_for(3 * ENTRIES, timeout=40)
             killed_at = time.time()
             by_pid(beats, pid_of(node)).kill()
-            after = recorder.watch(TTL + 6)
+            after = amqp_recorder.watch(TTL + 6)
             new = wait_holder(server.conninfo, key_prefix, other_than=node, timeout=10)
-            recorder.watch(3)
-            messages = recorder.drain_all()
+            amqp_recorder.watch(3)
+            messages = amqp_recorder.drain_all()
             logs = beats.logs()
     assert new != node
     assert duplicates(messages) == [], logs[-5000:]

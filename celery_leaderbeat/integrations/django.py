@@ -241,7 +241,7 @@ def database_rows(app: Any, base: Any) -> dict[str, dict[str, Any]]:
 
         django.setup()
     rows = {}
-    for model in base.Model.objects.enabled():
+    for model in _enabled_rows(base):
         try:
             entry = _keeping_last_run_at(base.Entry)(model, app=app)
             shown = row_view(entry)
@@ -251,6 +251,23 @@ def database_rows(app: Any, base: Any) -> dict[str, dict[str, Any]]:
         if shown is not None:
             rows[model.name] = {"task": entry.task, "schedule": shown.schedule}
     return rows
+
+
+def _enabled_rows(base: Any) -> list[Any]:
+    """``base``'s enabled rows; ConfigurationError when its tables are not in the database
+    (django-celery-beat installed, its migrations not applied)."""
+    from django.db import ProgrammingError, connections, router
+
+    model = base.Model
+    try:
+        return list(model.objects.enabled())
+    except ProgrammingError as exc:
+        alias = router.db_for_read(model)
+        name = connections[alias].settings_dict.get("NAME")
+        raise ConfigurationError(
+            f"django-celery-beat's table {model._meta.db_table!r} cannot be read in database "
+            f"{alias!r} ({name}): {str(exc).strip().splitlines()[0]}; its migrations must be "
+            "applied first: python manage.py migrate django_celery_beat") from exc
 
 
 def as_crontab(name: str, schedule: cron, zone: tzinfo) -> TzAwareCrontab:

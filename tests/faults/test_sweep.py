@@ -16,8 +16,8 @@ lease) also with ``before`` and ``after``, each at a randomly chosen occurrence
 of that site (about 50 replays, about a minute on a busy 2-core machine); on
 PostgreSQL, where a replay takes longer, every SQL call site of the same rules with
 ``after`` instead (39 replays, under 3 minutes). ``LEADERBEAT_SWEEP=full`` replays every index with every kind
-(6,450 replays of 1,075 calls, about an hour and a half); ``LEADERBEAT_SWEEP_SEED`` picks
-another sample.
+(6,450 replays of 1,075 calls, about an hour and a half); ``LEADERBEAT_SWEEP_SHARD=i/n``
+splits it among n processes; ``LEADERBEAT_SWEEP_SEED`` picks another sample.
 
 Failures found are asserted together at the end, one line each; each one is
 also written as a plain test in ``test_regressions.py``.
@@ -46,6 +46,9 @@ FULL = os.environ.get("LEADERBEAT_SWEEP") == "full"
 #: PostgreSQL's SQL functions of the Lua scripts' rules (the lease, claims, rescues, records)
 PG_RULES = ("SQL[acquire]", "SQL[renew]", "SQL[release]", "SQL[claim]", "SQL[record]")
 SEED = int(os.environ.get("LEADERBEAT_SWEEP_SEED", "14"))
+#: "i/n": this run replays the i-th of n interleaved shares of the full sweep (0-based),
+#: so n processes share one full sweep (``LEADERBEAT_SWEEP=full`` only)
+SHARD = os.environ.get("LEADERBEAT_SWEEP_SHARD", "0/1")
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +109,9 @@ def sample(calls: list[str], rng: random.Random) -> list[tuple[int, str]]:
     SQL call site of the same rules also with ``after`` (a replay there takes longer);
     each at a randomly chosen occurrence of the site. Full: every index with every kind."""
     if FULL:
-        return [(index, kind) for index in range(len(calls)) for kind in KINDS]
+        share, shares = (int(part) for part in SHARD.split("/"))
+        every = [(index, kind) for index in range(len(calls)) for kind in KINDS]
+        return every[share::shares]
     where: dict[str, list[int]] = defaultdict(list)
     for index, label in enumerate(calls):
         where[label].append(index)
