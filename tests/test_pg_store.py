@@ -7,6 +7,7 @@ its own (``tests/support/pg_cluster.py``).
 
 from __future__ import annotations
 
+import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -20,6 +21,7 @@ from celery_leaderbeat.errors import (
     ConfigurationError,
     LeaseLostError,
     RolledBackError,
+    StoreError,
     StoreUnreachable,
 )
 from celery_leaderbeat.roles.lease import Heartbeat, LeaseView
@@ -686,6 +688,52 @@ def test_a_leader_renews_past_a_session_stalled_on_the_lease_row_for_half_a_ttl(
         time.sleep(max(0.0, 2.2 - (time.monotonic() - stopped_at)))
         assert lease.store.renew(token).renewed
         assert not session_alive(conninfo, pid)
+
+
+@contextmanager
+def role_of_the_schema(conninfo: str) -> Iterator[tuple[str, str]]:
+    """A login role (not a superuser) granted what the docs list for the schema: its name
+    and a connection string of it. Dropped afterwards with what it was granted."""
+    role = f"lbrole_{secrets.token_hex(4)}"
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE {role} LOGIN")
+        for grant in (f"GRANT USAGE ON SCHEMA {SCHEMA} TO {role}",
+                      f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {SCHEMA} TO {role}",
+                      f"GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA {SCHEMA} TO {role}"):
+            conn.execute(grant)
+    try:
+        yield role, conninfo.replace(f"user={USER}", f"user={role}")
+    finally:
+        with psycopg.connect(conninfo, autocommit=True) as conn:
+            conn.execute(f"DROP OWNED BY {role}")
+            conn.execute(f"DROP ROLE {role}")
+
+
+@pytest.mark.parametrize("sees", [False, True], ids=["unseen", "seen"])
+def test_a_role_that_may_not_end_a_stalled_session_says_which_grant_it_lacks(
+        make_node: Callable[..., Node], conninfo: str, sees: bool) -> None:
+    """Without pg_read_all_stats another role's session hides since when it holds the row;
+    with it, a superuser's session still may not be ended by this role."""
+    # a ttl of 2 s so that the test waits out one ttl (the lease's), not ten seconds
+    lead(make_node, lease_ttl=2, redis_options={"socket_timeout": 0.3})
+    config = pg_config(key_prefix="app", node_id="n2", lease_ttl=2,
+                       redis_options={"socket_timeout": 0.3})
+    with role_of_the_schema(conninfo) as (role, limited), \
+            stopped_mid_pipeline(conninfo) as pid:
+        stopped_at = time.monotonic()
+        if sees:
+            sql(conninfo, f"GRANT pg_read_all_stats TO {role}")
+        store = open_store(limited, config, create=False, listen=False)
+        try:
+            time.sleep(max(0.0, 1.2 - (time.monotonic() - stopped_at)))
+            with pytest.raises(StoreError, match="grant the beats' role pg_read_all_stats and "
+                                                 "pg_signal_backend") as refused:
+                store.lease.acquire(0, 0)
+            said = "may not end it" if sees else "may not see since when"
+            assert said in str(refused.value) and str(pid) in str(refused.value)
+        finally:
+            store.close()
+        assert session_alive(conninfo, pid), "a session of a superuser is not this role's to end"
 
 
 def test_a_loss_one_node_saw_stops_every_nodes_claims_until_a_leader_starts_again(

@@ -101,30 +101,41 @@ _BOUND = "SELECT set_config('lock_timeout', %s, true)"
 # that met one renew before its lease runs out.
 # The transaction's start is compared with this statement's own start, both as
 # pg_stat_activity records them: one clock, whatever clock_timestamp() a session resolves.
-_END_STALLED = """
-SELECT a.pid, pg_terminate_backend(a.pid)
+# Another role's xact_start reads as NULL without pg_read_all_stats.
+_HOLDERS = """
+SELECT a.pid, a.xact_start IS NULL,
+       a.xact_start < me.query_start - %(age_ms)s * interval '1 millisecond'
 FROM {schema}.lease AS l
 JOIN pg_locks AS k ON k.locktype = 'transactionid' AND k.granted AND k.transactionid = l.xmax
 JOIN pg_stat_activity AS a ON a.pid = k.pid
 JOIN pg_stat_activity AS me ON me.pid = pg_backend_pid()
 WHERE l.app = %(app)s AND a.pid <> me.pid
-      AND a.xact_start < me.query_start - %(age_ms)s * interval '1 millisecond'
 """
+_GRANTS = ("run every beat as one role, or grant the beats' role pg_read_all_stats and "
+           "pg_signal_backend")
 
 
 def end_stalled(conn: Any, schema: str, app: str, *, age_ms: int) -> list[int]:
     """End the sessions that have held the lease row for more than ``age_ms`` in one
-    transaction; their process ids (empty: none such). Raises StoreError when the
-    server refused (ending another role's session needs ``pg_signal_backend``)."""
-    try:
-        rows = conn.execute(qualified(_END_STALLED, schema),
-                            {"app": app, "age_ms": age_ms}).fetchall()
-    except psycopg.errors.InsufficientPrivilege as refused:
-        raise StoreError(
-            f"a session has held the lease row of app {app!r} for over {age_ms} ms (a "
-            f"process stopped mid-call) and this role may not end it ({refused}): grant "
-            "the beats' role pg_signal_backend, or run every beat as one role") from refused
-    return [int(pid) for pid, ended in rows if ended]
+    transaction; their process ids (empty: none such). Raises StoreError when this role
+    may not see how long another role's session has held it, or may not end it."""
+    rows = conn.execute(qualified(_HOLDERS, schema), {"app": app, "age_ms": age_ms}).fetchall()
+    ended = []
+    for pid, hidden, stalled in rows:
+        if hidden:
+            raise StoreError(f"the lease row of app {app!r} is held by session {pid}, of another "
+                             "role, and this role may not see since when (a process stopped "
+                             f"mid-call holds it for good): {_GRANTS}")
+        if not stalled:
+            continue
+        try:
+            conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        except psycopg.errors.InsufficientPrivilege as refused:
+            raise StoreError(f"session {pid} has held the lease row of app {app!r} for over "
+                             f"{age_ms} ms (a process stopped mid-call) and this role may not "
+                             f"end it ({refused}): {_GRANTS}") from refused
+        ended.append(int(pid))
+    return ended
 
 
 def acquire(conn: Any, schema: str, app: str, *, holder: str, node: str, ttl_ms: int,
