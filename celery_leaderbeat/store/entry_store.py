@@ -66,7 +66,7 @@ class EntryStore:
         ``first_ms``, a one-off's slot less 1 ms, when earlier), in the same step.
         """
         reply = self._call("save", name, how, fingerprint, timing, "1" if enabled else "0",
-                           "" if anchor_ms is None else str(anchor_ms), definition, REMOVED_CAP,
+                           "" if anchor_ms is None else str(anchor_ms), definition,
                            "" if first_ms is None else str(first_ms))
         code = int(reply[0])
         if code == 2:

@@ -37,13 +37,12 @@ end
 
 -- save: name, how ('upsert', 'create': refused if it exists, 'update': if it does not), the
 -- whole definition's fingerprint, the timing's (what decides the slots), enabled '1'/'0',
--- the anchor (ms) to keep instead of now or '', the JSON, the removed-zset cap (a save removes
--- nothing), a one-off's slot less 1 ms or '' (its first slot state: the earlier of that and
--- the anchor). {1, version, anchor_ms} saved, {0, version, anchor_ms} unchanged, {2} exists
--- (create), {3} unknown (update).
+-- the anchor (ms) to keep instead of now or '', the JSON, a one-off's slot less 1 ms or ''
+-- (its first slot state: the earlier of that and the anchor). {1, version, anchor_ms}
+-- saved, {0, version, anchor_ms} unchanged, {2} exists (create), {3} unknown (update).
 if mode == 'save' then
   local name, how, fp, timing, enabled, keep = ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7]
-  local json, one_off = ARGV[8], ARGV[10] or ''
+  local json, one_off = ARGV[8], ARGV[9] or ''
   local cur = redis.call('HGET', KEYS[1], name)
   local t = redis.call('TIME')
   local anchor = (tonumber(t[1]) + (tonumber(t[2]) > 0 and 1 or 0)) * 1000
