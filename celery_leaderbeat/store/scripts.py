@@ -28,7 +28,9 @@ SLOT_SCRIPTS = ("lead", "rescue", "record", "backfill", "define", "check")
 #: the prelude pieces a slot script gets after ``prelude.lua``: only those it calls, in
 #: this order (a piece calls only what ``prelude.lua`` and the pieces before it define)
 PIECES = {"lead": ("prelude_events", "prelude_claims", "prelude_enqueue"),
-          "rescue": ("prelude_events", "prelude_claims"), "record": ("prelude_events",)}
+          "rescue": ("prelude_events", "prelude_claims"), "record": ("prelude_events",),
+          "backfill": ("prelude_fence",), "define": ("prelude_fence",),
+          "check": ("prelude_fence",)}
 #: the worker guard's scripts of one run, which share ``guard_prelude.lua``
 RUN_SCRIPTS = ("guard_start", "guard_renew", "guard_finish", "guard_release")
 NAMES = ("acquire", "renew", "release", "prune", "lost", *SLOT_SCRIPTS, *RUN_SCRIPTS,

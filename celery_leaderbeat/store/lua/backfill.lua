@@ -14,11 +14,8 @@ local slots_at = 9
 
 local wrong = bad_keys() or bad_values({name})
 if wrong then return refuse('backfill', wrong) end
-local reset = seen == 'reset' and redis.call('GET', KEYS[1]) == token
-local answer, generation = check_generation(seen, reset, lift_above, false)
+local answer, generation = fenced(token, ttl, seen, lift_above, ahead)
 if answer then return answer end
-local holder = fence(token, ttl, reset, ahead)
-if holder ~= nil then return {0, holder, 0} end
 
 -- how far back the history is whole: after the newest event trimmed from it (Redis 7
 -- says which), else from its oldest event on

@@ -7,9 +7,6 @@ local token, ttl, ahead, seen, lift_above = ARGV[1], ARGV[2], ARGV[3], ARGV[4], 
 
 local wrong = bad_keys()
 if wrong then return refuse('check', wrong) end
-local reset = seen == 'reset' and redis.call('GET', KEYS[1]) == token
-local answer, generation = check_generation(seen, reset, lift_above, false)
+local answer, generation = fenced(token, ttl, seen, lift_above, ahead)
 if answer then return answer end
-local holder = fence(token, ttl, reset, ahead)
-if holder ~= nil then return {0, holder, 0} end
 return {1, now_ms(), 0, generation}
