@@ -3,6 +3,7 @@ queue, and a schema migrated from an older version."""
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Iterator
 
@@ -71,6 +72,18 @@ def test_each_app_hears_only_its_own_events(conninfo: str, place: Place) -> None
     PostgresEvents(place).publish("request")
     assert mine.next(10) == "request"
     mine.close()
+
+
+def test_a_subscription_on_the_server_itself_keeps_listening_and_hears(
+        place: Place, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING):
+        subscription = PostgresEvents(place).subscribe()
+    try:
+        assert subscription.listen and "hears nothing" not in caplog.text
+        PostgresEvents(place).publish("released")
+        assert subscription.next(5.0) == "released"
+    finally:
+        subscription.close()
 
 
 def test_without_listen_a_subscription_waits_and_answers_none(place: Place) -> None:

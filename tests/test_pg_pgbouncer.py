@@ -4,6 +4,7 @@ statement and no session state, and its events are polled (``listen=False``)."""
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Iterator
 
@@ -68,3 +69,17 @@ def test_nodes_racing_behind_a_transaction_pooler_get_one_lease(bounced: str) ->
     finally:
         for store in stores:
             store.close()
+
+
+def test_a_subscription_behind_a_transaction_pooler_finds_listen_deaf_and_polls(
+        bounced: str, caplog: pytest.LogCaptureFixture) -> None:
+    config = pg_config(key_prefix="app", node_id="n1")
+    store = open_store(bounced, config)  # LISTEN on, as a beat opens it
+    try:
+        with caplog.at_level(logging.WARNING):
+            subscription = store.events.subscribe()
+        assert not subscription.listen
+        assert "LISTEN hears nothing on this connection" in caplog.text
+        assert subscription.next(0.1) is None
+    finally:
+        store.close()

@@ -5,13 +5,17 @@ A hint, never state: a node that misses one finds the same at its next poll. Whe
 ``LISTEN`` is unavailable (a transaction-mode pooler hands each statement any server
 session, so a session's ``LISTEN`` hears nothing), ``listen=False`` makes a subscription
 wait out each timeout and answer None: the nodes' own polls carry everything then, at
-the cost of the wake-ups (a released lease is found at the next standby poll).
+the cost of the wake-ups (a released lease is found at the next standby poll). A
+subscription finds that out itself: its first ``LISTEN`` is tried with a notification
+sent from another connection, and one that is not heard within :data:`PROBE_WAIT` s
+turns listening off, with a warning.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import secrets
 import time
 from collections import deque
 from typing import Any
@@ -22,6 +26,9 @@ from psycopg import sql
 from .pool import ERRORS
 
 logger = logging.getLogger(__name__)
+
+#: seconds a subscription's first LISTEN waits for the notification that tries it
+PROBE_WAIT = 2.0
 
 
 def channel_name(schema: str, app: str) -> str:
@@ -41,20 +48,53 @@ class PostgresSubscription:
         self.connect_timeout = connect_timeout
         self._conn: psycopg.Connection[Any] | None = None
         self._pending: deque[str] = deque()
+        self._probed = False  # the first LISTEN was heard: not tried again after a break
         if listen:
             self._connect()
 
     def _connect(self) -> bool:
         try:
-            conn = psycopg.connect(self.conninfo, autocommit=True,
-                                   connect_timeout=max(1, int(self.connect_timeout)))
+            conn = self._open()
             conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
+            deaf = not self._probed and not self._hears(conn)
         except ERRORS as exc:
             logger.debug("leaderbeat: LISTEN %s failed (%s); polling meanwhile",
                          self.channel, exc)
             return False
+        self._probed = True
+        if deaf:
+            logger.warning("leaderbeat: LISTEN hears nothing on this connection (a "
+                           "transaction-mode pooler such as PgBouncer in between?): the "
+                           "events are polled instead (a released lease is found at the next "
+                           "standby poll); connect the beats to PostgreSQL itself or a "
+                           "session-mode pool to be woken at once")
+            self.listen = False
+            conn.close()
+            return False
         self._conn = conn
         return True
+
+    def _open(self) -> psycopg.Connection[Any]:
+        return psycopg.connect(self.conninfo, autocommit=True,
+                               connect_timeout=max(1, int(self.connect_timeout)))
+
+    def _hears(self, conn: psycopg.Connection[Any]) -> bool:
+        """Whether ``conn``'s LISTEN hears a notification sent from another connection
+        (on a channel of this probe's own); what else arrives meanwhile is kept."""
+        probe = f"{self.channel}_probe_{secrets.token_hex(4)}"
+        conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(probe)))
+        with self._open() as other:
+            other.execute("SELECT pg_notify(%s, '')", (probe,))
+        heard, deadline = False, time.monotonic() + PROBE_WAIT
+        while not heard and time.monotonic() < deadline:
+            left = max(0.0, deadline - time.monotonic())
+            for notify in conn.notifies(timeout=left, stop_after=1):
+                if notify.channel == probe:
+                    heard = True
+                else:
+                    self._pending.append(notify.payload)
+        conn.execute(sql.SQL("UNLISTEN {}").format(sql.Identifier(probe)))
+        return heard
 
     def next(self, timeout: float) -> str | None:
         """The next event, waiting up to ``timeout`` s; None: none yet."""
