@@ -16,7 +16,7 @@ lease) also with ``before`` and ``after``, each at a randomly chosen occurrence
 of that site (about 50 replays, about a minute on a busy 2-core machine); on
 PostgreSQL, where a replay takes longer, every SQL call site of the same rules with
 ``after`` instead (39 replays, under 3 minutes). ``LEADERBEAT_SWEEP=full`` replays every index with every kind
-(6,450 replays of 1,075 calls, about an hour and a half); ``LEADERBEAT_SWEEP_SHARD=i/n``
+(6,498 replays of 1,083 calls, about an hour and a half); ``LEADERBEAT_SWEEP_SHARD=i/n``
 splits it among n processes; ``LEADERBEAT_SWEEP_SEED`` picks another sample.
 
 Failures found are asserted together at the end, one line each; each one is
