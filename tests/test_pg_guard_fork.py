@@ -173,7 +173,10 @@ def thread_names(pid: int) -> list[str]:
     """The Python threads of process ``pid``, by name (py-spy reads them from outside)."""
     spy = Path(sys.executable).parent / "py-spy"
     if not spy.exists():
-        pytest.skip(f"py-spy is not installed next to {sys.executable} (pip install py-spy)")
+        missing = f"py-spy is not installed next to {sys.executable} (pip install py-spy)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{missing}: .ci/run installs it")
+        pytest.skip(missing)
     dump = subprocess.run([str(spy), "dump", "--pid", str(pid)], capture_output=True,
                           text=True, timeout=60, check=True).stdout
     return re.findall(r'^Thread \S+ \(\w+\): "(.*)"$', dump, re.MULTILINE)
