@@ -238,7 +238,14 @@ def log_events(beat: BeatProcess, pattern: str) -> list[float]:
 
 
 def versions() -> dict[str, str]:
-    from importlib.metadata import version
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    def version(name: str) -> str:
+        try:
+            return installed(name)
+        except PackageNotFoundError:  # a bench that does not run RedBeat may lack it
+            return "not installed"
 
     import celery
     import redis
