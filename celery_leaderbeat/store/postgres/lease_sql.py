@@ -14,7 +14,6 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import psycopg
-from psycopg import sql
 
 from ..errors import StoreError
 from .schema import qualified
@@ -144,14 +143,10 @@ def acquire(conn: Any, schema: str, app: str, *, holder: str, node: str, ttl_ms:
     """Take the lease if it is free (one statement); the new epoch or the holder's.
     ``wait_ms``: how long to wait for the row while another transaction holds it; past
     that, a session stalled on it for over half ``ttl_ms`` is ended and the row tried again."""
-    params = {"app": app, "holder": holder, "node": node, "ttl_ms": ttl_ms,
-              "seen": seen_epoch, "seen_generation": seen_generation, "despite": despite_loss}
-    try:
-        row = _bounded(conn, qualified(_ACQUIRE, schema), params, wait_ms)
-    except psycopg.errors.LockNotAvailable:
-        if not end_stalled(conn, schema, app, age_ms=ttl_ms // 2):
-            raise
-        row = _bounded(conn, qualified(_ACQUIRE, schema), params, wait_ms)
+    row = _on_the_row(conn, schema, app, _ACQUIRE, wait_ms=wait_ms, ttl_ms=ttl_ms,
+                      params={"holder": holder, "node": node, "ttl_ms": ttl_ms,
+                              "seen": seen_epoch, "seen_generation": seen_generation,
+                              "despite": despite_loss})
     epoch, held_by, held_epoch, remaining, now_ms, generation = row
     if epoch is not None:
         return Acquired(int(epoch), None, 0, ttl_ms, int(now_ms), int(generation))
@@ -159,13 +154,26 @@ def acquire(conn: Any, schema: str, app: str, *, holder: str, node: str, ttl_ms:
                     int(now_ms), int(generation))
 
 
-def _bounded(conn: Any, statement: sql.Composed, params: dict[str, Any], wait_ms: int) -> Any:
-    """``statement``'s one row, in a transaction that waits at most ``wait_ms`` for a lock."""
-    with conn.pipeline(), conn.transaction():
-        if wait_ms:
-            conn.execute(_BOUND, (f"{wait_ms}ms",))
-        cursor = conn.execute(statement, params)
-    return cursor.fetchone()
+def _on_the_row(conn: Any, schema: str, app: str, text: str, *, params: dict[str, Any],
+                wait_ms: int, ttl_ms: int) -> Any:
+    """The one row of statement ``text`` on the lease row, in a transaction that waits at
+    most ``wait_ms`` for the row; once more after ending a session stalled on it for over
+    half ``ttl_ms`` (:func:`end_stalled`)."""
+    statement = qualified(text, schema)
+
+    def bounded() -> Any:
+        with conn.pipeline(), conn.transaction():
+            if wait_ms:
+                conn.execute(_BOUND, (f"{wait_ms}ms",))
+            cursor = conn.execute(statement, {"app": app, **params})
+        return cursor.fetchone()
+
+    try:
+        return bounded()
+    except psycopg.errors.LockNotAvailable:
+        if not end_stalled(conn, schema, app, age_ms=ttl_ms // 2):
+            raise
+        return bounded()
 
 
 def renew(conn: Any, schema: str, app: str, *, holder: str, epoch: int,
@@ -173,13 +181,8 @@ def renew(conn: Any, schema: str, app: str, *, holder: str, epoch: int,
     """Extend the lease held by ``holder`` under ``epoch``; the server's time (ms), or
     None when the lease is no longer held so (expired, taken, released): lost.
     ``wait_ms``: as :func:`acquire`'s (a session stalled on the row is ended)."""
-    params = {"app": app, "holder": holder, "epoch": epoch, "ttl_ms": ttl_ms}
-    try:
-        row = _bounded(conn, qualified(_RENEW, schema), params, wait_ms)
-    except psycopg.errors.LockNotAvailable:
-        if not end_stalled(conn, schema, app, age_ms=ttl_ms // 2):
-            raise
-        row = _bounded(conn, qualified(_RENEW, schema), params, wait_ms)
+    row = _on_the_row(conn, schema, app, _RENEW, wait_ms=wait_ms, ttl_ms=ttl_ms,
+                      params={"holder": holder, "epoch": epoch, "ttl_ms": ttl_ms})
     return None if row is None else int(row[0])
 
 
