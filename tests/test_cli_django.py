@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.support.beat import NOOP, REPO_ROOT
+from tests.support.beat import NOOP, REPO_ROOT, BeatProcess
 from tests.support.postgres import postgres_database
 
 pytestmark = pytest.mark.slow
@@ -70,3 +70,14 @@ def test_status_on_a_database_whose_migrations_were_not_applied_says_to_migrate(
     assert "django_celery_beat_periodictask" in done.stderr
     assert f"({name})" in done.stderr
     assert "python manage.py migrate django_celery_beat" in done.stderr
+
+
+def test_beat_on_a_database_whose_migrations_were_not_applied_stops_saying_to_migrate(
+        tmp_path, make_redis_server, key_prefix):
+    with postgres_database("lbcli") as name:
+        env = {**site_env(name, make_redis_server(), key_prefix), "PYTHONPATH": str(REPO_ROOT)}
+        with BeatProcess(APP, env=env, log_path=tmp_path / "beat.log") as beat:
+            assert beat.wait_exit(60) != 0
+            log = beat.log_text()
+    assert f"django-celery-beat's tables cannot be read in database 'default' ({name})" in log
+    assert "python manage.py migrate django_celery_beat" in log

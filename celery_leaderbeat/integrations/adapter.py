@@ -32,6 +32,11 @@ class Adapter:
         #: adapter calls the base's own methods on it, which only the base class types
         self.scheduler = scheduler
 
+    def setup_failure(self, exc: Exception) -> Exception | None:
+        """What the base's set-up failing with ``exc`` means to a user (a clearer error
+        to raise instead); None: ``exc`` as it is."""
+        return None
+
     def prepare(self, entries: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         """``beat_schedule`` entries (cron strings parsed) about to be stored by the base."""
         return entries

@@ -69,6 +69,13 @@ class DatabaseAdapter(Adapter):
         self._known: dict[Any, tuple[Any, Any]] | None = None  # pk -> (date_changed, entry)
         self._full_at = 0.0  # monotonic time of the last read of every row
 
+    def setup_failure(self, exc: Exception) -> Exception | None:
+        from django.db import ProgrammingError
+
+        if isinstance(exc, ProgrammingError):
+            return unmigrated(self.books.model, exc)
+        return None
+
     # -- beat_schedule into rows ---------------------------------------------------------
 
     def prepare(self, entries: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -256,18 +263,25 @@ def database_rows(app: Any, base: Any) -> dict[str, dict[str, Any]]:
 def _enabled_rows(base: Any) -> list[Any]:
     """``base``'s enabled rows; ConfigurationError when its tables are not in the database
     (django-celery-beat installed, its migrations not applied)."""
-    from django.db import ProgrammingError, connections, router
+    from django.db import ProgrammingError
 
-    model = base.Model
     try:
-        return list(model.objects.enabled())
+        return list(base.Model.objects.enabled())
     except ProgrammingError as exc:
-        alias = router.db_for_read(model)
-        name = connections[alias].settings_dict.get("NAME")
-        raise ConfigurationError(
-            f"django-celery-beat's table {model._meta.db_table!r} cannot be read in database "
-            f"{alias!r} ({name}): {str(exc).strip().splitlines()[0]}; its migrations must be "
-            "applied first: python manage.py migrate django_celery_beat") from exc
+        raise unmigrated(base.Model, exc) from exc
+
+
+def unmigrated(model: Any, exc: Exception) -> ConfigurationError:
+    """The error of a read of ``model``'s table that failed with ``exc`` (a
+    ProgrammingError: django-celery-beat installed, its migrations not applied)."""
+    from django.db import connections, router
+
+    alias = router.db_for_read(model)
+    name = connections[alias].settings_dict.get("NAME")
+    return ConfigurationError(
+        f"django-celery-beat's tables cannot be read in database {alias!r} ({name}): "
+        f"{str(exc).strip().splitlines()[0]}; its migrations must be applied first: "
+        "python manage.py migrate django_celery_beat")
 
 
 def as_crontab(name: str, schedule: cron, zone: tzinfo) -> TzAwareCrontab:

@@ -102,7 +102,13 @@ class WrapMixin(_Glue):
 
     def setup_schedule(self) -> None:
         """The base's own set-up; then one read, where a bad beat_schedule entry is fatal."""
-        self.wrapped.setup_schedule(self)  # type: ignore[attr-defined]
+        try:
+            self.wrapped.setup_schedule(self)  # type: ignore[attr-defined]
+        except Exception as exc:
+            clearer = self.adapter.setup_failure(exc)
+            if clearer is None:
+                raise
+            raise clearer from exc
         self._refresh(force=True, strict=True)
 
     def merge_inplace(self, b: Any) -> None:
