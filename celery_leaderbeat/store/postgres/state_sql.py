@@ -181,14 +181,18 @@ def _event(row_id: int, at: float, event: str, entry: str, slot: int | None, nod
 
 def prune_history(conn: Any, schema: str, app: str, *, keep: int, max_age_s: float,
                   grants_keep_s: float | None = None) -> int:
-    """Drop history rows beyond the newest ``keep`` and older than ``max_age_s``, and
-    grants older than ``grants_keep_s`` (default ``max_age_s``); how many history rows
-    went."""
+    """Drop grants older than ``grants_keep_s`` (default ``max_age_s``), then history rows
+    beyond the newest ``keep`` and older than ``max_age_s``; how many history rows went.
+
+    Two transactions: the grants' may be long (a large table after an outage) and takes
+    no lock on the lease row; the history's notes on that row how far back it is whole,
+    and holds it only as long as its one statement runs (a session holding the lease row
+    for half a ttl is taken for a stalled one and ended: :func:`.lease_sql.end_stalled`)."""
+    _run(conn, schema, app, _PRUNE_GRANTS,
+         max_age_s=max_age_s if grants_keep_s is None else grants_keep_s)
     with conn.transaction():
         gone = _run(conn, schema, app, _PRUNE_HISTORY, keep=keep,
                     max_age_s=max_age_s).fetchone()[0]
-        _run(conn, schema, app, _PRUNE_GRANTS,
-             max_age_s=max_age_s if grants_keep_s is None else grants_keep_s)
     return int(gone)
 
 
