@@ -123,8 +123,9 @@ def end_stalled(conn: Any, schema: str, app: str, *, age_ms: int) -> list[int]:
     for pid, hidden, stalled in rows:
         if hidden:
             raise StoreError(f"the lease row of app {app!r} is held by session {pid}, of another "
-                             "role, and this role may not see since when (a process stopped "
-                             f"mid-call holds it for good): {_GRANTS}")
+                             "role, and this role may not see since when, so it cannot tell a "
+                             "slow call from a process stopped mid-call (which holds it for "
+                             f"good): {_GRANTS}")
         if not stalled:
             continue
         try:
