@@ -736,6 +736,32 @@ def test_a_role_that_may_not_end_a_stalled_session_says_which_grant_it_lacks(
         assert session_alive(conninfo, pid), "a session of a superuser is not this role's to end"
 
 
+def test_a_prune_waiting_on_the_grants_leaves_the_lease_row_free(
+        make_node: Callable[..., Node], conninfo: str) -> None:
+    """The grants' delete may be long; while it runs (here: waits on a grant another
+    session locked) nobody's renewal or takeover waits on the lease row."""
+    lease, ledger = lead(make_node)
+    now = server_ms(conninfo)
+    claim(lease, ledger, ClaimItem("e", now - 1000, Op.CLAIM, now - 1000))
+    claim(lease, ledger, ClaimItem("e", now, Op.CLAIM, now),
+          events=(Event("e", now - 1000, "sent"),))  # history rows for the prune to drop
+    done: list[int] = []
+    with psycopg.connect(conninfo) as holding, psycopg.connect(conninfo, autocommit=True) as watch:
+        holding.execute(qualified("SELECT 1 FROM {schema}.grants FOR UPDATE", SCHEMA))
+        pruning = threading.Thread(target=lambda: done.append(ledger.place.run(
+            state_sql.prune_history, keep=0, max_age_s=0.0, grants_keep_s=0.0)))
+        pruning.start()
+        deadline = time.monotonic() + 10
+        while not watch.execute("SELECT count(*) FROM pg_locks WHERE NOT granted").fetchone()[0]:
+            assert time.monotonic() < deadline and pruning.is_alive(), "the prune never waited"
+            time.sleep(0.005)
+        watch.execute(qualified("SELECT 1 FROM {schema}.lease FOR UPDATE NOWAIT", SCHEMA))
+        holding.rollback()
+        pruning.join(10)
+    assert done and done[0] >= 1, "the history was pruned once the grants were"
+    assert sql(conninfo, "SELECT count(*) FROM {schema}.grants") == [(0,)]
+
+
 def test_a_loss_one_node_saw_stops_every_nodes_claims_until_a_leader_starts_again(
         make_node: Callable[..., Node], conninfo: str) -> None:
     lease, ledger = lead(make_node)
