@@ -151,7 +151,9 @@ class Config:
 
     @property
     def socket_timeout(self) -> float:
-        """Seconds a Redis call may take: the user's ``socket_timeout``, else ours."""
+        """Seconds a store call may take (a Redis socket's timeout; on PostgreSQL a lock
+        wait, an idle transaction, the pool's wait): ``redis_options["socket_timeout"]``
+        when given, else half the renew interval within 0.5 to 2 s."""
         given = self.redis_options.get("socket_timeout")
         return float(given) if given else max(0.5, min(2.0, self.renew_interval / 2))
 
