@@ -48,7 +48,7 @@ class PostgresSubscription:
         self.connect_timeout = connect_timeout
         self._conn: psycopg.Connection[Any] | None = None
         self._pending: deque[str] = deque()
-        self._probed = False  # the first LISTEN was heard: not tried again after a break
+        self._probed = False  # the first LISTEN was tried: not tried again after a break
         if listen:
             self._connect()
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from ...config import Config
 from ..records import LOSS, Acquired, Renewed
 from . import lease_sql
-from .place import Place, channel
+from .place import Place, channel, wait_ms
 
 
 class PostgresLease:
@@ -23,7 +23,7 @@ class PostgresLease:
         self.config = config
         self.ttl_ms = int(config.lease_ttl * 1000)
         #: how long a call waits for the lease row while another transaction holds it
-        self.wait_ms = max(100, int(config.socket_timeout * 1000))
+        self.wait_ms = wait_ms(config)
 
     def acquire(self, seen_epoch: int, seen_generation: int = 0, *,
                 despite_loss: bool = False) -> Acquired:

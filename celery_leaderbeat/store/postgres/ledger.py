@@ -22,7 +22,7 @@ from ..types import (
     SlotState,
 )
 from . import claims_sql, lease_sql, rules, state_sql
-from .place import Place
+from .place import Place, wait_ms
 from .pool import ERRORS
 
 #: ms a leader's claimed slot may lie ahead of the server's clock beyond max_clock_skew
@@ -88,7 +88,7 @@ class PostgresLedger:
     @property
     def _wait_ms(self) -> int:
         """How long a claim waits for a lock or idles mid-transaction: a call's timeout."""
-        return max(100, int(self.config.socket_timeout * 1000))
+        return wait_ms(self.config)
 
     def observe_generation(self, generation: int | None) -> None:
         """Note a generation seen elsewhere (an acquire attempt's answer); a lower one than

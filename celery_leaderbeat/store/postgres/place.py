@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ...config import Config
 from .events import channel_name
 from .pool import Pool, connection
 
@@ -38,6 +39,12 @@ class Place:
         if self.fault is not None:
             self.fault(site, "after")
         return result
+
+
+def wait_ms(config: Config) -> int:
+    """How long a call waits for a lock held by another transaction, or idles inside its
+    own: a call's timeout (at least 100 ms)."""
+    return max(100, int(config.socket_timeout * 1000))
 
 
 def channel(place: Place) -> str:

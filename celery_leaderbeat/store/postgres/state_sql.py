@@ -190,9 +190,7 @@ def prune_history(conn: Any, schema: str, app: str, *, keep: int, max_age_s: flo
     for half a ttl is taken for a stalled one and ended: :func:`.lease_sql.end_stalled`)."""
     _run(conn, schema, app, _PRUNE_GRANTS,
          max_age_s=max_age_s if grants_keep_s is None else grants_keep_s)
-    with conn.transaction():
-        gone = _run(conn, schema, app, _PRUNE_HISTORY, keep=keep,
-                    max_age_s=max_age_s).fetchone()[0]
+    gone = _run(conn, schema, app, _PRUNE_HISTORY, keep=keep, max_age_s=max_age_s).fetchone()[0]
     return int(gone)
 
 
