@@ -71,46 +71,48 @@ def plan(app: Any, rows: list[tuple[str, bytes | None, bytes | None]],
          prefix: str) -> list[Planned]:
     """What an import of RedBeat's ``rows`` (key, definition, meta) would do, entry by
     entry (nothing written)."""
+    static = app.conf.beat_schedule or {}
+    config = _config(app)  # once: every entry is checked against the same settings
+    return [_plan_one(key.removeprefix(prefix), raw_def, raw_meta, static, config)
+            for key, raw_def, raw_meta in rows]
+
+
+def _plan_one(name: str, raw_def: bytes | None, raw_meta: bytes | None,
+              static: dict[str, Any], config: Any) -> Planned:
+    """One RedBeat entry's import: the entry and its last run, or why it is left out."""
+    if raw_def is None:
+        return Planned(name, None, None, "no definition (deleted meanwhile?)")
+    try:
+        definition = json.loads(raw_def, object_hook=_decode)
+        meta = json.loads(raw_meta, object_hook=_decode) if raw_meta else {}
+    except (_Unsupported, ValueError, KeyError) as exc:
+        return Planned(name, None, None, str(exc))
+    name = definition.get("name") or name
+    if name.startswith("celery."):
+        return Planned(name, None, None, "Celery's own entry: every beat installs it")
+    if name in static:
+        return Planned(name, None, None, "a beat_schedule entry of that name: it stays static")
+    entry = _entry_of(name, definition)
+    try:
+        entry.to_json(config, static)
+    except ConfigurationError as exc:
+        return Planned(name, None, None, str(exc))
+    last = meta.get("last_run_at")
+    if isinstance(last, datetime) and last.tzinfo is None:
+        last = last.replace(tzinfo=timezone.utc)
+    return Planned(name, entry, last if isinstance(last, datetime) else None)
+
+
+def _entry_of(name: str, definition: dict[str, Any]) -> Entry:
+    """RedBeat's decoded definition as a leaderbeat runtime entry (not saved)."""
     from celery.schedules import schedule as interval
 
-    static = app.conf.beat_schedule or {}
-    planned = []
-    for key, raw_def, raw_meta in rows:
-        name = key.removeprefix(prefix)
-        if raw_def is None:
-            planned.append(Planned(name, None, None, "no definition (deleted meanwhile?)"))
-            continue
-        try:
-            definition = json.loads(raw_def, object_hook=_decode)
-            meta = json.loads(raw_meta, object_hook=_decode) if raw_meta else {}
-        except (_Unsupported, ValueError, KeyError) as exc:
-            planned.append(Planned(name, None, None, str(exc)))
-            continue
-        name = definition.get("name") or name
-        if name.startswith("celery."):
-            planned.append(Planned(name, None, None, "Celery's own entry: every beat installs it"))
-            continue
-        if name in static:
-            planned.append(Planned(name, None, None, "a beat_schedule entry of that name: it "
-                                                     "stays static"))
-            continue
-        sched = definition.get("schedule")
-        if isinstance(sched, _Relative):
-            sched = interval(sched.every, relative=True)
-        last = meta.get("last_run_at")
-        if isinstance(last, datetime) and last.tzinfo is None:
-            last = last.replace(tzinfo=timezone.utc)
-        entry = Entry(name, definition["task"], sched, args=definition.get("args") or (),
-                      kwargs=definition.get("kwargs") or {},
-                      options=definition.get("options") or {},
-                      enabled=bool(definition.get("enabled", True)))
-        try:
-            entry.to_json(_config(app), static)
-        except ConfigurationError as exc:
-            planned.append(Planned(name, None, None, str(exc)))
-            continue
-        planned.append(Planned(name, entry, last if isinstance(last, datetime) else None))
-    return planned
+    sched = definition.get("schedule")
+    if isinstance(sched, _Relative):
+        sched = interval(sched.every, relative=True)
+    return Entry(name, definition["task"], sched, args=definition.get("args") or (),
+                 kwargs=definition.get("kwargs") or {}, options=definition.get("options") or {},
+                 enabled=bool(definition.get("enabled", True)))
 
 
 def _config(app: Any) -> Any:
