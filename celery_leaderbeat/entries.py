@@ -58,8 +58,6 @@ def split_entries(
     Every problem in every entry is collected and raised together, each naming the
     entry as ``kind`` (a runtime entry is checked here too).
     """
-    from .timing.schedules import parse_entry_schedule  # late: schedules imports celery
-
     problems: list[str] = []
     celery_entries: dict[str, dict[str, Any]] = {}
     options: dict[str, EntryOptions] = {}
@@ -67,31 +65,43 @@ def split_entries(
         if not isinstance(raw, Mapping):
             problems.append(f"{kind} {name!r}={raw!r} must be a dict")
             continue
-        entry = dict(raw)
-        ours = dict(entry.pop("leaderbeat", None) or {})
-        if isinstance(entry.get("options"), Mapping) and "leaderbeat" in entry["options"]:
-            entry["options"] = dict(entry["options"])
-            ours.update(entry["options"].pop("leaderbeat") or {})
-        parsed = _entry_options(name, ours, config, problems, kind,
-                                (entry.get("options") or {}).get("headers")
-                                if isinstance(entry.get("options"), Mapping) else None)
-        if "task" not in entry:
-            problems.append(f"{kind} {name!r} has no 'task'")
-        if "schedule" not in entry:
-            problems.append(f"{kind} {name!r} has no 'schedule'")
-        else:
-            try:
-                entry["schedule"] = parse_entry_schedule(
-                    name, entry["schedule"], parsed.tz if parsed else None)
-            except ConfigurationError as exc:
-                problems.extend(exc.problems)
+        entry, parsed = _split_one(name, raw, config, kind, problems)
         if parsed is not None:
-            options[name] = _cron_deadline(parsed, entry.get("schedule"), ours, config)
+            options[name] = parsed
         celery_entries[name] = entry
     if problems:
         raise ConfigurationError(problems)
     config.say_notes()
     return celery_entries, options
+
+
+def _split_one(name: str, raw: Mapping[str, Any], config: Config, kind: str,
+               problems: list[str]) -> tuple[dict[str, Any], EntryOptions | None]:
+    """One entry: what Celery builds it from (its schedule parsed), and our options
+    (None: they had a problem); each problem appended to ``problems``."""
+    from .timing.schedules import parse_entry_schedule  # late: schedules imports celery
+
+    entry = dict(raw)
+    ours = dict(entry.pop("leaderbeat", None) or {})
+    celery_options = entry.get("options")
+    if isinstance(celery_options, Mapping) and "leaderbeat" in celery_options:
+        entry["options"] = celery_options = dict(celery_options)
+        ours.update(celery_options.pop("leaderbeat") or {})
+    headers = celery_options.get("headers") if isinstance(celery_options, Mapping) else None
+    parsed = _entry_options(name, ours, config, problems, kind, headers)
+    if "task" not in entry:
+        problems.append(f"{kind} {name!r} has no 'task'")
+    if "schedule" not in entry:
+        problems.append(f"{kind} {name!r} has no 'schedule'")
+    else:
+        try:
+            entry["schedule"] = parse_entry_schedule(
+                name, entry["schedule"], parsed.tz if parsed else None)
+        except ConfigurationError as exc:
+            problems.extend(exc.problems)
+    if parsed is None:
+        return entry, None
+    return entry, _cron_deadline(parsed, entry.get("schedule"), ours, config)
 
 
 def _cron_deadline(parsed: EntryOptions, schedule: Any, ours: Mapping[str, Any],
