@@ -36,7 +36,8 @@ MEANING = {
                  "`sentinel://h:p;sentinel://h2:p/db`, `redis+cluster://`. Required when the "
                  "broker is not Redis and `store_url` does not name PostgreSQL.",
     "redis_options": "Passed to the redis-py client (`password`, `username`, `ssl_ca_certs`, "
-                     "`socket_timeout`, ...; Sentinel: `master_name`, `sentinel_kwargs`).",
+                     "`socket_timeout`, ...; Sentinel: `master_name`, `sentinel_kwargs`). "
+                     "Its `socket_timeout` is also the PostgreSQL store's call timeout.",
     "key_prefix": "Every key lives under the hash tag `{<prefix>}`; one prefix per app.",
     "node_id": "Unique per beat process: two running beats with one id are stopped with an "
                "error naming this setting.",
