@@ -88,7 +88,8 @@ def test_a_backfill_is_refused_below_the_floor_a_loss_of_writes_set(
         store: PostgresStore, conninfo: str) -> None:
     _, b, c = _three_slots(store, conninfo)
     assert store.ledger.lost_at() is None
-    store.ledger.reset_generation()  # a leader starting again after a loss of writes
+    # a leader starting again after a loss of writes
+    store.ledger.reset_generation(store.lease.epoch)
     token, epoch = store.lease.credentials()
     store.ledger.claim(token, epoch, [ClaimItem("e", c, Op.ANCHOR, c)])
     assert store.ledger.lost_at() is not None

@@ -75,7 +75,7 @@ def test_a_promoted_async_replica_that_lacks_claims_is_refused_until_the_leader_
             with psycopg.connect(replica.conninfo) as conn:
                 after = lease_sql.server_identity(conn)
             assert after[0] == before[0] and after[1] > before[1]  # the same data, a new timeline
-            ledger.reset_generation()
+            ledger.reset_generation(epoch)
             assert ledger.claim(token, epoch, [ClaimItem("e", 3000, Op.CLAIM, 3000)]) == [Code.GRANTED]
         finally:
             lease.place.pool.close()

@@ -569,7 +569,7 @@ def test_a_claim_against_older_state_than_the_node_saw_is_refused_and_writes_not
     with pytest.raises(RolledBackError):
         standby.rescue([ClaimItem("e", 2000, Op.CLAIM, 2000, 1000)])
     # the leader starts again past the loss: its next claim lifts the generation above
-    ledger.reset_generation()
+    ledger.reset_generation(lease.epoch)
     assert claim(lease, ledger, ClaimItem("e", 3000, Op.CLAIM, 3000)) == [Code.GRANTED]
     assert ledger.generation == 3 and not ledger.below
 
@@ -775,7 +775,7 @@ def test_a_loss_one_node_saw_stops_every_nodes_claims_until_a_leader_starts_agai
         standby.rescue([ClaimItem("e", 3000, Op.CLAIM, 3000, 2000)])
     assert standby.loss_reported
     assert standby.record(0, [Event("e", 2000, "unsent")]) == 0  # history still written
-    ledger.reset_generation()
+    ledger.reset_generation(lease.epoch)
     assert claim(lease, ledger, ClaimItem("e", 3000, Op.CLAIM, 3000)) == [Code.GRANTED]
     assert standby.rescue([ClaimItem("e", 3000, Op.CLAIM, 3000, 3000)]).results != []
 
@@ -852,7 +852,7 @@ def test_a_leader_starting_again_after_a_loss_still_does_when_its_first_claim_fa
     sql(conninfo, "UPDATE {schema}.lease SET generation = 1")
     with pytest.raises(RolledBackError):
         claim(lease, ledger, ClaimItem("e", 3000, Op.CLAIM, 3000))
-    ledger.reset_generation()
+    ledger.reset_generation(lease.epoch)
     failing = ["claim"]
 
     def fail_once(site: str, when: str) -> None:

@@ -326,7 +326,7 @@ def test_a_backfill_skips_slots_due_before_redis_lost_writes(node, redis_client)
     assert leader.lease.try_acquire()
     now = redis_ms(redis_client)
     last = now + 20_000
-    leader.ledger.reset_generation()
+    leader.ledger.reset_generation(leader.lease.epoch)
     leader.ledger.claim(*leader.lease.credentials(), [ClaimItem("e", last, Op.ANCHOR)])
     sent, skipped = _backfill(leader, (now + 1_000,), last)
     assert sent == []

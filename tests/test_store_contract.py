@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from celery_leaderbeat.config import Config
-from celery_leaderbeat.errors import LeaseLostError
+from celery_leaderbeat.errors import LeaseLostError, RolledBackError
 from celery_leaderbeat.roles.lease import LeaseView
 from celery_leaderbeat.store.base import (
     DetectsLoss,
@@ -530,11 +530,34 @@ def test_a_leader_starting_again_after_a_loss_sets_when_and_no_backfill_reaches_
     assert a.lease.try_acquire()
     token, epoch = a.lease.credentials()
     a.ledger.claim(token, epoch, [ClaimItem("e", 10_000, Op.CLAIM)])
-    a.loss.reset_generation()
+    a.loss.reset_generation(epoch)
     a.ledger.claim(token, epoch, [ClaimItem("e", 50_000, Op.SKIP)])
     lost_at = a.loss.lost_at()
     assert lost_at is not None and abs(lost_at - backend.now_ms()) < 60_000
     assert a.ledger.backfill(token, epoch, "e", [30_000], "r1") == [BackfillRefused(BackfillReason.LOST)]
+
+
+def test_a_leaders_start_past_a_loss_is_its_own_terms_and_no_later_term_takes_it(backend):
+    """A leader told of a loss asks to start again past it, then loses its lease before
+    a claim carried that: when it leads again, its claims find the loss still reported
+    (it must re-anchor knowing of it), not lift the generation blindly."""
+    a, b = backend.make("a"), backend.make("b")
+    assert a.lease.try_acquire()
+    token, epoch = a.lease.credentials()
+    a.ledger.claim(token, epoch, [ClaimItem("e", 10_000, Op.CLAIM)])
+    b.loss.observe_generation(a.loss.generation + 10)  # b saw writes the store lost
+    b.loss.report_lost({"e": 10_000})  # and says so
+    with pytest.raises(RolledBackError):
+        a.ledger.claim(token, epoch, [ClaimItem("e", 20_000, Op.CLAIM)])
+    a.loss.reset_generation(epoch)
+    assert a.lease.release()  # stepped down before its next claim
+    assert a.lease.try_acquire()
+    token, later = a.lease.credentials()
+    assert later > epoch
+    with pytest.raises(RolledBackError):
+        a.ledger.claim(token, later, [ClaimItem("e", 20_000, Op.CLAIM)])
+    a.loss.reset_generation(later)  # this term starts again past the loss: it is dealt with
+    assert a.ledger.claim(token, later, [ClaimItem("e", 20_000, Op.CLAIM)]) == [Code.GRANTED]
 
 
 def test_definitions_written_are_read_beside_the_slots(backend):

@@ -126,8 +126,8 @@ class Losses:
         the leader's lease proved all along (see :meth:`lease_proved_all_along`)."""
         self.rollback_pending = True
         detection = self.detection
-        if detection is not None:
-            detection.reset_generation()  # this leader re-anchors and records the margin
+        if detection is not None and epoch is not None:
+            detection.reset_generation(epoch)  # this leader re-anchors and records the margin
         reported = detection is not None and detection.loss_reported
         # another node reported it: nothing this leader saw went back, so the slot states
         # it wrote itself (under its epoch) are still what it wrote

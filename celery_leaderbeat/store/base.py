@@ -327,8 +327,12 @@ class LossDetection(Protocol):
     def observe_generation(self, generation: int | None) -> None:
         """Note a generation seen elsewhere (an acquire attempt's answer); a lower one than
         this node has seen is a loss (:attr:`loss_seen`)."""
-    def reset_generation(self) -> None:
-        """The next claim re-anchors after a loss of writes (clears :attr:`loss_seen`)."""
+    def reset_generation(self, epoch: int) -> None:
+        """The next claim of the leader of ``epoch`` re-anchors after a loss of writes: it
+        lifts the generation past the loss (clears :attr:`loss_seen`). Only that term's:
+        a claim under another epoch never lifts it (the leader lost its lease before a
+        claim carried it; when it leads again, it finds the loss again and re-anchors
+        knowing of it)."""
     def check_generation(self, token: str, epoch: int) -> None:
         """Leader: raise when the store lost writes this node saw, or ``token`` no longer
         leads; before acting on state a restore may have brought back."""

@@ -65,8 +65,9 @@ class Ledger:
         self.config = config
         #: the highest generation of the state this node has seen (see prelude.lua)
         self.generation = 0
-        #: set by a leader re-anchoring every entry after Redis went back to older state
-        self._reset_generation = False
+        #: the epoch of a leader re-anchoring every entry after Redis went back to older
+        #: state: its next call lifts the counter (a call of another term drops it)
+        self._reset_epoch: int | None = None
         #: Redis answered a lower generation than this node has seen (it lost writes):
         #: set until the node reported what it knew settled (:meth:`report_lost`)
         self.loss_seen = False
@@ -97,14 +98,15 @@ class Ledger:
         """Leader: raise when Redis lost writes this node saw (RolledBackError) or ``token``
         no longer leads (LeaseLostError); before acting on state a restore may have
         brought back. Renews the lease; writes nothing else."""
-        reply = self._call("check", [token, self._ttl_ms(), self._ahead_ms(), *self._seen()])
+        reply = self._call("check", [token, self._ttl_ms(), self._ahead_ms(),
+                                     *self._seen(epoch)])
         self._check_fenced(reply, "check", token)
 
     def mark_definitions(self, token: str, epoch: int) -> None:
         """Leader: mark the stored definitions as what this leader plans (its epoch), fenced;
         until the newest leader did, no standby rescues."""
         reply = self._call("define", [token, self._ttl_ms(), epoch, self._ahead_ms(),
-                                      *self._seen()])
+                                      *self._seen(epoch)])
         self._check_fenced(reply, "define", token)
 
     def backfill(self, token: str, epoch: int, name: str, slots: Sequence[int],
@@ -121,7 +123,7 @@ class Ledger:
         for start in range(0, len(slots), _MAX_PER_CALL):
             batch = slots[start:start + _MAX_PER_CALL]
             reply = self._call("backfill", [token, self._ttl_ms(), epoch, self._ahead_ms(),
-                                            *self._seen(), name, request_id, *batch])
+                                            *self._seen(epoch), name, request_id, *batch])
             self._check_fenced(reply, "backfill", token)
             results += decode("backfill", [ClaimItem(name, s, Op.BACKFILL) for s in batch],
                               reply)
@@ -225,10 +227,12 @@ class Ledger:
             out[name] = max(out.get(name, -1), int(value))
         return out
 
-    def reset_generation(self) -> None:
-        """The next claim call re-anchors after a loss of writes: it lifts the counter (and
-        the loss seen is dealt with: the leader records the margin)."""
-        self._reset_generation = True
+    def reset_generation(self, epoch: int) -> None:
+        """The next call of the leader of ``epoch`` re-anchors after a loss of writes: it
+        lifts the counter (and the loss seen is dealt with: the leader records the
+        margin). The first call made takes it, answered or not: a retry finds the loss
+        again and asks again; a call of another epoch drops it."""
+        self._reset_epoch = epoch
         self.loss_seen = False
 
     def _check_generation(self, reply: Any) -> None:
@@ -257,7 +261,7 @@ class Ledger:
         # a standby's claim is recovered once it is a lease ttl old: the publish window
         args: list[Any] = [token, self._ttl_ms(), epoch, self.config.history_length,
                            self.config.node_id, self._ahead_ms(), self._ttl_ms(),
-                           *self._seen(), *_event_args(events)]
+                           *self._seen(epoch), *_event_args(events)]
         for item in items:
             args += [item.name, item.slot_ms, item.op.value, item.fire_ms, item.fingerprint]
         keys = self._keys()
@@ -281,11 +285,12 @@ class Ledger:
         """How far (ms) a leader's claimed slot may lie ahead of Redis TIME."""
         return int(self.config.max_clock_skew * 1000) + _AHEAD_GRACE_MS
 
-    def _seen(self) -> list[Any]:
-        """A leader's generation arguments: the highest seen and ''; or, after
-        :meth:`reset_generation`, 'reset' and the generation to lift the counter above."""
-        if self._reset_generation:
-            self._reset_generation = False
+    def _seen(self, epoch: int) -> list[Any]:
+        """A leader's generation arguments: the highest seen and ''; or, in the first call
+        of the term that asked :meth:`reset_generation`, 'reset' and the generation to
+        lift the counter above."""
+        reset, self._reset_epoch = self._reset_epoch == epoch, None
+        if reset:
             return ["reset", self.generation]
         return [self.generation or "", ""]
 

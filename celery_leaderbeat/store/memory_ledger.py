@@ -94,7 +94,7 @@ class MemoryLedger(Ledger):
         if ahead is None:
             ahead = self._ahead_ms() if lead else _BUSY_LEADER_MS if mode == "rescue" else ""
         if seen is None:
-            seen = tuple(self._seen()) if lead else (self.generation or "", "")
+            seen = tuple(self._seen(epoch)) if lead else (self.generation or "", "")
         recover_age = self._ttl_ms() if lead else ""
         args = [mode, token, ms, epoch, self.config.history_length, self.config.node_id, ahead,
                 recover_age, 0, *seen]

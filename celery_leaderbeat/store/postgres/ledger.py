@@ -78,7 +78,9 @@ class PostgresLedger:
         self.loss_seen = False
         self.loss_reported = False
         self._loss_below: int | None = None
-        self._reset_generation = False
+        #: the epoch of a leader starting again past a loss of writes: its calls lift the
+        #: generation until one is answered (see reset_generation)
+        self._reset_epoch: int | None = None
         self._writes = 0
 
     @property
@@ -108,9 +110,11 @@ class PostgresLedger:
         """The generation was last seen below the highest this node saw."""
         return self._loss_below is not None
 
-    def reset_generation(self) -> None:
-        """The next claim re-anchors after a loss of writes: it lifts the generation."""
-        self._reset_generation = True
+    def reset_generation(self, epoch: int) -> None:
+        """The next claim of the leader of ``epoch`` re-anchors after a loss of writes: it
+        lifts the generation. Kept until a call of that term is answered (a call that
+        failed may be retried); a call of another epoch drops it: that term is over."""
+        self._reset_epoch = epoch
 
     def _older_state(self, older: claims_sql.OlderState) -> RolledBackError:
         """What a call refused for older state raises; a loss this node saw first is made
@@ -171,12 +175,13 @@ class PostgresLedger:
         limits = claims_sql.Limits(
             ahead_ms=int(self.config.max_clock_skew * 1000) + _AHEAD_GRACE_MS,
             recover_age_ms=int(self.config.lease_ttl * 1000), wait_ms=self._wait_ms)
-        lift = self.generation if self._reset_generation else None
+        if self._reset_epoch != epoch:
+            self._reset_epoch = None
+        lift = self.generation if self._reset_epoch is not None else None
         fence = claims_sql.Fence(holder, epoch, int(self.config.lease_ttl * 1000),
                                  self.generation, lift)
         got = self._claim(fence, limits, events, items)
-        if not got.lost:
-            self._reset_generation = False  # kept until a claim answered: it may be retried
+        self._reset_epoch = None  # answered: lifted, or this term is over
         if got.lost:
             lost = LeaseLostError(f"claim refused: lease {token} lost; held by "
                                   f"{got.holder or 'nobody'}")
