@@ -110,26 +110,10 @@ def audit(messages: list[Message], events: list[dict[str, str]], every: float, u
     """Slots twice, slots unrecorded and slots recorded-not-published, for slots due
     in [``since``, ``until``] (wall time, s) of entries every ``every`` s."""
     step = round(every * 1000)
-    pub: dict[tuple[str, int], list[Message]] = defaultdict(list)
-    for m in messages:
-        if m.entry is not None and m.slot is not None:
-            pub[(m.entry, slot_ms(m))].append(m)
-    hist: dict[tuple[str, int], list[dict[str, str]]] = defaultdict(list)
-    notes: dict[str, list[int]] = defaultdict(list)  # entry -> slots of 'N older not listed'
-    for e in events:
-        if e.get("event") in SLOT_EVENTS and e.get("entry") and e.get("slot"):
-            hist[(e["entry"], int(e["slot"]))].append(e)
-            if NOT_LISTED.search(e.get("detail", "")):
-                notes[e["entry"]].append(int(e["slot"]))
+    pub = _published(messages)
+    hist, notes = _recorded(events)
     lo, hi = since * 1000, until * 1000
-    twice = []
-    for (name, slot), ms in sorted(pub.items()):
-        if len(ms) > 1:
-            twice.append({"entry": name, "slot": slot,
-                          "copies": [{"epoch": m.epoch, "pid": pid_of(m), "id": m.id,
-                                      "received": round(m.received, 3)} for m in ms],
-                          "history": [f"{e['event']} {e.get('detail', '')} epoch {e.get('epoch')}"
-                                      for e in hist.get((name, slot), [])]})
+    twice = _twice(pub, hist)
     names = {n for n, _ in pub} | {n for n, _ in hist}
     unrecorded: list[dict[str, Any]] = []
     counted = 0
@@ -137,15 +121,7 @@ def audit(messages: list[Message], events: list[dict[str, str]], every: float, u
     sent_not_published = []
     for name in sorted(names):
         known = sorted({s for n, s in pub if n == name} | {s for n, s in hist if n == name})
-        holes = []
-        for a, b in itertools.pairwise(known):
-            k = round((b - a) / step) - 1
-            holes += [a + i * step for i in range(1, k + 1)]
-        s = known[-1] + step
-        while s <= hi:
-            holes.append(s)
-            s += step
-        for s in holes:
+        for s in _holes(known, step, hi):
             if not lo <= s <= hi:
                 continue
             if any(n >= s for n in notes.get(name, [])):
@@ -165,6 +141,57 @@ def audit(messages: list[Message], events: list[dict[str, str]], every: float, u
             "recorded_not_published": dict(reasons),
             "history_sent_not_published": len(sent_not_published),
             "twice_detail": twice[:20], "unrecorded_detail": unrecorded[:200]}
+
+
+def _published(messages: list[Message]) -> dict[tuple[str, int], list[Message]]:
+    """The messages of each (entry, slot ms) the broker received."""
+    pub: dict[tuple[str, int], list[Message]] = defaultdict(list)
+    for m in messages:
+        if m.entry is not None and m.slot is not None:
+            pub[(m.entry, slot_ms(m))].append(m)
+    return pub
+
+
+def _recorded(events: list[dict[str, str]]
+              ) -> tuple[dict[tuple[str, int], list[dict[str, str]]], dict[str, list[int]]]:
+    """The slot events of each (entry, slot ms), and each entry's slots whose event says
+    "N older slots not listed" (the slots before one are counted, not recorded each)."""
+    hist: dict[tuple[str, int], list[dict[str, str]]] = defaultdict(list)
+    notes: dict[str, list[int]] = defaultdict(list)
+    for e in events:
+        if e.get("event") in SLOT_EVENTS and e.get("entry") and e.get("slot"):
+            hist[(e["entry"], int(e["slot"]))].append(e)
+            if NOT_LISTED.search(e.get("detail", "")):
+                notes[e["entry"]].append(int(e["slot"]))
+    return hist, notes
+
+
+def _twice(pub: dict[tuple[str, int], list[Message]],
+           hist: dict[tuple[str, int], list[dict[str, str]]]) -> list[dict[str, Any]]:
+    """Each (entry, slot) the broker received more than once: its copies and its history."""
+    twice = []
+    for (name, slot), ms in sorted(pub.items()):
+        if len(ms) > 1:
+            twice.append({"entry": name, "slot": slot,
+                          "copies": [{"epoch": m.epoch, "pid": pid_of(m), "id": m.id,
+                                      "received": round(m.received, 3)} for m in ms],
+                          "history": [f"{e['event']} {e.get('detail', '')} epoch {e.get('epoch')}"
+                                      for e in hist.get((name, slot), [])]})
+    return twice
+
+
+def _holes(known: list[int], step: int, hi: float) -> list[int]:
+    """The slots of an entry's grid (every ``step`` ms) missing from ``known`` (sorted):
+    between two known ones, and after the last up to ``hi``."""
+    holes = []
+    for a, b in itertools.pairwise(known):
+        k = round((b - a) / step) - 1
+        holes += [a + i * step for i in range(1, k + 1)]
+    s = known[-1] + step
+    while s <= hi:
+        holes.append(s)
+        s += step
+    return holes
 
 
 def by_source(messages: list[Message]) -> Counter:

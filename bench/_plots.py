@@ -148,82 +148,127 @@ def tables(results: Path) -> str:
 
 
 def more_tables(results: Path) -> str:
-    out = []
-    target = [r for r in rows(results, "target") if r["scenario"] == "target"]
-    if target:
-        out += ["\n**One leader, 2,000 entries every 5 s (steady state)**\n",
-                "| scheduler | sent / expected | CPU s per 1,000 sends | worst lateness s | load |",
-                "|---|---|---|---|---|"]
-        for r in target:
-            out.append(f"| {r['kind']} | {r['sent']} / {r['expected']} | {r['cpu_per_1000']:.3f} "
-                       f"| {_f(r.get('late_max_s'))} | {r['load'].split()[1]} |")
-    redis = rows(results, "redis")
-    if redis:
-        out += ["\n**Redis commands at the state server, 2,000 entries every 5 s, 30 s per phase**\n",
-                ("| scheduler | phase | sends | all commands per 1,000 sends (commandstats) "
-                "| leader round trips per 1,000 sends | leader commands run inside Lua per 1,000 sends "
-                "| each standby: round trips per 30 s (of which per due batch) | load |"),
-                "|---|---|---|---|---|---|---|---|"]
-        for r in redis:
-            k = 1000 / max(r["sent"], 1)
-            lead = r["monitor"].get("leader", {})
-            lua = sum(v for c, v in lead.items() if c.startswith("lua:"))
-            if "exec" in lead:  # RedBeat: MULTI ... EXEC pipelines, one round trip each
-                tx = {"multi", "exec", "hget", "hset", "zadd", "zrangebyscore"}
-                rt = lead["exec"] + sum(v for c, v in lead.items()
-                                        if c not in tx and not c.startswith("lua:"))
-            else:
-                rt = sum(v for c, v in lead.items() if not c.startswith("lua:"))
-            sb = r["monitor"].get("standby", {})
-            sb_rt = sum(v for c, v in sb.items() if not c.startswith("lua:")) / 2
-            per_batch = (sb.get("hmget", 0) / 2 / max(r["batches"], 1)) if r["kind"] == "leaderbeat" else None
-            sb_cell = "–" if not sb else (f"{sb_rt:.0f} ({_f(per_batch, '.1f')} HMGET per batch)"
-                                          if per_batch is not None else f"{sb_rt:.0f}")
-            top = ", ".join(f"{c} {v * k:.0f}" for c, v in sorted(lead.items(), key=lambda kv: -kv[1])[:5])
-            out.append(f"| {r['kind']} | {r['phase']} | {r['sent']} | {r['per_1000_sends']:.0f} | "
-                       f"{rt * k:.1f} | {lua * k:.0f} | {sb_cell} | {r['load'].split()[1]} |")
-            out.append(f"|  | leader's top commands per 1,000 sends | {top} ||||||")
-    fail = rows(results, "failover")
-    if fail:
-        out += ["\n**Failover (3 beats, 10 entries every 1 s)**\n",
-                ("| scheduler | signal | first send by another beat, s | new leader, s "
-                "| worst lateness (slot header), s | worst lateness (gap), s | duplicates | load |"),
-                "|---|---|---|---|---|---|---|---|"]
-        groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
-        for r in fail:
-            groups[(r["kind"], r["mode"])].append(r)
-        for (kind, mode), sel in sorted(groups.items()):
-            loads = sorted(float(r["load"].split()[1]) for r in sel)
-            out.append(f"| {kind} | SIG{mode.upper()} | {spread([r['first_send_s'] for r in sel])} | "
-                       f"{spread([r['elected_s'] for r in sel])} | "
-                       f"{spread([r.get('late_max_s') for r in sel])} | "
-                       f"{spread([r.get('gap_late_max_s') for r in sel])} | "
-                       f"{sum(r['duplicates'] for r in sel)} | {loads[0]:.2f}–{loads[-1]:.2f} |")
-    pause = rows(results, "pause")
-    if pause:
-        out += ["\n**Paused leader (SIGSTOP after ~200 of 2,000 due at once, 15 s > ttl 10 s)**\n",
-                "| scheduler | run | sent before stop | duplicates | lost | sent by the paused one after SIGCONT | paused process alive | beats alive of 3 |",
-                "|---|---|---|---|---|---|---|---|"]
-        for r in pause:
-            if r.get("note"):
-                out.append(f"| {r['kind']} | – | {r['note']} |||||")
-                continue
-            out.append(f"| {r['kind']} | {r['repeat']} | {r['sent_before_stop']} | {r['duplicates']} | "
-                       f"{r['lost']} | {r['sent_by_paused_after_cont']} | {r['paused_alive']} | "
-                       f"{r['beats_alive']} |")
-    mem = rows(results, "memory")
-    if mem:
-        out += ["\n**100,000 entries: memory and takeover (SIGTERM of the leader)**\n",
-                "| run | leader VmRSS MiB | standby VmRSS MiB | new leader elected, s | first send by it, s | load |",
-                "|---|---|---|---|---|---|"]
-        for r in mem:
-            out.append(f"| {r['repeat']} | {r['leader_rss_mib']:.0f} | {r['standby_rss_mib']:.0f} | "
-                       f"{_f(r['elected_s'])} | {_f(r['takeover_first_send_s'])} | {r['load'].split()[1]} |")
-    restart = rows(results, "restart")
-    if restart:
-        out += ["\n**State Redis killed, restarted empty 3 s later (2 beats, 10 entries every 1 s)**\n",
-                "| scheduler | run | next send after Redis answers, s | beats alive of 2 |",
-                "|---|---|---|---|"]
-        for r in restart:
-            out.append(f"| {r['kind']} | {r['repeat']} | {_f(r['resume_s'])} | {r['beats_alive']} |")
+    """The other tables of docs/benchmarks.md, as markdown: one for each results file found."""
+    out: list[str] = []
+    for table in (_target_table, _redis_table, _failover_table, _pause_table, _memory_table,
+                  _restart_table):
+        out += table(results)
     return "\n".join(out)
+
+
+def _target_table(results: Path) -> list[str]:
+    target = [r for r in rows(results, "target") if r["scenario"] == "target"]
+    if not target:
+        return []
+    out = ["\n**One leader, 2,000 entries every 5 s (steady state)**\n",
+           "| scheduler | sent / expected | CPU s per 1,000 sends | worst lateness s | load |",
+           "|---|---|---|---|---|"]
+    for r in target:
+        out.append(f"| {r['kind']} | {r['sent']} / {r['expected']} | {r['cpu_per_1000']:.3f} "
+                   f"| {_f(r.get('late_max_s'))} | {r['load'].split()[1]} |")
+    return out
+
+
+def _redis_table(results: Path) -> list[str]:
+    redis = rows(results, "redis")
+    if not redis:
+        return []
+    out = ["\n**Redis commands at the state server, 2,000 entries every 5 s, 30 s per phase**\n",
+           ("| scheduler | phase | sends | all commands per 1,000 sends (commandstats) "
+            "| leader round trips per 1,000 sends | leader commands run inside Lua per 1,000 sends "
+            "| each standby: round trips per 30 s (of which per due batch) | load |"),
+           "|---|---|---|---|---|---|---|---|"]
+    for r in redis:
+        k = 1000 / max(r["sent"], 1)
+        lead = r["monitor"].get("leader", {})
+        lua = sum(v for c, v in lead.items() if c.startswith("lua:"))
+        top = ", ".join(f"{c} {v * k:.0f}" for c, v in sorted(lead.items(), key=lambda kv: -kv[1])[:5])
+        out.append(f"| {r['kind']} | {r['phase']} | {r['sent']} | {r['per_1000_sends']:.0f} | "
+                   f"{_round_trips(lead) * k:.1f} | {lua * k:.0f} | {_standby_cell(r)} | "
+                   f"{r['load'].split()[1]} |")
+        out.append(f"|  | leader's top commands per 1,000 sends | {top} ||||||")
+    return out
+
+
+def _round_trips(lead: dict[str, int]) -> int:
+    """The leader's round trips to Redis, from its commands (those inside Lua are not)."""
+    if "exec" in lead:  # RedBeat: MULTI ... EXEC pipelines, one round trip each
+        tx = {"multi", "exec", "hget", "hset", "zadd", "zrangebyscore"}
+        return lead["exec"] + sum(v for c, v in lead.items()
+                                  if c not in tx and not c.startswith("lua:"))
+    return sum(v for c, v in lead.items() if not c.startswith("lua:"))
+
+
+def _standby_cell(r: dict[str, Any]) -> str:
+    """Each standby's round trips per 30 s (two standbys), with leaderbeat's HMGETs per batch."""
+    sb = r["monitor"].get("standby", {})
+    sb_rt = sum(v for c, v in sb.items() if not c.startswith("lua:")) / 2
+    per_batch = (sb.get("hmget", 0) / 2 / max(r["batches"], 1)) if r["kind"] == "leaderbeat" else None
+    if not sb:
+        return "–"
+    if per_batch is None:
+        return f"{sb_rt:.0f}"
+    return f"{sb_rt:.0f} ({_f(per_batch, '.1f')} HMGET per batch)"
+
+
+def _failover_table(results: Path) -> list[str]:
+    fail = rows(results, "failover")
+    if not fail:
+        return []
+    out = ["\n**Failover (3 beats, 10 entries every 1 s)**\n",
+           ("| scheduler | signal | first send by another beat, s | new leader, s "
+            "| worst lateness (slot header), s | worst lateness (gap), s | duplicates | load |"),
+           "|---|---|---|---|---|---|---|---|"]
+    groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    for r in fail:
+        groups[(r["kind"], r["mode"])].append(r)
+    for (kind, mode), sel in sorted(groups.items()):
+        loads = sorted(float(r["load"].split()[1]) for r in sel)
+        out.append(f"| {kind} | SIG{mode.upper()} | {spread([r['first_send_s'] for r in sel])} | "
+                   f"{spread([r['elected_s'] for r in sel])} | "
+                   f"{spread([r.get('late_max_s') for r in sel])} | "
+                   f"{spread([r.get('gap_late_max_s') for r in sel])} | "
+                   f"{sum(r['duplicates'] for r in sel)} | {loads[0]:.2f}–{loads[-1]:.2f} |")
+    return out
+
+
+def _pause_table(results: Path) -> list[str]:
+    pause = rows(results, "pause")
+    if not pause:
+        return []
+    out = ["\n**Paused leader (SIGSTOP after ~200 of 2,000 due at once, 15 s > ttl 10 s)**\n",
+           "| scheduler | run | sent before stop | duplicates | lost | sent by the paused one after SIGCONT | paused process alive | beats alive of 3 |",
+           "|---|---|---|---|---|---|---|---|"]
+    for r in pause:
+        if r.get("note"):
+            out.append(f"| {r['kind']} | – | {r['note']} |||||")
+            continue
+        out.append(f"| {r['kind']} | {r['repeat']} | {r['sent_before_stop']} | {r['duplicates']} | "
+                   f"{r['lost']} | {r['sent_by_paused_after_cont']} | {r['paused_alive']} | "
+                   f"{r['beats_alive']} |")
+    return out
+
+
+def _memory_table(results: Path) -> list[str]:
+    mem = rows(results, "memory")
+    if not mem:
+        return []
+    out = ["\n**100,000 entries: memory and takeover (SIGTERM of the leader)**\n",
+           "| run | leader VmRSS MiB | standby VmRSS MiB | new leader elected, s | first send by it, s | load |",
+           "|---|---|---|---|---|---|"]
+    for r in mem:
+        out.append(f"| {r['repeat']} | {r['leader_rss_mib']:.0f} | {r['standby_rss_mib']:.0f} | "
+                   f"{_f(r['elected_s'])} | {_f(r['takeover_first_send_s'])} | {r['load'].split()[1]} |")
+    return out
+
+
+def _restart_table(results: Path) -> list[str]:
+    restart = rows(results, "restart")
+    if not restart:
+        return []
+    out = ["\n**State Redis killed, restarted empty 3 s later (2 beats, 10 entries every 1 s)**\n",
+           "| scheduler | run | next send after Redis answers, s | beats alive of 2 |",
+           "|---|---|---|---|"]
+    for r in restart:
+        out.append(f"| {r['kind']} | {r['repeat']} | {_f(r['resume_s'])} | {r['beats_alive']} |")
+    return out

@@ -25,6 +25,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -88,26 +89,9 @@ def main() -> None:
 
 
 def run(dbname, state, broker, work, rnd, out) -> None:
-    from django_celery_beat.models import (
-        ClockedSchedule,
-        CrontabSchedule,
-        IntervalSchedule,
-        PeriodicTask,
-    )
+    from django_celery_beat.models import PeriodicTask
 
-    def every(s):
-        return IntervalSchedule.objects.get_or_create(every=s, period="seconds")[0]
-
-    minutely = CrontabSchedule.objects.get_or_create(minute="*", timezone="UTC")[0]
-    five = CrontabSchedule.objects.get_or_create(minute="*/5", timezone="UTC")[0]
-    rows = [PeriodicTask(name=f"m{i}", task="tests.noop", interval=every(60))
-            for i in range(4000)]
-    rows += [PeriodicTask(name=f"c{i}", task="tests.noop",
-                          crontab=minutely if i % 2 else five) for i in range(900)]
-    rows += [PeriodicTask(name=f"t{i}", task="tests.noop", interval=every(10))
-             for i in range(100)]
-    rows.append(PeriodicTask(name="heartbeat", task="tests.noop", interval=every(1)))
-    PeriodicTask.objects.bulk_create(rows, batch_size=1000)
+    _create_rows()
     prefix = "storm"
     env = {"LB_DJANGO_DB": dbname, "LB_BROKER_URL": broker.url_for(0),
            "LB_REDIS_URL": state.url, "LB_PREFIX": prefix, "DJANGO_SETTINGS_MODULE": SETTINGS}
@@ -128,12 +112,7 @@ def run(dbname, state, broker, work, rnd, out) -> None:
         wait_until(burst1 + 10)
         # the rows re-enabled in the storm: disabled before the second burst
         reenable = [f"m{i}" for i in range(300, 600)]
-        disabled_at = {}
-        for name in reenable:
-            r = PeriodicTask.objects.get(name=name)
-            r.enabled = False
-            r.save()
-            disabled_at[name] = time.time()
+        disabled_at = _disable(reenable)
         x0, c0 = xacts(dbname), time.time()
         cpu0 = watch.cpu_at(first_leader, time.time())
         sent0 = watch.count
@@ -141,58 +120,10 @@ def run(dbname, state, broker, work, rnd, out) -> None:
         x1, c1 = xacts(dbname), time.time()
         cpu1 = watch.cpu_at(first_leader, c1)
         sent1 = watch.count
-        # -- the storm ----------------------------------------------------------------
-        ops = ([("disable", f"m{i}") for i in range(300)]
-               + [("enable", n) for n in reenable]
-               + [("change", f"m{i}") for i in range(600, 900)]
-               + [("add", f"new{i}") for i in range(200)]
-               + [("delete", f"m{i}") for i in range(900, 1100)]
-               + [("oneoff", f"once{i}") for i in range(50)])
-        rnd.shuffle(ops)
-        storm_start = time.time()
-        at = {}  # name -> (op, wall time of the save)
-        killed = elected = None
-        oneoff_due = {}
-        thirty = every(30)
-        ten = every(10)
-        print(f"storm: {len(ops)} ORM edits in 20 s, leader killed at +10 s", flush=True)
-        for k, (op, name) in enumerate(ops):
-            wait_until(storm_start + 20.0 * k / len(ops))
-            if killed is None and time.time() >= storm_start + 10:
-                pid = leader_pid(client, prefix)
-                os.kill(pid, signal.SIGKILL)
-                killed = (pid, time.time())
-            if killed is not None and elected is None and leader_pid(
-                    client, prefix) not in (None, killed[0]):
-                elected = time.time()
-            if op == "add":
-                PeriodicTask.objects.create(name=name, task="tests.noop", interval=ten)
-            elif op == "oneoff":
-                due = datetime.now(UTC) + timedelta(seconds=rnd.uniform(3, 6))
-                PeriodicTask.objects.create(
-                    name=name, task="tests.noop", one_off=True,
-                    clocked=ClockedSchedule.objects.create(clocked_time=due))
-                oneoff_due[name] = due.timestamp()
-            elif op == "delete":
-                PeriodicTask.objects.get(name=name).delete()
-            else:
-                r = PeriodicTask.objects.get(name=name)
-                if op == "disable":
-                    r.enabled = False
-                elif op == "enable":
-                    r.enabled = True
-                else:
-                    r.interval = thirty
-                r.save()
-            at[name] = (op, time.time())
-        storm_end = time.time()
-        while elected is None:
-            if leader_pid(client, prefix) not in (None, killed[0]):
-                elected = time.time()
-            time.sleep(0.05)
+        storm = _storm(client, prefix, _storm_ops(reenable, rnd), rnd)
         new_leader = leader_pid(client, prefix)
-        print(f"new leader pid {new_leader} {elected - killed[1]:.1f} s after the kill; "
-              "two more bursts", flush=True)
+        print(f"new leader pid {new_leader} {storm.elected - storm.killed[1]:.1f} s after the "
+              "kill; two more bursts", flush=True)
         wait_until(burst2 + 120 + 15)
     finally:
         for b in beats:
@@ -203,9 +134,132 @@ def run(dbname, state, broker, work, rnd, out) -> None:
     logs = "\n".join(b.log_text() for b in beats)
     (work / "beats.log").write_text(logs)
     (work / "messages.jsonl").write_text("".join(json.dumps(m) + "\n" for m in msgs))
-    report(msgs, at, disabled_at, oneoff_due, killed, elected, storm_start, storm_end,
-           (burst1, burst2), first_leader, new_leader, (x1 - x0) / (c1 - c0) * 60,
-           (cpu1 - cpu0) / max(1, sent1 - sent0) * 1000, time.time() - started, out, work)
+    report(msgs, storm.at, disabled_at, storm.oneoff_due, storm.killed, storm.elected,
+           storm.start, storm.end, (burst1, burst2), first_leader, new_leader,
+           (x1 - x0) / (c1 - c0) * 60, (cpu1 - cpu0) / max(1, sent1 - sent0) * 1000,
+           time.time() - started, out, work)
+
+
+def _every(seconds):
+    """The interval of ``seconds``, made the first time it is asked for."""
+    from django_celery_beat.models import IntervalSchedule
+
+    return IntervalSchedule.objects.get_or_create(every=seconds, period="seconds")[0]
+
+
+def _create_rows() -> None:
+    """The site's 5,001 rows (see the module's docstring), saved together."""
+    from django_celery_beat.models import CrontabSchedule, PeriodicTask
+
+    minutely = CrontabSchedule.objects.get_or_create(minute="*", timezone="UTC")[0]
+    five = CrontabSchedule.objects.get_or_create(minute="*/5", timezone="UTC")[0]
+    rows = [PeriodicTask(name=f"m{i}", task="tests.noop", interval=_every(60))
+            for i in range(4000)]
+    rows += [PeriodicTask(name=f"c{i}", task="tests.noop",
+                          crontab=minutely if i % 2 else five) for i in range(900)]
+    rows += [PeriodicTask(name=f"t{i}", task="tests.noop", interval=_every(10))
+             for i in range(100)]
+    rows.append(PeriodicTask(name="heartbeat", task="tests.noop", interval=_every(1)))
+    PeriodicTask.objects.bulk_create(rows, batch_size=1000)
+
+
+def _disable(names: list[str]) -> dict[str, float]:
+    """Disable the rows ``names``, one save each; the wall time of each save."""
+    from django_celery_beat.models import PeriodicTask
+
+    disabled_at = {}
+    for name in names:
+        r = PeriodicTask.objects.get(name=name)
+        r.enabled = False
+        r.save()
+        disabled_at[name] = time.time()
+    return disabled_at
+
+
+def _storm_ops(reenable: list[str], rnd: random.Random) -> list[tuple[str, str]]:
+    """The storm's edits, (op, row name), in a random order."""
+    ops = ([("disable", f"m{i}") for i in range(300)]
+           + [("enable", n) for n in reenable]
+           + [("change", f"m{i}") for i in range(600, 900)]
+           + [("add", f"new{i}") for i in range(200)]
+           + [("delete", f"m{i}") for i in range(900, 1100)]
+           + [("oneoff", f"once{i}") for i in range(50)])
+    rnd.shuffle(ops)
+    return ops
+
+
+@dataclass
+class Storm:
+    """What the storm did: each row's edit, the one-offs' due times, the leader it killed."""
+
+    start: float  # wall time
+    at: dict[str, tuple[str, float]] = field(default_factory=dict)  # name -> (op, saved at)
+    oneoff_due: dict[str, float] = field(default_factory=dict)
+    killed: tuple[int, float] | None = None  # the leader's pid, and when it was killed
+    elected: float | None = None  # when another beat led
+    end: float = 0.0
+
+    def follow_leader(self, client, prefix: str) -> None:
+        """SIGKILL the leader once the storm is 10 s old; then note when another leads."""
+        if self.killed is None and time.time() >= self.start + 10:
+            pid = leader_pid(client, prefix)
+            os.kill(pid, signal.SIGKILL)
+            self.killed = (pid, time.time())
+        if self.killed is not None and self.elected is None and leader_pid(
+                client, prefix) not in (None, self.killed[0]):
+            self.elected = time.time()
+
+    def wait_for_election(self, client, prefix: str) -> None:
+        """Wait until a beat other than the killed one leads."""
+        while self.elected is None:
+            if leader_pid(client, prefix) not in (None, self.killed[0]):
+                self.elected = time.time()
+            time.sleep(0.05)
+
+
+def _storm(client, prefix: str, ops: list[tuple[str, str]], rnd: random.Random) -> Storm:
+    """The edits ``ops`` spread evenly over 20 s, the leader killed 10 s in; returns once
+    another beat leads."""
+    storm = Storm(start=time.time())
+    thirty = _every(30)
+    ten = _every(10)
+    print(f"storm: {len(ops)} ORM edits in 20 s, leader killed at +10 s", flush=True)
+    for k, (op, name) in enumerate(ops):
+        wait_until(storm.start + 20.0 * k / len(ops))
+        storm.follow_leader(client, prefix)
+        _edit(op, name, rnd=rnd, ten=ten, thirty=thirty, oneoff_due=storm.oneoff_due)
+        storm.at[name] = (op, time.time())
+    storm.end = time.time()
+    storm.wait_for_election(client, prefix)
+    return storm
+
+
+def _edit(op: str, name: str, *, rnd: random.Random, ten, thirty,
+          oneoff_due: dict[str, float]) -> None:
+    """One edit of the storm from the ORM: a row added (every 10 s), a one-off added a few
+    seconds ahead (its due time into ``oneoff_due``), deleted, disabled, enabled, or its
+    interval changed to 30 s."""
+    from django_celery_beat.models import ClockedSchedule, PeriodicTask
+
+    if op == "add":
+        PeriodicTask.objects.create(name=name, task="tests.noop", interval=ten)
+    elif op == "oneoff":
+        due = datetime.now(UTC) + timedelta(seconds=rnd.uniform(3, 6))
+        PeriodicTask.objects.create(
+            name=name, task="tests.noop", one_off=True,
+            clocked=ClockedSchedule.objects.create(clocked_time=due))
+        oneoff_due[name] = due.timestamp()
+    elif op == "delete":
+        PeriodicTask.objects.get(name=name).delete()
+    else:
+        r = PeriodicTask.objects.get(name=name)
+        if op == "disable":
+            r.enabled = False
+        elif op == "enable":
+            r.enabled = True
+        else:
+            r.interval = thirty
+        r.save()
 
 
 def report(msgs, at, disabled_at, oneoff_due, killed, elected, storm_start, storm_end,

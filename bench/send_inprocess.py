@@ -33,6 +33,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -126,16 +127,7 @@ def _choose_path_in_roles(path: str) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("what", choices=["steady", "burst", "rabbit"])
-    parser.add_argument("--seconds", type=float, default=30.0)
-    parser.add_argument("--profile", action="store_true")
-    parser.add_argument("--topic", action="store_true",
-                        help="the run's queue bound to a topic exchange (Redis broker)")
-    parser.add_argument("--path", choices=["plain", "templates", "fast", "fast-apply"],
-                        default="fast",
-                        help="the send path (see above)")
-    args = parser.parse_args()
+    args = parse_args()
     choose_path(args.path)
     work = Path(tempfile.mkdtemp(prefix="lb-send-inprocess-"))
     logging.basicConfig(filename=str(work / "beat.log"), level=logging.INFO,
@@ -143,20 +135,7 @@ def main() -> None:
     server = RedisServer(workdir=work / "redis")
     rabbit = args.what == "rabbit"
     queue = f"lb-send-inprocess-{uuid.uuid4().hex[:8]}"
-    if args.what == "burst":
-        schedule = {f"e{i}": {"task": NOOP, "schedule": cron("*/10 * * * * *"), "args": [f"e{i}"]}
-                    for i in range(10_000)}
-    else:
-        schedule = {f"e{i}": {"task": NOOP, "schedule": 5.0, "args": [f"e{i}"]}
-                    for i in range(2000)}
-    app = Celery("bench")
-    if args.topic:  # routed through the exchange's bindings, as a topic route is
-        exchange = kombu.Exchange(f"{queue}-topic", type="topic")
-        app.conf.task_queues = [kombu.Queue(queue, exchange, routing_key="beat.#")]
-    app.conf.update(broker_url=AMQP if rabbit else server.url_for(0), leaderbeat_key_prefix="b",
-                    beat_schedule=schedule, timezone="UTC", beat_max_loop_interval=1,
-                    task_default_queue=queue, leaderbeat_atomic_enqueue=args.path.startswith("fast"),
-                    **({"leaderbeat_redis_url": server.url_for(0)} if rabbit else {}))
+    app = make_app(args, server, queue)
     client, amqp = server.client(), kombu.Connection(AMQP)
 
     def enqueued() -> int:
@@ -174,35 +153,7 @@ def main() -> None:
         warm_until = time.monotonic() + 8  # elected, first sends, messages prepared
         while time.monotonic() < warm_until or (args.what == "burst" and enqueued() < 10_000):
             time.sleep(min(scheduler.tick(), 0.05))
-        n0, cpu0, t0 = enqueued(), time.process_time(), time.monotonic()
-        profile = cProfile.Profile() if args.profile else None
-        if profile:
-            profile.enable()
-        sending = 0.0  # wall seconds of the burst's ticks that sent something
-        if args.what == "burst":  # the next burst, warm
-            while (before := enqueued()) < n0 + 10_000:
-                started = time.monotonic()
-                delay = scheduler.tick()
-                if enqueued() > before:
-                    sending += time.monotonic() - started
-                if enqueued() < n0 + 10_000:
-                    time.sleep(min(delay, 0.05))
-        else:
-            while time.monotonic() < t0 + args.seconds:
-                time.sleep(min(scheduler.tick(), 1.0))
-        if profile:
-            profile.disable()
-        cpu, sent = time.process_time() - cpu0, enqueued() - n0
-        print(f"{args.what} --path {args.path}: {sent} sent, {cpu:.3f} CPU s, {1000 * cpu / max(sent, 1):.4f} "
-              f"CPU s per 1,000 sends{' (profiled)' if profile else ''}"
-              + (f", {sending:.3f} s wall in the ticks that sent" if args.what == "burst" else ""))
-        if profile:
-            parts = shares(pstats.Stats(profile))
-            ticks = parts.pop("ticks")
-            print(f"  the ticks: {ticks:.3f} s of the profile")
-            for name, seconds in parts.items():
-                if seconds:
-                    print(f"  {name}: {seconds:.3f} s ({100 * seconds / ticks:.0f} %)")
+        measure(args, scheduler, enqueued)
     finally:
         scheduler.close()
         if rabbit:
@@ -210,6 +161,85 @@ def main() -> None:
         amqp.close()
         server.close()
         shutil.rmtree(work, ignore_errors=True)
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("what", choices=["steady", "burst", "rabbit"])
+    parser.add_argument("--seconds", type=float, default=30.0)
+    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--topic", action="store_true",
+                        help="the run's queue bound to a topic exchange (Redis broker)")
+    parser.add_argument("--path", choices=["plain", "templates", "fast", "fast-apply"],
+                        default="fast",
+                        help="the send path (see above)")
+    return parser.parse_args()
+
+
+def make_app(args: argparse.Namespace, server: RedisServer, queue: str) -> Celery:
+    """The app of the run: its schedule (a burst's 10,000 entries on one cron, else 2,000
+    every 5 s), its queue, its broker (the run's redis-server, or RabbitMQ)."""
+    rabbit = args.what == "rabbit"
+    if args.what == "burst":
+        schedule = {f"e{i}": {"task": NOOP, "schedule": cron("*/10 * * * * *"), "args": [f"e{i}"]}
+                    for i in range(10_000)}
+    else:
+        schedule = {f"e{i}": {"task": NOOP, "schedule": 5.0, "args": [f"e{i}"]}
+                    for i in range(2000)}
+    app = Celery("bench")
+    if args.topic:  # routed through the exchange's bindings, as a topic route is
+        exchange = kombu.Exchange(f"{queue}-topic", type="topic")
+        app.conf.task_queues = [kombu.Queue(queue, exchange, routing_key="beat.#")]
+    app.conf.update(broker_url=AMQP if rabbit else server.url_for(0), leaderbeat_key_prefix="b",
+                    beat_schedule=schedule, timezone="UTC", beat_max_loop_interval=1,
+                    task_default_queue=queue, leaderbeat_atomic_enqueue=args.path.startswith("fast"),
+                    **({"leaderbeat_redis_url": server.url_for(0)} if rabbit else {}))
+    return app
+
+
+def measure(args: argparse.Namespace, scheduler: Scheduler, enqueued: Callable[[], int]) -> None:
+    """Tick through the measured window (the next burst, or ``--seconds``) and print the
+    CPU seconds it took, with the profile's shares under ``--profile``."""
+    n0, cpu0, t0 = enqueued(), time.process_time(), time.monotonic()
+    profile = cProfile.Profile() if args.profile else None
+    if profile:
+        profile.enable()
+    sending = 0.0  # wall seconds of the burst's ticks that sent something
+    if args.what == "burst":  # the next burst, warm
+        sending = tick_through_burst(scheduler, enqueued, n0 + 10_000)
+    else:
+        while time.monotonic() < t0 + args.seconds:
+            time.sleep(min(scheduler.tick(), 1.0))
+    if profile:
+        profile.disable()
+    cpu, sent = time.process_time() - cpu0, enqueued() - n0
+    print(f"{args.what} --path {args.path}: {sent} sent, {cpu:.3f} CPU s, {1000 * cpu / max(sent, 1):.4f} "
+          f"CPU s per 1,000 sends{' (profiled)' if profile else ''}"
+          + (f", {sending:.3f} s wall in the ticks that sent" if args.what == "burst" else ""))
+    if profile:
+        print_shares(pstats.Stats(profile))
+
+
+def tick_through_burst(scheduler: Scheduler, enqueued: Callable[[], int], target: int) -> float:
+    """Tick until ``target`` messages are enqueued; the wall seconds of the ticks that sent."""
+    sending = 0.0
+    while (before := enqueued()) < target:
+        started = time.monotonic()
+        delay = scheduler.tick()
+        if enqueued() > before:
+            sending += time.monotonic() - started
+        if enqueued() < target:
+            time.sleep(min(delay, 0.05))
+    return sending
+
+
+def print_shares(stats: pstats.Stats) -> None:
+    parts = shares(stats)
+    ticks = parts.pop("ticks")
+    print(f"  the ticks: {ticks:.3f} s of the profile")
+    for name, seconds in parts.items():
+        if seconds:
+            print(f"  {name}: {seconds:.3f} s ({100 * seconds / ticks:.0f} %)")
 
 
 if __name__ == "__main__":

@@ -251,37 +251,53 @@ class Demo:
             time.sleep(min(POLL, max(0.0, moment - time.monotonic())))
 
     def _poll(self) -> None:
+        """One look: the processes still up, the lease, the runs; then the view refreshed."""
         for proc in (self.server, self.worker):  # nothing works without them
             if not proc.alive:
                 raise DemoError(f"{proc.name} (pid {proc.pid}) exited on its own "
                                 f"({proc.popen.returncode}); its log ends:\n{_tail(proc)}")
+        self._follow_lease()
+        self._follow_runs()
+        self.screen.elapsed = time.time() - self.origin
+        self.view.refresh()
+
+    def _follow_lease(self) -> None:
+        """Say each election and release, and a lease that expired; show who leads now."""
         watch = self.watch
         for row in watch.new_history():
-            if row.get("event") == "elected":
+            event = row.get("event")
+            if event == "elected":
                 self._event(f"{watch.name(row.get('node'))} elected leader "
                             f"(epoch {row.get('epoch')})")
-            elif row.get("event") == "released":
+            elif event == "released":
                 self._event(f"{watch.name(row.get('node'))} released the lease")
         leader = watch.leader()
         if leader is None and self._leader is not None and not self._released_last():
             self._event(f"no leader: the lease of {watch.name(self._leader[0])} expired")
         self._leader = leader
+        self._show_beats(leader)
+
+    def _show_beats(self, leader: tuple[str, int] | None) -> None:
+        """Each beat's row: whether it leads, under which epoch; DemoError for a beat that
+        exited on its own."""
         for i, shown in enumerate(self.screen.beats):
-            shown.leader = leader is not None and watch.beat_of.get(leader[0]) == i
+            shown.leader = leader is not None and self.watch.beat_of.get(leader[0]) == i
             shown.epoch = leader[1] if shown.leader and leader else None
             beat = self.beats[i]
             if shown.state == "running" and not beat.alive and beat.signalled is None:
                 shown.state = f"exited ({beat.popen.returncode})"
                 raise DemoError(f"beat {i} (pid {beat.pid}) exited on its own "
                                 f"({beat.popen.returncode}); its log ends:\n{_tail(beat)}")
+
+    def _follow_runs(self) -> None:
+        """Show each new run with its lateness and sender; count the runs and duplicates."""
+        watch = self.watch
         for run in watch.new_runs():
             lateness = float(run["started"]) - (slot_ms(run.get("slot")) or 0) / 1000
             self.view.run(time.time() - self.origin, run, lateness, watch.sender(run.get("epoch")))
         slots = [(r.get("entry"), r.get("slot")) for r in watch.runs]
         self.screen.runs = len(slots)
         self.screen.duplicates = len(slots) - len(set(slots))
-        self.screen.elapsed = time.time() - self.origin
-        self.view.refresh()
 
     def _released_last(self) -> bool:
         events = [h.get("event") for h in self.watch.history

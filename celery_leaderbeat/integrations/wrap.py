@@ -168,17 +168,13 @@ class WrapMixin(_Glue):
         """Read ``.schedule`` (unless ``entries`` were read already) and see each entry as
         the slots do; None: unreadable."""
         if entries is None:
-            try:
-                entries = dict(self.schedule)  # the base notices changes to its store here
-            except Exception:
-                logger.exception("leaderbeat: could not read the schedule of %s; keeping the "
-                                 "last one read", self.wrapped.__name__)
-                if strict:
-                    raise
+            entries = self._read_base_schedule(strict=strict)
+            if entries is None:
                 return None
         keys: dict[str, tuple[Any, ...]] = {}
         view: dict[str, Any] = {}
         problems: list[str] = []
+        # taken once: on the database thread, the tick's _apply may replace them meanwhile
         known_keys, known_view = self._base_keys, self._base_view
         for name, entry in entries.items():
             key: tuple[Any, ...] = ()
@@ -187,15 +183,9 @@ class WrapMixin(_Glue):
                 if known_keys.get(name) == key and name in known_view:
                     shown = known_view[name]  # the same object: its slot clock is reused
                 else:
-                    shown = self.adapter.view(entry)
-                    if shown is not None:
-                        self._check_clock(name, shown)  # new or changed: can we follow it?
+                    shown = self._view_entry(name, entry)
             except Exception as exc:  # noqa: BLE001 - one bad entry never stops the others
-                if strict and name in self._base_static:
-                    problems += getattr(exc, "problems", None) or [f"entry {name!r}: {exc}"]
-                elif self._base_bad.get(name) != key:
-                    logger.error("leaderbeat: entry %r is left out of the schedule: %s", name, exc)
-                self._base_bad[name] = key
+                problems += self._leave_out(name, key, exc, strict=strict)
                 continue
             self._base_bad.pop(name, None)
             keys[name] = key
@@ -204,6 +194,38 @@ class WrapMixin(_Glue):
         if problems:
             raise ConfigurationError(problems)
         return Snapshot(entries, view, keys)
+
+    def _read_base_schedule(self, *, strict: bool) -> dict[str, Any] | None:
+        """The base's ``.schedule`` now; None: unreadable (raised instead when ``strict``)."""
+        try:
+            return dict(self.schedule)  # the base notices changes to its store here
+        except Exception:
+            logger.exception("leaderbeat: could not read the schedule of %s; keeping the "
+                             "last one read", self.wrapped.__name__)
+            if strict:
+                raise
+            return None
+
+    def _view_entry(self, name: str, entry: Any) -> Any | None:
+        """A new or changed entry as the slots see it (None: no slots), its schedule checked:
+        raises when its slots cannot be followed."""
+        shown = self.adapter.view(entry)
+        if shown is not None:
+            self._check_clock(name, shown)
+        return shown
+
+    def _leave_out(self, name: str, key: tuple[Any, ...], exc: Exception, *,
+                   strict: bool) -> list[str]:
+        """Leave out an entry whose key or view raised ``exc``. Returns its problems when
+        the read is ``strict`` and it came from beat_schedule (the start-up fails on them);
+        otherwise it is logged, once for each definition (``key``)."""
+        problems: list[str] = []
+        if strict and name in self._base_static:
+            problems = list(getattr(exc, "problems", None) or [f"entry {name!r}: {exc}"])
+        elif self._base_bad.get(name) != key:
+            logger.error("leaderbeat: entry %r is left out of the schedule: %s", name, exc)
+        self._base_bad[name] = key
+        return problems
 
     def _apply(self, snapshot: Snapshot) -> bool:
         """Make ``snapshot`` the schedule; False when it must wait (Redis did not answer)."""

@@ -187,27 +187,50 @@ def _start_of(name: str, state: SlotState | None, fp: str, start: datetime,
     """Where one entry starts (see :func:`load`): the anchor to claim, if any, and the
     last slot it counts as settled."""
     sent_ms = known.remembered(name)
-    definitions = known.definitions
-    stored_fp = (definitions or {}).get(name)
-    if sent_ms is not None and (state is None or state.slot_ms < sent_ms) and known.trust_memory:
+    if sent_ms is not None and _older(state, sent_ms) and known.trust_memory:
         return ClaimItem(name, sent_ms, Op.RESTORE, fingerprint=fp), from_ms(sent_ms)
-    if state is not None and ((known.rolled_back and (known.trusted_epoch is None
-                                                      or state.epoch != known.trusted_epoch))
-                              or (sent_ms is not None and state.slot_ms < sent_ms)):
+    if state is None:
+        return ClaimItem(name, to_ms(start), Op.ANCHOR, fingerprint=fp), start
+    if _rolled_back(state, sent_ms, known):
         # rolled back (an older snapshot, a lagging replica): unknown, as if empty
         at = max(to_ms(start), state.slot_ms, sent_ms or 0)
         return ClaimItem(name, at, Op.ROLLED_BACK, fingerprint=fp), from_ms(at)
-    if state is None:
-        return ClaimItem(name, to_ms(start), Op.ANCHOR, fingerprint=fp), start
     if name in known.anchored:
         return ClaimItem(name, state.slot_ms, Op.REANCHOR, fingerprint=fp), from_ms(state.slot_ms)
-    changed = definitions is not None and bool(stored_fp) and bool(fp) and stored_fp != fp
-    if changed and name in known.runtime:
+    return _start_from_stored(name, state, fp, start, known)
+
+
+def _start_from_stored(name: str, state: SlotState, fp: str, start: datetime,
+                       known: Known) -> tuple[ClaimItem | None, datetime]:
+    """:func:`_start_of` for an entry whose stored slot is trusted: after that slot, unless
+    its definition changed."""
+    if not _redefined(name, fp, known):
+        return None, from_ms(state.slot_ms)
+    if name in known.runtime:
         return ClaimItem(name, 0, Op.DEFINE, fingerprint=fp), from_ms(state.slot_ms)
-    if changed:
-        return (ClaimItem(name, to_ms(start), Op.REANCHOR, fingerprint=fp),
-                max(start, from_ms(state.slot_ms)))
-    return None, from_ms(state.slot_ms)
+    return (ClaimItem(name, to_ms(start), Op.REANCHOR, fingerprint=fp),
+            max(start, from_ms(state.slot_ms)))
+
+
+def _older(state: SlotState | None, sent_ms: int) -> bool:
+    """Whether the stored slot (or none) is older than one this process knows was settled:
+    Redis lost writes."""
+    return state is None or state.slot_ms < sent_ms
+
+
+def _rolled_back(state: SlotState, sent_ms: int | None, known: Known) -> bool:
+    """Whether the stored slot is not trusted: Redis went back to older state and the slot
+    is not stored under the trusted epoch, or Redis lost writes this process remembers."""
+    if known.rolled_back and (known.trusted_epoch is None or state.epoch != known.trusted_epoch):
+        return True
+    return sent_ms is not None and _older(state, sent_ms)
+
+
+def _redefined(name: str, fp: str, known: Known) -> bool:
+    """Whether the fingerprint stored for the entry differs from the one this node plans
+    (none on either side, as on a standby: not changed)."""
+    stored_fp = (known.definitions or {}).get(name)
+    return bool(stored_fp) and bool(fp) and stored_fp != fp
 
 
 #: slots listed one by one in :func:`margin_slots` (older ones are counted, not listed)

@@ -457,35 +457,60 @@ class Messages:
         part.jargs, part.jkwargs = _json_str(part.argsrepr), _json_str(part.kwargsrepr)
 
     def _shape(self, captured: Captured, entry: Any) -> _Shape | None:
-        kw = captured.kwargs
-        headers = kw.get("headers") or {}
-        body = captured.body
-        if (kw.get("compression") or headers.get("eta") or headers.get("expires")
-                or kw.get("expiration") is not None
-                or not isinstance(body, tuple) or len(body) != 3
-                or any(h not in headers for h in SLOT_HEADERS)
-                or headers.get("parent_id") is not None):
+        """The shape of a message ``apply_async`` built, or None: its messages are built by
+        ``apply_async`` every time (see the module's docstring for why)."""
+        if not _repeatable(captured):
             return None
         if captured.commands is not None and not _one_payload(captured.commands):
             return None
         shape = _Shape(captured, entry.name)
-        if shape.envelope is not None:
-            shape.route = self.routes.route(shape.envelope)
-            if shape.route is None and not _one_queue(captured.commands):
-                return None
-            if shape.route is not None:
-                shape.rest = []  # its commands are made at send (other queues' payloads too)
+        if shape.envelope is not None and not self._route(shape, captured.commands):
+            return None
         try:
-            content_type, encoding, _ = serialization.dumps(body, serializer=shape.serializer)
+            content_type, encoding, _ = serialization.dumps(shape.body,
+                                                            serializer=shape.serializer)
         except Exception:  # noqa: BLE001 - an unknown serialiser: apply_async each time
             return None
         shape.content = (content_type, encoding)
-        if shape.envelope is not None and (shape.envelope.get("content-type") != content_type
-                                           or shape.envelope.get("content-encoding") != encoding):
+        if shape.envelope is not None and not _cut(shape):
             return None
-        if shape.envelope is not None and not _template(shape):
-            return None  # the payload could not be cut: apply_async each time
         return shape
+
+    def _route(self, shape: _Shape, commands: list[tuple[str, tuple[Any, ...]]] | None) -> bool:
+        """Where a Redis message of ``shape`` goes: through an exchange (its queues looked up
+        at each send) or to one queue by name; False for anything else."""
+        assert shape.envelope is not None  # a Redis payload
+        shape.route = self.routes.route(shape.envelope)
+        if shape.route is None:
+            return _one_queue(commands)
+        shape.rest = []  # its commands are made at send (other queues' payloads too)
+        return True
+
+
+def _repeatable(captured: Captured) -> bool:
+    """Whether every message of the captured one's shape is that message with a slot's
+    values put in: not compressed, nothing computed from the clock (an eta, an expiry),
+    Celery's body of three parts, every header a slot changes and no parent task."""
+    kw = captured.kwargs
+    headers = kw.get("headers") or {}
+    if (kw.get("compression") or headers.get("eta") or headers.get("expires")
+            or kw.get("expiration") is not None):
+        return False
+    body = captured.body
+    if not isinstance(body, tuple) or len(body) != 3:
+        return False
+    return all(h in headers for h in SLOT_HEADERS) and headers.get("parent_id") is None
+
+
+def _cut(shape: _Shape) -> bool:
+    """Cut a Redis payload's shape into pieces (see :func:`_template`); False when the
+    payload says another serialisation than the shape's body has, or cannot be cut."""
+    assert shape.envelope is not None and shape.content is not None
+    content_type, encoding = shape.content
+    if (shape.envelope.get("content-type") != content_type
+            or shape.envelope.get("content-encoding") != encoding):
+        return False
+    return _template(shape)
 
 
 def _one_payload(commands: list[tuple[str, tuple[Any, ...]]]) -> bool:

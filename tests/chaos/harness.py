@@ -479,30 +479,12 @@ def verdict(report: Report, *, schedule: Mapping[str, Mapping[str, Any]],
 
     ``restarts_wall``: the Redis restarts that lost the state (interval entries re-anchor).
     """
-    msgs = [(entry, slot) for entry, slot in messages]
-    report.messages = len(msgs)
-    counts = Counter(msgs)
-    report.duplicates = sorted((str(e), str(s)) for (e, s), n in counts.items() if n > 1)
-    report.unique = len(counts)
-    unknown = sorted({str(e) for e, _ in msgs if e not in schedule})
-    if unknown:
-        report.issues.append(f"messages for unknown entries (or without headers): {unknown}")
-
+    counts = _count_messages(report, messages, schedule)
     observed: dict[str, list[int]] = defaultdict(list)
     for entry, slot in counts:
         if entry in schedule and slot is not None:
             observed[entry].append(slot_ms(slot))
-
-    missed_hist: set[tuple[str, int]] = set()
-    unsent_hist: set[tuple[str, int]] = set()
-    for row in history:
-        if row.get("event") not in ("missed", "unsent") or not row.get("slot"):
-            continue
-        if "not listed" in row.get("detail", ""):
-            continue  # an aggregate count, not this slot
-        key = (row.get("entry", ""), int(row["slot"]))
-        (missed_hist if row["event"] == "missed" else unsent_hist).add(key)
-
+    missed, unsent = _recorded_misses(history)
     windows = [f.window_ms() for f in report.faults]
     unrecorded: list[str] = []
     restarts_ms = [round(w * 1000) for w in restarts_wall]
@@ -512,34 +494,13 @@ def verdict(report: Report, *, schedule: Mapping[str, Mapping[str, Any]],
         if not seen:
             report.issues.append(f"entry {entry}: no message at all")
             continue
-        kind, step = grid_of(spec)
-        grid, off = expected_slots(kind, step, seen, restarts_ms, end_ms)
-        if off:
-            report.issues.append(f"entry {entry}: {len(off)} slot(s) off its grid: "
-                                 f"{[iso(s) for s in off[:10]]}")
+        grid = _grid(report, entry, spec, seen, restarts_ms, end_ms)
         seen_set = set(seen)
         report.expected += len(grid)
-        sent_missed = sorted(s for (e, s) in missed_hist if e == entry and s in seen_set)
-        if sent_missed:
-            report.issues.append(f"entry {entry}: {len(sent_missed)} slot(s) recorded 'missed' "
-                                 f"in the history but sent: {[iso(s) for s in sent_missed[:10]]}")
+        _check_sent_not_missed(report, entry, seen_set, missed)
         for s in grid:
-            if s in seen_set:
-                continue
-            report.missing += 1
-            if (entry, s) in missed_hist:
-                report.explained_history += 1
-            elif (entry, s) in unsent_hist:
-                report.explained_unsent += 1
-            elif any(lo <= s <= hi for lo, hi in windows):
-                report.explained_window += 1
-                near = {f.kind for f, (lo, hi) in zip(report.faults, windows) if lo <= s <= hi}
-                kinds = "+".join(sorted(near))
-                report.window_only.append((entry, iso(s), kinds))
-                if not near & HISTORY_LOSING:
-                    unrecorded.append(f"{entry}@{iso(s)}")
-            else:
-                report.unexplained.append((entry, iso(s)))
+            if s not in seen_set and _count_missing(report, entry, s, (missed, unsent), windows):
+                unrecorded.append(f"{entry}@{iso(s)}")
     report.unrecorded = len(unrecorded)
     if unrecorded:
         # G3: "every missed slot is recorded in the history". Only a Redis restart may
@@ -548,6 +509,79 @@ def verdict(report: Report, *, schedule: Mapping[str, Mapping[str, Any]],
                              f"window but recorded neither 'missed' nor 'unsent' in the history, "
                              f"and no Redis restart near them: {unrecorded[:20]}")
     return report
+
+
+def _count_messages(report: Report, messages: Iterable[tuple[str | None, Any]],
+                    schedule: Mapping[str, Any]) -> Counter[tuple[str | None, Any]]:
+    """Count the messages, their duplicates and the distinct (entry, slot) pairs into
+    ``report``, with an issue for messages of no entry of ``schedule``; the pairs' counts."""
+    msgs = [(entry, slot) for entry, slot in messages]
+    report.messages = len(msgs)
+    counts = Counter(msgs)
+    report.duplicates = sorted((str(e), str(s)) for (e, s), n in counts.items() if n > 1)
+    report.unique = len(counts)
+    unknown = sorted({str(e) for e, _ in msgs if e not in schedule})
+    if unknown:
+        report.issues.append(f"messages for unknown entries (or without headers): {unknown}")
+    return counts
+
+
+def _recorded_misses(history: Iterable[Mapping[str, str]]
+                     ) -> tuple[set[tuple[str, int]], set[tuple[str, int]]]:
+    """The (entry, slot ms) the history recorded 'missed', and those it recorded 'unsent'."""
+    missed: set[tuple[str, int]] = set()
+    unsent: set[tuple[str, int]] = set()
+    for row in history:
+        if row.get("event") not in ("missed", "unsent") or not row.get("slot"):
+            continue
+        if "not listed" in row.get("detail", ""):
+            continue  # an aggregate count, not this slot
+        key = (row.get("entry", ""), int(row["slot"]))
+        (missed if row["event"] == "missed" else unsent).add(key)
+    return missed, unsent
+
+
+def _grid(report: Report, entry: str, spec: Mapping[str, Any], seen: Sequence[int],
+          restarts_ms: Sequence[int], end_ms: int) -> list[int]:
+    """The slots ``entry`` should have sent (see :func:`expected_slots`); an issue for the
+    ones seen off that grid."""
+    kind, step = grid_of(spec)
+    grid, off = expected_slots(kind, step, seen, restarts_ms, end_ms)
+    if off:
+        report.issues.append(f"entry {entry}: {len(off)} slot(s) off its grid: "
+                             f"{[iso(s) for s in off[:10]]}")
+    return grid
+
+
+def _check_sent_not_missed(report: Report, entry: str, seen: set[int],
+                           missed: set[tuple[str, int]]) -> None:
+    """An issue for slots of ``entry`` the history recorded 'missed' that were sent."""
+    sent_missed = sorted(s for (e, s) in missed if e == entry and s in seen)
+    if sent_missed:
+        report.issues.append(f"entry {entry}: {len(sent_missed)} slot(s) recorded 'missed' "
+                             f"in the history but sent: {[iso(s) for s in sent_missed[:10]]}")
+
+
+def _count_missing(report: Report, entry: str, s: int,
+                   recorded: tuple[set[tuple[str, int]], set[tuple[str, int]]],
+                   windows: Sequence[tuple[int, int]]) -> bool:
+    """Count slot ``s`` of ``entry``, never sent, by what explains it: the history
+    ('missed', 'unsent'), a fault's window, or nothing. True for a slot in a window that
+    the history left unrecorded though no fault near it could have lost the record."""
+    missed, unsent = recorded
+    report.missing += 1
+    if (entry, s) in missed:
+        report.explained_history += 1
+    elif (entry, s) in unsent:
+        report.explained_unsent += 1
+    elif any(lo <= s <= hi for lo, hi in windows):
+        report.explained_window += 1
+        near = {f.kind for f, (lo, hi) in zip(report.faults, windows) if lo <= s <= hi}
+        report.window_only.append((entry, iso(s), "+".join(sorted(near))))
+        return not near & HISTORY_LOSING
+    else:
+        report.unexplained.append((entry, iso(s)))
+    return False
 
 
 def measure_failovers(faults: Sequence[Fault], observations: Sequence[Observation],
