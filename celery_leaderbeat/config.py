@@ -118,8 +118,9 @@ class Config:
     key_prefix: str
     node_id: str
     redis_options: Mapping[str, Any]
-    #: seconds one store call may take: a Redis socket's timeout; on PostgreSQL a lock
-    #: wait, an idle transaction, the pool's wait (how it is chosen: :func:`store_timeout`)
+    #: seconds one store call may take: on PostgreSQL a lock wait, an idle transaction,
+    #: the pool's wait; on Redis the client's socket and connect timeouts, unless
+    #: ``redis_options`` sets them (how it is chosen: :func:`store_timeout`)
     store_timeout: float
     lease_ttl: float
     renew_interval: float
@@ -158,6 +159,14 @@ class Config:
             if note not in _SAID:
                 _SAID.add(note)
                 logger.warning("leaderbeat: %s", note)
+
+    @property
+    def redis_socket_timeout(self) -> float:
+        """The Redis client's socket timeout: ``redis_options["socket_timeout"]`` when set
+        (the options go to redis-py as given, over the client's defaults), else
+        :attr:`store_timeout`."""
+        given = self.redis_options.get("socket_timeout")
+        return float(given) if given else self.store_timeout
 
     @property
     def safety_margin(self) -> float:
@@ -284,30 +293,25 @@ def _store_settings(v: _Validator, raw: Mapping[str, Any], renew: Any) -> dict[s
     if timeout is not None:
         v.check("store_timeout", timeout, lambda x: not isinstance(x, bool) and
                 isinstance(x, (int, float)) and x > 0, "must be a number of seconds > 0")
-    postgres = is_postgres_url(store_url)
     return {
         "redis_url": url, "store_url": store_url, "redis_options": options,
         "store_schema": v.check("store_schema", raw.get("store_schema"), is_schema_name,
                                 SCHEMA_RULE),
-        "store_timeout": store_timeout(timeout, options, renew, postgres=postgres),
+        "store_timeout": store_timeout(timeout, options, renew),
         "store_down_policy": v.check("store_down_policy", raw.get("store_down_policy"),
                                      lambda x: x in STORE_DOWN_POLICIES,
                                      f"must be one of {', '.join(STORE_DOWN_POLICIES)}"),
     }
 
 
-def store_timeout(setting: Any, redis_options: Mapping[str, Any], renew_interval: Any, *,
-                  postgres: bool) -> float:
-    """Seconds one store call may take.
+def store_timeout(setting: Any, redis_options: Mapping[str, Any], renew_interval: Any) -> float:
+    """Seconds one store call may take: ``leaderbeat_store_timeout``; unset,
+    ``redis_options["socket_timeout"]`` (so a site that set the timeout there keeps it on
+    either store); else half the renew interval within 0.5 to 2 s.
 
-    ``leaderbeat_store_timeout`` when set, except that on Redis an explicit
-    ``redis_options["socket_timeout"]`` wins (it always did); on PostgreSQL
-    ``redis_options["socket_timeout"]`` is the fallback when the setting is unset (the
-    timeout's name before the setting existed). Otherwise half the renew interval within
-    0.5 to 2 s.
-    """
-    option = redis_options.get("socket_timeout")
-    for chosen in ((setting, option) if postgres else (option, setting)):
+    On Redis an explicit ``redis_options["socket_timeout"]`` wins over the setting for
+    the client's socket (see :attr:`Config.redis_socket_timeout`)."""
+    for chosen in (setting, redis_options.get("socket_timeout")):
         try:
             if chosen:
                 return float(chosen)
@@ -573,13 +577,7 @@ def store_name(config: Config) -> str:
 
 def is_postgres_store(config: Config) -> bool:
     """Whether ``config`` puts the store on PostgreSQL (a URL, or Django's database)."""
-    return is_postgres_url(config.store_url)
-
-
-def is_postgres_url(store_url: Any) -> bool:
-    """Whether ``leaderbeat_store_url`` names PostgreSQL (a URL, or Django's database)."""
-    return isinstance(store_url, str) and (
-        store_url == DJANGO_STORE or store_url.split("://", 1)[0] in POSTGRES_SCHEMES)
+    return config.store_url == DJANGO_STORE or config.store_url.split("://", 1)[0] in POSTGRES_SCHEMES
 
 
 def _is_redis_url(value: Any) -> bool:

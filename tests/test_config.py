@@ -163,9 +163,9 @@ def test_the_old_and_new_down_policy_names_disagreeing_is_an_error_naming_both(o
         Config.from_app(app_with(leaderbeat_redis_down_policy=old,
                                  leaderbeat_store_down_policy=new))
     assert info.value.problems == [
-        f"leaderbeat_redis_down_policy={old!r} must equal leaderbeat_store_down_policy "
-        f"({new!r}) when both are set: it is that setting's old name; set only "
-        "leaderbeat_store_down_policy"]
+        (f"leaderbeat_redis_down_policy={old!r} must equal leaderbeat_store_down_policy "
+         f"({new!r}) when both are set: it is that setting's old name; set only "
+         "leaderbeat_store_down_policy")]
 
 
 def test_a_bad_value_under_the_old_name_is_reported_under_the_old_name():
@@ -213,17 +213,8 @@ def test_store_timeout_must_be_a_positive_number_of_seconds(value):
         f"leaderbeat_store_timeout={value!r} must be a number of seconds > 0"]
 
 
-def test_store_timeout_is_a_redis_clients_timeout_unless_redis_options_sets_one():
-    assert Config.from_app(app_with(leaderbeat_store_timeout=0.4)).store_timeout == 0.4
-    both = app_with(leaderbeat_store_timeout=0.4,
-                    leaderbeat_redis_options={"socket_timeout": 3})
-    assert Config.from_app(both).store_timeout == 3.0
-    options_only = app_with(leaderbeat_redis_options={"socket_timeout": 3})
-    assert Config.from_app(options_only).store_timeout == 3.0
-
-
-@pytest.mark.parametrize("store_url", ["postgresql://h/db", "django"])
-def test_on_postgresql_store_timeout_wins_and_redis_options_is_the_fallback(store_url):
+@pytest.mark.parametrize("store_url", ["postgresql://h/db", "django", "redis://h/0"])
+def test_store_timeout_wins_and_redis_options_socket_timeout_is_the_fallback(store_url):
     def timeout(**settings) -> float:
         return Config.from_values({"store_url": store_url, "key_prefix": "p", "node_id": "n",
                                    **settings}).store_timeout
@@ -245,10 +236,13 @@ def test_the_default_store_timeout_is_half_the_renew_interval_within_half_a_seco
 def test_the_redis_client_gets_store_timeout_as_its_socket_timeout_unless_options_set_one():
     from celery_leaderbeat.store.redis_store import connect
 
-    def client_timeout(**settings) -> float:
-        store = connect(Config.from_app(app_with(**settings)))  # no connection made yet
-        return store.client.connection_pool.connection_kwargs["socket_timeout"]
+    def client_timeouts(**settings) -> tuple[float, float]:
+        config = Config.from_app(app_with(**settings))
+        store = connect(config)  # no connection made yet
+        return (store.client.connection_pool.connection_kwargs["socket_timeout"],
+                config.redis_socket_timeout)
 
-    assert client_timeout(leaderbeat_store_timeout=0.4) == 0.4
-    assert client_timeout(leaderbeat_store_timeout=0.4,
-                          leaderbeat_redis_options={"socket_timeout": 3}) == 3
+    assert client_timeouts(leaderbeat_store_timeout=0.4) == (0.4, 0.4)
+    assert client_timeouts(leaderbeat_store_timeout=0.4,
+                           leaderbeat_redis_options={"socket_timeout": 3}) == (3, 3.0)
+    assert client_timeouts(leaderbeat_redis_options={"socket_timeout": 3}) == (3, 3.0)
