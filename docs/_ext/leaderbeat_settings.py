@@ -20,7 +20,8 @@ DERIVED = {
     "node_id": "`host:pid:random`",
     "renew_interval": "lease_ttl / 3",
     "recover_unsent": "on with `leaderbeat_guard`, else off",
-    "store_timeout": "half the renew interval, within 0.5 to 2 s (1.67 s with the defaults)",
+    "store_timeout": "`redis_options[\"socket_timeout\"]` when given, else half the renew "
+                     "interval within 0.5 to 2 s (1.67 s with the defaults)",
 }
 
 #: what each setting is for (Markdown); every name of config.DEFAULTS, no other
@@ -64,8 +65,7 @@ MEANING = {
                      "a lock, a transaction's idle time, the wait for a pooled connection; on "
                      "Redis the client's socket and connect timeouts, except that "
                      "`redis_options[\"socket_timeout\"]` (or `socket_connect_timeout`), "
-                     "when set, wins for the socket (or the connect). Unset: "
-                     "`redis_options[\"socket_timeout\"]` when given. See "
+                     "when set, wins for the socket (or the connect). See "
                      "[PostgreSQL](../postgresql.md#connections).",
     "degraded_max_seconds": "How long a `last-leader` node sends without Redis (a hard cap).",
     "max_clock_skew": "A node whose clock is further off Redis `TIME` refuses to lead; also "
