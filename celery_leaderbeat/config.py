@@ -15,6 +15,7 @@ import os
 import re
 import socket
 import uuid
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,7 +29,8 @@ logger = logging.getLogger(__name__)
 #: pyproject.toml); a newer one gets a warning at start-up, not a refusal
 TESTED_CELERY = (5, 7)
 
-REDIS_DOWN_POLICIES = ("pause", "last-leader")
+#: what beats do while the store (Redis or PostgreSQL) is unreachable
+STORE_DOWN_POLICIES = ("pause", "last-leader")
 REDIS_SCHEMES = ("redis", "rediss", "unix", "sentinel", "redis+cluster", "rediss+cluster")
 #: the store URLs beside Redis: ``memory://`` (one process only: tests, development)
 STORE_SCHEMES = (*REDIS_SCHEMES, "memory")
@@ -72,7 +74,8 @@ DEFAULTS: dict[str, Any] = {
     "catchup_window": None,
     "max_catchup": 100,
     "recover_unsent": None,  # derived: on with the worker guard, else off
-    "redis_down_policy": "pause",
+    "store_down_policy": "pause",
+    "store_timeout": None,  # derived: see Config.store_timeout
     "degraded_max_seconds": 60.0,
     "max_clock_skew": 2.0,
     "history_length": 10_000,
@@ -85,6 +88,10 @@ DEFAULTS: dict[str, Any] = {
     "base_scheduler": None,
     "atomic_enqueue": True,
 }
+
+#: a setting's old name (without ``leaderbeat_``) -> its name now: the old name is still
+#: read, with a DeprecationWarning, and is an error where it disagrees with the new one
+RENAMED = {"redis_down_policy": "store_down_policy"}
 
 #: what the worker guard does with a slot due while the entry's previous run still runs
 OVERLAP_POLICIES = ("skip", "buffer_one", "buffer_all", "cancel_other", "allow_all")
@@ -111,6 +118,10 @@ class Config:
     key_prefix: str
     node_id: str
     redis_options: Mapping[str, Any]
+    #: seconds one store call may take: on PostgreSQL a lock wait, an idle transaction,
+    #: the pool's wait; on Redis the client's socket and connect timeouts, unless
+    #: ``redis_options`` sets them (how it is chosen: :func:`store_timeout`)
+    store_timeout: float
     lease_ttl: float
     renew_interval: float
     standby_poll: float
@@ -118,7 +129,7 @@ class Config:
     catchup_window: float | None
     max_catchup: int
     recover_unsent: bool
-    redis_down_policy: str
+    store_down_policy: str
     degraded_max_seconds: float
     max_clock_skew: float
     history_length: int
@@ -150,12 +161,12 @@ class Config:
                 logger.warning("leaderbeat: %s", note)
 
     @property
-    def socket_timeout(self) -> float:
-        """Seconds a store call may take (a Redis socket's timeout; on PostgreSQL a lock
-        wait, an idle transaction, the pool's wait): ``redis_options["socket_timeout"]``
-        when given, else half the renew interval within 0.5 to 2 s."""
+    def redis_socket_timeout(self) -> float:
+        """The Redis client's socket timeout: ``redis_options["socket_timeout"]`` when set
+        (the options go to redis-py as given, over the client's defaults), else
+        :attr:`store_timeout`."""
         given = self.redis_options.get("socket_timeout")
-        return float(given) if given else max(0.5, min(2.0, self.renew_interval / 2))
+        return float(given) if given else self.store_timeout
 
     @property
     def safety_margin(self) -> float:
@@ -167,10 +178,9 @@ class Config:
         """Read and validate every ``leaderbeat_*`` setting of a Celery app."""
         conf = app.conf
         problems = [_unknown_setting(name) for name in _unknown_settings(conf)]
-        raw = {}
-        for name, default in DEFAULTS.items():
-            value = conf.get(f"leaderbeat_{name}")
-            raw[name] = default if value is None else value
+        # unset stays None: from_values tells a value given from a default (an old name
+        # beside its new one needs that)
+        raw = {name: conf.get(f"leaderbeat_{name}") for name in (*DEFAULTS, *RENAMED)}
         if raw["redis_url"] is None and _is_redis_url(raw["store_url"]):
             raw["redis_url"] = raw["store_url"]
         if raw["redis_url"] is None and raw["store_url"] is None:
@@ -183,43 +193,25 @@ class Config:
             raw["node_id"] = default_node_id()
         deadline = _cron_starting_deadline(conf, problems)
         config = cls.from_values(raw, problems)
-        notes = beat_setting_notes(conf, config, deadline) + celery_version_notes()
+        notes = [*config.notes, *beat_setting_notes(conf, config, deadline),
+                 *celery_version_notes()]
         return dataclasses.replace(config, cron_starting_deadline=deadline, notes=tuple(notes))
 
     @classmethod
     def from_values(cls, raw: Mapping[str, Any], problems: list[str] | None = None) -> Config:
         """Validate raw values (names without ``leaderbeat_``); raise every problem at once."""
         problems = list(problems or [])
-        raw = {**DEFAULTS, **{k: v for k, v in raw.items() if v is not None}}
-        v = _Validator(problems)
-        url, store_url = _store_urls(v, raw)
-        schema = v.check("store_schema", raw.get("store_schema"), is_schema_name, SCHEMA_RULE)
-        options = v.check("redis_options", raw.get("redis_options", {}),
-                          lambda x: isinstance(x, Mapping), "must be a dict")
-        prefix = v.check("key_prefix", raw.get("key_prefix"),
-                         lambda x: isinstance(x, str) and bool(x) and not set("{}") & set(x),
-                         "must be a non-empty string without '{' or '}'")
-        node_id = v.check("node_id", raw.get("node_id"),
-                          lambda x: isinstance(x, str) and bool(x) and "|" not in x,
-                          "must be a non-empty string without '|'")
+        notes: list[str] = []
+        given, old_names = _given(raw, problems, notes)
+        raw = {**DEFAULTS, **given}
+        v = _Validator(problems, old_names)
         ttl, renew, poll = _lease_timing(v, raw)
+        store, names = _store_settings(v, raw, renew), _names(v, raw)
         catchup, window, max_catchup = (raw.get("catchup"), raw.get("catchup_window"),
                                         raw.get("max_catchup"))
         problems += catchup_problems(catchup, window, max_catchup,
                                      named=lambda key: f"leaderbeat_{key}")
-        window = _seconds(window)
-        guard = v.flag("guard", raw.get("guard"))
-        recover = raw.get("recover_unsent")
-        if recover is None:
-            recover = guard is True  # the guard makes re-sending safe: each slot runs once
-        recover = v.flag("recover_unsent", recover)
-        atomic = v.flag("atomic_enqueue", raw.get("atomic_enqueue"))
-        guard_expires = v.number("guard_expires", raw.get("guard_expires"), minimum=60.0)
-        overlap = overlap_policy(v.check("overlap", raw.get("overlap"),
-                                         lambda x: overlap_policy(x) is not None, OVERLAP_RULE))
-        down = v.check("redis_down_policy", raw.get("redis_down_policy"),
-                       lambda x: x in REDIS_DOWN_POLICIES,
-                       f"must be one of {', '.join(REDIS_DOWN_POLICIES)}")
+        guarded = _guard_settings(v, raw)
         degraded = v.number("degraded_max_seconds", raw.get("degraded_max_seconds"), minimum=0.0)
         skew = v.number("max_clock_skew", raw.get("max_clock_skew"), minimum=0.0)
         history = v.integer("history_length", raw.get("history_length"), minimum=100)
@@ -227,30 +219,120 @@ class Config:
         rescue = v.number("rescue_after", raw.get("rescue_after"), minimum=0.5)
         metrics_port = _metrics_port(raw.get("metrics_port"), problems)
         base = _base_scheduler(raw.get("base_scheduler"), problems)
-        if replicas and isinstance(url, str) and "+cluster" in url:
+        if replicas and "+cluster" in str(store["redis_url"]):
             problems.append(f"leaderbeat_min_replicas={replicas!r} is not supported with Redis "
                             "Cluster (leaderbeat_redis_url is a redis+cluster:// URL)")
         if problems:
             raise ConfigurationError(problems)
         assert ttl is not None and renew is not None and poll is not None
         assert degraded is not None and skew is not None and rescue is not None
-        assert guard_expires is not None
         return cls(
-            redis_url=url, key_prefix=prefix, node_id=node_id, redis_options=dict(options),
+            **store, **names,
             lease_ttl=float(ttl), renew_interval=float(renew), standby_poll=float(poll),
-            catchup=str(catchup), catchup_window=window,
+            catchup=str(catchup), catchup_window=_seconds(window),
             max_catchup=max_catchup,  # type: ignore[arg-type]  # checked above
-            recover_unsent=recover, redis_down_policy=down,
-            degraded_max_seconds=float(degraded), max_clock_skew=float(skew),
+            **guarded, degraded_max_seconds=float(degraded), max_clock_skew=float(skew),
             history_length=history, min_replicas=replicas, rescue_after=float(rescue),
-            guard=guard, guard_expires=float(guard_expires),
-            overlap=str(overlap), metrics_port=metrics_port,
-            base_scheduler=base, atomic_enqueue=atomic, store_url=store_url, store_schema=schema,
+            metrics_port=metrics_port, base_scheduler=base, notes=tuple(notes),
         )
 
 
 #: start-up warnings already logged by this process
 _SAID: set[str] = set()
+
+
+def _given(raw: Mapping[str, Any], problems: list[str],
+           notes: list[str]) -> tuple[dict[str, Any], dict[str, str]]:
+    """The values set (None: unset), each old name of :data:`RENAMED` read as its new one;
+    and the new names whose value came from an old one (the old one, to name in problems).
+
+    An old name set warns (a DeprecationWarning, and a start-up note: Python hides
+    DeprecationWarnings outside ``__main__`` by default); set beside its new name with
+    another value it is a problem naming both.
+    """
+    given = {k: v for k, v in raw.items() if v is not None and k not in RENAMED}
+    old_names = {}
+    for old, new in RENAMED.items():
+        value = raw.get(old)
+        if value is None:
+            continue
+        if new in given and given[new] != value:
+            problems.append(f"leaderbeat_{old}={value!r} must equal leaderbeat_{new} "
+                            f"({given[new]!r}) when both are set: it is that setting's old "
+                            f"name; set only leaderbeat_{new}")
+            continue
+        if new not in given:
+            given[new], old_names[new] = value, old
+        said = (f"leaderbeat_{old} is deprecated: it is now named leaderbeat_{new} (Django: "
+                f"CELERY_LEADERBEAT_{new.upper()}); the old name still works for now")
+        warnings.warn(said, DeprecationWarning, stacklevel=3)
+        notes.append(said)
+    return given, old_names
+
+
+def _names(v: _Validator, raw: Mapping[str, Any]) -> dict[str, Any]:
+    """``key_prefix`` (the app's, in the store) and ``node_id`` (this beat's)."""
+    return {
+        "key_prefix": v.check("key_prefix", raw.get("key_prefix"), lambda x: isinstance(x, str)
+                              and bool(x) and not set("{}") & set(x),
+                              "must be a non-empty string without '{' or '}'"),
+        "node_id": v.check("node_id", raw.get("node_id"),
+                           lambda x: isinstance(x, str) and bool(x) and "|" not in x,
+                           "must be a non-empty string without '|'"),
+    }
+
+
+def _store_settings(v: _Validator, raw: Mapping[str, Any], renew: Any) -> dict[str, Any]:
+    """The store's settings as :class:`Config` fields: its URLs, schema, Redis client
+    options, call timeout and what beats do while it is unreachable."""
+    url, store_url = _store_urls(v, raw)
+    options = v.check("redis_options", raw.get("redis_options"),
+                      lambda x: isinstance(x, Mapping), "must be a dict")
+    options = dict(options) if isinstance(options, Mapping) else {}
+    timeout = raw.get("store_timeout")
+    if timeout is not None:
+        v.check("store_timeout", timeout, lambda x: not isinstance(x, bool) and
+                isinstance(x, (int, float)) and x > 0, "must be a number of seconds > 0")
+    return {
+        "redis_url": url, "store_url": store_url, "redis_options": options,
+        "store_schema": v.check("store_schema", raw.get("store_schema"), is_schema_name,
+                                SCHEMA_RULE),
+        "store_timeout": store_timeout(timeout, options, renew),
+        "store_down_policy": v.check("store_down_policy", raw.get("store_down_policy"),
+                                     lambda x: x in STORE_DOWN_POLICIES,
+                                     f"must be one of {', '.join(STORE_DOWN_POLICIES)}"),
+    }
+
+
+def store_timeout(setting: Any, redis_options: Mapping[str, Any], renew_interval: Any) -> float:
+    """Seconds one store call may take: ``leaderbeat_store_timeout``; unset,
+    ``redis_options["socket_timeout"]`` (so a site that set the timeout there keeps it on
+    either store); else half the renew interval within 0.5 to 2 s.
+
+    On Redis an explicit ``redis_options["socket_timeout"]`` wins over the setting for
+    the client's socket (see :attr:`Config.redis_socket_timeout`)."""
+    for chosen in (setting, redis_options.get("socket_timeout")):
+        try:
+            if chosen:
+                return float(chosen)
+        except (TypeError, ValueError):
+            continue  # not a number: redis-py refuses it when it connects
+    renew = renew_interval if isinstance(renew_interval, (int, float)) else 1.0
+    return max(0.5, min(2.0, renew / 2))
+
+
+def _guard_settings(v: _Validator, raw: Mapping[str, Any]) -> dict[str, Any]:
+    """The worker guard's settings and those it changes, as :class:`Config` fields."""
+    guard = v.flag("guard", raw.get("guard"))
+    recover = raw.get("recover_unsent")
+    if recover is None:
+        recover = guard is True  # the guard makes re-sending safe: each slot runs once
+    expires = v.number("guard_expires", raw.get("guard_expires"), minimum=60.0)
+    overlap = overlap_policy(v.check("overlap", raw.get("overlap"),
+                                     lambda x: overlap_policy(x) is not None, OVERLAP_RULE))
+    return {"guard": guard, "recover_unsent": v.flag("recover_unsent", recover),
+            "guard_expires": expires, "overlap": str(overlap),
+            "atomic_enqueue": v.flag("atomic_enqueue", raw.get("atomic_enqueue"))}
 
 
 def _lease_timing(v: _Validator, raw: Mapping[str, Any]) -> tuple[Any, Any, Any]:
@@ -365,8 +447,10 @@ def default_node_id() -> str:
 class _Validator:
     """Collects problems instead of raising at the first one."""
 
-    def __init__(self, problems: list[str]) -> None:
+    def __init__(self, problems: list[str], old_names: Mapping[str, str] | None = None) -> None:
         self.problems = problems
+        #: a setting whose value was given under its old name is named so in its problems
+        self.old_names = dict(old_names or {})
 
     def check(self, name: str, value: Any, ok: Callable[[Any], bool], rule: str) -> Any:
         try:
@@ -374,7 +458,7 @@ class _Validator:
         except Exception:  # noqa: BLE001 - a predicate that cannot judge the value rejects it
             good = False
         if not good:
-            self.problems.append(f"leaderbeat_{name}={value!r} {rule}")
+            self.problems.append(f"leaderbeat_{self.old_names.get(name, name)}={value!r} {rule}")
         return value
 
     def flag(self, name: str, value: Any) -> Any:
@@ -386,11 +470,12 @@ class _Validator:
                           f"must be an integer of at least {minimum}")
 
     def number(self, name: str, value: Any, *, minimum: float) -> float | None:
+        setting = f"leaderbeat_{self.old_names.get(name, name)}"
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            self.problems.append(f"leaderbeat_{name}={value!r} must be a number of seconds")
+            self.problems.append(f"{setting}={value!r} must be a number of seconds")
             return None
         if value < minimum:
-            self.problems.append(f"leaderbeat_{name}={value!r} must be at least {minimum}")
+            self.problems.append(f"{setting}={value!r} must be at least {minimum}")
             return None
         return float(value)
 
@@ -514,6 +599,7 @@ def _unknown_settings(conf: Any) -> list[str]:
         low = str(key).lower()
         if low.startswith("celery_leaderbeat_"):
             low = low[len("celery_"):]
-        if low.startswith("leaderbeat_") and low[len("leaderbeat_"):] not in DEFAULTS:
-            unknown.add(low[len("leaderbeat_"):])
+        name = low[len("leaderbeat_"):]
+        if low.startswith("leaderbeat_") and name not in DEFAULTS and name not in RENAMED:
+            unknown.add(name)
     return sorted(unknown)

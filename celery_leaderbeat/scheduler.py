@@ -110,7 +110,7 @@ class Scheduler(ScheduleState, Sending, Trouble, Lifecycle, beat.Scheduler):
                      else store) + f" schema={c.store_schema}"
         return (f"    . leaderbeat -> {store} prefix={c.key_prefix} "
                 f"node={node} ttl={c.lease_ttl}s rescue_after={c.rescue_after}s "
-                f"catchup={c.catchup} redis_down_policy={c.redis_down_policy}")
+                f"catchup={c.catchup} store_down_policy={c.store_down_policy}")
 
     # -- roles -------------------------------------------------------------------------
 

@@ -81,7 +81,7 @@ def config(prefix: str, url: str, **options) -> Config:
 def exercise_every_call(url: str, prefix: str, **options) -> None:
     """Every kind of Redis call the scheduler makes, through the client connection.py builds."""
     cfg = config(prefix, url, **options)
-    client = make_client(url, cfg.redis_options, cfg.socket_timeout)
+    client = make_client(url, cfg.redis_options, cfg.store_timeout)
     keys = Keys(prefix)
     scripts = Scripts(client)
     lease, ledger = LeaseView(Lease(client, scripts, keys, cfg), cfg), Ledger(client, scripts, keys, cfg)

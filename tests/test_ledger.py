@@ -177,7 +177,7 @@ def test_with_default_settings_and_no_replica_wait_answers_before_the_socket_tim
     server = make_redis_server()
     config = Config.from_values({"redis_url": server.url, "key_prefix": key_prefix,
                                  "node_id": "a", "min_replicas": 1})
-    client = make_client(server.url, {}, config.socket_timeout)
+    client = make_client(server.url, {}, config.store_timeout)
     scripts, keys = Scripts(client), Keys(key_prefix)
     lease, ledger = LeaseView(Lease(client, scripts, keys, config), config), Ledger(client, scripts, keys, config)
     assert lease.try_acquire()

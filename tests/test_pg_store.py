@@ -337,7 +337,7 @@ def test_a_takeover_waiting_behind_a_chunk_finds_the_lease_renewed(
     committed lease lapsed meanwhile waits for the row, then finds it renewed."""
     lease, _ = lead(make_node, "n1")
     token, epoch = lease.credentials()
-    other, _ = make_node("n2", redis_options={"socket_timeout": 30.0})  # waits that long
+    other, _ = make_node("n2", store_timeout=30.0)  # waits that long
     taken: list[bool] = []
     sql(conninfo, "UPDATE {schema}.lease SET expires_at = clock_timestamp() + interval '0.4 s'")
     with psycopg.connect(conninfo) as chunk:
@@ -597,21 +597,43 @@ def test_a_rescue_behind_a_stalled_claim_fails_within_its_bound_instead_of_waiti
         make_node: Callable[..., Node], conninfo: str) -> None:
     lease, ledger = lead(make_node)
     claim(lease, ledger, ClaimItem("e", 1000, Op.ANCHOR, 1000))
-    _, standby = make_node("s1", redis_options={"socket_timeout": 0.3})
+    _, standby = make_node("s1", store_timeout=0.3)
     with psycopg.connect(conninfo) as stalled, stalled.transaction():
         stalled.execute(qualified("SELECT 1 FROM {schema}.lease FOR UPDATE", SCHEMA))
         with pytest.raises(StoreUnreachable) as rescue:
             standby.rescue([ClaimItem("e", 2000, Op.CLAIM, 2000, 1000)])
-        other, _ = make_node("n2", redis_options={"socket_timeout": 0.3})
+        other, _ = make_node("n2", store_timeout=0.3)
         with pytest.raises(StoreUnreachable) as acquire:
             other.try_acquire()
     for caught in (rescue, acquire):
         assert isinstance(caught.value.__cause__, psycopg.errors.LockNotAvailable)
 
 
+# the default call timeout is 1.67 s (a 10 s ttl), the redis_options one below 30 s: a
+# wait that ends within a second is the 0.3 s bound
+@pytest.mark.parametrize("settings", [
+    {"store_timeout": 0.3},
+    {"redis_options": {"socket_timeout": 0.3}},
+    {"store_timeout": 0.3, "redis_options": {"socket_timeout": 30.0}},
+], ids=["store_timeout", "redis_options-while-store_timeout-unset", "store_timeout-over-redis_options"])
+def test_a_takeover_behind_a_held_lease_row_waits_the_store_timeout(
+        make_node: Callable[..., Node], conninfo: str, settings: dict[str, Any]) -> None:
+    lead(make_node)
+    other, _ = make_node("n2", **settings)
+    assert other.place.pool.timeout == 0.3  # the wait for a pooled connection
+    with psycopg.connect(conninfo) as holder, holder.transaction():
+        holder.execute(qualified("SELECT 1 FROM {schema}.lease FOR UPDATE", SCHEMA))
+        started = time.monotonic()
+        with pytest.raises(StoreUnreachable) as waited:
+            other.try_acquire()
+        took = time.monotonic() - started
+    assert isinstance(waited.value.__cause__, psycopg.errors.LockNotAvailable)
+    assert 0.25 <= took < 1.0, took
+
+
 def test_a_claim_stalled_between_its_round_trips_is_ended_by_the_server(
         make_node: Callable[..., Node], conninfo: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    lease, ledger = lead(make_node, redis_options={"socket_timeout": 0.3})
+    lease, ledger = lead(make_node, store_timeout=0.3)
     decide = rules.decide
 
     def stalled(chunk: Any, item: Any) -> Any:
@@ -660,7 +682,7 @@ def session_alive(conninfo: str, pid: int) -> bool:
 def test_a_session_stopped_mid_pipeline_on_the_lease_row_is_ended_past_a_ttl_and_a_standby_leads(
         make_node: Callable[..., Node], conninfo: str) -> None:
     # a ttl of 2 s so that the test waits out one ttl (the lease's), not ten seconds
-    settings = {"lease_ttl": 2, "redis_options": {"socket_timeout": 0.3}}
+    settings = {"lease_ttl": 2, "store_timeout": 0.3}
     lead(make_node, **settings)
     standby, _ = make_node("n2", **settings)
     with stopped_mid_pipeline(conninfo) as pid:
@@ -677,7 +699,7 @@ def test_a_session_stopped_mid_pipeline_on_the_lease_row_is_ended_past_a_ttl_and
 def test_a_leader_renews_past_a_session_stalled_on_the_lease_row_for_half_a_ttl(
         make_node: Callable[..., Node], conninfo: str) -> None:
     # a ttl of 4 s: the session is ended past 2 s, the lease still held
-    lease, _ = lead(make_node, lease_ttl=4, redis_options={"socket_timeout": 0.3})
+    lease, _ = lead(make_node, lease_ttl=4, store_timeout=0.3)
     token, _ = lease.credentials()
     with stopped_mid_pipeline(conninfo) as pid:
         stopped_at = time.monotonic()
@@ -715,9 +737,8 @@ def test_a_role_that_may_not_end_a_stalled_session_says_which_grant_it_lacks(
     """Without pg_read_all_stats another role's session hides since when it holds the row;
     with it, a superuser's session still may not be ended by this role."""
     # a ttl of 2 s so that the test waits out one ttl (the lease's), not ten seconds
-    lead(make_node, lease_ttl=2, redis_options={"socket_timeout": 0.3})
-    config = pg_config(key_prefix="app", node_id="n2", lease_ttl=2,
-                       redis_options={"socket_timeout": 0.3})
+    lead(make_node, lease_ttl=2, store_timeout=0.3)
+    config = pg_config(key_prefix="app", node_id="n2", lease_ttl=2, store_timeout=0.3)
     with role_of_the_schema(conninfo) as (role, limited), \
             stopped_mid_pipeline(conninfo) as pid:
         stopped_at = time.monotonic()

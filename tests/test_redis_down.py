@@ -66,7 +66,7 @@ def test_last_leader_keeps_sending_through_an_outage_and_reconciles_without_dupl
         tmp_path, make_redis_server, key_prefix):
     state, broker = make_redis_server(), make_redis_server()
     cluster, recorder = start(tmp_path, state, broker, key_prefix,
-                              leaderbeat_redis_down_policy="last-leader",
+                              leaderbeat_store_down_policy="last-leader",
                               leaderbeat_degraded_max_seconds=30)
 
     def reconciled() -> None:
@@ -91,7 +91,7 @@ def test_last_leader_keeps_sending_through_an_outage_and_reconciles_without_dupl
 def test_last_leader_stops_after_degraded_max_seconds(tmp_path, make_redis_server, key_prefix):
     state, broker = make_redis_server(), make_redis_server()
     cluster, recorder = start(tmp_path, state, broker, key_prefix,
-                              leaderbeat_redis_down_policy="last-leader",
+                              leaderbeat_store_down_policy="last-leader",
                               leaderbeat_degraded_max_seconds=1.5)
     began, ended = through_outage(cluster, state, recorder, 6)
     late = slots_in(recorder.messages, began + timedelta(seconds=3.5), ended)

@@ -172,7 +172,7 @@ def test_last_leader_with_an_expired_lease_does_not_send_through_an_outage(
         make_redis_server, key_prefix):
     state, broker = make_redis_server(), make_redis_server()
     app = make_app(state.url, broker.url, key_prefix, {"a": {"task": NOOP, "schedule": 0.3}},
-                   leaderbeat_redis_down_policy="last-leader")
+                   leaderbeat_store_down_policy="last-leader")
     scheduler = Scheduler(app=app)
     recorder = Recorder(broker.client())
     try:
@@ -197,7 +197,7 @@ def test_degraded_max_seconds_is_a_hard_cap_even_when_redis_answers_ping(
 
     state, broker = make_redis_server(), make_redis_server()
     app = make_app(state.url, broker.url, key_prefix, {"a": {"task": NOOP, "schedule": 0.3}},
-                   leaderbeat_redis_down_policy="last-leader",
+                   leaderbeat_store_down_policy="last-leader",
                    leaderbeat_degraded_max_seconds=1)
     scheduler = Scheduler(app=app)
     recorder = Recorder(broker.client())

@@ -72,7 +72,7 @@ def faulted(monkeypatch: pytest.MonkeyPatch, seam: Seam) -> Iterator[None]:
     """Schedulers made inside reach their Redis through ``seam``."""
     def connect(config: Any) -> Any:
         client = faulty_client(seam, config.node_id, config.redis_url, config.redis_options,
-                               config.socket_timeout)
+                               config.store_timeout)
         return redis_store(client, Keys(config.key_prefix), config)
 
     monkeypatch.setattr(scheduler_module, "open_store", connect)

@@ -95,7 +95,7 @@ class Trouble(Attributes):
             except STORE_ERRORS:
                 pass  # the heartbeat and the next tick find out
         if self._standby is not None and self._leader is None:
-            if config.redis_down_policy == "last-leader" and not self._led_at_outage:
+            if config.store_down_policy == "last-leader" and not self._led_at_outage:
                 # the previous leader reconciles what it sent meanwhile first
                 self._standby.restart(head_start=config.lease_ttl, shift_since=True)
             elif not self._led_at_outage:

@@ -36,7 +36,7 @@ def init_store(ctx: click.Context, schema: str | None, as_json: bool) -> None:
 
     schema = schema or config.store_schema
     try:  # a failure leaves as the store's error, so the command's exit says what it was
-        pool = make_pool(postgres_conninfo(config), timeout=config.socket_timeout, max_size=1)
+        pool = make_pool(postgres_conninfo(config), timeout=config.store_timeout, max_size=1)
         try:
             with connection(pool) as conn:
                 applied = ensure_schema(conn, schema)

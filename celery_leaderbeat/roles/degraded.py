@@ -1,4 +1,4 @@
-"""``redis_down_policy="last-leader"``: the leader sends on through a Redis outage.
+"""``store_down_policy="last-leader"``: the leader sends on through a Redis outage.
 
 The node that held the lease when Redis stopped answering keeps sending from
 its own agenda, without claims, for at most ``leaderbeat_degraded_max_seconds``.
@@ -38,7 +38,7 @@ class Outage:
     @classmethod
     def begin(cls, config: Config) -> Outage:
         """The leader lost Redis with its lease not known lost: it goes on, degraded."""
-        logger.warning("leaderbeat: redis_down_policy=last-leader: %s keeps sending from its "
+        logger.warning("leaderbeat: store_down_policy=last-leader: %s keeps sending from its "
                        "own state for at most %s s while Redis is unreachable",
                        config.node_id, config.degraded_max_seconds)
         return cls(config, time.monotonic())
@@ -78,7 +78,7 @@ class Outage:
             lease.stop_heartbeat()
             if not lease.try_acquire():
                 logger.warning("leaderbeat: another node leads after the outage; %d slot(s) this "
-                               "node sent meanwhile may be sent again (redis_down_policy="
+                               "node sent meanwhile may be sent again (store_down_policy="
                                "last-leader)", len(sent))
                 return False
             lease.start_heartbeat(wake_by)

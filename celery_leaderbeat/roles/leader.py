@@ -239,7 +239,7 @@ class Leader:
         alive, its clock near Redis's."""
         shared, lease = self.shared, self.shared.lease
         if not lease.is_held():
-            if shared.config.redis_down_policy == "last-leader" and not lease.lost:
+            if shared.config.store_down_policy == "last-leader" and not lease.lost:
                 shared.store.ping()  # unreachable: the last leader goes on (degraded mode)
             raise Resign("lease not confirmed in time (self-fencing)")
         stopped = lease.heartbeat_stopped()
@@ -414,7 +414,7 @@ class Leader:
             self.shared.ledger.record(self.shared.lease.epoch or 0, [
                 Event(name, to_ms(utcnow()), "error", why) for name, why in broken])
 
-    # -- redis_down_policy = "last-leader" ------------------------------------------------
+    # -- store_down_policy = "last-leader" ------------------------------------------------
 
     def redis_unreachable(self, exc: BaseException) -> bool:
         """Redis stopped answering: True while this leader goes on (degraded), else False.
@@ -425,7 +425,7 @@ class Leader:
         (READONLY during a failover, OOM, a script error) still lets standbys claim
         and rescue, so sending without claims could send twice.
         """
-        if (self.outage is None and self.shared.config.redis_down_policy == "last-leader"
+        if (self.outage is None and self.shared.config.store_down_policy == "last-leader"
                 and isinstance(exc, STORE_UNREACHABLE)
                 and self.shared.lease.is_held()):
             self.outage = Outage.begin(self.shared.config)

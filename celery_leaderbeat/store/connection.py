@@ -57,7 +57,7 @@ def client_defaults(timeout: float) -> dict[str, Any]:
 def make_client(url: str, options: Mapping[str, Any], timeout: float) -> Any:
     """A redis-py client (``Redis``, Sentinel master or ``RedisCluster``) for ``url``.
 
-    ``timeout`` is the socket timeout (``Config.socket_timeout``) unless ``options`` sets one.
+    ``timeout`` is the socket timeout (``Config.store_timeout``) unless ``options`` sets one.
     """
     opts = {**client_defaults(timeout), **dict(options)}
     scheme = url.split("://", 1)[0]

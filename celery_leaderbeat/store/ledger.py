@@ -301,7 +301,7 @@ class Ledger:
         it would read as "Redis unreachable" instead of "no replica acknowledged".
         """
         timeout_ms = max(1, int(min(self.config.renew_interval / 2,
-                                    self.config.socket_timeout / 2) * 1000))
+                                    self.config.redis_socket_timeout / 2) * 1000))
         acked = int(self.client.execute_command("WAIT", self.config.min_replicas, timeout_ms))
         if acked < self.config.min_replicas:
             error = NotReplicatedError(

@@ -90,5 +90,5 @@ def connect(config: Config) -> Store:
         from .memory import connect as memory_store
 
         return memory_store(config)
-    client = make_client(config.redis_url, config.redis_options, config.socket_timeout)
+    client = make_client(config.redis_url, config.redis_options, config.store_timeout)
     return redis_store(client, Keys(config.key_prefix), config)

@@ -20,6 +20,8 @@ DERIVED = {
     "node_id": "`host:pid:random`",
     "renew_interval": "lease_ttl / 3",
     "recover_unsent": "on with `leaderbeat_guard`, else off",
+    "store_timeout": "`redis_options[\"socket_timeout\"]` when given, else half the renew "
+                     "interval within 0.5 to 2 s (1.67 s with the defaults)",
 }
 
 #: what each setting is for (Markdown); every name of config.DEFAULTS, no other
@@ -37,7 +39,9 @@ MEANING = {
                  "broker is not Redis and `store_url` does not name PostgreSQL.",
     "redis_options": "Passed to the redis-py client (`password`, `username`, `ssl_ca_certs`, "
                      "`socket_timeout`, ...; Sentinel: `master_name`, `sentinel_kwargs`). "
-                     "Its `socket_timeout` is also the PostgreSQL store's call timeout.",
+                     "Its `socket_timeout` is the Redis client's, over `store_timeout`; "
+                     "while `store_timeout` is unset it is the store's call timeout (either "
+                     "store).",
     "key_prefix": "Every key lives under the hash tag `{<prefix>}`; one prefix per app.",
     "node_id": "Unique per beat process: two running beats with one id are stopped with an "
                "error naming this setting.",
@@ -52,8 +56,17 @@ MEANING = {
     "max_catchup": "`all` sends at most this many missed slots per entry.",
     "recover_unsent": "Re-send, under the same task ids, the slots an earlier leader claimed "
                       "and never confirmed.",
-    "redis_down_policy": "`pause`: nobody sends while Redis is unreachable; `last-leader`: "
-                         "see [when Redis goes away](../operations/redis.md).",
+    "store_down_policy": "What beats do while the store (Redis or PostgreSQL) is "
+                         "unreachable. `pause`: nobody sends; `last-leader`: see [when Redis "
+                         "goes away](../operations/redis.md#when-redis-goes-away). Its old "
+                         "name, `leaderbeat_redis_down_policy`, is still read, with a "
+                         "deprecation warning; both set to different values is an error.",
+    "store_timeout": "Seconds one store call may take: on PostgreSQL a statement's wait for "
+                     "a lock, a transaction's idle time, the wait for a pooled connection; on "
+                     "Redis the client's socket and connect timeouts, except that "
+                     "`redis_options[\"socket_timeout\"]` (or `socket_connect_timeout`), "
+                     "when set, wins for the socket (or the connect). See "
+                     "[PostgreSQL](../postgresql.md#connections).",
     "degraded_max_seconds": "How long a `last-leader` node sends without Redis (a hard cap).",
     "max_clock_skew": "A node whose clock is further off Redis `TIME` refuses to lead; also "
                       "the margin before an entry seen for the first time starts.",

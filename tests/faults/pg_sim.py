@@ -244,7 +244,7 @@ def _through(seam: Seam, node_id: str, label: str, run: Callable[[], Any]) -> An
 def seamed_store(seam: Seam, node_id: str, dbname: str, config: Config) -> PostgresStore:
     """The store ``store.postgres.store.open_store`` makes, on a :class:`SeamedPlace`
     (the schema created or migrated first, outside the seam)."""
-    pool = make_pool(conninfo(dbname, f"lbsim-{node_id}"), timeout=config.socket_timeout)
+    pool = make_pool(conninfo(dbname, f"lbsim-{node_id}"), timeout=config.store_timeout)
     with connection(pool) as conn:
         ensure_schema(conn, DEFAULT_SCHEMA)
     place = SeamedPlace(pool, DEFAULT_SCHEMA, config.key_prefix)

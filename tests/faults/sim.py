@@ -226,12 +226,12 @@ class Sim:
     def _connect(self, config: Config) -> RedisStore:
         assert self._building is not None, "a client made outside Sim.start"
         client = faulty_client(self.seam, self._building, config.redis_url,
-                               config.redis_options, config.socket_timeout)
+                               config.redis_options, config.store_timeout)
         return redis_store(client, Keys(config.key_prefix), config)
 
     def _connect_guard(self, config: Config) -> RedisStore:
         client = faulty_client(self.seam, "guard", config.redis_url, config.redis_options,
-                               config.socket_timeout)
+                               config.store_timeout)
         self.clients["guard"] = client
         return redis_store(client, Keys(config.key_prefix), config)
 

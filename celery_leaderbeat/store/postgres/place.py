@@ -44,7 +44,7 @@ class Place:
 def wait_ms(config: Config) -> int:
     """How long a call waits for a lock held by another transaction, or idles inside its
     own: a call's timeout (at least 100 ms)."""
-    return max(100, int(config.socket_timeout * 1000))
+    return max(100, int(config.store_timeout * 1000))
 
 
 def channel(place: Place) -> str:

@@ -111,7 +111,7 @@ def open_store(conninfo: str, config: Config, *, schema: str | None = None,
     connection (``prepare_threshold=5``: server-side prepared statements, where no
     transaction-mode pooler older than PgBouncer 1.21 sits in between). ``threads=False``:
     on one connection with no threads (``pool.OneConnection``), for a process that forks."""
-    pool = make_pool(conninfo, timeout=config.socket_timeout, threads=threads,
+    pool = make_pool(conninfo, timeout=config.store_timeout, threads=threads,
                      **connection_options)
     place = Place(pool, schema or config.store_schema, config.key_prefix)
     if create:
