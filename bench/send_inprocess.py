@@ -3,6 +3,7 @@
     python bench/send_inprocess.py steady [--seconds 30] [--profile]   # 2,000 every 5 s, fast path
     python bench/send_inprocess.py burst [--profile]    # a warm burst of 10,000 on one cron
     python bench/send_inprocess.py rabbit [--seconds 30] [--profile]  # steady, RabbitMQ broker
+    python bench/send_inprocess.py steady --jitter 5   # each entry due at an instant of its own
     python bench/send_inprocess.py steady --topic   # the queue bound to a topic exchange:
                                                     # each chunk's queues looked up at send
     python bench/send_inprocess.py steady|rabbit --path plain|templates|fast|fast-apply
@@ -168,6 +169,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("what", choices=["steady", "burst", "rabbit"])
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--top", type=int, default=0,
+                        help="with --profile: also the N functions of most cumulative time")
+    parser.add_argument("--jitter", type=float, default=0.0,
+                        help="steady/rabbit: each entry's leaderbeat jitter (s), so the "
+                             "entries fall due at instants of their own, not together")
     parser.add_argument("--topic", action="store_true",
                         help="the run's queue bound to a topic exchange (Redis broker)")
     parser.add_argument("--path", choices=["plain", "templates", "fast", "fast-apply"],
@@ -184,7 +190,8 @@ def make_app(args: argparse.Namespace, server: RedisServer, queue: str) -> Celer
         schedule = {f"e{i}": {"task": NOOP, "schedule": cron("*/10 * * * * *"), "args": [f"e{i}"]}
                     for i in range(10_000)}
     else:
-        schedule = {f"e{i}": {"task": NOOP, "schedule": 5.0, "args": [f"e{i}"]}
+        own = {"options": {"leaderbeat": {"jitter": args.jitter}}} if args.jitter else {}
+        schedule = {f"e{i}": {"task": NOOP, "schedule": 5.0, "args": [f"e{i}"], **own}
                     for i in range(2000)}
     app = Celery("bench")
     if args.topic:  # routed through the exchange's bindings, as a topic route is
@@ -217,7 +224,7 @@ def measure(args: argparse.Namespace, scheduler: Scheduler, enqueued: Callable[[
           f"CPU s per 1,000 sends{' (profiled)' if profile else ''}"
           + (f", {sending:.3f} s wall in the ticks that sent" if args.what == "burst" else ""))
     if profile:
-        print_shares(pstats.Stats(profile))
+        print_shares(pstats.Stats(profile), args.top)
 
 
 def tick_through_burst(scheduler: Scheduler, enqueued: Callable[[], int], target: int) -> float:
@@ -233,13 +240,15 @@ def tick_through_burst(scheduler: Scheduler, enqueued: Callable[[], int], target
     return sending
 
 
-def print_shares(stats: pstats.Stats) -> None:
+def print_shares(stats: pstats.Stats, top: int = 0) -> None:
     parts = shares(stats)
     ticks = parts.pop("ticks")
     print(f"  the ticks: {ticks:.3f} s of the profile")
     for name, seconds in parts.items():
         if seconds:
             print(f"  {name}: {seconds:.3f} s ({100 * seconds / ticks:.0f} %)")
+    if top:
+        stats.sort_stats("cumulative").print_stats(top)
 
 
 if __name__ == "__main__":

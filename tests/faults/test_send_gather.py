@@ -3,6 +3,7 @@ of :mod:`tests.faults.sim`, stepped far finer than a pass may come)."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Iterator
 
@@ -56,7 +57,7 @@ def test_slots_due_at_instants_of_their_own_go_out_in_passes_a_gather_apart(
     try:
         passes = sorted({round(p.at, 6) for p in sim.published})
         assert len(sim.published) >= 120  # about 10 s of 20 sends a second
-        assert min(b - a for a, b in zip(passes, passes[1:])) >= SEND_GATHER - 1e-6
+        assert min(b - a for a, b in itertools.pairwise(passes)) >= SEND_GATHER - 1e-6
         late = _lateness(sim, "a")
         assert max(late) <= SEND_GATHER + 2 * STEP, max(late)
         assert len({(p.name, p.slot_ms) for p in sim.published}) == len(sim.published)
