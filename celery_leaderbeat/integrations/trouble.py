@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 
-from ..config import is_postgres_store
+from ..config import is_postgres_store, store_name
 from ..errors import LeaseLostError, PostgresAuthError, RedisAuthError, StoreAuthError
 from ..roles.shared import utcnow
 from ..store.base import STORE_ERRORS
@@ -73,7 +73,8 @@ class Trouble(Attributes):
             self._leader.close()  # its subscription is made again once Redis answers
         if (self._leader is not None and not self._leader.redis_unreachable(exc)
                 and (self._shared is None or not self._shared.lease.is_held())):
-            self._step_down("lease could not be confirmed while Redis was unreachable")
+            self._step_down("lease could not be confirmed while "
+                            f"{store_name(self.lb_config)} was unreachable")
         # capped at one standby poll (1 s): a leader that survived Redis restarting empty
         # is back within about a second of Redis answering, not a backoff step later
         backoff: float = 0.25 * 2 ** min(self._redis_failures - 1, 6)

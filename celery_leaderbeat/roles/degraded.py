@@ -1,4 +1,4 @@
-"""``store_down_policy="last-leader"``: the leader sends on through a Redis outage.
+"""``store_down_policy="last-leader"``: the leader sends on through an outage of the store.
 
 The node that held the lease when Redis stopped answering keeps sending from
 its own agenda, without claims, for at most ``leaderbeat_degraded_max_seconds``.
@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from datetime import datetime
 
-from ..config import Config
+from ..config import Config, store_name
 from ..errors import LeaseLostError, NotReplicatedError
 from ..store.base import SlotStore
 from ..store.types import ClaimItem, Code, Event, Op, Refused
@@ -39,8 +39,8 @@ class Outage:
     def begin(cls, config: Config) -> Outage:
         """The leader lost Redis with its lease not known lost: it goes on, degraded."""
         logger.warning("leaderbeat: store_down_policy=last-leader: %s keeps sending from its "
-                       "own state for at most %s s while Redis is unreachable",
-                       config.node_id, config.degraded_max_seconds)
+                       "own state for at most %s s while %s is unreachable",
+                       config.node_id, config.degraded_max_seconds, store_name(config))
         return cls(config, time.monotonic())
 
     def send_due(self, agenda: Agenda, now: datetime, since: datetime,
@@ -70,8 +70,8 @@ class Outage:
         flapping Redis neither loses the record nor restarts the degraded clock.
         """
         sent = list(self.sent)
-        logger.info("leaderbeat: Redis answers again; reconciling %d slot(s) sent while it was "
-                    "unreachable", len(sent))
+        logger.info("leaderbeat: %s answers again; reconciling %d slot(s) sent while it was "
+                    "unreachable", store_name(self.config), len(sent))
         try:
             lease.renew()
         except LeaseLostError:
@@ -97,7 +97,8 @@ class Outage:
                                      for i in refused[:10]))
         granted = [i for i in items if i not in refused]
         ledger.record(lease.credentials()[1],
-                      [Event(i.name, i.slot_ms, "sent", "while Redis was unreachable")
+                      [Event(i.name, i.slot_ms, "sent",
+                             f"while {store_name(self.config)} was unreachable")
                        for i in granted])
         self.sent = self.sent[len(sent):]
         return True
