@@ -132,10 +132,11 @@ def test_thousands_of_claims_in_one_call_are_chunked_and_all_granted(parts):
     assert len(ledger.load()) == 4500
 
 
-def _replicated_parts(client, prefix: str, min_replicas: int):
+def _replicated_parts(client, prefix: str, min_replicas: int, **timing):
+    """A lease and a ledger with ``min_replicas``; the default timing bounds WAIT at 250 ms."""
+    settings = {"lease_ttl": 3, "renew_interval": 1, **timing}
     config = Config.from_values({"redis_url": "redis://x", "key_prefix": prefix, "node_id": "a",
-                                 "lease_ttl": 3, "renew_interval": 1,
-                                 "min_replicas": min_replicas})
+                                 "min_replicas": min_replicas, **settings})
     scripts = Scripts(client)
     keys = Keys(prefix)
     return LeaseView(Lease(client, scripts, keys, config), config), Ledger(client, scripts, keys, config)
@@ -153,7 +154,10 @@ def test_with_min_replicas_a_claim_returns_once_a_replica_has_it(make_redis_serv
     probe = master.client()
     while not (probe.set("probe", "1") and probe.execute_command("WAIT", 1, 100) == 1):
         assert time.monotonic() < deadline, "replica never acknowledged a write"
-    lease, ledger = _replicated_parts(master.client(), key_prefix, 1)
+    # WAIT bounded at 2 s, not 250 ms: the replica's acknowledgement must come whatever
+    # else the machine runs (a test beside a suite, at a lower priority, missed 250 ms)
+    lease, ledger = _replicated_parts(master.client(), key_prefix, 1, lease_ttl=12,
+                                      renew_interval=4, store_timeout=4)
     assert lease.try_acquire()
     assert ledger.claim(lease.token, lease.epoch, [ClaimItem("e", 1000, Op.CLAIM)]) == [Code.GRANTED]
     assert replica.client().hget(Keys(key_prefix).slots, "e") is not None

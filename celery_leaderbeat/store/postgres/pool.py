@@ -1,10 +1,13 @@
 """Connections to PostgreSQL: one ``psycopg_pool.ConnectionPool`` per store, its errors,
 and the store error each leaves the store as.
 
-A pool hands a call an idle connection only after :func:`closed_while_idle` found nothing
-waiting on its socket: a server that restarted, or ended the session, sent its last
-message (or closed the socket) while nobody asked anything, so that connection is dropped
-and the call gets another, with no round trip spent on a healthy one. A server that
+A call gets an idle connection only after :func:`closed_while_idle` found nothing waiting
+on its socket: a server that restarted, or ended the session, sent its last message (or
+closed the socket) while nobody asked anything, so that connection is dropped and the call
+takes the next one at once (:func:`connection` checks, not the pool: a pool's own check
+sleeps a second, then two, between a failed check and the next connection, which after a
+restart cost every call about a second), with no round trip spent on a healthy one. A
+server that
 vanished without a word (a host gone) is found by the call that meets it: it fails (the
 store's connection error) and the pool is checked at once, so the next call gets a fresh
 connection rather than the next broken one.
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import select
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -68,7 +72,7 @@ def make_pool(conninfo: str, *, timeout: float = 5.0, max_size: int = 4, threads
         return OneConnection(conninfo, timeout=timeout, kwargs=options)
     return psycopg_pool.ConnectionPool(conninfo, min_size=1, max_size=max_size,
                                        kwargs=options, timeout=timeout, open=True,
-                                       name="leaderbeat", check=closed_while_idle)
+                                       name="leaderbeat")
 
 
 def closed_while_idle(conn: psycopg.Connection[Any]) -> None:
@@ -146,9 +150,9 @@ Pool = psycopg_pool.ConnectionPool | OneConnection
 
 @contextmanager
 def connection(pool: Pool) -> Iterator[psycopg.Connection[Any]]:
-    """A connection from ``pool``; a connection error also checks the pool's idle ones."""
+    """A live connection from ``pool``; a connection error also checks the pool's idle ones."""
     try:
-        with pool.connection() as conn:
+        with (pool.connection() if isinstance(pool, OneConnection) else _live(pool)) as conn:
             yield conn
     except UNREACHABLE:
         try:
@@ -156,3 +160,23 @@ def connection(pool: Pool) -> Iterator[psycopg.Connection[Any]]:
         except ERRORS:  # the server is still away: the next call says so itself
             pass
         raise
+
+
+@contextmanager
+def _live(pool: psycopg_pool.ConnectionPool) -> Iterator[psycopg.Connection[Any]]:
+    """An idle connection of ``pool`` the server has not ended; one it ended goes back
+    closed (the pool drops it and opens another) and the next is taken at once, all
+    within the pool's timeout."""
+    deadline = time.monotonic() + pool.timeout
+    while True:
+        conn = pool.getconn(timeout=max(0.0, deadline - time.monotonic()))
+        try:
+            closed_while_idle(conn)
+        except psycopg.OperationalError:
+            pool.putconn(conn)
+            continue
+        break
+    try:
+        yield conn
+    finally:
+        pool.putconn(conn)
