@@ -10,7 +10,8 @@ of the PostgreSQL cluster, or the redis-server), from /proc.
 ``burst``: ``--entries`` on one cron, due the same second, one leader and ``--standbys``
 more: when the last message reached the queue after the slot, and how many slots a
 standby rescued from the healthy leader (expected 0).
-``claim``: bench/pg_claim.py's 100-slot claim, on the cluster of the bench's own.
+``claim``: bench/pg_claim.py's 100-slot claim, on the cluster of the bench's own; the
+bench's CPU seconds and the server's beside the latencies.
 
 Each run starts the store's server of its own (bench/pg_rig.py: a PostgreSQL cluster with
 fsync on, or a redis-server on a free port) and consumes a RabbitMQ queue of its own on
@@ -44,6 +45,7 @@ from pg_rig import (
     durable_cluster,
     load,
     store_server,
+    tree_cpu,
     versions,
 )
 from send import BURST_EVERY, _next_burst, cron_entries, interval_entries
@@ -209,9 +211,14 @@ def claim(chunk: int, rounds: int, prepare: bool) -> dict[str, Any]:
     from pg_claim import run
 
     with durable_cluster() as cluster:
-        load0 = load()
+        server = int((cluster.data / "postmaster.pid").read_text().split()[0])
+        load0, client0, server0 = load(), time.process_time(), tree_cpu(server)
         text = run(cluster.conninfo, chunk, rounds, 50, 5 if prepare else None)
+        client, server_cpu = time.process_time() - client0, tree_cpu(server) - server0
+    # CPU seconds over every round (warm-up and set-up included): steadier than the
+    # latencies on a shared machine
     return {"scenario": "claim", "store": "postgresql", "result": text,
+            "client_cpu_s": round(client, 2), "server_cpu_s": round(server_cpu, 2),
             "load_before": load0, "load_after": load()}
 
 
