@@ -117,7 +117,7 @@ WITH e AS (
 ), marked AS (
     UPDATE {schema}.slots AS s SET state = 's' FROM e
     WHERE e.event = 'sent' AND s.app = %(app)s AND s.entry = e.entry AND s.slot_ms = e.slot_ms
-    RETURNING s.entry
+    RETURNING 1
 ), dropped AS (
     DELETE FROM {schema}.overtaken AS o USING e
     WHERE e.event = 'sent' AND o.app = %(app)s AND o.entry = e.entry AND o.slot_ms = e.slot_ms

@@ -13,3 +13,4 @@ BEGIN
     RETURN written;
 END
 $$;
+
