@@ -1,10 +1,17 @@
 """A 100-slot chunk claim on the PostgreSQL store: p50 / p99 / worst of one call.
 
-    python bench/pg_claim.py [--chunk 100] [--rounds 500] [--prepare] [--host 127.0.0.1]
+    python bench/pg_claim.py [--chunk 100] [--rounds 500] [--prepare] [--attribute]
+                             [--host 127.0.0.1]
 
 Each round is what a leader sends in a burst: one claim of ``--chunk`` slots (one per
 entry, each entry's next slot), carrying the previous chunk's ``sent`` events, as the
 leader's next claim does. A database of its own is created and dropped afterwards.
+
+``--attribute``: also say which rounds ran the history's prune (the ledger prunes every
+200th write, inside that call) and which wrote into a new WAL segment (a new cluster
+creates each 16 MB segment, zero-filled, as its WAL reaches it), and the figures of the
+other rounds. It reads the WAL position on a connection of its own before and after each
+round, outside the timed call.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import secrets
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
@@ -22,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from celery_leaderbeat.config import Config
 from celery_leaderbeat.roles.lease import LeaseView
+from celery_leaderbeat.store.postgres.ledger import PRUNE_EVERY
 from celery_leaderbeat.store.postgres.store import open_store
 from celery_leaderbeat.store.types import ClaimItem, Code, Event, Op
 
@@ -36,6 +45,8 @@ def main() -> None:
     parser.add_argument("--user", default="postgres")
     parser.add_argument("--prepare", action="store_true",
                         help="server-side prepared statements (psycopg's prepare_threshold=5)")
+    parser.add_argument("--attribute", action="store_true",
+                        help="which rounds pruned the history or opened a WAL segment")
     args = parser.parse_args()
     server = f"host={args.host} port={args.port} user={args.user}"
     name = f"lb_bench_{secrets.token_hex(4)}"
@@ -43,14 +54,14 @@ def main() -> None:
         conn.execute(f'CREATE DATABASE "{name}"')
     try:
         print(run(f"{server} dbname={name}", args.chunk, args.rounds, args.warmup,
-                  5 if args.prepare else None))
+                  5 if args.prepare else None, attribute=args.attribute))
     finally:
         with psycopg.connect(f"{server} dbname=postgres", autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def run(conninfo: str, chunk: int, rounds: int, warmup: int,
-        prepare_threshold: int | None = None) -> str:
+        prepare_threshold: int | None = None, *, attribute: bool = False) -> str:
     # Config wants a Redis URL; the PostgreSQL store never opens it
     config = Config.from_values({"redis_url": "redis://unused.invalid", "key_prefix": "bench",
                                  "node_id": "bench", "lease_ttl": 60.0})
@@ -60,22 +71,45 @@ def run(conninfo: str, chunk: int, rounds: int, warmup: int,
     token, epoch = lease.credentials()
     names = [f"entry-{i:04d}" for i in range(chunk)]
     start = int(time.time() * 1000) - (rounds + warmup + 10) * 1000
+    segment = _wal_segment(conninfo) if attribute else None
     sent: list[Event] = []
-    took = []
+    took: list[tuple[float, bool, bool]] = []  # (s, pruned, new WAL segment)
     for r in range(rounds + warmup):
         slot = start + r * 1000
         items = [ClaimItem(n, slot, Op.CLAIM, slot) for n in names]
+        writes, before = ledger._writes, segment() if segment else ""
         began = time.perf_counter()
         answers = ledger.claim(token, epoch, items, sent)
-        took.append(time.perf_counter() - began)
+        spent = time.perf_counter() - began
+        pruned = ledger._writes != writes and ledger._writes % PRUNE_EVERY == 0
+        took.append((spent, pruned, bool(segment) and segment() != before))
         assert answers == [Code.GRANTED] * chunk, answers[:3]
         sent = [Event(n, slot, "sent") for n in names]
     store.close()
-    ms = sorted(t * 1000 for t in took[warmup:])
-    p99 = ms[min(len(ms) - 1, int(len(ms) * 0.99))]
     prepared = "prepared statements" if prepare_threshold is not None else "no prepared statements"
-    return (f"{chunk}-slot claim (+{chunk} sent events), {rounds} rounds, {prepared}: "
-            f"p50 {statistics.median(ms):.2f} ms, p99 {p99:.2f} ms, worst {ms[-1]:.2f} ms")
+    text = (f"{chunk}-slot claim (+{chunk} sent events), {rounds} rounds, {prepared}: "
+            + _figures([t for t, _, _ in took[warmup:]]))
+    if attribute:
+        measured = took[warmup:]
+        other = [t for t, pruned, new in measured if not pruned and not new]
+        text += (f"; {sum(p for _, p, _ in measured)} rounds pruned the history, "
+                 f"{sum(n for _, _, n in measured)} opened a WAL segment, the other "
+                 f"{len(other)}: " + _figures(other))
+    return text
+
+
+def _figures(seconds: list[float]) -> str:
+    ms = sorted(t * 1000 for t in seconds)
+    p99 = ms[min(len(ms) - 1, int(len(ms) * 0.99))]
+    return (f"p50 {statistics.median(ms):.2f} ms, p99 {p99:.2f} ms, "
+            f"worst {ms[-1]:.2f} ms")
+
+
+def _wal_segment(conninfo: str) -> Callable[[], str]:
+    """The name of the WAL segment the server writes into now (on a connection of its own)."""
+    conn = psycopg.connect(conninfo, autocommit=True)
+    return lambda: str(conn.execute(
+        "SELECT pg_walfile_name(pg_current_wal_insert_lsn())").fetchone()[0])
 
 
 if __name__ == "__main__":

@@ -50,7 +50,11 @@ def versions() -> dict[str, str]:
     cpu = next((line.split(":", 1)[1].strip() for line in
                 Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")),
                "?")
-    return {"python": sys.version.split()[0], "celery": celery.__version__,
+    repo = str(Path(__file__).resolve().parents[1])
+    commit = first_line("git", "-C", repo, "rev-parse", "--short", "HEAD")
+    if first_line("git", "-C", repo, "status", "--porcelain", "--", "celery_leaderbeat"):
+        commit += " (package modified)"
+    return {"commit": commit, "python": sys.version.split()[0], "celery": celery.__version__,
             "redis-py": redis.__version__, "psycopg": psycopg.__version__,
             "redis-server": first_line("redis-server", "--version"),
             "postgresql": first_line("pg_config", "--version"),

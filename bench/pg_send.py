@@ -2,7 +2,7 @@
 
     python bench/pg_send.py steady [--entries 2000 --every 5 --seconds 60] [--stores postgresql,redis]
     python bench/pg_send.py burst  [--entries 10000 --standbys 2 --bursts 2] [--stores ...]
-    python bench/pg_send.py claim  [--chunk 100 --rounds 500] [--prepare]
+    python bench/pg_send.py claim  [--chunk 100 --rounds 500] [--prepare] [--attribute]
 
 ``steady``: one beat, ``--entries`` every ``--every`` s; over a window of ``--seconds``,
 the beat's CPU seconds per 1,000 sends and the store server's beside it (every process
@@ -10,7 +10,8 @@ of the PostgreSQL cluster, or the redis-server), from /proc.
 ``burst``: ``--entries`` on one cron, due the same second, one leader and ``--standbys``
 more: when the last message reached the queue after the slot, and how many slots a
 standby rescued from the healthy leader (expected 0).
-``claim``: bench/pg_claim.py's 100-slot claim, on the cluster of the bench's own.
+``claim``: bench/pg_claim.py's 100-slot claim, on the cluster of the bench's own; the
+bench's CPU seconds and the server's beside the latencies.
 
 Each run starts the store's server of its own (bench/pg_rig.py: a PostgreSQL cluster with
 fsync on, or a redis-server on a free port) and consumes a RabbitMQ queue of its own on
@@ -44,6 +45,7 @@ from pg_rig import (
     durable_cluster,
     load,
     store_server,
+    tree_cpu,
     versions,
 )
 from send import BURST_EVERY, _next_burst, cron_entries, interval_entries
@@ -204,14 +206,22 @@ def burst(kind: str, n: int, standbys: int, bursts: int) -> list[dict[str, Any]]
     return run_store(kind, cron_entries(n), body)  # type: ignore[no-any-return]
 
 
-def claim(chunk: int, rounds: int, prepare: bool) -> dict[str, Any]:
+def claim(chunk: int, rounds: int, prepare: bool, attribute: bool = False) -> dict[str, Any]:
     """bench/pg_claim.py's measurement, on a cluster of the bench's own (fsync on)."""
     from pg_claim import run
 
     with durable_cluster() as cluster:
-        load0 = load()
-        text = run(cluster.conninfo, chunk, rounds, 50, 5 if prepare else None)
+        server = int((cluster.data / "postmaster.pid").read_text().split()[0])
+        load0, client0, server0 = load(), time.process_time(), tree_cpu(server)
+        text = run(cluster.conninfo, chunk, rounds, 50, 5 if prepare else None,
+                   attribute=attribute)
+        client = time.process_time() - client0
+        time.sleep(1)  # the closed pool's backends exited and their parent reaped them
+        server_cpu = tree_cpu(server) - server0
+    # CPU seconds over every round (warm-up and set-up included): steadier than the
+    # latencies on a shared machine
     return {"scenario": "claim", "store": "postgresql", "result": text,
+            "client_cpu_s": round(client, 2), "server_cpu_s": round(server_cpu, 2),
             "load_before": load0, "load_after": load()}
 
 
@@ -227,10 +237,12 @@ def main() -> None:
     parser.add_argument("--chunk", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=500)
     parser.add_argument("--prepare", action="store_true")
+    parser.add_argument("--attribute", action="store_true",
+                        help="claim: which rounds pruned the history or opened a WAL segment")
     args = parser.parse_args()
     save({"scenario": "env", **versions()})
     if args.what == "claim":
-        save(claim(args.chunk, args.rounds, args.prepare))
+        save(claim(args.chunk, args.rounds, args.prepare, args.attribute))
         return
     for kind in args.stores.split(","):
         if args.what == "steady":

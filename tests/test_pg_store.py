@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, cast
 
 import psycopg
@@ -25,7 +26,7 @@ from celery_leaderbeat.errors import (
     StoreUnreachable,
 )
 from celery_leaderbeat.roles.lease import Heartbeat, LeaseView
-from celery_leaderbeat.store.postgres import lease_sql, rules, state_sql
+from celery_leaderbeat.store.postgres import claims_sql, lease_sql, rules, state_sql
 from celery_leaderbeat.store.postgres.ledger import PostgresLedger
 from celery_leaderbeat.store.postgres.schema import (
     ensure_schema,
@@ -924,3 +925,107 @@ def test_a_leader_and_a_standby_claiming_the_same_entries_at_once_never_deadlock
         done.set()
         thread.join(30)
     assert not [e for e in errors if isinstance(e, psycopg.errors.DeadlockDetected)]
+
+
+# --- what makes a chunk's claim cheap -----------------------------------------------------
+
+def test_a_slot_another_claimant_was_granted_meanwhile_rolls_the_whole_chunk_back(
+        make_node: Callable[..., Node], conninfo: str) -> None:
+    lease, ledger = lead(make_node)
+    now = server_ms(conninfo)
+    claim(lease, ledger, *[ClaimItem(n, now - 2000, Op.CLAIM, now - 2000) for n in "ef"])
+    before = ledger.load()
+    slot = now - 1000
+    # another claimant's grant of e's slot: not committed yet when the chunk reads the
+    # grants, committed while the chunk's own grant waits on it
+    other = psycopg.connect(conninfo)
+    other.execute(qualified("INSERT INTO {schema}.grants (app, entry, slot_ms, epoch, node)"
+                            " VALUES ('app', 'e', %s, 99, 'intruder')", SCHEMA), (slot,))
+
+    def commit_once_the_chunk_waits() -> None:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not sql(
+                conninfo, "SELECT 1 FROM pg_stat_activity WHERE datname = current_database()"
+                          " AND wait_event_type = 'Lock'"):
+            time.sleep(0.01)
+        other.commit()
+
+    committer = threading.Thread(target=commit_once_the_chunk_waits)
+    committer.start()
+    try:
+        with pytest.raises(claims_sql.GrantConflict, match="of 2 slots, 1 were granted"):
+            claim(lease, ledger, *[ClaimItem(n, slot, Op.CLAIM, slot) for n in "ef"],
+                  events=(Event("d", slot, "missed"),))
+    finally:
+        committer.join(30)
+        other.close()
+    assert ledger.load() == before  # f's grant, the slots and the event: none written
+    assert "missed" not in [h["event"] for h in ledger.history()]
+    again = claim(lease, ledger, *[ClaimItem(n, slot, Op.CLAIM, slot) for n in "ef"])
+    assert again == [Refused.by(before["e"], slot), Code.GRANTED]
+
+
+def test_entry_names_an_array_literal_must_quote_are_claimed_and_recorded_as_given(
+        make_node: Callable[..., Node], conninfo: str) -> None:
+    lease, ledger = lead(make_node)
+    names = ["a,b", 'say "hi"', "back\\slash", "{braced}", "NULL", " spaced ", "ünï", "it's"]
+    now = server_ms(conninfo)
+    first = [ClaimItem(n, now - 1000, Op.CLAIM, now - 1000, fingerprint=n) for n in names]
+    assert claim(lease, ledger, *first) == [Code.GRANTED] * len(names)
+    sent = tuple(Event(n, now - 1000, "sent", detail=n) for n in names)
+    assert claim(lease, ledger, *[ClaimItem(n, now, Op.CLAIM, now) for n in names],
+                 events=sent) == [Code.GRANTED] * len(names)
+    assert ledger.record(1, [Event(n, now, "sent") for n in names]) == len(names)
+    assert ledger.load() == {n: SlotState(now, 1, "s") for n in names}
+    assert ledger.load_with_definitions()[1] == {n: n for n in names}
+    assert [(h["entry"], h["detail"]) for h in ledger.history()
+            if h.get("slot") == str(now - 1000)
+            ] == [(n, n) for n in names]
+
+
+def test_a_chunks_claim_takes_two_round_trips_to_the_server(
+        make_node: Callable[..., Node], conninfo: str, tmp_path: Path) -> None:
+    lease, _ = lead(make_node)
+    token, epoch = lease.credentials()
+    fence = claims_sql.Fence(token.rpartition("|")[0], epoch, 10_000)
+    now = server_ms(conninfo)
+    items = [ClaimItem(f"e{i}", now - 1000, Op.CLAIM, now - 1000) for i in range(10)]
+    events = claims_sql.Events([f"e{i}" for i in range(10)], [now - 2000] * 10,
+                               ["sent"] * 10, [""] * 10)
+    trace = tmp_path / "trace"
+    with psycopg.connect(conninfo, autocommit=True) as conn, open(trace, "w") as out:
+        conn.pgconn.trace(out.fileno())
+        got = claims_sql.claim(conn, SCHEMA, "app", "n1", fence,
+                               claims_sql.Limits(wait_ms=1000), events, items)
+        conn.pgconn.untrace()
+    assert got.answers == [Code.GRANTED] * 10
+    assert [line.split("\t")[3] for line in trace.read_text().splitlines()
+            if line.split("\t")[1:2] == ["F"] and line.split("\t")[3] == "Sync"
+            ] == ["Sync", "Sync"]
+
+
+def test_a_schema_with_claims_at_the_previous_version_migrates_and_its_grants_still_refuse(
+        make_node: Callable[..., Node], conninfo: str) -> None:
+    *older, (latest, _) = migrations()
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        conn.execute(qualified("CREATE SCHEMA {schema}", SCHEMA))
+        conn.execute(qualified("CREATE TABLE {schema}.schema_version (version integer"
+                               " PRIMARY KEY, applied_at timestamptz NOT NULL"
+                               " DEFAULT clock_timestamp())", SCHEMA))
+        for version, text in older:
+            conn.execute(qualified(text, SCHEMA))
+            conn.execute(qualified("INSERT INTO {schema}.schema_version VALUES (%s)", SCHEMA),
+                         (version,))
+        # what a leader of the previous version left: a claimed slot, and the next slot
+        # granted (its claim's commit reply lost)
+        conn.execute(qualified("INSERT INTO {schema}.slots (app, entry, slot_ms, epoch, state)"
+                               " VALUES ('app', 'e', 1000, 7, 'c')", SCHEMA))
+        conn.execute(qualified("INSERT INTO {schema}.grants (app, entry, slot_ms, epoch)"
+                               " VALUES ('app', 'e', 2000, 7)", SCHEMA))
+        assert schema_version(conn, SCHEMA) == latest - 1
+        assert ensure_schema(conn, SCHEMA) == [latest]
+    lease, ledger = lead(make_node)  # epoch 1: no lease row was left
+    answers = claim(lease, ledger, ClaimItem("e", 2000, Op.CLAIM, 2000),
+                    ClaimItem("f", 2000, Op.CLAIM, 2000))
+    assert answers == [Refused.by(SlotState(1000, 7, "c"), 2000), Code.GRANTED]
+    assert ledger.load() == {"e": SlotState(1000, 7, "c"), "f": SlotState(2000, 1, "c")}

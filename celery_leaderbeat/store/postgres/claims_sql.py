@@ -1,7 +1,7 @@
 """A chunk's claim in one transaction: fence, read, decide (:mod:`.rules`), write.
 
-Two round trips (psycopg's pipeline mode): 1-3 below, then the writes and the commit.
-The transaction, in order (the lease row before slot rows, as in every call that locks
+Two round trips (psycopg's pipeline mode): ``BEGIN`` and 1-3 below, then the writes and
+the ``COMMIT``. The transaction, in order (the lease row before slot rows, as in every call that locks
 both, so no two calls deadlock):
 
 1. the fence. A leader's call updates its lease row where holder, epoch and expiry still
@@ -18,19 +18,27 @@ both, so no two calls deadlock):
 4. the decisions, in Python (:func:`.rules.decide`), then one write per table. A grant
    is an ``INSERT … ON CONFLICT … DO UPDATE … WHERE`` it is the same claimant's (or a
    recovery) ``RETURNING`` on (entry, slot): a slot granted before to anyone else
-   returns no row, and the whole transaction is rolled back (the rules saw the grants
-   already; this is the last word should they ever disagree).
+   returns no row, the server's ``grants_written`` raises, and the whole transaction
+   is rolled back, its ``COMMIT`` never run (the rules saw the grants already; this is
+   the last word should they ever disagree).
+
+Each column of rows goes as one array literal (:mod:`.arrays`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+import psycopg
+from psycopg.pq import TransactionStatus
+
 from ..types import Op
 from . import rules
-from .chunk_reads import known, read
+from .arrays import bool_array, int_array, text_array
+from .chunk_reads import known, pairs, read
 from .lease_sql import NOW_MS
 from .schema import qualified
 
@@ -101,15 +109,15 @@ class GrantConflict(Exception):
 # dropped: sent after all), in one statement; how many were marked.
 _EVENTS = """
 WITH e AS (
-    SELECT * FROM unnest(%(names)b::text[], %(slots)b::bigint[], %(events)b::text[],
-                         %(details)b::text[]) WITH ORDINALITY AS e(entry, slot_ms, event, detail, n)
+    SELECT * FROM unnest(%(names)s::text[], %(slots)s::bigint[], %(events)s::text[],
+                         %(details)s::text[]) WITH ORDINALITY AS e(entry, slot_ms, event, detail, n)
 ), noted AS (
     INSERT INTO {schema}.history (app, event, entry, slot_ms, node, epoch, detail)
     SELECT %(app)s, e.event, e.entry, e.slot_ms, %(node)s, %(epoch)s, e.detail FROM e ORDER BY n
 ), marked AS (
     UPDATE {schema}.slots AS s SET state = 's' FROM e
     WHERE e.event = 'sent' AND s.app = %(app)s AND s.entry = e.entry AND s.slot_ms = e.slot_ms
-    RETURNING s.entry
+    RETURNING 1
 ), dropped AS (
     DELETE FROM {schema}.overtaken AS o USING e
     WHERE e.event = 'sent' AND o.app = %(app)s AND o.entry = e.entry AND o.slot_ms = e.slot_ms
@@ -119,7 +127,7 @@ SELECT count(*) FROM marked
 # A standby (epoch 0) marks only its own claim unsent; a leader reports any.
 _MARK_UNSENT = """
 UPDATE {schema}.slots AS s SET state = 'u'
-FROM unnest(%(names)b::text[], %(slots)b::bigint[]) AS e(entry, slot_ms)
+FROM unnest(%(names)s::text[], %(slots)s::bigint[]) AS e(entry, slot_ms)
 WHERE s.app = %(app)s AND s.entry = e.entry AND s.slot_ms = e.slot_ms AND s.state = 'c'
       AND (%(epoch)s <> 0 OR s.node = %(node)s)
 """
@@ -169,23 +177,29 @@ SELECT holder FROM {schema}.lease
 WHERE app = %(app)s AND holder IS NOT NULL AND expires_at > clock_timestamp()
 """
 # A grant asked again by its own claimant, or taken over by a recovery, updates the row;
-# anything else conflicting returns nothing.
+# anything else conflicting writes no row, and grants_written (migration 0009) then
+# raises GRANT_CONFLICT: the transaction is aborted before the COMMIT queued behind it.
 _GRANT = """
-INSERT INTO {schema}.grants AS g (app, entry, slot_ms, epoch, node, recovered)
-SELECT %(app)s, w.entry, w.slot_ms, %(epoch)s, %(node)s, w.recovered
-FROM unnest(%(names)b::text[], %(slots)b::bigint[], %(recovered)b::boolean[])
-     AS w(entry, slot_ms, recovered)
-ON CONFLICT (app, entry, slot_ms) DO UPDATE
-    SET epoch = excluded.epoch, node = excluded.node, recovered = excluded.recovered,
-        granted_at = clock_timestamp()
-    WHERE excluded.recovered OR (g.epoch = excluded.epoch AND g.node = excluded.node)
-RETURNING g.entry
+WITH granted AS (
+    INSERT INTO {schema}.grants AS g (app, entry, slot_ms, epoch, node, recovered)
+    SELECT %(app)s, w.entry, w.slot_ms, %(epoch)s, %(node)s, w.recovered
+    FROM unnest(%(names)s::text[], %(slots)s::bigint[], %(recovered)s::boolean[])
+         AS w(entry, slot_ms, recovered)
+    ON CONFLICT (app, entry, slot_ms) DO UPDATE
+        SET epoch = excluded.epoch, node = excluded.node, recovered = excluded.recovered,
+            granted_at = clock_timestamp()
+        WHERE excluded.recovered OR (g.epoch = excluded.epoch AND g.node = excluded.node)
+    RETURNING 1
+)
+SELECT {schema}.grants_written(count(*), %(wanted)s) FROM granted
 """
+#: the SQLSTATE grants_written raises when a grant was not written
+GRANT_CONFLICT = "LB001"
 # Every row a chunk writes carries its claimant's epoch, node and claim time.
 _STORE = """
 INSERT INTO {schema}.slots AS s (app, entry, slot_ms, epoch, state, node, claimed_ms)
 SELECT %(app)s, w.entry, w.slot_ms, %(epoch)s, w.state, %(node)s, %(claimed)s::bigint
-FROM unnest(%(names)b::text[], %(slots)b::bigint[], %(states)b::text[])
+FROM unnest(%(names)s::text[], %(slots)s::bigint[], %(states)s::text[])
      AS w(entry, slot_ms, state)
 ON CONFLICT (app, entry) DO UPDATE
     SET slot_ms = excluded.slot_ms, epoch = excluded.epoch, state = excluded.state,
@@ -194,8 +208,8 @@ ON CONFLICT (app, entry) DO UPDATE
 _OVERTAKE = """
 INSERT INTO {schema}.overtaken (app, entry, slot_ms, epoch, state, node, claimed_ms)
 SELECT %(app)s, w.entry, w.slot_ms, w.epoch, w.state, w.node, w.claimed_ms
-FROM unnest(%(names)b::text[], %(slots)b::bigint[], %(epochs)b::bigint[], %(states)b::text[],
-            %(nodes)b::text[], %(claimed)b::bigint[])
+FROM unnest(%(names)s::text[], %(slots)s::bigint[], %(epochs)s::bigint[], %(states)s::text[],
+            %(nodes)s::text[], %(claimed)s::bigint[])
      AS w(entry, slot_ms, epoch, state, node, claimed_ms)
 ON CONFLICT (app, entry, slot_ms) DO UPDATE
     SET epoch = excluded.epoch, state = excluded.state, node = excluded.node,
@@ -203,20 +217,20 @@ ON CONFLICT (app, entry, slot_ms) DO UPDATE
 """
 _FORGET_OVERTAKEN = """
 DELETE FROM {schema}.overtaken AS o
-USING unnest(%(names)b::text[], %(slots)b::bigint[]) AS w(entry, slot_ms)
+USING unnest(%(names)s::text[], %(slots)s::bigint[]) AS w(entry, slot_ms)
 WHERE o.app = %(app)s AND o.entry = w.entry AND o.slot_ms = w.slot_ms
 """
 _DEFINE = """
 INSERT INTO {schema}.definitions (app, entry, fingerprint)
 SELECT %(app)s, w.entry, w.fingerprint
-FROM unnest(%(names)b::text[], %(fingerprints)b::text[]) AS w(entry, fingerprint)
+FROM unnest(%(names)s::text[], %(fingerprints)s::text[]) AS w(entry, fingerprint)
 ON CONFLICT (app, entry) DO UPDATE SET fingerprint = excluded.fingerprint
 """
 _DEFINED_BY = "UPDATE {schema}.lease SET defined_epoch = %(epoch)s WHERE app = %(app)s"
 _BACKFILL = """
 INSERT INTO {schema}.backfilled (app, entry, slot_ms, request_id)
 SELECT %(app)s, w.entry, w.slot_ms, w.request_id
-FROM unnest(%(names)b::text[], %(slots)b::bigint[], %(requests)b::text[])
+FROM unnest(%(names)s::text[], %(slots)s::bigint[], %(requests)s::text[])
      AS w(entry, slot_ms, request_id)
 ON CONFLICT (app, entry, slot_ms) DO NOTHING
 """
@@ -234,46 +248,93 @@ class Events(NamedTuple):
 def claim(conn: Any, schema: str, app: str, node: str, fence: Fence, limits: Limits,
           events: Events, items: Sequence[rules.Item]) -> Answer:
     """Write ``events``, then decide and write ``items``, in one transaction and two
-    round trips (pipelined: the events, the fence and the reads; then the writes)."""
+    round trips (pipelined: the events, the fence and the reads; then the writes and the
+    commit). GrantConflict: nothing was written."""
+    run = _runner(conn, schema, app)
+    answers: list[rules.Answer] = []
+    holder = None
+    try:
+        with _transaction(conn) as pipeline:
+            fenced = _fence(run, conn, fence, limits, items)
+            marked = write_events(run, node, fence.epoch, events)
+            reads = read(run, items) if items else None
+            pipeline.sync()
+            generation, chunk = _fenced(fenced.fetchone(), fence, node, limits)
+            done = marked() if callable(marked) else marked
+            if chunk is None:
+                holder = run(_HOLDER, {})  # its row comes with the commit
+            elif reads is not None:
+                known(chunk, reads)
+                answers = [rules.decide(chunk, item) for item in items]
+                _write(run, chunk)
+    except Exception as exc:
+        if getattr(exc, "sqlstate", None) == GRANT_CONFLICT:
+            raise GrantConflict(str(exc)) from None
+        raise
+    if chunk is None:
+        row = holder.fetchone() if holder is not None else None
+        return Answer([], 0, done, lost=True, holder=row and row[0], generation=generation)
+    return Answer(answers, chunk.now_ms, done, generation=generation)
+
+
+def _runner(conn: Any, schema: str, app: str) -> Callable[[str, dict[str, Any]], Any]:
     def run(text: str, params: dict[str, Any]) -> Any:
         return conn.execute(qualified(text, schema), {"app": app, **params})
+    return run
 
-    with conn.pipeline() as pipeline, conn.transaction():
-        if limits.wait_ms:
-            conn.execute(BOUNDS, {"wait": f"{limits.wait_ms}ms"})
-        # the lease row first, then slot rows, in every call that takes both: two calls
-        # never wait for each other's locks in opposite orders
-        if fence.holder is not None:
-            fenced = run(_FENCE, {"holder": fence.holder, "epoch": fence.epoch,
-                                  "reset": fence.lift_above is not None,
-                                  "lift": fence.lift_above or 0, "ahead_ms": limits.ahead_ms,
-                                  "ttl_ms": fence.ttl_ms,
-                                  "claims": any(i.op is Op.CLAIM for i in items)})
-        else:
-            fenced = run(_RESCUE_VIEW, {"busy_ms": limits.busy_ms})
-        marked = write_events(run, node, fence.epoch, events)
-        reads = read(run, items) if items else None
-        pipeline.sync()
-        fenced_row = fenced.fetchone()
-        resetting = fence.lift_above is not None
-        generation = _generation(fenced_row, 0 if resetting else fence.seen_generation,
-                                 check_loss=not resetting)
-        chunk = _chunk(fenced_row, fence, node, limits)
-        done = marked() if callable(marked) else marked
-        if chunk is None:
-            holder = run(_HOLDER, {}).fetchone()
-            return Answer([], 0, done, lost=True, holder=holder and holder[0],
-                          generation=generation)
-        if reads is None:
-            return Answer([], chunk.now_ms, done, generation=generation)
-        known(chunk, reads)
-        answers = [rules.decide(chunk, item) for item in items]
-        granted = _write(run, chunk)
-        pipeline.sync()
-        if granted is not None and len(granted.fetchall()) != len(chunk.new_grants):
-            raise GrantConflict(f"of {len(chunk.new_grants)} slots, some were granted to "
-                                "another claimant meanwhile (nothing was written)")
-    return Answer(answers, chunk.now_ms, done, generation=generation)
+
+@contextmanager
+def _transaction(conn: Any) -> Iterator[Any]:
+    """One transaction in one pipeline, its BEGIN sent with the first statements and its
+    COMMIT with the last; rolled back on any error. (psycopg's ``transaction()`` inside a
+    pipeline syncs it as it begins, and twice as it ends: four round trips of their own,
+    each a wake-up of both processes.)"""
+    try:
+        with conn.pipeline() as pipeline:
+            conn.execute("BEGIN")
+            yield pipeline
+            conn.execute("COMMIT")
+    except BaseException:
+        _rollback(conn)
+        raise
+
+
+def _rollback(conn: Any) -> None:
+    """End a transaction an error left open (a connection that cannot is dropped by its
+    pool on return)."""
+    if conn.closed or conn.broken:
+        return
+    if conn.info.transaction_status in (TransactionStatus.INTRANS, TransactionStatus.INERROR):
+        try:
+            conn.execute("ROLLBACK")
+        except psycopg.Error:
+            pass  # the error that brought us here is the one to raise
+
+
+def _fence(run: Any, conn: Any, fence: Fence, limits: Limits,
+           items: Sequence[rules.Item]) -> Any:
+    """Queue the call's bounds and its fence (a leader's) or its view of the lease (a
+    rescue's): the lease row first, then slot rows, in every call that takes both, so two
+    calls never wait for each other's locks in opposite orders."""
+    if limits.wait_ms:
+        conn.execute(BOUNDS, {"wait": f"{limits.wait_ms}ms"})
+    if fence.holder is None:
+        return run(_RESCUE_VIEW, {"busy_ms": limits.busy_ms})
+    return run(_FENCE, {"holder": fence.holder, "epoch": fence.epoch,
+                        "reset": fence.lift_above is not None,
+                        "lift": fence.lift_above or 0, "ahead_ms": limits.ahead_ms,
+                        "ttl_ms": fence.ttl_ms,
+                        "claims": any(i.op is Op.CLAIM for i in items)})
+
+
+def _fenced(row: Any, fence: Fence, node: str,
+            limits: Limits) -> tuple[int, rules.Chunk | None]:
+    """The generation after the fence (OlderState: roll back) and the chunk (None: a
+    leader's lease is no longer held)."""
+    resetting = fence.lift_above is not None
+    generation = _generation(row, 0 if resetting else fence.seen_generation,
+                             check_loss=not resetting)
+    return generation, _chunk(row, fence, node, limits)
 
 
 def _generation(row: Any, seen: int, *, check_loss: bool = False) -> int:
@@ -324,52 +385,51 @@ def write_events(run: Any, node: str, epoch: int, events: Events) -> Any:
     unsent = [(n, s) for n, s, e in zip(events.names, events.slots, events.events)
               if e == "unsent"]
     if unsent:
-        run(_MARK_UNSENT, {**_keys(unsent), "epoch": epoch, "node": node})
-    cursor = run(_EVENTS, {"node": node, "epoch": epoch, **events._asdict()})
+        run(_MARK_UNSENT, {**pairs(unsent), "epoch": epoch, "node": node})
+    cursor = run(_EVENTS, {"node": node, "epoch": epoch, "names": text_array(events.names),
+                           "slots": int_array(events.slots),
+                           "events": text_array(events.events),
+                           "details": text_array(events.details)})
     return lambda: int(cursor.fetchone()[0])
 
 
-def _write(run: Any, chunk: rules.Chunk) -> Any:
-    """Queue one statement per table the decisions changed; the grants' cursor (None:
-    no grant), whose rows say which grants were written."""
-    granted = _write_slots(run, chunk)
+def _write(run: Any, chunk: rules.Chunk) -> None:
+    """Queue one statement per table the decisions changed."""
+    _write_slots(run, chunk)
     if chunk.defined:
-        run(_DEFINE, {"names": list(chunk.defined), "fingerprints": list(chunk.defined.values())})
+        run(_DEFINE, {"names": text_array(chunk.defined),
+                      "fingerprints": text_array(chunk.defined.values())})
     if chunk.defined_epoch is not None:
         run(_DEFINED_BY, {"epoch": chunk.defined_epoch})
     if chunk.new_backfills:
-        run(_BACKFILL, {**_keys(chunk.new_backfills),
-                        "requests": list(chunk.new_backfills.values())})
-    return granted
+        run(_BACKFILL, {**pairs(list(chunk.new_backfills)),
+                        "requests": text_array(chunk.new_backfills.values())})
 
 
-def _write_slots(run: Any, chunk: rules.Chunk) -> Any:
-    """The grants, the slots' states and the overtaken claims; the grants' cursor."""
-    granted = None
+def _write_slots(run: Any, chunk: rules.Chunk) -> None:
+    """The grants (checked on the server: GRANT_CONFLICT), the slots' states and the
+    overtaken claims."""
     epoch, node, claimed = chunk.claimant()
     if chunk.new_grants:
         keys = list(chunk.new_grants)
-        granted = run(_GRANT, {**_keys(keys), "recovered": [k in chunk.recovered for k in keys],
-                               "epoch": epoch, "node": node})
+        run(_GRANT, {**pairs(keys), "recovered": bool_array(k in chunk.recovered for k in keys),
+                     "wanted": len(keys), "epoch": epoch, "node": node})
     if chunk.written:
-        written = list(chunk.written.items())
-        run(_STORE, {"names": [n for n, _ in written], "slots": [r.slot_ms for _, r in written],
-                     "states": [r.state.value for _, r in written], "epoch": epoch, "node": node,
-                     "claimed": claimed})
+        written = chunk.written
+        run(_STORE, {"names": text_array(written),
+                     "slots": int_array(r.slot_ms for r in written.values()),
+                     "states": text_array(r.state.value for r in written.values()),
+                     "epoch": epoch, "node": node, "claimed": claimed})
     if chunk.overtaken_added:
         run(_OVERTAKE, _row_columns([(n, r) for (n, _), r in chunk.overtaken_added.items()]))
     if chunk.overtaken_dropped:
-        run(_FORGET_OVERTAKEN, _keys(sorted(chunk.overtaken_dropped)))
-    return granted
+        run(_FORGET_OVERTAKEN, pairs(sorted(chunk.overtaken_dropped)))
 
 
-def _keys(keys: Iterable[tuple[str, int]]) -> dict[str, list[Any]]:
-    """(entry, slot) keys as the two arrays a statement unnests."""
-    pairs = list(keys)
-    return {"names": [n for n, _ in pairs], "slots": [s for _, s in pairs]}
-
-
-def _row_columns(rows: list[tuple[str, rules.Row]]) -> dict[str, list[Any]]:
-    return {"names": [n for n, _ in rows], "slots": [r.slot_ms for _, r in rows],
-            "epochs": [r.epoch for _, r in rows], "states": [r.state.value for _, r in rows],
-            "nodes": [r.node for _, r in rows], "claimed": [r.claimed_ms for _, r in rows]}
+def _row_columns(rows: list[tuple[str, rules.Row]]) -> dict[str, str]:
+    return {"names": text_array(n for n, _ in rows),
+            "slots": int_array(r.slot_ms for _, r in rows),
+            "epochs": int_array(r.epoch for _, r in rows),
+            "states": text_array(r.state.value for _, r in rows),
+            "nodes": text_array(r.node for _, r in rows),
+            "claimed": int_array(r.claimed_ms for _, r in rows)}

@@ -30,7 +30,7 @@ _AHEAD_GRACE_MS = 1000
 #: a rescue waits while the lease holder claimed something this recently (ms)
 _BUSY_LEADER_MS = 1000
 #: the history is pruned to its bounds every this many writes of it
-_PRUNE_EVERY = 200
+PRUNE_EVERY = 200
 #: history rows older than this many seconds go at the latest
 KEEP_SECONDS = 7 * 24 * 3600.0
 #: grants are kept this many seconds, or the catch-up window when longer: a burst of
@@ -236,7 +236,7 @@ class PostgresLedger:
 
     def _wrote(self) -> None:
         self._writes += 1
-        if self._writes % _PRUNE_EVERY == 0:
+        if self._writes % PRUNE_EVERY == 0:
             self.place.run(state_sql.prune_history, keep=self.config.history_length,
                            max_age_s=KEEP_SECONDS, grants_keep_s=self._grants_keep_s)
 

@@ -132,8 +132,7 @@ def decide(chunk: Chunk, item: Item) -> Answer:
 def _define(chunk: Chunk, item: Item) -> Answer:
     """The leader's fingerprint of an entry (none: only the mark of its epoch)."""
     if item.name:
-        chunk.defined[item.name] = item.fingerprint
-        chunk.definitions[item.name] = item.fingerprint
+        _note_definition(chunk, item.name, item.fingerprint)
     chunk.defined_epoch = chunk.epoch
     return Code.GRANTED
 
@@ -261,9 +260,16 @@ def _granted(chunk: Chunk, item: Item, stored: Row | None, slot_ms: int) -> Answ
         # this store runs no broker commands: the caller publishes what they would send
         answer = Code.UNQUEUED if item.op is Op.CLAIM and item.enqueue else Code.GRANTED
     if chunk.lead and item.fingerprint:
-        chunk.defined[item.name] = item.fingerprint
-        chunk.definitions[item.name] = item.fingerprint
+        _note_definition(chunk, item.name, item.fingerprint)
     return answer
+
+
+def _note_definition(chunk: Chunk, name: str, fingerprint: str) -> None:
+    """The leader's fingerprint of ``name``, written only when it differs from the one
+    stored (a burst's claims carry every entry's, nearly always unchanged)."""
+    if chunk.definitions.get(name) != fingerprint:
+        chunk.defined[name] = fingerprint
+        chunk.definitions[name] = fingerprint
 
 
 def _overtakes(chunk: Chunk, item: Item, stored: Row, slot_ms: int) -> bool:
