@@ -53,6 +53,7 @@ class World:
         self.sim.step_seconds = 0.25
         self.sim.install(self.patch)
         self.sim.on_publish.append(self._on_publish)
+        self.sim.on_tick.append(self._ticked)
         self.keys = Keys("model")
         self.snapshot: tuple[float, list[tuple[bytes, int, bytes]]] | None = None
         self.events: dict[bytes, dict[str, str]] = {}
@@ -88,9 +89,6 @@ class World:
             self._note_forgetting()
             self.sim.step()
             self._note_leader()
-            for node, sim_node in self.sim.nodes.items():
-                if not sim_node.paused:
-                    self.planned[node] = self.versions[node]
 
     def _note_leader(self) -> None:
         try:
@@ -164,6 +162,12 @@ class World:
         sim_node = self.sim.nodes.get(node)
         if sim_node is not None:
             sim_node.scheduler.merge_inplace({k: dict(v) for k, v in CHANGED.items()})
+
+    def _ticked(self, node: str) -> None:
+        """``node`` ticked: from now on it plans the definition of ``x`` it has. Noted at
+        its tick, not at the end of the round: a leader that ticks first in a round (just
+        resumed, or elected) plans its definition for the standbys ticking after it."""
+        self.planned[node] = self.versions[node]
 
     def _on_publish(self, published: Published) -> None:
         """I4: a standby's rescue of ``x`` must be of the definition its leader plans."""

@@ -184,6 +184,8 @@ class Sim:
         self._building: str | None = None
         self.schedules: dict[str, Mapping[str, Mapping[str, Any]]] = {}  # per-node override
         self.on_publish: list[Callable[[Published], None]] = []
+        #: called with a node's id right after it ticked (a round ticks nodes one by one)
+        self.on_tick: list[Callable[[str], None]] = []
 
     def _admin(self) -> Any:
         """The test's own client, and Redis's clocks kept in step with the virtual one."""
@@ -320,6 +322,8 @@ class Sim:
                 continue
             try:
                 sim_node.scheduler.tick()
+                for hook in self.on_tick:
+                    hook(node_id)
             except Exception as exc:  # noqa: BLE001 - a beat that would have exited
                 self.exits.append(f"{node_id} at +{self.clock.elapsed:.1f}s: tick raised "
                                   f"{exc!r}")

@@ -456,3 +456,43 @@ def test_a_slot_sent_before_two_restores_from_one_snapshot_is_not_rescued_again(
         state.world.close()
         raise
     state.teardown()
+
+
+def test_a_rescue_in_the_round_a_resumed_leader_first_plans_its_change_is_of_that_change(store):
+    """Found by the model on PostgreSQL (150 examples, CI's derandomized seed): b, started
+    and shown a change of ``x`` while paused, resumes, is elected and plans the change in
+    the first round; a standby rescues ``x`` under the change later in that same round.
+    The check (I4) read b's plan as of the round before (the old definition) and called
+    the rescue one of another definition: the checker's error, not the beats'. A node's
+    plan is now noted at its own tick."""
+    state = _model(store)()
+    try:
+        state.start_three_nodes()
+        state.start(node='c')
+        state.trigger(entry='s3')
+        state.start(node='c')
+        state.pause(node='c')
+        state.trigger(entry='s2')
+        state.crash(node='b')
+        state.start(node='a')
+        state.step_down()
+        state.schedule_change_seen_by_one_node(node='a')
+        state.time_passes(seconds=2.0)
+        state.crash(node='a')
+        state.crash(node='b')
+        state.pause(node='b')
+        state.time_passes(seconds=3.0)
+        state.step_down()
+        state.start(node='b')
+        state.schedule_change_seen_by_one_node(node='b')
+        state.pause(node='b')
+        state.time_passes(seconds=6.0)
+        state.time_passes(seconds=3.0)
+        state.start(node='c')
+        state.pause(node='a')
+        state.start(node='b')
+        state.crash(node='c')
+    except BaseException:
+        state.world.close()
+        raise
+    state.teardown()
