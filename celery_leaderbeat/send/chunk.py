@@ -171,10 +171,17 @@ class ChunkSender:
                 self._went(found[0], slot)
         if len(results) < len(todo):  # stopped: nothing from the first unsettled one on
             return ok[:todo[len(results)][0]]
-        if held and may_send():
-            self._run(held, slots, ok)
-        elif held:
+        return self._send_held(held, slots, ok, may_send, said)
+
+    def _send_held(self, held: dict[int, Captured], slots: Sequence[tuple[str, datetime]],
+                   ok: list[bool], may_send: Callable[[], bool],
+                   said: list[tuple[Any, datetime]]) -> list[bool]:
+        """Run the held messages' commands (``ok`` already has the others'); stopped
+        before them, the answers up to the first held one."""
+        if held and not may_send():
             return ok[:min(held)]
+        if held:
+            self._run(held, slots, ok)
         for i, captured in held.items():
             again = self._entry(slots[i][0])
             if ok[i] and again is not None:
