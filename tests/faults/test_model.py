@@ -33,6 +33,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 
 import pytest
@@ -238,6 +239,20 @@ def _model(store: Store) -> type[LeaderbeatModel]:
     return LeaderbeatModel
 
 
+@contextmanager
+def _example(store: Store) -> Iterator[LeaderbeatModel]:
+    """One example of the machine on ``store``, three nodes started: the body's steps,
+    then the teardown's checks (I1, I2, I4); the world closed whatever happens."""
+    state = _model(store)()
+    try:
+        state.start_three_nodes()
+        yield state
+    except BaseException:
+        state.world.close()
+        raise
+    state.teardown()
+
+
 @pytest.mark.xdist_group("heavy")  # CPU-heavy: never beside another heavy test
 def test_the_protocol_keeps_its_invariants_under_any_sequence_of_faults(store, caplog):
     """Crashes, pauses, failing calls (every kind), the store restarted empty or from an
@@ -256,9 +271,7 @@ def test_slots_due_while_nobody_may_lead_after_two_losses_are_recorded(store):
     leader crashed, one standby paused, the other holding back for the node that led last):
     the slots due until a new process leads are recorded, the new leader's margin reaching
     back to the newest slot a live node knew settled."""
-    state = _model(store)()
-    try:
-        state.start_three_nodes()
+    with _example(store) as state:
         state.resume(node='b')
         state.a_redis_call_fails(ahead=12, kind='delay')
         state.schedule_change_seen_by_all()
@@ -283,10 +296,6 @@ def test_slots_due_while_nobody_may_lead_after_two_losses_are_recorded(store):
         state.schedule_change_seen_by_all()
         state.pause(node='a')
         state.resume(node='a')
-    except BaseException:
-        state.world.close()
-        raise
-    state.teardown()
 
 
 def test_slots_due_after_the_store_lost_its_data_four_times_in_a_row_are_accounted_for(
@@ -302,9 +311,7 @@ def test_slots_due_after_the_store_lost_its_data_four_times_in_a_row_are_account
     again and went on from a's anchors, and the slots from the loss to those anchors were
     neither sent nor recorded. The pool now drops a connection the server ended while it
     was idle (``store/postgres/pool.py``), so the renewal answers as on the other stores."""
-    state = _model(store)()
-    try:
-        state.start_three_nodes()
+    with _example(store) as state:
         state.schedule_change_seen_by_all()
         state.crash(node='a')
         state.time_passes(seconds=12.0)
@@ -325,10 +332,6 @@ def test_slots_due_after_the_store_lost_its_data_four_times_in_a_row_are_account
         state.redis_restarts_empty()
         state.crash(node='a')
         state.redis_restarts_empty()
-    except BaseException:
-        state.world.close()
-        raise
-    state.teardown()
 
 
 def test_slots_due_after_four_losses_with_nodes_paused_and_crashed_are_accounted_for(
@@ -342,9 +345,7 @@ def test_slots_due_after_four_losses_with_nodes_paused_and_crashed_are_accounted
     request.applymarker(pytest.mark.xfail(strict=True, reason=(
         "slots due about the last of four losses, one node paused through it, are neither "
         "sent nor recorded (every store)")))
-    state = _model(store)()
-    try:
-        state.start_three_nodes()
+    with _example(store) as state:
         state.pause(node='b')
         state.pause(node='a')
         state.time_passes(seconds=12.0)
@@ -369,10 +370,6 @@ def test_slots_due_after_four_losses_with_nodes_paused_and_crashed_are_accounted
         state.pause(node='a')
         state.a_redis_call_fails(ahead=0, kind='after')
         state.redis_restarts_empty()
-    except BaseException:
-        state.world.close()
-        raise
-    state.teardown()
 
 
 def test_slots_due_after_losses_with_a_late_answer_and_a_dropped_connection_are_accounted_for(
@@ -385,9 +382,7 @@ def test_slots_due_after_losses_with_a_late_answer_and_a_dropped_connection_are_
     generation, clearing the loss another node had reported, so b carried on from the new
     process's anchors and nobody recorded the slots between (about 8 s). A start past a
     loss is now its own term's (``reset_generation(epoch)``)."""
-    state = _model(store)()
-    try:
-        state.start_three_nodes()
+    with _example(store) as state:
         state.schedule_change_seen_by_all()
         state.crash(node='a')
         state.time_passes(seconds=12.0)
@@ -412,10 +407,6 @@ def test_slots_due_after_losses_with_a_late_answer_and_a_dropped_connection_are_
         state.schedule_change_seen_by_one_node(node='a')
         state.schedule_change_seen_by_all()
         state.a_redis_call_fails(ahead=11, kind='drop')
-    except BaseException:
-        state.world.close()
-        raise
-    state.teardown()
 
 
 @pytest.mark.xfail(strict=True, reason=(
@@ -425,9 +416,7 @@ def test_a_slot_sent_before_two_restores_from_one_snapshot_is_not_rescued_again(
     """Found by the model on the in-memory store at 1,000 examples: the store restarted
     empty, restored from a snapshot, the leader crashed, restored from the same snapshot
     again; a standby rescues a slot the leader had sent after the snapshot."""
-    state = _model(store)()
-    try:
-        state.start_three_nodes()
+    with _example(store) as state:
         state.time_passes(seconds=3.0)
         state.resume(node='a')
         state.step_down()
@@ -452,10 +441,6 @@ def test_a_slot_sent_before_two_restores_from_one_snapshot_is_not_rescued_again(
         state.crash(node='a')
         state.redis_restarts_from_the_snapshot()
         state.backfill(ahead=-1.0, back=6.0, entry='s2')
-    except BaseException:
-        state.world.close()
-        raise
-    state.teardown()
 
 
 def test_a_rescue_in_the_round_a_resumed_leader_first_plans_its_change_is_of_that_change(store):
@@ -465,9 +450,7 @@ def test_a_rescue_in_the_round_a_resumed_leader_first_plans_its_change_is_of_tha
     The check (I4) read b's plan as of the round before (the old definition) and called
     the rescue one of another definition: the checker's error, not the beats'. A node's
     plan is now noted at its own tick."""
-    state = _model(store)()
-    try:
-        state.start_three_nodes()
+    with _example(store) as state:
         state.start(node='c')
         state.trigger(entry='s3')
         state.start(node='c')
@@ -492,7 +475,3 @@ def test_a_rescue_in_the_round_a_resumed_leader_first_plans_its_change_is_of_tha
         state.pause(node='a')
         state.start(node='b')
         state.crash(node='c')
-    except BaseException:
-        state.world.close()
-        raise
-    state.teardown()
