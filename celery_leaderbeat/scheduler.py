@@ -188,7 +188,7 @@ class Scheduler(ScheduleState, Sending, Trouble, Lifecycle, beat.Scheduler):
     def tick(self, *args: Any, **kwargs: Any) -> float:
         """One pass: a standby tries to lead and rescues; the leader sends every due slot."""
         started = self._wake_by = time.monotonic()  # working: the heartbeat allows one ttl
-        with _collector_paused():
+        with self._ticking(), _collector_paused():
             delay = self._tick()
         self._wake_by = time.monotonic() + delay  # asleep as told until then
         self._telemetry.metrics.ticked(self._wake_by - delay - started)

@@ -3,8 +3,10 @@
 The traps it respects (docs/architecture.md, "Living inside Celery's beat"):
 beat builds the scheduler twice (once ``lazy`` for the banner: no network I/O
 then); ``beat_init`` swallows exceptions (so nothing happens there); ``close()``
-runs twice on SIGTERM; under ``worker -B`` beat runs in a forked child (clients
-are made per process, and only the process that made them releases the lease).
+runs twice on SIGTERM, the first time from inside the signal handler (so it waits
+for the tick it interrupted, :meth:`Lifecycle.close`); under ``worker -B`` beat runs in
+a forked child (clients are made per process, and only the process that made them
+releases the lease).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -50,6 +53,34 @@ def _collector_paused() -> Iterator[None]:
 
 class Lifecycle(Attributes):
     """Elected, stepping down, registered, closed: the role changes Celery never sees."""
+
+    #: the thread running a tick now (see :meth:`close`), or None
+    _tick_thread: int | None = None
+
+    @contextmanager
+    def _ticking(self) -> Iterator[None]:
+        """Mark the calling thread as inside a tick until the block ends (nests)."""
+        outer, self._tick_thread = self._tick_thread, threading.get_ident()
+        try:
+            yield
+        finally:
+            self._tick_thread = outer
+
+    def _close_waits_for_tick(self) -> bool:
+        """True when ``close()`` was called on the thread that is inside a tick: a signal
+        handler running on top of it. Celery's SIGTERM and SIGINT handler closes the
+        scheduler, then raises SystemExit, wherever the main thread was: perhaps in a
+        store call whose transaction holds the lease row (PostgreSQL) or inside a
+        connection pool's lock. Releasing the lease from there, through another
+        connection, waits for the very call it interrupted: the process hangs. So that
+        close does nothing; the handler's SystemExit unwinds the tick (each call ends or
+        rolls back), and beat closes the scheduler again once it has (``Service.start``
+        ends in ``sync()``, which closes)."""
+        if self._tick_thread != threading.get_ident():
+            return False
+        logger.info("leaderbeat: asked to close during a tick (a stop signal); closing "
+                    "once the tick has unwound")
+        return True
 
     @property
     def role(self) -> str:
@@ -134,8 +165,9 @@ class Lifecycle(Attributes):
         return f"{path}: {reason}" if reason else str(path)
 
     def close(self) -> None:
-        """Release the lease (standbys take over at once) and close; safe to call twice."""
-        if self._closed:
+        """Release the lease (standbys take over at once) and close; safe to call twice.
+        Called from inside a tick (a signal handler), it waits for the tick to unwind."""
+        if self._closed or self._close_waits_for_tick():
             return
         self._closed = True
         try:

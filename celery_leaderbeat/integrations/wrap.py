@@ -140,6 +140,10 @@ class WrapMixin(_Glue):
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
         """Read the base's schedule when due, then leaderbeat's tick (never the base's)."""
+        with self._ticking():
+            return self._tick_wrapped()
+
+    def _tick_wrapped(self) -> float:
         if self.adapter.background:
             return self._tick_background()
         self._refresh()
@@ -360,7 +364,10 @@ class WrapMixin(_Glue):
 
     def close(self) -> None:
         """Stop the database thread, write what is pending while still leading, then
-        release the lease (standbys read after)."""
+        release the lease (standbys read after). Called from inside a tick (a signal
+        handler), it waits for the tick to unwind, as the scheduler's own close does."""
+        if self._close_waits_for_tick():
+            return
         if not self._closed and self._pid == os.getpid():
             if self._base_thread is not None and self._base_thread_pid == os.getpid():
                 self._base_thread.stop()

@@ -108,6 +108,7 @@ class BeatProcess(Closing):
         pythonpath = [str(REPO_ROOT)] + [p for p in [full_env.get("PYTHONPATH")] if p]
         full_env["PYTHONPATH"] = os.pathsep.join(pythonpath)
         full_env["PYTHONUNBUFFERED"] = "1"
+        full_env["PYTHONFAULTHANDLER"] = "1"  # SIGABRT prints every thread's stack (term())
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in close()
         self.proc = subprocess.Popen(
             self.command,
@@ -181,8 +182,14 @@ class BeatProcess(Closing):
         try:
             return self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
+            self._signal(signal.SIGABRT)  # the stacks where it hung, into its log
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                pass
             self.kill()
-            raise AssertionError(f"beat {self.pid} ignored SIGTERM for {timeout}s\n{self._tail()}")
+            raise AssertionError(f"beat {self.pid} ignored SIGTERM for {timeout}s (its "
+                                 f"threads' stacks at the end)\n{self._tail(120)}") from None
 
     def stop(self) -> None:
         """SIGSTOP: the process freezes mid-whatever (GC pause, VM freeze)."""

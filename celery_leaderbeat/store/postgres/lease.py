@@ -62,7 +62,8 @@ class PostgresLease:
             return False
         return bool(self.place.run(lease_sql.release, holder=holder, epoch=int(epoch),
                                    node=self.config.node_id, reason=reason,
-                                   channel=channel(self.place)))
+                                   channel=channel(self.place), ttl_ms=self.ttl_ms,
+                                   wait_ms=self.wait_ms))
 
     def holder(self) -> tuple[str | None, int]:
         who, epoch, remaining = self.place.run(lease_sql.current_holder)

@@ -188,13 +188,14 @@ def renew(conn: Any, schema: str, app: str, *, holder: str, epoch: int,
 
 
 def release(conn: Any, schema: str, app: str, *, holder: str, epoch: int, node: str,
-            reason: str, channel: str) -> bool:
+            reason: str, channel: str, ttl_ms: int = 0, wait_ms: int = 0) -> bool:
     """Give the lease up, fenced by holder and epoch; wake the standbys (on commit).
-    False: it was not held so (nothing changed)."""
-    rows = conn.execute(qualified(_RELEASE, schema),
-                        {"app": app, "holder": holder, "epoch": epoch, "node": node,
-                         "reason": reason, "channel": channel}).fetchall()
-    return bool(rows)
+    False: it was not held so (nothing changed). Waits at most ``wait_ms`` for the row,
+    as a renewal does: a release stuck behind a stalled call would hold up a shutdown."""
+    row = _on_the_row(conn, schema, app, _RELEASE, wait_ms=wait_ms, ttl_ms=ttl_ms,
+                      params={"holder": holder, "epoch": epoch, "node": node,
+                              "reason": reason, "channel": channel})
+    return row is not None
 
 
 def current_holder(conn: Any, schema: str, app: str) -> tuple[str | None, int, int]:
