@@ -15,11 +15,11 @@ ROOT = DOCS.parent
 sys.path.insert(0, str(ROOT))          # the package of this checkout, not an installed one
 sys.path.insert(0, str(DOCS / "_ext"))  # leaderbeat_settings: the settings table
 
-from celery_leaderbeat._version import __version__  # noqa: E402
+from celery_leaderbeat._version import __version__
 
 project = "celery-leaderbeat"
 author = "The celery-leaderbeat authors"
-copyright = "The celery-leaderbeat authors"  # noqa: A001 - Sphinx's name
+copyright = "The celery-leaderbeat authors"
 release = version = __version__
 
 extensions = [
@@ -45,15 +45,15 @@ nitpicky = True
 # listed here by name.
 nitpick_ignore_regex = [
     ("py:class", r"(celery|kombu|redis|click|datetime|collections|typing|_io)\..*"),
-    ("py:class", r"(Any|Mapping|Callable|Iterable|Iterator|Sequence|Path|timedelta|datetime|"
+    ("py:class", (r"(Any|Mapping|Callable|Iterable|Iterator|Sequence|Path|timedelta|datetime|"
                  r"tzinfo|Celery|Request|Cluster|Config|Entry|Schedule|Store|ConfigurationError|"
-                 r"EntryExists|EntryUnknown|EntryNotFound)"),
+                 r"EntryExists|EntryUnknown|EntryNotFound)")),
     ("py:mod", r"celery_leaderbeat\..*"),
     # internal classes that appear in public signatures and are not part of the API
-    ("py:class", r"celery_leaderbeat\.(config\.Config|store\.records\.Stored|"
+    ("py:class", (r"celery_leaderbeat\.(config\.Config|store\.records\.Stored|"
                  r"entries\.EntryOptions|roles\.requests\.Request|"
                  # the rows Cluster returns (typed dicts), described in api.md
-                 r"ops\.cluster\.(Leader|EntryRow|NodeRow|HistoryEvent))"),
+                 r"ops\.cluster\.(Leader|EntryRow|NodeRow|HistoryEvent))")),
 ]
 
 autodoc_member_order = "bysource"

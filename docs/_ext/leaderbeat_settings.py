@@ -133,8 +133,8 @@ def settings_table() -> list[str]:
     """The table as Markdown lines, one row per setting of ``config.DEFAULTS``."""
     from celery_leaderbeat.config import DEFAULTS
 
-    rows = ["| setting (Django: `CELERY_` + upper case) | default | rule (from the code) | "
-            "what it is for |", "|---|---|---|---|"]
+    rows = [("| setting (Django: `CELERY_` + upper case) | default | rule (from the code) | "
+            "what it is for |"), "|---|---|---|---|"]
     for name, value in DEFAULTS.items():
         rule = "; ".join(rules(name)) or "any value"
         rows.append(f"| `leaderbeat_{name}` | {_cell(_default(name, value))} | {_cell(rule)} | "
