@@ -7,8 +7,11 @@ Each round is what a leader sends in a burst: one claim of ``--chunk`` slots (on
 entry, each entry's next slot), carrying the previous chunk's ``sent`` events, as the
 leader's next claim does. A database of its own is created and dropped afterwards.
 
-``--attribute``: also say which rounds ran the history's prune (the ledger prunes every
-200th write, inside that call) and which wrote into a new WAL segment (a new cluster
+Between rounds, untimed, the ledger's ``tidy()``, as a leader's loop calls it between
+passes: it prunes the history every 200 writes, outside any claim call.
+
+``--attribute``: also say which rounds' claim call ran the history's prune itself (only
+when overdue: 1,000 writes with no ``tidy()``) and which wrote into a new WAL segment (a new cluster
 creates each 16 MB segment, zero-filled, as its WAL reaches it), and the figures of the
 other rounds. It reads the WAL position on a connection of its own before and after each
 round, outside the timed call.
@@ -30,7 +33,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from celery_leaderbeat.config import Config
 from celery_leaderbeat.roles.lease import LeaseView
-from celery_leaderbeat.store.postgres.ledger import PRUNE_EVERY
 from celery_leaderbeat.store.postgres.store import open_store
 from celery_leaderbeat.store.types import ClaimItem, Code, Event, Op
 
@@ -77,12 +79,13 @@ def run(conninfo: str, chunk: int, rounds: int, warmup: int,
     for r in range(rounds + warmup):
         slot = start + r * 1000
         items = [ClaimItem(n, slot, Op.CLAIM, slot) for n in names]
-        writes, before = ledger._writes, segment() if segment else ""
+        tidied, before = ledger._tidied, segment() if segment else ""
         began = time.perf_counter()
         answers = ledger.claim(token, epoch, items, sent)
         spent = time.perf_counter() - began
-        pruned = ledger._writes != writes and ledger._writes % PRUNE_EVERY == 0
+        pruned = ledger._tidied != tidied  # the claim call itself pruned (overdue)
         took.append((spent, pruned, bool(segment) and segment() != before))
+        ledger.tidy()  # as a leader's loop does between passes: not timed
         assert answers == [Code.GRANTED] * chunk, answers[:3]
         sent = [Event(n, slot, "sent") for n in names]
     store.close()

@@ -5,9 +5,9 @@ A standby (:mod:`~celery_leaderbeat.roles.standby`) tries to lead once per poll
 and rescues slots the leader missed; the leader
 (:mod:`~celery_leaderbeat.roles.leader`) sends every due slot in chunks and then
 sleeps until the next one, while its heartbeat renews the lease. This module
-keeps only what Celery calls and the per-process Redis client; the rest of the
+keeps only what Celery calls and the per-process store client; the rest of the
 class is in :mod:`celery_leaderbeat.integrations`: the schedule and its
-versions (``schedule``), sending (``sending``), Redis and clock trouble
+versions (``schedule``), sending (``sending``), store and clock trouble
 (``trouble``), the role changes and Celery's lifecycle traps (``lifecycle``),
 and the wrapper around another scheduler class (``wrap``).
 """
@@ -51,6 +51,9 @@ __all__ = ["LEADER", "STANDBY", "Scheduler", "gate_class", "wrap_class"]
 
 logger = logging.getLogger(__name__)
 
+#: the least sleep ahead of the loop in which it does the store's housekeeping (s)
+TIDY_IDLE = 0.1
+
 
 class Scheduler(ScheduleState, Sending, Trouble, Lifecycle, beat.Scheduler):
     """Highly available beat scheduler: run it on any number of nodes.
@@ -87,9 +90,9 @@ class Scheduler(ScheduleState, Sending, Trouble, Lifecycle, beat.Scheduler):
         self._dynamic: DynamicSchedule | None = None
         self._wake_by = time.monotonic()
         self._last_wall = (time.time(), time.monotonic())
-        self._redis_failures = 0
-        self._led_at_outage = False  # this node led when Redis stopped answering
-        self._contact_since = time.time()  # Redis answered without a break since then
+        self._store_failures = 0
+        self._led_at_outage = False  # this node led when the store stopped answering
+        self._contact_since = time.time()  # the store answered without a break since then
         self._labels_version = 0  # the schedule version the metric labels follow
         #: (schedule version, entry names it changed) for changes known name by name
         self._changes: list[tuple[int, frozenset[str]]] = []
@@ -141,9 +144,9 @@ class Scheduler(ScheduleState, Sending, Trouble, Lifecycle, beat.Scheduler):
         config = self.lb_config
         store = open_store(config)
         # liveness: the main loop back by its planned wake-up plus one ttl (the heartbeat's
-        # rule); readiness: Redis answers too (ops/health.py)
+        # rule); readiness: the store answers too (ops/health.py)
         health = Health(lambda: self._wake_by, config.lease_ttl,
-                        ticks_failing=lambda: self._redis_failures > 0)
+                        ticks_failing=lambda: self._store_failures > 0)
         if self._telemetry.serve(config.metrics_port, health, lambda: self._enqueuer):
             logger.info("leaderbeat: metrics on http://0.0.0.0:%d/metrics, probes on /healthz "
                         "and /readyz", config.metrics_port)
@@ -200,6 +203,7 @@ class Scheduler(ScheduleState, Sending, Trouble, Lifecycle, beat.Scheduler):
             self._follow_changes()
             self._watch_wall_clock()
             delay = self._tick_role(node)
+            self._tidy(node, delay)
             self._refresh_registration()
         except Resign as exc:
             self._step_down(str(exc), release=exc.release)
@@ -222,10 +226,22 @@ class Scheduler(ScheduleState, Sending, Trouble, Lifecycle, beat.Scheduler):
         except STORE_REFUSED as exc:
             raise self._refused(exc) from exc
         except STORE_ERRORS as exc:
-            return self._redis_trouble(exc)
-        if self._redis_failures and (self._leader is None or self._leader.outage is None):
-            self._redis_back()  # (a leader sending through an outage returns without Redis)
+            return self._store_trouble(exc)
+        if self._store_failures and (self._leader is None or self._leader.outage is None):
+            self._store_back()  # (a leader sending through an outage returns without the store)
         return delay
+
+    def _tidy(self, node: Shared, delay: float) -> None:
+        """The store's owed housekeeping (a history pruned to its bound) when the loop
+        has a moment before its next pass, never between two passes of a burst; a
+        failure leaves it owed, for the next such moment."""
+        if delay < TIDY_IDLE:
+            return
+        try:
+            node.ledger.tidy()
+        except STORE_ERRORS as exc:
+            logger.warning("leaderbeat: the store's housekeeping failed (%s); trying again "
+                           "after the next pass", exc)
 
     def _tick_role(self, node: Shared) -> float:
         """A standby's pass (try to lead, rescue) or the leader's; how long to sleep."""
@@ -233,17 +249,17 @@ class Scheduler(ScheduleState, Sending, Trouble, Lifecycle, beat.Scheduler):
             delay = self._leader.tick(self._schedule_version)
             return self._warm(delay, node.lease.epoch or 0) if self.sends_chunks else delay
         assert self._standby is not None
-        if self._redis_failures:
+        if self._store_failures:
             # the store answers again: the standby hears so before it tries for the lease
             # (under last-leader, the previous leader goes first)
             node.store.ping()
-            self._redis_back()
+            self._store_back()
         if self._standby.tick(self._schedule_version):
             self._become_leader(node, self._standby)
         return 0.0
 
     def sync(self) -> None:
-        """Nothing to persist: the shared state already lives in Redis."""
+        """Nothing to persist: the shared state already lives in the store."""
 
 
 @functools.cache

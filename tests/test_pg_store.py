@@ -27,7 +27,7 @@ from celery_leaderbeat.errors import (
 )
 from celery_leaderbeat.roles.lease import Heartbeat, LeaseView
 from celery_leaderbeat.store.postgres import claims_sql, lease_sql, rules, state_sql
-from celery_leaderbeat.store.postgres.ledger import PostgresLedger
+from celery_leaderbeat.store.postgres.ledger import PRUNE_EVERY, PRUNE_OVERDUE, PostgresLedger
 from celery_leaderbeat.store.postgres.schema import (
     ensure_schema,
     latest_version,
@@ -524,6 +524,27 @@ def test_the_history_is_pruned_to_its_count_and_its_age(make_node: Callable[...,
     sql(conninfo, "UPDATE {schema}.history SET at = at - interval '30 days'")
     ledger.prune([], keep_ms=0, node_keep_s=3600)
     assert ledger.history(200) == []
+
+
+def test_no_write_prunes_the_history_tidy_does_and_a_ledger_nobody_tidies_prunes_when_overdue(
+        make_node: Callable[..., Node]) -> None:
+    _, ledger = make_node("n1", history_length=100)
+
+    def write(count: int) -> int:
+        for i in range(count):
+            ledger.record(1, [Event("e", i, "missed")])
+        return len(ledger.history(10_000))
+
+    assert write(PRUNE_EVERY + 50) == PRUNE_EVERY + 50  # owed, not done inside a write
+    ledger.tidy()
+    assert len(ledger.history(10_000)) == 100
+    assert write(PRUNE_EVERY - 1) == 100 + PRUNE_EVERY - 1
+    ledger.tidy()  # fewer than PRUNE_EVERY writes since: nothing owed yet
+    assert len(ledger.history(10_000)) == 100 + PRUNE_EVERY - 1
+    # PRUNE_EVERY - 1 writes since the last prune: the write that makes them
+    # PRUNE_OVERDUE prunes at once, and is the last of the history's newest 100
+    assert write(PRUNE_OVERDUE - (PRUNE_EVERY - 1) - 1) == 100 + PRUNE_OVERDUE - 1
+    assert write(1) == 100
 
 
 def test_prune_forgets_unscheduled_entries_but_never_an_unconfirmed_claim(

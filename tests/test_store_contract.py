@@ -236,6 +236,17 @@ def test_a_sent_record_marks_the_slot_sent_and_joins_the_history(backend):
     assert ("sent", "e") in [(h["event"], h.get("entry")) for h in a.ledger.history()]
 
 
+def test_written_past_its_length_and_tidied_the_history_keeps_about_its_length(backend):
+    a = backend.make("a")
+    length = 10_000  # leaderbeat_history_length's default, which every node here has
+    for write in range(250):  # more writes than a store may leave its prune owed for
+        a.ledger.record(1, [Event(f"e{i}", write, "missed") for i in range(100)])
+    a.ledger.tidy()
+    # exact on PostgreSQL and in memory; Redis trims whole stream nodes (MAXLEN ~)
+    assert length <= len(a.ledger.history(2 * length)) <= length * 1.02
+    assert a.ledger.history(1)[0]["slot"] == "249"  # the newest kept
+
+
 def test_loss_reports_give_each_entry_the_newest_slot_any_node_reported(backend):
     a, b = backend.make("a"), backend.make("b")
     assert a.loss.lost_reports() == {}

@@ -43,7 +43,7 @@ class Attributes(_Beat):
     _enqueuer: Enqueuer | None
     _wake_by: float  # monotonic time by which the main loop will be back
     _last_wall: tuple[float, float]
-    _redis_failures: int
+    _store_failures: int
     _led_at_outage: bool
     _contact_since: float
     _labels_version: int  # the schedule version the metric labels follow

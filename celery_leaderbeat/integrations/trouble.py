@@ -1,7 +1,7 @@
-"""Trouble from outside: Redis not answering, refusing credentials, the wall clock stepping.
+"""Trouble from outside: the store not answering, refusing credentials, the wall clock stepping.
 
-``tick()`` never raises for Redis or leadership trouble (beat would exit): an
-unreachable Redis is retried with a backoff capped at one standby poll, and
+``tick()`` never raises for store or leadership trouble (beat would exit): an
+unreachable store is retried with a backoff capped at one standby poll, and
 when it answers again the node that led goes first. Refused credentials or a
 missing permission are a configuration error, said once, clearly.
 """
@@ -26,7 +26,7 @@ logger = logging.getLogger(__name__)
 CLOCK_STEP = 2.0
 
 class Trouble(Attributes):
-    """What the Scheduler does when Redis stops answering, and when the wall clock steps."""
+    """What the Scheduler does when the store stops answering, and when the wall clock steps."""
 
     def _store_at(self) -> str:
         """The store's server for a log line: ``Redis at <url>`` or ``PostgreSQL at <url>``."""
@@ -59,34 +59,35 @@ class Trouble(Attributes):
             f"leaderbeat needs ({exc}); it needs the keys and channels '{{{self.keys.prefix}}}:*' "
             "and the script, string, hash, stream, pub/sub, TIME and PING commands")
 
-    def _redis_trouble(self, exc: Exception) -> float:
-        if not self._redis_failures:
+    def _store_trouble(self, exc: Exception) -> float:
+        if not self._store_failures:
             self._led_at_outage = self._leader is not None
             logger.warning("leaderbeat: %s unreachable (%s); %s, retrying with backoff",
                            self._store_at(), exc,
                            "leader stops sending until its lease is confirmed"
                            if self._leader is not None else "standing by")
-        self._redis_failures += 1
+        self._store_failures += 1
         if self._standby is not None:
             self._standby.lost_connection()
         if self._leader is not None:
-            self._leader.close()  # its subscription is made again once Redis answers
-        if (self._leader is not None and not self._leader.redis_unreachable(exc)
+            self._leader.close()  # its subscription is made again once the store answers
+        if (self._leader is not None and not self._leader.store_unreachable(exc)
                 and (self._shared is None or not self._shared.lease.is_held())):
             self._step_down("lease could not be confirmed while "
                             f"{store_name(self.lb_config)} was unreachable")
-        # capped at one standby poll (1 s): a leader that survived Redis restarting empty
-        # is back within about a second of Redis answering, not a backoff step later
-        backoff: float = 0.25 * 2 ** min(self._redis_failures - 1, 6)
+        # capped at one standby poll (1 s): a leader that survived its store restarting
+        # empty is back within about a second of the store answering, not a backoff step
+        # later
+        backoff: float = 0.25 * 2 ** min(self._store_failures - 1, 6)
         return min(backoff, max(0.25, float(self.lb_config.standby_poll)))
 
-    def _redis_back(self) -> None:
+    def _store_back(self) -> None:
         logger.info("leaderbeat: %s answers again", self._store_at())
-        self._redis_failures = 0
+        self._store_failures = 0
         self._contact_since = time.time()
         config = self.lb_config
         if self._leader is not None and self._shared is not None:
-            # Is the lease still there? If Redis lost it while it was valid, this node (the
+            # Is the lease still there? If the store lost it while it was valid, this node (the
             # only one that can know nobody sent later slots) steps down now and takes the
             # lease again first, carrying on from what it sent.
             try:
@@ -100,7 +101,7 @@ class Trouble(Attributes):
                 # the previous leader reconciles what it sent meanwhile first
                 self._standby.restart(head_start=config.lease_ttl, shift_since=True)
             elif not self._led_at_outage:
-                # the node that led goes first: it knows what it sent (Redis may not)
+                # the node that led goes first: it knows what it sent (the store may not)
                 self._standby.restart(head_start=min(config.lease_ttl,
                                                      2 * config.standby_poll))
             else:

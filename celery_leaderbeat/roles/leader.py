@@ -416,12 +416,12 @@ class Leader:
 
     # -- store_down_policy = "last-leader" ------------------------------------------------
 
-    def redis_unreachable(self, exc: BaseException) -> bool:
-        """Redis stopped answering: True while this leader goes on (degraded), else False.
+    def store_unreachable(self, exc: BaseException) -> bool:
+        """The store stopped answering: True while this leader goes on (degraded), else False.
 
         Only a leader whose lease is still valid by its own deadline may go on: one
         resumed from a long pause whose link is down must not send while another leads.
-        Only an unreachable Redis starts an outage: one that answers with an error
+        Only an unreachable store starts an outage: one that answers with an error
         (READONLY during a failover, OOM, a script error) still lets standbys claim
         and rescue, so sending without claims could send twice.
         """

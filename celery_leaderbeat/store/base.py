@@ -162,6 +162,10 @@ class SlotStore(Protocol):
     def prune(self, scheduled: Iterable[str], *, keep_ms: int,
               node_keep_s: float) -> list[int]:
         """Forget entries no longer scheduled (after ``keep_ms``) and long-gone nodes."""
+    def tidy(self) -> None:
+        """The housekeeping earlier writes owe (a history pruned to its bound), called
+        between send passes so that no claim waits for it; nothing for a store that trims
+        as it writes."""
     def overtaken(self) -> dict[tuple[str, int], SlotState]: ...
     def forget_overtaken(self, fields: Sequence[tuple[str, int]]) -> None: ...
     def history(self, count: int = 50) -> list[dict[str, str]]:

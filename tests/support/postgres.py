@@ -21,9 +21,14 @@ HOST, PORT, USER = "127.0.0.1", 5432, "postgres"
 NO_REDIS = "redis://unused.invalid"
 
 
+#: the store URL of :func:`pg_config`'s Configs: tests open the store on a database of
+#: their own (``open_store(conninfo, config)``); what decides by the URL sees PostgreSQL
+PG_STORE_URL = f"postgresql://{USER}@{HOST}:{PORT}/postgres"
+
+
 def pg_config(**values: Any) -> Config:
     """A PostgreSQL store's Config: ``values`` over the defaults, checked as set."""
-    return Config.from_values({"redis_url": NO_REDIS, **values})
+    return Config.from_values({"store_url": PG_STORE_URL, **values})
 
 
 def _unavailable(reason: str) -> None:
