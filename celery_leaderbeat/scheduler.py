@@ -200,11 +200,17 @@ class Scheduler(ScheduleState, Sending, Trouble, Lifecycle, beat.Scheduler):
     def _tick(self) -> float:
         try:
             node = self._connect()
-            self._follow_changes()
+            # a leader sending through an outage (last-leader) touches the store only to
+            # see whether it is back: anything else would fail, each call after a timeout,
+            # before the leader's tick sends what is due
+            degraded = self._leader is not None and self._leader.outage is not None
+            if not degraded:
+                self._follow_changes()
             self._watch_wall_clock()
             delay = self._tick_role(node)
-            self._tidy(node, delay)
-            self._refresh_registration()
+            if not degraded:
+                self._tidy(node, delay)
+                self._refresh_registration()
         except Resign as exc:
             self._step_down(str(exc), release=exc.release)
             return 0.0

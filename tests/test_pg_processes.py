@@ -8,6 +8,7 @@ and Celery's defaults (10 s lease, 2 s rescue, 300 s loop interval): the way use
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from datetime import datetime
@@ -169,3 +170,34 @@ def test_postgresql_restarted_under_running_beats_they_go_on_with_no_slot_twice(
     assert "Redis at" not in logs, "an outage of PostgreSQL is named as such"
     late = [m for m in messages if datetime.fromisoformat(str(m.slot)).timestamp() > restarted_at + 3]
     assert {m.entry for m in late} == {f"e{i}" for i in range(ENTRIES)}, logs
+
+
+def test_last_leader_on_postgresql_keeps_sending_through_an_outage_and_reconciles(
+        tmp_path, server, amqp_recorder, key_prefix):
+    """``store_down_policy = "last-leader"``: the server stopped for 5 s under two beats
+    (default ttl and intervals); the leader goes on sending from its schedule, says so,
+    and once the server answers records what it sent. No slot twice, none lost."""
+    env = env_for(tmp_path, server, amqp_recorder, key_prefix)
+    env["LB_SETTINGS"] = json.dumps({**json.loads(env["LB_SETTINGS"]),
+                                     "leaderbeat_store_down_policy": "last-leader"})
+    view = watcher(env)
+    with BeatCluster(2, env, tmp_path) as beats:
+        leader = beat_pid(beats, leader_pid(view))
+        amqp_recorder.wait_for(2 * ENTRIES, timeout=40)
+        since = len(leader.log_text())
+        began = time.time()
+        server.stop()
+        amqp_recorder.watch(5)  # drained as it goes: each message's receipt time is kept
+        ended = time.time()
+        server.start()
+        leader.wait_for_log(r"reconciling \d+ slot\(s\)", timeout=20, since=since)
+        amqp_recorder.watch(3)
+        messages = amqp_recorder.drain_all()
+        alive = len(beats.alive)
+        logs = beats.logs()
+    assert alive == 2, logs
+    assert "keeps sending" in leader.log_text()[since:], logs
+    assert duplicates(messages) == [], logs
+    during = {m.slot for m in messages if m.entry == "e0" and began + 1 <= m.received <= ended}
+    assert len(during) >= 3, f"the leader went on sending while the server was down: {during}"
+    assert gaps(messages) == {}, logs

@@ -149,10 +149,12 @@ Pool = psycopg_pool.ConnectionPool | OneConnection
 
 
 @contextmanager
-def connection(pool: Pool) -> Iterator[psycopg.Connection[Any]]:
-    """A live connection from ``pool``; a connection error also checks the pool's idle ones."""
+def connection(pool: Pool, timeout: float | None = None) -> Iterator[psycopg.Connection[Any]]:
+    """A live connection from ``pool`` within ``timeout`` s (None: the pool's own); a
+    connection error also checks the pool's idle ones."""
     try:
-        with (pool.connection() if isinstance(pool, OneConnection) else _live(pool)) as conn:
+        with (pool.connection() if isinstance(pool, OneConnection)
+              else _live(pool, timeout)) as conn:
             yield conn
     except UNREACHABLE:
         try:
@@ -163,11 +165,12 @@ def connection(pool: Pool) -> Iterator[psycopg.Connection[Any]]:
 
 
 @contextmanager
-def _live(pool: psycopg_pool.ConnectionPool) -> Iterator[psycopg.Connection[Any]]:
+def _live(pool: psycopg_pool.ConnectionPool,
+          timeout: float | None = None) -> Iterator[psycopg.Connection[Any]]:
     """An idle connection of ``pool`` the server has not ended; one it ended goes back
     closed (the pool drops it and opens another) and the next is taken at once, all
-    within the pool's timeout."""
-    deadline = time.monotonic() + pool.timeout
+    within ``timeout`` (None: the pool's)."""
+    deadline = time.monotonic() + (pool.timeout if timeout is None else timeout)
     while True:
         conn = pool.getconn(timeout=max(0.0, deadline - time.monotonic()))
         try:

@@ -35,6 +35,10 @@ from .pool import ERRORS, connection, make_pool, store_error
 from .requests import PostgresRequests
 from .schema import ensure_schema
 
+#: seconds a ping waits for a connection: the pool's own idle one comes at once, a new one
+#: to a server that answers within well under this
+PING_WAIT = 0.5
+
 #: server settings that put the guarantees at risk: (query, bad answer, what to say)
 _RISKS = (
     ("SELECT current_setting('fsync')", "off",
@@ -74,8 +78,11 @@ class PostgresStore:
         self.loss = cast(LossDetection, self.ledger)  # behind the boundary: ``ledger.*``
 
     def ping(self) -> None:
-        """Raise a store error unless the server answers."""
-        with store_call("store.ping"), _translated(), connection(self.place.pool) as conn:
+        """Raise a store error unless the server answers. While the pool has no connection
+        to give (the server away) it waits :data:`PING_WAIT` for one, not a call's timeout:
+        a leader sending through an outage pings between sends."""
+        with store_call("store.ping"), _translated(), \
+                connection(self.place.pool, min(PING_WAIT, self.place.pool.timeout)) as conn:
             conn.execute("SELECT 1")
 
     def warnings(self) -> list[str]:
