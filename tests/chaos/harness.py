@@ -317,6 +317,8 @@ class Report:
     wall_seconds: float = 0.0
     chaos_seconds: float = 0.0
     faults: list[Fault] = field(default_factory=list)
+    #: the slots of the entries' grids up to the run's end; ``messages`` may hold more (a
+    #: slot sent past that end), so expected - unique is not ``missing``: counted apart
     expected: int = 0
     messages: int = 0
     unique: int = 0
@@ -367,7 +369,7 @@ class Report:
             (f"{s} nodes={self.nodes} duration={self.wall_seconds:.1f}s "
             f"(chaos {self.chaos_seconds:.1f}s) faults={len(self.faults)} [{kinds_text}]"),
             (f"{s} slots expected={self.expected} sent={self.messages} unique={self.unique} "
-            f"duplicate={len(self.duplicates)} missed-explained="
+            f"duplicate={len(self.duplicates)} missing={self.missing} missed-explained="
             f"{self.explained_history + self.explained_unsent + self.explained_window} "
             f"(history-missed={self.explained_history} history-unsent={self.explained_unsent} "
             f"fault-window={self.explained_window}, of which unrecorded={self.unrecorded}) "
