@@ -1020,9 +1020,36 @@ def test_a_chunks_claim_takes_two_round_trips_to_the_server(
                                claims_sql.Limits(wait_ms=1000), events, items)
         conn.pgconn.untrace()
     assert got.answers == [Code.GRANTED] * 10
-    assert [line.split("\t")[3] for line in trace.read_text().splitlines()
-            if line.split("\t")[1:2] == ["F"] and line.split("\t")[3] == "Sync"
-            ] == ["Sync", "Sync"]
+    assert syncs(trace) == 2
+
+
+def syncs(trace: Path) -> int:
+    """How many times the client asked the server for its answers (one a round trip)."""
+    return sum(1 for line in trace.read_text().splitlines()
+               if line.split("\t")[1:2] == ["F"] and line.split("\t")[3] == "Sync")
+
+
+def test_the_lease_is_taken_renewed_and_released_in_one_round_trip_each(
+        make_node: Callable[..., Node], conninfo: str, tmp_path: Path) -> None:
+    make_node("n1")  # the schema
+    row = {"holder": "n1/1", "node": "n1", "ttl_ms": 10_000, "wait_ms": 1000}
+    counted = []
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        for step, call, args in (
+                ("acquire", lease_sql.acquire, {**row, "seen_epoch": 0}),
+                ("renew", lease_sql.renew, {"holder": "n1/1", "epoch": 1, "ttl_ms": 10_000,
+                                            "wait_ms": 1000}),
+                ("release", lease_sql.release, {"holder": "n1/1", "epoch": 1, "node": "n1",
+                                                "reason": "done", "channel": "c",
+                                                "ttl_ms": 10_000, "wait_ms": 1000})):
+            trace = tmp_path / step
+            with open(trace, "w") as out:
+                conn.pgconn.trace(out.fileno())
+                answer = call(conn, SCHEMA, "app", **args)
+                conn.pgconn.untrace()
+            held = answer.epoch == 1 if step == "acquire" else answer not in (None, False)
+            counted.append((step, syncs(trace), held))
+    assert counted == [("acquire", 1, True), ("renew", 1, True), ("release", 1, True)]
 
 
 def test_a_schema_with_claims_at_the_previous_version_migrates_and_its_grants_still_refuse(

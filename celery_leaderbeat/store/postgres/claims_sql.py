@@ -27,19 +27,16 @@ Each column of rows goes as one array literal (:mod:`.arrays`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
-
-import psycopg
-from psycopg.pq import TransactionStatus
 
 from ..types import Op
 from . import rules
 from .arrays import bool_array, int_array, text_array
 from .chunk_reads import known, pairs, read
 from .lease_sql import NOW_MS
+from .pipelined import transaction
 from .schema import qualified
 
 
@@ -254,7 +251,7 @@ def claim(conn: Any, schema: str, app: str, node: str, fence: Fence, limits: Lim
     answers: list[rules.Answer] = []
     holder = None
     try:
-        with _transaction(conn) as pipeline:
+        with transaction(conn) as pipeline:
             fenced = _fence(run, conn, fence, limits, items)
             marked = write_events(run, node, fence.epoch, events)
             reads = read(run, items) if items else None
@@ -281,34 +278,6 @@ def _runner(conn: Any, schema: str, app: str) -> Callable[[str, dict[str, Any]],
     def run(text: str, params: dict[str, Any]) -> Any:
         return conn.execute(qualified(text, schema), {"app": app, **params})
     return run
-
-
-@contextmanager
-def _transaction(conn: Any) -> Iterator[Any]:
-    """One transaction in one pipeline, its BEGIN sent with the first statements and its
-    COMMIT with the last; rolled back on any error. (psycopg's ``transaction()`` inside a
-    pipeline syncs it as it begins, and twice as it ends: four round trips of their own,
-    each a wake-up of both processes.)"""
-    try:
-        with conn.pipeline() as pipeline:
-            conn.execute("BEGIN")
-            yield pipeline
-            conn.execute("COMMIT")
-    except BaseException:
-        _rollback(conn)
-        raise
-
-
-def _rollback(conn: Any) -> None:
-    """End a transaction an error left open (a connection that cannot is dropped by its
-    pool on return)."""
-    if conn.closed or conn.broken:
-        return
-    if conn.info.transaction_status in (TransactionStatus.INTRANS, TransactionStatus.INERROR):
-        try:
-            conn.execute("ROLLBACK")
-        except psycopg.Error:
-            pass  # the error that brought us here is the one to raise
 
 
 def _fence(run: Any, conn: Any, fence: Fence, limits: Limits,

@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 import psycopg
 
 from ..errors import StoreError
+from .pipelined import transaction
 from .schema import qualified
 
 #: the server's time in ms since the Unix epoch, as every statement here reports it
@@ -163,7 +164,7 @@ def _on_the_row(conn: Any, schema: str, app: str, text: str, *, params: dict[str
     statement = qualified(text, schema)
 
     def bounded() -> Any:
-        with conn.pipeline(), conn.transaction():
+        with transaction(conn):
             if wait_ms:
                 conn.execute(_BOUND, (f"{wait_ms}ms",))
             cursor = conn.execute(statement, {"app": app, **params})
