@@ -1052,6 +1052,25 @@ def test_the_lease_is_taken_renewed_and_released_in_one_round_trip_each(
     assert counted == [("acquire", 1, True), ("renew", 1, True), ("release", 1, True)]
 
 
+def test_a_record_takes_two_round_trips_and_against_older_state_writes_nothing(
+        make_node: Callable[..., Node], conninfo: str, tmp_path: Path) -> None:
+    _, ledger = lead(make_node)
+    first = claims_sql.Events(["e"], [1000], ["missed"], [""])
+    later = claims_sql.Events(["f"], [2000], ["missed"], [""])
+    trace = tmp_path / "trace"
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        with open(trace, "w") as out:
+            conn.pgconn.trace(out.fileno())
+            _, generation = claims_sql.record(conn, SCHEMA, "app", "n1", 1, first)
+            conn.pgconn.untrace()
+        with pytest.raises(claims_sql.OlderState):
+            claims_sql.record(conn, SCHEMA, "app", "n1", 1, later,
+                              seen_generation=generation + 5)
+    assert syncs(trace) == 2
+    assert [(h["event"], h.get("entry")) for h in ledger.history() if h["event"] == "missed"
+            ] == [("missed", "e")]
+
+
 def test_a_schema_with_claims_at_the_previous_version_migrates_and_its_grants_still_refuse(
         make_node: Callable[..., Node], conninfo: str) -> None:
     *older, (latest, _) = migrations()

@@ -8,7 +8,7 @@ for the very transaction it had interrupted. The process hung until killed.
 
 Here a real ``celery.beat.Service`` runs with Celery's own handler installed, against
 a PostgreSQL database of the test's own; the signal is sent from inside the record call,
-after its first statement took the lease row.
+after its first round trip took the lease row and before its COMMIT.
 """
 
 from __future__ import annotations
@@ -79,10 +79,11 @@ def test_a_stop_signal_inside_a_record_call_stops_beat_at_once_and_releases_the_
     celerys = signal.getsignal(signal.SIGTERM)
 
     signalled: list[float] = []
-    original = claims_sql.write_events
+    original = claims_sql._generation
 
-    def write_events(*args: Any, **kwargs: Any) -> Any:
-        # the frame below is record()'s or a claim's; only record() runs with Celery's own
+    def generation(*args: Any, **kwargs: Any) -> Any:
+        # called once the server has run the record's first round trip (its transaction
+        # holds the lease row) and before its COMMIT; only record() runs with Celery's own
         # handler in place (a claim runs shielded: the signal waits for the chunk)
         if (not signalled and threading.current_thread() is threading.main_thread()
                 and signal.getsignal(signal.SIGTERM) is celerys
@@ -91,7 +92,7 @@ def test_a_stop_signal_inside_a_record_call_stops_beat_at_once_and_releases_the_
             os.kill(os.getpid(), signal.SIGTERM)  # handled here: the lease row is held
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(claims_sql, "write_events", write_events)
+    monkeypatch.setattr(claims_sql, "_generation", generation)
     done = threading.Event()
     watchdog = threading.Thread(target=_watchdog, args=(database, HANG, done, signalled),
                                 daemon=True)

@@ -322,13 +322,15 @@ def _generation(row: Any, seen: int, *, check_loss: bool = False) -> int:
 def record(conn: Any, schema: str, app: str, node: str, epoch: int, events: Events,
            seen_generation: int = 0) -> tuple[int, int]:
     """Write ``events`` alone (the history, the sent and unsent marks), raising the
-    generation; (slots marked sent, the generation). OlderState: nothing written."""
-    def run(text: str, params: dict[str, Any]) -> Any:
-        return conn.execute(qualified(text, schema), {"app": app, **params})
-
-    with conn.transaction():
-        generation = _generation(run(_RAISE, {}).fetchone(), seen_generation)
+    generation; (slots marked sent, the generation). OlderState: nothing written (the
+    writes went with the generation's read, in one round trip, and are rolled back; the
+    COMMIT follows in a second)."""
+    run = _runner(conn, schema, app)
+    with transaction(conn) as pipeline:
+        raised = run(_RAISE, {})
         marked = write_events(run, node, epoch, events)
+        pipeline.sync()
+        generation = _generation(raised.fetchone(), seen_generation)
         return int(marked() if callable(marked) else marked), generation
 
 
