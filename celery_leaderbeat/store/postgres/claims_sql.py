@@ -320,13 +320,16 @@ def _generation(row: Any, seen: int, *, check_loss: bool = False) -> int:
 
 
 def record(conn: Any, schema: str, app: str, node: str, epoch: int, events: Events,
-           seen_generation: int = 0) -> tuple[int, int]:
+           seen_generation: int = 0, wait_ms: int = 0) -> tuple[int, int]:
     """Write ``events`` alone (the history, the sent and unsent marks), raising the
     generation; (slots marked sent, the generation). OlderState: nothing written (the
     writes went with the generation's read, in one round trip, and are rolled back; the
-    COMMIT follows in a second)."""
+    COMMIT follows in a second). ``wait_ms``: the bounds a claim sets (it holds the
+    lease row between its round trips as a claim does)."""
     run = _runner(conn, schema, app)
     with transaction(conn) as pipeline:
+        if wait_ms:
+            conn.execute(BOUNDS, {"wait": f"{wait_ms}ms"})
         raised = run(_RAISE, {})
         marked = write_events(run, node, epoch, events)
         pipeline.sync()

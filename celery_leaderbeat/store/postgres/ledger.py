@@ -219,7 +219,7 @@ class PostgresLedger:
             return 0
         try:
             marked, generation = self.place.run(claims_sql.record, self.config.node_id, epoch,
-                                                columns, self.generation)
+                                                columns, self.generation, self._wait_ms)
         except claims_sql.OlderState as older:
             raise self._older_state(older) from None
         self.observe_generation(generation)
