@@ -259,3 +259,37 @@ def test_the_worker_guard_and_the_run_time_entries_reach_postgresql(pg_url):
     guard._store.close()
     entries = dynamic._store(app)
     assert type(getattr(entries, "_part", entries)).__module__.endswith("postgres.entries")
+
+
+def test_the_beat_loop_prunes_the_history_between_passes_not_inside_a_claim(
+        pg_url, key_prefix, monkeypatch):
+    from celery import Celery
+
+    from celery_leaderbeat.scheduler import Scheduler
+    from celery_leaderbeat.store.postgres import ledger as pg_ledger
+    from tests.support.beat import NOOP
+
+    # a prune owed after every write, never made by a write itself: only the loop's
+    # tidy() prunes, and then the history holds its 100 rows and at most the pass after
+    monkeypatch.setattr(pg_ledger, "PRUNE_EVERY", 1)
+    monkeypatch.setattr(pg_ledger, "PRUNE_OVERDUE", 10**9)
+    app = Celery("proj")
+    app.conf.update(broker_url="memory://", timezone="UTC", leaderbeat_store_url=pg_url,
+                    leaderbeat_key_prefix=key_prefix, leaderbeat_history_length=100,
+                    beat_schedule={f"e{i}": {"task": NOOP, "schedule": 0.5} for i in range(60)})
+    scheduler = Scheduler(app=app)
+    written = 0
+    try:
+        deadline = time.monotonic() + 30
+        while written < 400 and time.monotonic() < deadline:
+            time.sleep(min(scheduler.tick(), 0.5))
+            with _connect(pg_url.rsplit("/", 1)[1].split("?")[0]) as conn:
+                written = conn.execute("SELECT coalesce(max(id), 0) FROM leaderbeat.history"
+                                       ).fetchone()[0]
+    finally:
+        scheduler.close()
+    with _connect(pg_url.rsplit("/", 1)[1].split("?")[0]) as conn:
+        kept = conn.execute("SELECT count(*) FROM leaderbeat.history WHERE app = %s",
+                            (key_prefix,)).fetchone()[0]
+    assert written >= 400, f"only {written} history rows written in 30 s"
+    assert kept <= 100 + 2 * 60, f"{kept} of {written} history rows kept"
