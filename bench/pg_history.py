@@ -8,7 +8,8 @@ A synthetic clock, no beat: round r claims every entry's slot ``start + r * ever
 chunks of 100, each claim carrying the previous chunk's ``sent`` events, as a leader's
 claims do, as fast as the store answers. The slots start ``--hours`` in the past, so
 none lies ahead of the server's clock. The store's own prune runs as in a leader (the
-ledger's, every 200 writes). One thing runs on the server's clock, which the synthetic
+ledger's ``tidy()`` after each round, as the beat's loop calls it between passes: a prune
+every 200 writes). One thing runs on the server's clock, which the synthetic
 clock cannot move: the PostgreSQL store keeps its grants (one row per slot granted) for
 ``GRANTS_KEEP_SECONDS`` by the server's time. So the bench also calls that prune, at the
 ledger's pace (every 200 claims), with the keep translated to the real seconds since the
@@ -113,6 +114,7 @@ def drive(store: Any, config: Config, n: int, every: float, hours: float,
             sent = [Event(e, slot, "sent") for e in chunk]
             claims += 1
             every_claims(claims)
+        store.ledger.tidy()  # as the beat's loop between passes: the owed prune
         if r % 20 == 0:
             lease.renew()
     store.ledger.record(epoch, sent)
