@@ -1,4 +1,5 @@
-"""Operating it: every CLI action as a real subprocess against real beats and a real Redis.
+"""Operating it: every CLI action as a real subprocess against real beats and a real Redis
+(step-down, pause and backfill, trigger and metrics on PostgreSQL and RabbitMQ too).
 
 Leaderbeat's and Celery's defaults throughout (lease ttl 10 s, 300 s loop interval).
 """
@@ -55,6 +56,32 @@ def cluster(tmp_path, make_redis_server, key_prefix):
         yield env, beats, recorder, ports, state
 
 
+@pytest.fixture(params=["redis", "postgres"])
+def any_cluster(request, tmp_path, key_prefix):
+    """The same three beats on either store; on PostgreSQL a cluster of the test's own and
+    RabbitMQ (a queue of the test's own), with no Redis anywhere. The store's server is
+    not yielded: tests that reach into it are the Redis store's own."""
+    if request.param == "redis":
+        env, beats, recorder, ports, _ = request.getfixturevalue("cluster")
+        yield env, beats, recorder, ports
+        return
+    from tests.support.pg_beats import store_url
+    from tests.support.pg_cluster import pg_cluster
+
+    amqp = request.getfixturevalue("amqp_recorder")
+    with pg_cluster() as server:
+        env = beat_env(tmp_path, broker_url=amqp.url, prefix=key_prefix,
+                       schedule={"tick": {"task": NOOP, "every": 1},
+                                 "rare": {"task": NOOP, "cron": "0 3 * * *"}},
+                       settings={"leaderbeat_store_url": store_url(server.port),
+                                 "task_default_queue": amqp.queue})
+        ports = [free_port() for _ in range(3)]
+        with BeatCluster(3, env, tmp_path,
+                         node_env=lambda i: {"LEADERBEAT_METRICS_PORT": str(ports[i])}) as beats:
+            amqp.wait_for(3, timeout=40)
+            yield env, beats, amqp, ports
+
+
 def test_health_answers_for_the_deployment_and_for_this_node(cluster):
     env, beats, _, _, state = cluster
     deployment, node = cli(env, "health", "--json"), cli(env, "health", "--node", "--json")
@@ -77,8 +104,8 @@ def test_health_answers_for_the_deployment_and_for_this_node(cluster):
     assert "Traceback" not in down.stderr
 
 
-def test_step_down_hands_over_within_a_second_nothing_missed_nothing_twice(cluster):
-    env, beats, recorder, _, _ = cluster
+def test_step_down_hands_over_within_a_second_nothing_missed_nothing_twice(any_cluster):
+    env, beats, recorder, _ = any_cluster
     follow(recorder, 2)
     done = cli(env, "step-down", "--json")
     assert done.returncode == 0, done.stderr
@@ -94,8 +121,8 @@ def test_step_down_hands_over_within_a_second_nothing_missed_nothing_twice(clust
     assert all(b.alive for b in beats)
 
 
-def test_pause_skips_and_records_resume_does_not_replay_backfill_sends_the_gap_once(cluster):
-    env, _, recorder, _, _ = cluster
+def test_pause_skips_and_records_resume_does_not_replay_backfill_sends_the_gap_once(any_cluster):
+    env, _, recorder, _ = any_cluster
     assert cli(env, "pause", "tick", "--note", "deploy 42").returncode == 0
     follow(recorder, 3.5)
     status = json.loads(cli(env, "status", "--json").stdout)
@@ -134,8 +161,8 @@ def test_pause_skips_and_records_resume_does_not_replay_backfill_sends_the_gap_o
     assert duplicates(recorder.messages) == []
 
 
-def test_trigger_sends_once_now_under_its_own_id_and_the_schedule_is_unchanged(cluster):
-    env, _, recorder, _, _ = cluster
+def test_trigger_sends_once_now_under_its_own_id_and_the_schedule_is_unchanged(any_cluster):
+    env, _, recorder, _ = any_cluster
     done = cli(env, "trigger", "rare", "--note", "rerun report", "--json")
     assert done.returncode == 0, done.stderr
     follow(recorder, 2)
@@ -168,8 +195,8 @@ def test_unknown_entries_bad_urls_and_unconfirmed_resets_get_one_line_and_their_
     assert list(state.client().scan_iter(match="{" + env["LB_PREFIX"] + "}:*")) == []
 
 
-def test_metrics_are_served_by_every_beat_and_exactly_one_says_it_leads(cluster):
-    _, _, _, ports, _ = cluster
+def test_metrics_are_served_by_every_beat_and_exactly_one_says_it_leads(any_cluster):
+    _, _, _, ports = any_cluster
     scrapes = {}
     for port in ports:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
