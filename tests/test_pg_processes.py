@@ -201,3 +201,54 @@ def test_last_leader_on_postgresql_keeps_sending_through_an_outage_and_reconcile
     during = {m.slot for m in messages if m.entry == "e0" and began + 1 <= m.received <= ended}
     assert len(during) >= 3, f"the leader went on sending while the server was down: {during}"
     assert gaps(messages) == {}, logs
+
+
+def test_runtime_entries_on_postgresql_are_rescued_after_a_sigkill_like_static_ones(
+        tmp_path, server, amqp_recorder, key_prefix):
+    """Run-time entries saved with the ``Entry`` API into the PostgreSQL store while three
+    beats run; the leader SIGKILLed: a standby rescues their slots, and a one-off due
+    0.3 s after the kill, within ``rescue_after`` + 1 s, as it does ``beat_schedule``'s."""
+    from datetime import timezone
+
+    from celery import Celery
+
+    from celery_leaderbeat import Entry
+    from tests.support.pg_beats import holder, pid_of, wait_holder
+
+    env = env_for(tmp_path, server, amqp_recorder, key_prefix)
+    app = Celery("api")
+    app.conf.update(leaderbeat_store_url=url_of(server), leaderbeat_key_prefix=key_prefix,
+                    timezone="UTC")
+    within = RESCUE_AFTER + 1.0
+    with BeatCluster(3, env, tmp_path) as beats:
+        node = wait_holder(server.conninfo, key_prefix, timeout=40)
+        for name in ("d0", "d1"):
+            Entry(name, NOOP, 1).save(app)
+        deadline = time.monotonic() + 20
+        while len({m.slot for m in amqp_recorder.drain_all() if m.entry == "d1"}) < 3:
+            assert time.monotonic() < deadline, "the run-time entries never went out"
+            time.sleep(0.05)
+        once_at = datetime.fromtimestamp(time.time() + 1.3, timezone.utc)
+        Entry("once", NOOP, at=once_at).save(app)
+        time.sleep(1.0)  # every beat has taken the one-off in
+        killed_at = time.time()
+        beat_pid(beats, pid_of(node)).kill()
+        deadline = time.monotonic() + TTL + 10
+        while (holder(server.conninfo, key_prefix) or (node,))[0] == node:
+            assert time.monotonic() < deadline, "no standby took the lease over"
+            amqp_recorder.drain()  # as they arrive: each message's receipt time is kept
+            time.sleep(0.02)
+        amqp_recorder.watch(4)  # the new leader's own slots
+        messages = amqp_recorder.drain_all()
+        logs = beats.logs()
+    assert duplicates(messages) == [], logs
+    after_kill = [m for m in messages if datetime.fromisoformat(str(m.slot)).timestamp()
+                  > killed_at]
+    for name in ("d0", "d1"):
+        late = sorted(round(m.lateness, 2) for m in after_kill if m.entry == name)
+        assert late and late[-1] <= within, (name, late[-5:], logs[-3000:])
+        assert any(m.epoch == 0 for m in after_kill if m.entry == name), \
+            f"no standby rescued {name} while nobody led"
+    assert gaps([m for m in messages if m.entry in ("d0", "d1")]) == {}, logs
+    once = [m for m in messages if m.entry == "once"]
+    assert len(once) == 1 and once[0].lateness <= within, [(m.lateness, m.epoch) for m in once]
