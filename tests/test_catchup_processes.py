@@ -4,9 +4,10 @@ Four cron entries with seconds, ``*/2 * * * * *``, one per catch-up policy, run 
 one beat. It is SIGKILLed right after it sent one even second; a new beat starts once
 the dead one's lease has lapsed. The even seconds between are slots nobody could
 send (a standby would have rescued them: the policy is for when no node was up), and
-each entry's policy decides what happens to them. Every message is read back from a
-separate broker Redis; every decision not to send is read back from the history.
-Leaderbeat's and Celery's defaults throughout (lease ttl 10 s).
+each entry's policy decides what happens to them. Every message is read back from the
+broker (a Redis of its own beside the Redis store; RabbitMQ beside the PostgreSQL
+store, with no Redis anywhere); every decision not to send is read back from the
+store's history. Leaderbeat's and Celery's defaults throughout (lease ttl 10 s).
 """
 
 from __future__ import annotations
@@ -25,16 +26,55 @@ WINDOW = 5  # catchup_window of the "window" entry, below the ~10-11 s outage
 EVEN = "*/2 * * * * *"
 
 
-def leader_token(client, prefix: str) -> str | None:
-    raw = client.get("{" + prefix + "}:leader")
-    return raw.decode() if raw else None
+class RedisView:
+    """The lease and the history as the Redis store keeps them."""
+
+    def __init__(self, client, prefix: str) -> None:
+        self.client, self.prefix = client, prefix
+
+    def token(self) -> str | None:
+        raw = self.client.get("{" + self.prefix + "}:leader")
+        return raw.decode() if raw else None
+
+    def history(self) -> list[dict[str, str]]:
+        """Every history event, oldest first, with its stream time as ``at_ms``."""
+        rows = []
+        for event_id, fields in self.client.xrange("{" + self.prefix + "}:history"):
+            row = {k.decode(): v.decode() for k, v in fields.items()}
+            row["at_ms"] = event_id.decode().split("-")[0]
+            rows.append(row)
+        return rows
 
 
-def wait_for_leader(client, prefix: str, *, other_than: str | None = None,
-                    timeout: float = 20.0) -> str:
+class PostgresView:
+    """The same, as the PostgreSQL store keeps them (the ``leaderbeat`` schema)."""
+
+    def __init__(self, conninfo: str, prefix: str) -> None:
+        self.conninfo, self.prefix = conninfo, prefix
+
+    def token(self) -> str | None:
+        from tests.support.pg_beats import holder
+
+        held = holder(self.conninfo, self.prefix)
+        return f"{held[0]}|{held[1]}" if held else None
+
+    def history(self) -> list[dict[str, str]]:
+        import psycopg
+
+        with psycopg.connect(self.conninfo, autocommit=True) as conn:
+            rows = conn.execute(
+                "SELECT event, coalesce(entry, ''), coalesce(slot_ms::text, ''),"
+                " coalesce(epoch::text, ''), coalesce(detail, ''),"
+                " ((extract(epoch FROM at) * 1000)::bigint)::text"
+                " FROM leaderbeat.history WHERE app = %s ORDER BY id", (self.prefix,)).fetchall()
+        keys = ("event", "entry", "slot", "epoch", "detail", "at_ms")
+        return [dict(zip(keys, row)) for row in rows]
+
+
+def wait_for_leader(view, *, other_than: str | None = None, timeout: float = 20.0) -> str:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        token = leader_token(client, prefix)
+        token = view.token()
         if token and (other_than is None or token.split("|")[0] != other_than.split("|")[0]):
             return token
         time.sleep(0.01)
@@ -45,14 +85,24 @@ def leader_pid(token: str) -> int:
     return int(token.split("|")[0].split(":")[-2])
 
 
-def history(client, prefix: str) -> list[dict[str, str]]:
-    """Every history event, oldest first, with its stream time as ``at_ms``."""
-    rows = []
-    for event_id, fields in client.xrange("{" + prefix + "}:history"):
-        row = {k.decode(): v.decode() for k, v in fields.items()}
-        row["at_ms"] = event_id.decode().split("-")[0]
-        rows.append(row)
-    return rows
+@pytest.fixture(params=["redis", "postgres"])
+def store(request, tmp_path, key_prefix):
+    """``(view, recorder, beat_env keywords)`` of either store: Redis with a broker Redis
+    of its own, or a PostgreSQL cluster of the test's own with RabbitMQ (no Redis)."""
+    if request.param == "redis":
+        make_redis_server = request.getfixturevalue("make_redis_server")
+        state, broker = make_redis_server(), make_redis_server()
+        yield (RedisView(state.client(), key_prefix), Recorder(broker.client()),
+               {"broker_url": broker.url_for(0), "redis_url": state.url}, {})
+        return
+    from tests.support.pg_beats import store_url
+    from tests.support.pg_cluster import pg_cluster
+
+    amqp = request.getfixturevalue("amqp_recorder")
+    with pg_cluster() as server:
+        yield (PostgresView(server.conninfo, key_prefix), amqp, {"broker_url": amqp.url},
+               {"leaderbeat_store_url": store_url(server.port),
+                "task_default_queue": amqp.queue})
 
 
 def from_ms(ms: int | str) -> datetime:
@@ -71,9 +121,8 @@ def wait_for_batches(recorder: Recorder, entries: int, batches: int, timeout: fl
 
 
 def test_each_policy_handles_the_slots_missed_while_every_beat_was_down(
-        tmp_path, make_redis_server, key_prefix):
-    state, broker = make_redis_server(), make_redis_server()
-    client = state.client()
+        tmp_path, store, key_prefix):
+    view, recorder, urls, store_settings = store
     schedule = {
         "all": {"task": NOOP, "cron": EVEN, "leaderbeat": {"catchup": "all"}},
         "skip": {"task": NOOP, "cron": EVEN, "leaderbeat": {"catchup": "skip"}},
@@ -83,23 +132,21 @@ def test_each_policy_handles_the_slots_missed_while_every_beat_was_down(
                    "leaderbeat": {"catchup": "all", "catchup_window": WINDOW}},
     }
     n = len(schedule)
-    env = beat_env(tmp_path, broker_url=broker.url_for(0), redis_url=state.url,
-                   prefix=key_prefix, schedule=schedule,
+    env = beat_env(tmp_path, **urls, prefix=key_prefix, schedule=schedule,
                    # the global default is "skip": "latest" only works as an override
-                   settings={"leaderbeat_catchup": "skip"})
-    recorder = Recorder(broker.client())
+                   settings={"leaderbeat_catchup": "skip", **store_settings})
     with BeatProcess(env=env, log_path=tmp_path / "old.log") as old:
-        token = wait_for_leader(client, key_prefix)
+        token = wait_for_leader(view)
         wait_for_batches(recorder, n, 2, timeout=20)
         # Kill right after a whole batch went out (and was recorded sent): nothing is
         # claimed-but-unsent, so every gap below is the policy's doing.
         wait_for_batches(recorder, n, 1, timeout=5)
         time.sleep(0.15)
         old.kill()
-    while leader_token(client, key_prefix) is not None:  # its lease lapses: ttl 10 s
+    while view.token() is not None:  # its lease lapses: ttl 10 s
         time.sleep(0.05)
     with BeatProcess(env=env, log_path=tmp_path / "new.log") as new:
-        new_token = wait_for_leader(client, key_prefix, other_than=token)
+        new_token = wait_for_leader(view, other_than=token)
         since = datetime.fromisoformat(
             new.wait_for_log(r"elected leader \(epoch \d+\); slots due since (\S+) are on")
             .group(1))
@@ -114,7 +161,7 @@ def test_each_policy_handles_the_slots_missed_while_every_beat_was_down(
     assert duplicates(messages) == [], logs
 
     old_epoch, new_epoch = int(token.split("|")[1]), int(new_token.split("|")[1])
-    events = history(client, key_prefix)
+    events = view.history()
     elected = next(e for e in events if e["event"] == "elected" and int(e["epoch"]) == new_epoch)
     election = from_ms(elected["at_ms"])
     sent = {name: sorted(slot_of(m) for m in messages if m.entry == name) for name in schedule}
