@@ -18,7 +18,7 @@ import pytest
 from celery_leaderbeat.config import Config
 from celery_leaderbeat.ops.cluster import Cluster
 from tests.support.amqp_recorder import AmqpRecorder
-from tests.support.beat import NOOP, BeatCluster, beat_env, duplicates, slots_by_entry
+from tests.support.beat import NOOP, BeatCluster, BeatProcess, beat_env, duplicates, slots_by_entry
 from tests.support.beatapp import make_app
 from tests.support.pg_cluster import Cluster as PgCluster
 from tests.support.pg_cluster import pg_cluster
@@ -252,3 +252,52 @@ def test_runtime_entries_on_postgresql_are_rescued_after_a_sigkill_like_static_o
     assert gaps([m for m in messages if m.entry in ("d0", "d1")]) == {}, logs
     once = [m for m in messages if m.entry == "once"]
     assert len(once) == 1 and once[0].lateness <= within, [(m.lateness, m.epoch) for m in once]
+
+
+def test_a_beat_whose_clock_is_off_postgresqls_beyond_the_limit_never_leads(
+        tmp_path, server, amqp_recorder, key_prefix):
+    """Two beats 10 s ahead of and behind the server's clock (``LB_CLOCK_OFFSET``) with
+    ``max_clock_skew`` 2 s: each says once that it refuses to lead, nobody leads and
+    nothing is sent; a beat with the right clock leads, and once it is killed neither
+    skewed beat takes the lease. Lease ttl 3 s (not 10) so that the three ttls the test
+    watches take 9 s."""
+    from tests.support.pg_beats import holder, pid_of
+
+    env = beat_env(tmp_path, broker_url=amqp_recorder.url, prefix=key_prefix,
+                   schedule={"tick": {"task": NOOP, "every": 1}},
+                   settings={"leaderbeat_store_url": url_of(server),
+                             "task_default_queue": amqp_recorder.queue,
+                             "leaderbeat_lease_ttl": 3.0, "leaderbeat_renew_interval": 1.0,
+                             "leaderbeat_standby_poll": 0.5, "leaderbeat_max_clock_skew": 2.0})
+    ahead = BeatProcess(env={**env, "LB_CLOCK_OFFSET": "10"}, log_path=tmp_path / "ahead.log")
+    behind = BeatProcess(env={**env, "LB_CLOCK_OFFSET": "-10"},
+                         log_path=tmp_path / "behind.log")
+    with ahead, behind:
+        for beat, sign in ((ahead, r"\+"), (behind, "-")):
+            beat.wait_for_log(sign + r"(?:9\.9\d\d|10\.\d+) s off PostgreSQL's clock.*refusing "
+                              "to lead", timeout=30)
+        for _ in range(90):  # three ttls alone: nobody leads, nothing is sent
+            assert holder(server.conninfo, key_prefix) is None
+            time.sleep(0.1)
+        assert amqp_recorder.drain() == []
+        with BeatProcess(env=env, log_path=tmp_path / "right.log") as right:
+            deadline = time.monotonic() + 30
+            while (holder(server.conninfo, key_prefix) or ("",))[0] == "":
+                assert time.monotonic() < deadline, "the beat with the right clock never led"
+                time.sleep(0.05)
+            assert pid_of(holder(server.conninfo, key_prefix)[0]) == right.pid
+            amqp_recorder.wait_for(3, timeout=10)
+            right.kill()
+        killed_at = time.monotonic()
+        sent = len(amqp_recorder.drain_all())
+        while time.monotonic() - killed_at < 3.0 + 3 * 0.5 + 2:
+            held = holder(server.conninfo, key_prefix)
+            assert held is None or pid_of(held[0]) == right.pid, "a skewed beat led"
+            time.sleep(0.1)
+        assert holder(server.conninfo, key_prefix) is None
+        assert amqp_recorder.drain() == [], "nothing is sent once the only sane beat is gone"
+        assert ahead.alive and behind.alive, "refusing to lead never stops beat"
+        for beat in (ahead, behind):
+            assert beat.log_text().count("refusing to lead") == 1, "said once, not per poll"
+    assert sent >= 3
+    assert duplicates(amqp_recorder.messages) == []
