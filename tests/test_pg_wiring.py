@@ -274,7 +274,9 @@ def test_the_beat_loop_prunes_the_history_between_passes_not_inside_a_claim(
     monkeypatch.setattr(pg_ledger, "PRUNE_EVERY", 1)
     monkeypatch.setattr(pg_ledger, "PRUNE_OVERDUE", 10**9)
     app = Celery("proj")
-    app.conf.update(broker_url="memory://", timezone="UTC", leaderbeat_store_url=pg_url,
+    # kombu's memory transport keeps its queues for the process: a queue of our own
+    app.conf.update(broker_url="memory://", task_default_queue=f"q-{key_prefix}",
+                    timezone="UTC", leaderbeat_store_url=pg_url,
                     leaderbeat_key_prefix=key_prefix, leaderbeat_history_length=100,
                     beat_schedule={f"e{i}": {"task": NOOP, "schedule": 0.5} for i in range(60)})
     scheduler = Scheduler(app=app)

@@ -70,7 +70,8 @@ def test_a_stop_signal_inside_a_record_call_stops_beat_at_once_and_releases_the_
         database, key_prefix, restore_stop_handlers, monkeypatch):
     app = Celery("proj")
     app.conf.update(
-        broker_url="memory://", timezone="UTC",
+        # kombu's memory transport keeps its queues for the process: a queue of our own
+        broker_url="memory://", task_default_queue=f"q-{key_prefix}", timezone="UTC",
         leaderbeat_store_url=f"postgresql://{USER}@{HOST}:{PORT}/{database}",
         leaderbeat_key_prefix=key_prefix,
         beat_schedule={"report": {"task": NOOP, "schedule": 0.5}})
