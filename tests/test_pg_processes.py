@@ -261,7 +261,7 @@ def test_a_beat_whose_clock_is_off_postgresqls_beyond_the_limit_never_leads(
     nothing is sent; a beat with the right clock leads, and once it is killed neither
     skewed beat takes the lease. Lease ttl 3 s (not 10) so that the three ttls the test
     watches take 9 s."""
-    from tests.support.pg_beats import holder, pid_of
+    from tests.support.pg_beats import holder, pid_of, wait_holder
 
     env = beat_env(tmp_path, broker_url=amqp_recorder.url, prefix=key_prefix,
                    schedule={"tick": {"task": NOOP, "every": 1}},
@@ -281,11 +281,7 @@ def test_a_beat_whose_clock_is_off_postgresqls_beyond_the_limit_never_leads(
             time.sleep(0.1)
         assert amqp_recorder.drain() == []
         with BeatProcess(env=env, log_path=tmp_path / "right.log") as right:
-            deadline = time.monotonic() + 30
-            while (holder(server.conninfo, key_prefix) or ("",))[0] == "":
-                assert time.monotonic() < deadline, "the beat with the right clock never led"
-                time.sleep(0.05)
-            assert pid_of(holder(server.conninfo, key_prefix)[0]) == right.pid
+            assert pid_of(wait_holder(server.conninfo, key_prefix, timeout=30)) == right.pid
             amqp_recorder.wait_for(3, timeout=10)
             right.kill()
         killed_at = time.monotonic()
