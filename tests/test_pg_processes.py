@@ -297,3 +297,59 @@ def test_a_beat_whose_clock_is_off_postgresqls_beyond_the_limit_never_leads(
             assert beat.log_text().count("refusing to lead") == 1, "said once, not per poll"
     assert sent >= 3
     assert duplicates(amqp_recorder.messages) == []
+
+
+def test_an_edit_on_postgresql_is_in_force_within_a_second_of_the_save_anchored_at_it(
+        tmp_path, server, amqp_recorder, key_prefix):
+    """Run-time entries saved into the PostgreSQL store while three beats run: an interval
+    edited and an entry enabled are in force within a second of the save on the leader,
+    counted from the save (the server's clock), and the old definition never runs on."""
+    import itertools
+    from datetime import timedelta
+
+    from celery import Celery
+
+    from celery_leaderbeat import Entry
+    from tests.support.pg_beats import wait_holder
+
+    env = env_for(tmp_path, server, amqp_recorder, key_prefix)
+    app = Celery("api")
+    app.conf.update(leaderbeat_store_url=url_of(server), leaderbeat_key_prefix=key_prefix,
+                    timezone="UTC")
+
+    def slots_of(name: str, **kwargs) -> list[datetime]:
+        return sorted(datetime.fromisoformat(str(m.slot)) for m in amqp_recorder.messages
+                      if m.entry == name and all(m.kwargs.get(k) == v
+                                                 for k, v in kwargs.items()))
+
+    def follow(seconds: float, until=lambda: False) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and not until():
+            amqp_recorder.drain()  # as they arrive: each message's receipt time is kept
+            time.sleep(0.02)
+
+    with BeatCluster(3, env, tmp_path) as beats:
+        wait_holder(server.conninfo, key_prefix, timeout=40)
+        Entry("edited", NOOP, 5, kwargs={"v": 1}).save(app)
+        Entry("toggled", NOOP, 2, enabled=False).save(app)
+        follow(20, until=lambda: len(slots_of("e0")) >= 4 and slots_of("edited"))
+        edit = Entry("edited", NOOP, 1.5, kwargs={"v": 2})
+        edit.save(app)
+        enable = Entry("toggled", NOOP, 2)
+        enable.save(app)
+        follow(6)
+        logs = beats.logs()
+    messages = amqp_recorder.messages
+    assert duplicates(messages) == [], logs[-3000:]
+    assert edit.anchor is not None and enable.anchor is not None
+    v2 = slots_of("edited", v=2)
+    assert v2, f"the edited definition never ran: {logs[-3000:]}"
+    assert v2[0] == edit.anchor + timedelta(seconds=1.5), (v2[0], edit.anchor)
+    assert all(b - a == timedelta(seconds=1.5) for a, b in itertools.pairwise(v2))
+    first = next(m for m in messages if m.entry == "edited" and m.kwargs.get("v") == 2
+                 and datetime.fromisoformat(str(m.slot)) == v2[0])
+    assert first.lateness <= 1.0, first.lateness
+    toggled = slots_of("toggled")
+    assert toggled and toggled[0] == enable.anchor + timedelta(seconds=2), (toggled, enable.anchor)
+    assert [s for s in slots_of("edited", v=1) if s > edit.anchor] == [], \
+        "the old definition ran on"

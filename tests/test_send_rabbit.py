@@ -19,6 +19,7 @@ import socket
 import uuid
 from collections.abc import Iterator
 from datetime import datetime, timezone
+from unittest.mock import patch
 
 import kombu
 import pytest
@@ -149,6 +150,31 @@ def test_a_chunk_goes_out_as_apply_async_would_publish_it_in_one_write_on_the_si
                    - datetime.fromisoformat(celerys_expires)).total_seconds() < 600
     assert len(expiring) == 2
     assert ours == celerys
+
+
+def test_a_gathered_chunk_looks_for_rabbitmqs_notices_once_not_before_each_message(
+        redis_server, key_prefix, queues, path):
+    """py-amqp reads the socket before each publish (``connection.blocked``); a chunk
+    whose frames go out in one write at its end reads it once, as it starts, and the
+    connection is py-amqp's own again after it."""
+    with leading(redis_server.url, key_prefix, queues) as (_, sender, names):
+        client = sender.enqueuer.producer().channel.connection
+        assert client.client_properties["capabilities"]["connection.blocked"]
+        reads: list[float | None] = []
+        real = type(client).blocking_read
+
+        def counted(self, timeout=None):
+            reads.append(timeout)
+            return real(self, timeout)
+
+        with patch.object(type(client), "blocking_read", counted):
+            assert sender.send_many([(n, SLOTS[1]) for n in names]) == [True] * len(names)
+        assert "drain_events" not in vars(client), "py-amqp's drain_events is put back"
+    if path == "single_write":
+        assert reads == [0]
+    else:
+        assert reads.count(0) >= len(names)
+    assert len(drain(queues)) == 2 * len(names)
 
 
 def test_a_failed_write_leaves_the_whole_chunk_unsent_and_the_next_chunk_reconnects(

@@ -10,6 +10,12 @@ frame (a queue's first declaration, which then waits for its answer; a
 heartbeat) first writes what was kept, so the order on the wire stays. What
 was kept is written at the end in one ``transport.write``.
 
+py-amqp also reads the socket before every publish (a read that waits for
+nothing) in case RabbitMQ said ``connection.blocked``: a fifth of a gathered
+chunk's publishing. Nothing of a gathered chunk is written before its end, so
+that read is made once, as the chunk starts; RabbitMQ's notice is handled then
+as py-amqp handles it (its ``on_blocked``), and the chunk's messages skip it.
+
 Nothing of a chunk counts as sent before that write returned: a failed write
 raises (the whole chunk is recorded unsent, as a failed kombu batch is), and
 an exception raised inside discards what was kept. Where anything is not as
@@ -107,6 +113,7 @@ class Gathered:
         self.settled = 0  # slots before this index are written (kept frames went early)
         self._kept = _Kept()
         self._failed: BaseException | None = None
+        self._reads_skipped = False
 
     def __enter__(self) -> Gathered:  # noqa: PYI034 - typing.Self is Python 3.11+
         client = gatherable(self.producer) if self.enabled else None
@@ -126,10 +133,34 @@ class Gathered:
             self._write()
             return original(type_, channel, method_sig, args, content)
 
+        self._read_notices_once(client)  # what RabbitMQ said so far, before a frame is kept
         self.client, self._original = client, original
         client.frame_writer = write_frame
         self.active = True
         return self
+
+    def _read_notices_once(self, client: Any) -> None:
+        """Read what RabbitMQ sent (``connection.blocked``) now, where py-amqp would
+        before each publish, and let the chunk's publishes skip that read. A read that
+        fails leaves them as they are: the first publish meets the error, as it would."""
+        capabilities = (getattr(client, "client_properties", None) or {}).get("capabilities", {})
+        if not capabilities.get("connection.blocked", False):
+            return
+        read = client.drain_events
+        try:
+            read(timeout=0)
+        except TimeoutError:
+            pass
+        except Exception:  # noqa: BLE001 - py-amqp's own read raises it at the first publish
+            return
+
+        def drain_events(timeout: float | None = None) -> Any:
+            if timeout == 0:  # a publish's look for notices: made at the chunk's start
+                raise TimeoutError
+            return read(timeout)
+
+        client.drain_events = drain_events
+        self._reads_skipped = True
 
     def _write(self) -> None:
         parts, self._kept.parts = self._kept.parts, []
@@ -145,6 +176,9 @@ class Gathered:
         if self.client is None:
             return
         self.client.frame_writer = self._original
+        if self._reads_skipped:
+            del self.client.drain_events  # py-amqp's own again
+            self._reads_skipped = False
         self.active = False
         if exc_type is not None:
             self._kept.parts.clear()

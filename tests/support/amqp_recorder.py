@@ -9,6 +9,7 @@ dropped) and deleted at close.
 
 from __future__ import annotations
 
+import json
 import secrets
 import time
 from typing import Any
@@ -49,6 +50,12 @@ class AmqpRecorder(Draining):
 def _message(raw: Any, queue: str, received: float) -> Message:
     headers = dict(raw.headers or {})
     properties = dict(raw.properties or {})
+    args: list[Any] = []
+    kwargs: dict[str, Any] = {}
+    if properties.get("content_type") == "application/json":  # Celery's protocol 2 body
+        body = json.loads(raw.body)
+        args, kwargs = list(body[0]), dict(body[1])
     return Message(task=str(headers.get("task")),
                    id=str(headers.get("id") or properties.get("correlation_id")),
-                   headers=headers, properties=properties, queue=queue, received=received)
+                   headers=headers, properties=properties, args=args, kwargs=kwargs,
+                   queue=queue, received=received)
