@@ -1,8 +1,9 @@
-"""Wall-clock steps and large catch-ups, in-process against real Redis.
+"""Wall-clock steps and large catch-ups, in-process, on each store.
 
 A forward step (a VM resumed from suspension, an NTP step) must apply the
 catch-up policy instead of firing every slot it jumped over; a backward step
-must never re-send a claimed slot.
+must never re-send a claimed slot. The state is a Redis server of the test's own,
+or a PostgreSQL database of its own; the broker a Redis server of its own.
 """
 
 from __future__ import annotations
@@ -14,12 +15,26 @@ import pytest
 
 from celery_leaderbeat.scheduler import LEADER, Scheduler
 from tests.support.beat import NOOP, Recorder, duplicates
+from tests.support.postgres import HOST, PORT, USER, postgres_database
 from tests.test_scheduler import make_app, tick_until
 
 
-@pytest.fixture
-def servers(make_redis_server):
-    return make_redis_server(), make_redis_server()
+@pytest.fixture(params=["redis", "postgresql"])
+def servers(request, make_redis_server):
+    """(the store's settings, the broker): Redis or PostgreSQL for the state."""
+    broker = make_redis_server()
+    if request.param == "redis":
+        yield {"leaderbeat_redis_url": make_redis_server().url}, broker
+        return
+    with postgres_database("steps") as name:
+        yield {"leaderbeat_store_url": f"postgresql://{USER}@{HOST}:{PORT}/{name}",
+               "leaderbeat_redis_url": None}, broker
+
+
+def app_of(state: dict, broker, prefix: str, schedule: dict, **settings):
+    app = make_app("", broker.url, prefix, schedule, **settings)
+    app.conf.update(state)
+    return app
 
 
 def shift_clock(monkeypatch, seconds: float) -> None:
@@ -32,7 +47,7 @@ def test_a_forward_clock_step_applies_the_catchup_policy_instead_of_firing_every
     state, broker = servers
     # Skew tolerance is opened wide so only the step detection is under test (a real
     # forward step usually also moves Redis's host: a suspended VM, say).
-    app = make_app(state.url, broker.url, key_prefix, {"a": {"task": NOOP, "schedule": 1.0}},
+    app = app_of(state, broker, key_prefix, {"a": {"task": NOOP, "schedule": 1.0}},
                    leaderbeat_catchup="skip", leaderbeat_max_clock_skew=100_000)
     scheduler = Scheduler(app=app)
     recorder = Recorder(broker.client())
@@ -56,8 +71,8 @@ def test_a_forward_clock_step_applies_the_catchup_policy_instead_of_firing_every
 
 def test_a_backward_clock_step_never_resends_a_claimed_slot(servers, key_prefix, monkeypatch):
     state, broker = servers
-    app = make_app(state.url, broker.url, key_prefix, {"a": {"task": NOOP, "schedule": 0.5}},
-                   leaderbeat_max_clock_skew=100_000)
+    app = app_of(state, broker, key_prefix, {"a": {"task": NOOP, "schedule": 0.5}},
+                 leaderbeat_max_clock_skew=100_000)
     scheduler = Scheduler(app=app)
     recorder = Recorder(broker.client())
     try:
@@ -81,12 +96,12 @@ def test_a_catchup_larger_than_max_catchup_sends_the_newest_and_says_so_once(
     state, broker = servers
     schedule = {"a": {"task": NOOP, "schedule": 0.2,
                       "leaderbeat": {"catchup": "all", "max_catchup": 3}}}
-    first = Scheduler(app=make_app(state.url, broker.url, key_prefix, schedule))
+    first = Scheduler(app=app_of(state, broker, key_prefix, schedule))
     recorder = Recorder(broker.client())
     tick_until(first, lambda: len(recorder.drain_all()) >= 1)
     first.lease.stop_heartbeat()  # dies without a word: its lease must lapse
     time.sleep(3.2)  # the ttl: about 15 slots come due with no leader
-    second = Scheduler(app=make_app(state.url, broker.url, key_prefix, schedule))
+    second = Scheduler(app=app_of(state, broker, key_prefix, schedule))
     try:
         with caplog.at_level(logging.WARNING, logger="celery_leaderbeat"):
             tick_until(second, lambda: second.role == LEADER, timeout=10)
