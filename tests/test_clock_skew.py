@@ -24,6 +24,12 @@ FAST = {"leaderbeat_lease_ttl": TTL, "leaderbeat_renew_interval": RENEW,
         "leaderbeat_standby_poll": POLL}
 MAX_SKEW = 2.0
 INTERVAL = timedelta(milliseconds=1500)
+#: a handover's schedule: every slot counts (policy ``all``), a second's and an interval's grid
+SKEWED_SCHEDULE = {
+    "every-second": {"task": NOOP, "cron": "* * * * * *", "leaderbeat": {"catchup": "all"}},
+    "interval": {"task": NOOP, "every": INTERVAL.total_seconds(),
+                 "leaderbeat": {"catchup": "all"}},
+}
 
 
 def leader_token(client, prefix: str) -> str | None:
@@ -104,13 +110,8 @@ def test_nodes_skewed_within_the_limit_hand_over_without_duplicates_or_phase_dri
     slot is sent exactly once and the interval entry keeps its phase throughout."""
     state, broker = make_redis_server(), make_redis_server()
     client = state.client()
-    schedule = {
-        "every-second": {"task": NOOP, "cron": "* * * * * *", "leaderbeat": {"catchup": "all"}},
-        "interval": {"task": NOOP, "every": INTERVAL.total_seconds(),
-                     "leaderbeat": {"catchup": "all"}},
-    }
     env = beat_env(tmp_path, broker_url=broker.url_for(0), redis_url=state.url,
-                   prefix=key_prefix, schedule=schedule,
+                   prefix=key_prefix, schedule=SKEWED_SCHEDULE,
                    settings={**FAST, "leaderbeat_max_clock_skew": MAX_SKEW})
     recorder = Recorder(broker.client())
     a = BeatProcess(env={**env, "LB_CLOCK_OFFSET": "1.5"}, log_path=tmp_path / "a.log")
@@ -135,12 +136,16 @@ def test_nodes_skewed_within_the_limit_hand_over_without_duplicates_or_phase_dri
             if p is not None:
                 p.close()
     recorder.drain()
-    messages = recorder.messages
     epochs = [int(t.split("|")[1]) for t in (token_a, token_b, token_c)]
+    each_slot_once_on_one_grid(recorder.messages, epochs, logs)
+
+
+def each_slot_once_on_one_grid(messages, epochs: list[int], logs: str) -> None:
+    """Every slot of :data:`SKEWED_SCHEDULE` sent once, none lost, the phase kept, and
+    each leader of ``epochs`` sent some, in order, on the same grid."""
     assert duplicates(messages) == [], logs
     assert {int(m.epoch) for m in messages} == set(epochs), "three leaders sent"
     assert "refusing to lead" not in logs
-
     for entry, step in (("every-second", timedelta(seconds=1)), ("interval", INTERVAL)):
         times = slots(messages, entry)
         diffs = {b_ - a_ for a_, b_ in pairwise(times)}

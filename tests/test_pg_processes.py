@@ -353,3 +353,56 @@ def test_an_edit_on_postgresql_is_in_force_within_a_second_of_the_save_anchored_
     assert toggled and toggled[0] == enable.anchor + timedelta(seconds=2), (toggled, enable.anchor)
     assert [s for s in slots_of("edited", v=1) if s > edit.anchor] == [], \
         "the old definition ran on"
+
+
+def test_beats_skewed_within_the_limit_hand_over_on_postgresql_each_slot_once_on_one_grid(
+        tmp_path, server, amqp_recorder, key_prefix):
+    """As on Redis: A (+1.5 s) leads and is SIGKILLed, B (0) takes over 1.5 s "in the past";
+    B is SIGTERMed and C (+1.5 s) takes over 1.5 s "in the future", ``max_clock_skew`` 2 s
+    judged against PostgreSQL's clock. Policy ``all``: every slot is sent once and the
+    interval keeps its phase. Lease ttl 3 s (not 10), as on Redis: the SIGKILL's handover
+    takes a ttl."""
+    from tests.support.pg_beats import holder, pid_of, wait_holder
+    from tests.test_clock_skew import (
+        FAST,
+        MAX_SKEW,
+        SKEWED_SCHEDULE,
+        each_slot_once_on_one_grid,
+        more,
+    )
+
+    env = beat_env(tmp_path, broker_url=amqp_recorder.url, prefix=key_prefix,
+                   schedule=SKEWED_SCHEDULE,
+                   settings={"leaderbeat_store_url": url_of(server),
+                             "task_default_queue": amqp_recorder.queue, **FAST,
+                             "leaderbeat_max_clock_skew": MAX_SKEW})
+
+    def leads(beat: BeatProcess, other_than: str | None, timeout: float) -> tuple[str, int]:
+        node = wait_holder(server.conninfo, key_prefix, other_than=other_than, timeout=timeout)
+        held = holder(server.conninfo, key_prefix)
+        assert pid_of(node) == beat.pid and held is not None and held[0] == node
+        return held
+
+    a = BeatProcess(env={**env, "LB_CLOCK_OFFSET": "1.5"}, log_path=tmp_path / "a.log")
+    b = c = None
+    try:
+        node_a, epoch_a = leads(a, None, 30)
+        b = BeatProcess(env=env, log_path=tmp_path / "b.log")
+        b.wait_for_log(r"beat: Starting", timeout=20)
+        more(amqp_recorder, 6)
+        a.kill()
+        node_b, epoch_b = leads(b, node_a, FAST["leaderbeat_lease_ttl"] + 5)
+        more(amqp_recorder, 6)
+        c = BeatProcess(env={**env, "LB_CLOCK_OFFSET": "1.5"}, log_path=tmp_path / "c.log")
+        c.wait_for_log(r"beat: Starting", timeout=20)
+        time.sleep(1.0)  # C is polling as a standby
+        assert b.term() == 0
+        _, epoch_c = leads(c, node_b, 5)
+        more(amqp_recorder, 6)
+        logs = "\n".join(p.log_text() for p in (a, b, c))
+    finally:
+        for p in (a, b, c):
+            if p is not None:
+                p.close()
+    amqp_recorder.drain()
+    each_slot_once_on_one_grid(amqp_recorder.messages, [epoch_a, epoch_b, epoch_c], logs)
