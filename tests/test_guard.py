@@ -1,8 +1,8 @@
 """The worker guard with real prefork workers: each slot runs at most once.
 
-Real ``celery worker -c 2`` processes, a real Redis for leaderbeat's state; the
-machine's RabbitMQ (a queue of this test's own) where the test is about broker
-redelivery. Lease ttl 3 s where a test waits for a dead run's liveness to lapse
+Real ``celery worker -c 2`` processes, a real Redis for leaderbeat's state (the
+first two tests also a PostgreSQL database of their own); the machine's RabbitMQ (a
+queue of this test's own) where the test is about broker redelivery. Lease ttl 3 s where a test waits for a dead run's liveness to lapse
 (said there), to keep the suite short; otherwise the defaults.
 """
 
@@ -33,8 +33,24 @@ def history(client, prefix: str) -> list[dict[str, str]]:
             for _, fields in client.xrange("{" + prefix + "}:history")]
 
 
-def guarded_env(tmp_path, *, broker_url: str, state_url: str, record_url: str, prefix: str,
-                schedule=None, settings=None) -> dict[str, str]:
+@pytest.fixture(params=["redis", "postgresql"])
+def guarded_store(request, make_redis_server, key_prefix):
+    """(the state's Redis URL or None, the store's settings, a view of its history): a Redis
+    server of the test's own, or a PostgreSQL database of its own."""
+    from tests.support.postgres import HOST, PORT, USER, postgres_database
+    from tests.test_catchup_processes import PostgresView, RedisView
+
+    if request.param == "redis":
+        state = make_redis_server()
+        yield state.url, {}, RedisView(state.client(), key_prefix)
+        return
+    with postgres_database("lbguard") as name:
+        yield (None, {"leaderbeat_store_url": f"postgresql://{USER}@{HOST}:{PORT}/{name}"},
+               PostgresView(f"host={HOST} port={PORT} user={USER} dbname={name}", key_prefix))
+
+
+def guarded_env(tmp_path, *, broker_url: str, state_url: str | None, record_url: str,
+                prefix: str, schedule=None, settings=None) -> dict[str, str]:
     env = beat_env(tmp_path, broker_url=broker_url, redis_url=state_url, prefix=prefix,
                    schedule=schedule or {}, settings={"leaderbeat_guard": True, **(settings or {})})
     env["LB_RECORD_URL"] = record_url
@@ -54,10 +70,11 @@ def publish_slot(env: dict[str, str], task: str, entry: str, slot: datetime, pre
 
 
 def test_the_same_slot_published_twice_runs_once_and_the_second_is_recorded_duplicate(
-        tmp_path, make_redis_server, key_prefix):
-    state, broker, results = make_redis_server(), make_redis_server(), make_redis_server()
-    env = guarded_env(tmp_path, broker_url=broker.url, state_url=state.url,
-                      record_url=results.url, prefix=key_prefix)
+        tmp_path, make_redis_server, key_prefix, guarded_store):
+    state_url, store_settings, view = guarded_store
+    broker, results = make_redis_server(), make_redis_server()
+    env = guarded_env(tmp_path, broker_url=broker.url, state_url=state_url,
+                      record_url=results.url, prefix=key_prefix, settings=store_settings)
     slot = datetime(2026, 12, 1, 9, 0, tzinfo=timezone.utc)
     with WorkerProcess(env, tmp_path / "worker.log") as worker:
         worker.wait_ready()
@@ -74,26 +91,27 @@ def test_the_same_slot_published_twice_runs_once_and_the_second_is_recorded_dupl
     assert "leaderbeat guard: on" in log
     assert [r["entry"] for r in rows].count("report") == 1
     assert sum(1 for r in rows if r["entry"] is None) == 2
-    events = [(e["event"], e.get("detail", "")) for e in history(state.client(), key_prefix)]
+    events = [(e["event"], e.get("detail", "")) for e in view.history()]
     assert ("started", "") in events and ("finished", "ok") in events
     skipped = [d for e, d in events if e == "skipped"]
     assert len(skipped) == 1 and skipped[0].startswith("duplicate: "), skipped
 
 
 def test_acks_late_and_a_worker_killed_mid_task_the_redelivery_runs_it_once_more_to_the_end(
-        tmp_path, make_redis_server, key_prefix):
+        tmp_path, make_redis_server, key_prefix, guarded_store):
     """Rule: a run recorded started whose liveness lapsed died with its worker: run again."""
     import kombu
 
-    state, results = make_redis_server(), make_redis_server()
+    state_url, store_settings, view = guarded_store
+    results = make_redis_server()
     queue = f"lb-guard-{uuid.uuid4().hex[:8]}"
     amqp = require_rabbitmq()
     # lease ttl 3 s: the dead run's liveness lapses 3 s after the kill (default 10 s)
-    env = guarded_env(tmp_path, broker_url=amqp, state_url=state.url, record_url=results.url,
+    env = guarded_env(tmp_path, broker_url=amqp, state_url=state_url, record_url=results.url,
                       prefix=key_prefix,
                       settings={"task_acks_late": True, "worker_prefetch_multiplier": 1,
                                 "task_default_queue": queue, "leaderbeat_lease_ttl": 3,
-                                "leaderbeat_renew_interval": 1})
+                                "leaderbeat_renew_interval": 1, **store_settings})
     slot = datetime(2026, 12, 1, 9, 0, tzinfo=timezone.utc)
     try:
         with WorkerProcess(env, tmp_path / "first.log", name="first") as first:
@@ -112,8 +130,7 @@ def test_acks_late_and_a_worker_killed_mid_task_the_redelivery_runs_it_once_more
             kombu.Queue(queue, channel=conn.channel()).delete()
     phases = Counter(r["phase"] for r in executed(results.client()))
     assert phases == {"start": 2, "end": 1}, (phases, log[-2000:])
-    details = [e.get("detail", "") for e in history(state.client(), key_prefix)
-               if e["event"] == "started"]
+    details = [e.get("detail", "") for e in view.history() if e["event"] == "started"]
     assert details == ["", "rerun: the first run was lost with its worker"]
 
 
