@@ -65,9 +65,9 @@ class PostgresView:
             rows = conn.execute(
                 "SELECT event, coalesce(entry, ''), coalesce(slot_ms::text, ''),"
                 " coalesce(epoch::text, ''), coalesce(detail, ''),"
-                " ((extract(epoch FROM at) * 1000)::bigint)::text"
+                " ((extract(epoch FROM at) * 1000)::bigint)::text, node"
                 " FROM leaderbeat.history WHERE app = %s ORDER BY id", (self.prefix,)).fetchall()
-        keys = ("event", "entry", "slot", "epoch", "detail", "at_ms")
+        keys = ("event", "entry", "slot", "epoch", "detail", "at_ms", "node")
         return [dict(zip(keys, row)) for row in rows]
 
 

@@ -1,7 +1,7 @@
 """The worker guard with real prefork workers: each slot runs at most once.
 
 Real ``celery worker -c 2`` processes, a real Redis for leaderbeat's state (the
-first two tests also a PostgreSQL database of their own); the machine's RabbitMQ (a
+first three tests also a PostgreSQL database of their own); the machine's RabbitMQ (a
 queue of this test's own) where the test is about broker redelivery. Lease ttl 3 s where a test waits for a dead run's liveness to lapse
 (said there), to keep the suite short; otherwise the defaults.
 """
@@ -135,15 +135,16 @@ def test_acks_late_and_a_worker_killed_mid_task_the_redelivery_runs_it_once_more
 
 
 def test_overlap_skip_never_runs_two_runs_of_an_entry_at_once_across_two_workers(
-        tmp_path, make_redis_server, key_prefix):
-    state, broker, results = make_redis_server(), make_redis_server(), make_redis_server()
+        tmp_path, make_redis_server, key_prefix, guarded_store):
+    state_url, store_settings, view = guarded_store
+    broker, results = make_redis_server(), make_redis_server()
     schedule = {"slow": {"task": SLEEPY, "every": 1, "kwargs": {"seconds": 2.5},
                          "leaderbeat": {"overlap": "skip"}}}
     # one task at a time per worker, none prefetched: while one worker runs the entry,
     # the next slot's message goes to the other worker, whose guard must skip it
-    env = guarded_env(tmp_path, broker_url=broker.url, state_url=state.url,
+    env = guarded_env(tmp_path, broker_url=broker.url, state_url=state_url,
                       record_url=results.url, prefix=key_prefix, schedule=schedule,
-                      settings={"worker_prefetch_multiplier": 1})
+                      settings={"worker_prefetch_multiplier": 1, **store_settings})
     with WorkerProcess(env, tmp_path / "w1.log", name="w1", concurrency=1) as w1, \
             WorkerProcess(env, tmp_path / "w2.log", name="w2", concurrency=1) as w2, \
             BeatCluster(1, env, tmp_path):
@@ -157,7 +158,7 @@ def test_overlap_skip_never_runs_two_runs_of_an_entry_at_once_across_two_workers
         runs.setdefault(r["id"], {})[r["phase"]] = r["at"]
     spans = sorted((v["start"], v.get("end", float("inf"))) for v in runs.values())
     overlapping = [(a, b) for a, b in pairwise(spans) if b[0] < a[1]]
-    skipped = [e for e in history(state.client(), key_prefix)
+    skipped = [e for e in view.history()
                if e["event"] == "skipped" and e.get("detail", "").startswith("overlap")]
     processes = {r["pid"] for r in rows} | {e["node"].rsplit(":", 1)[1] for e in skipped}
     print(f"overlap run: {len(spans)} runs, {len(skipped)} slots skipped for overlap, "
