@@ -114,21 +114,36 @@ def test_nodes_skewed_within_the_limit_hand_over_without_duplicates_or_phase_dri
                    prefix=key_prefix, schedule=SKEWED_SCHEDULE,
                    settings={**FAST, "leaderbeat_max_clock_skew": MAX_SKEW})
     recorder = Recorder(broker.client())
+
+    def leads(beat: BeatProcess, previous: str | None, timeout: float) -> tuple[str, int]:
+        token = wait_for_leader_pid(client, key_prefix, beat.pid, timeout=timeout)
+        return token, int(token.split("|")[1])
+
+    epochs, logs = hand_over_between_skewed_beats(env, tmp_path, recorder, leads)
+    each_slot_once_on_one_grid(recorder.messages, epochs, logs)
+
+
+def hand_over_between_skewed_beats(env: dict[str, str], tmp_path, recorder,
+                                   leads) -> tuple[list[int], str]:
+    """A (+1.5 s) leads and is SIGKILLed, B (0) takes over; B is SIGTERMed, C (+1.5 s)
+    takes over; six more messages each time. ``leads(beat, previous, timeout)`` waits
+    until ``beat`` holds the lease instead of ``previous`` and answers (holder, epoch).
+    The three leaders' epochs and the beats' logs."""
     a = BeatProcess(env={**env, "LB_CLOCK_OFFSET": "1.5"}, log_path=tmp_path / "a.log")
     b = c = None
     try:
-        token_a = wait_for_leader_pid(client, key_prefix, a.pid, timeout=20)
+        holder_a, epoch_a = leads(a, None, 30)
         b = BeatProcess(env=env, log_path=tmp_path / "b.log")
         b.wait_for_log(r"beat: Starting", timeout=20)
         more(recorder, 6)
         a.kill()
-        token_b = wait_for_leader_pid(client, key_prefix, b.pid, timeout=TTL + 5)
+        holder_b, epoch_b = leads(b, holder_a, TTL + 5)
         more(recorder, 6)
         c = BeatProcess(env={**env, "LB_CLOCK_OFFSET": "1.5"}, log_path=tmp_path / "c.log")
         c.wait_for_log(r"beat: Starting", timeout=20)
         time.sleep(1.0)  # C is polling as a standby
         assert b.term() == 0
-        token_c = wait_for_leader_pid(client, key_prefix, c.pid, timeout=5)
+        _, epoch_c = leads(c, holder_b, 5)
         more(recorder, 6)
         logs = "\n".join(p.log_text() for p in (a, b, c))
     finally:
@@ -136,8 +151,7 @@ def test_nodes_skewed_within_the_limit_hand_over_without_duplicates_or_phase_dri
             if p is not None:
                 p.close()
     recorder.drain()
-    epochs = [int(t.split("|")[1]) for t in (token_a, token_b, token_c)]
-    each_slot_once_on_one_grid(recorder.messages, epochs, logs)
+    return [epoch_a, epoch_b, epoch_c], logs
 
 
 def each_slot_once_on_one_grid(messages, epochs: list[int], logs: str) -> None:

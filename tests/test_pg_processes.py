@@ -368,7 +368,7 @@ def test_beats_skewed_within_the_limit_hand_over_on_postgresql_each_slot_once_on
         MAX_SKEW,
         SKEWED_SCHEDULE,
         each_slot_once_on_one_grid,
-        more,
+        hand_over_between_skewed_beats,
     )
 
     env = beat_env(tmp_path, broker_url=amqp_recorder.url, prefix=key_prefix,
@@ -383,26 +383,5 @@ def test_beats_skewed_within_the_limit_hand_over_on_postgresql_each_slot_once_on
         assert pid_of(node) == beat.pid and held is not None and held[0] == node
         return held
 
-    a = BeatProcess(env={**env, "LB_CLOCK_OFFSET": "1.5"}, log_path=tmp_path / "a.log")
-    b = c = None
-    try:
-        node_a, epoch_a = leads(a, None, 30)
-        b = BeatProcess(env=env, log_path=tmp_path / "b.log")
-        b.wait_for_log(r"beat: Starting", timeout=20)
-        more(amqp_recorder, 6)
-        a.kill()
-        node_b, epoch_b = leads(b, node_a, FAST["leaderbeat_lease_ttl"] + 5)
-        more(amqp_recorder, 6)
-        c = BeatProcess(env={**env, "LB_CLOCK_OFFSET": "1.5"}, log_path=tmp_path / "c.log")
-        c.wait_for_log(r"beat: Starting", timeout=20)
-        time.sleep(1.0)  # C is polling as a standby
-        assert b.term() == 0
-        _, epoch_c = leads(c, node_b, 5)
-        more(amqp_recorder, 6)
-        logs = "\n".join(p.log_text() for p in (a, b, c))
-    finally:
-        for p in (a, b, c):
-            if p is not None:
-                p.close()
-    amqp_recorder.drain()
-    each_slot_once_on_one_grid(amqp_recorder.messages, [epoch_a, epoch_b, epoch_c], logs)
+    epochs, logs = hand_over_between_skewed_beats(env, tmp_path, amqp_recorder, leads)
+    each_slot_once_on_one_grid(amqp_recorder.messages, epochs, logs)
