@@ -52,9 +52,10 @@ def _message(raw: Any, queue: str, received: float) -> Message:
     properties = dict(raw.properties or {})
     args: list[Any] = []
     kwargs: dict[str, Any] = {}
-    if properties.get("content_type") == "application/json":  # Celery's protocol 2 body
+    if properties.get("content_type") == "application/json":
         body = json.loads(raw.body)
-        args, kwargs = list(body[0]), dict(body[1])
+        if isinstance(body, list):  # Celery's protocol 2: [args, kwargs, embed]
+            args, kwargs = list(body[0]), dict(body[1])
     return Message(task=str(headers.get("task")),
                    id=str(headers.get("id") or properties.get("correlation_id")),
                    headers=headers, properties=properties, args=args, kwargs=kwargs,
