@@ -311,6 +311,7 @@ def test_an_edit_on_postgresql_is_in_force_within_a_second_of_the_save_anchored_
 
     from celery_leaderbeat import Entry
     from tests.support.pg_beats import wait_holder
+    from tests.test_failover import follow
 
     env = env_for(tmp_path, server, amqp_recorder, key_prefix)
     app = Celery("api")
@@ -322,22 +323,16 @@ def test_an_edit_on_postgresql_is_in_force_within_a_second_of_the_save_anchored_
                       if m.entry == name and all(m.kwargs.get(k) == v
                                                  for k, v in kwargs.items()))
 
-    def follow(seconds: float, until=lambda: False) -> None:
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline and not until():
-            amqp_recorder.drain()  # as they arrive: each message's receipt time is kept
-            time.sleep(0.02)
-
     with BeatCluster(3, env, tmp_path) as beats:
         wait_holder(server.conninfo, key_prefix, timeout=40)
         Entry("edited", NOOP, 5, kwargs={"v": 1}).save(app)
         Entry("toggled", NOOP, 2, enabled=False).save(app)
-        follow(20, until=lambda: len(slots_of("e0")) >= 4 and slots_of("edited"))
+        follow(amqp_recorder, 20, until=lambda: len(slots_of("e0")) >= 4 and slots_of("edited"))
         edit = Entry("edited", NOOP, 1.5, kwargs={"v": 2})
         edit.save(app)
         enable = Entry("toggled", NOOP, 2)
         enable.save(app)
-        follow(6)
+        follow(amqp_recorder, 6)
         logs = beats.logs()
     messages = amqp_recorder.messages
     assert duplicates(messages) == [], logs[-3000:]
