@@ -104,19 +104,15 @@ def test_acks_late_and_a_worker_killed_mid_task_the_redelivery_runs_it_once_more
     CI (one run in three), not yet explained."""
     import kombu
 
-    from tests.test_catchup_processes import RedisView
-
-    state = make_redis_server()
-    state_url, store_settings, view = state.url, {}, RedisView(state.client(), key_prefix)
-    results = make_redis_server()
+    state, results = make_redis_server(), make_redis_server()
     queue = f"lb-guard-{uuid.uuid4().hex[:8]}"
     amqp = require_rabbitmq()
     # lease ttl 3 s: the dead run's liveness lapses 3 s after the kill (default 10 s)
-    env = guarded_env(tmp_path, broker_url=amqp, state_url=state_url, record_url=results.url,
+    env = guarded_env(tmp_path, broker_url=amqp, state_url=state.url, record_url=results.url,
                       prefix=key_prefix,
                       settings={"task_acks_late": True, "worker_prefetch_multiplier": 1,
                                 "task_default_queue": queue, "leaderbeat_lease_ttl": 3,
-                                "leaderbeat_renew_interval": 1, **store_settings})
+                                "leaderbeat_renew_interval": 1})
     slot = datetime(2026, 12, 1, 9, 0, tzinfo=timezone.utc)
     try:
         with WorkerProcess(env, tmp_path / "first.log", name="first") as first:
@@ -135,7 +131,8 @@ def test_acks_late_and_a_worker_killed_mid_task_the_redelivery_runs_it_once_more
             kombu.Queue(queue, channel=conn.channel()).delete()
     phases = Counter(r["phase"] for r in executed(results.client()))
     assert phases == {"start": 2, "end": 1}, (phases, log[-2000:])
-    details = [e.get("detail", "") for e in view.history() if e["event"] == "started"]
+    details = [e.get("detail", "") for e in history(state.client(), key_prefix)
+               if e["event"] == "started"]
     assert details == ["", "rerun: the first run was lost with its worker"]
 
 
