@@ -33,6 +33,8 @@ from tests.support.redis_server import RedisServer
 
 AMQP_URL = "amqp://guest:guest@127.0.0.1:5672//"
 CLK = os.sysconf("SC_CLK_TCK")
+#: how often a held consumer reads its queue's depth (s)
+DEPTH_EVERY = 0.02
 #: appended to the cluster's postgresql.conf (the last setting of a name wins)
 DURABLE = "\nfsync = on\nsynchronous_commit = on\nshared_buffers = 128MB\n"
 
@@ -154,7 +156,12 @@ class Seen:
 
 class Consumer:
     """Consumes a RabbitMQ queue of the run's own in a thread (no ack, no decoding of the
-    body): every message with its receipt time. Declared before any beat starts."""
+    body): every message with its receipt time. Declared before any beat starts.
+
+    ``hold()`` stops consuming and counts instead: the thread reads the queue's depth
+    (a passive declare, one round trip) every :data:`DEPTH_EVERY` s, so the time each
+    message was enqueued is known without a consumer taking CPU beside the beats
+    and without its lag counted as theirs; ``release()`` consumes what was held."""
 
     def __init__(self, url: str = AMQP_URL) -> None:
         self.queue = f"lb-pgbench-{secrets.token_hex(4)}"
@@ -164,7 +171,11 @@ class Consumer:
         self._queue = kombu.Queue(self.queue, durable=True)
         self._queue(self.conn.default_channel).declare()
         self.seen: list[Seen] = []
+        #: while held: (wall time, messages in the queue), one per read of its depth
+        self.depths: list[tuple[float, int]] = []
         self._stop = threading.Event()
+        self._held = threading.Event()
+        self._holding = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
@@ -177,12 +188,42 @@ class Consumer:
     def _run(self) -> None:
         consumer = kombu.Consumer(self.conn.default_channel, [self._queue], no_ack=True,
                                   on_message=self._on_message)
-        with consumer:
-            while not self._stop.is_set():
-                try:
-                    self.conn.drain_events(timeout=0.2)
-                except TimeoutError:
-                    continue
+        consumer.consume()
+        consuming = True
+        while not self._stop.is_set():
+            if self._held.is_set():
+                if consuming:
+                    consumer.cancel()
+                    consuming = False
+                    self._drain_for(0.3)  # what was on its way before the cancel
+                    self._holding.set()
+                _, depth, _ = self._queue(self.conn.default_channel).queue_declare(passive=True)
+                self.depths.append((time.time(), depth))
+                time.sleep(DEPTH_EVERY)
+                continue
+            if not consuming:
+                consumer.consume()
+                consuming = True
+            self._drain_for(0.2)
+        if consuming:
+            consumer.cancel()
+
+    def _drain_for(self, seconds: float) -> None:
+        try:
+            self.conn.drain_events(timeout=seconds)
+        except TimeoutError:
+            pass
+
+    def hold(self) -> None:
+        """Stop consuming and start reading the queue's depth (returns once holding)."""
+        self.depths = []
+        self._held.set()
+        self._holding.wait(10)
+
+    def release(self) -> None:
+        """Consume again, what was held first."""
+        self._holding.clear()
+        self._held.clear()
 
     @property
     def count(self) -> int:

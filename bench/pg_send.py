@@ -156,33 +156,78 @@ def _logged_batches(beat: BeatProcess) -> list[tuple[int, int, int]]:
     return [(int(a), int(b), int(c)) for a, b, c in found]
 
 
+def _enqueued(depths: list[tuple[float, int]], slot: int, n: int
+              ) -> tuple[float | None, float | None]:
+    """(first, last) message in the queue, s after the slot, from a held consumer's reads
+    of the queue's depth (each within :data:`DEPTH_EVERY` s of the broker having it)."""
+    first = next((t for t, depth in depths if depth > 0), None)
+    last = next((t for t, depth in depths if depth >= n), None)
+    return (None if first is None else round(first - slot, 3),
+            None if last is None else round(last - slot, 3))
+
+
 def _burst_row(run: Run, leader: BeatProcess, slot: int, base: int, n: int,
-               logged: int, cpu0: dict[int, float]) -> dict[str, Any]:
+               logged: int, cpu: dict[int, float], measure: str) -> dict[str, Any]:
+    """``cpu``: the CPU seconds each beat (by pid) and the server (0) spent on the burst."""
     msgs = [m for m in run.consumer.seen[base:] if _slot_time(m) == slot]
     by_pid = Counter(m.pid for m in msgs)
     received = sorted(m.received for m in msgs)
     batches = [b for b in _logged_batches(leader)[logged:] if b[0] > 0]
+    if measure == "depth":
+        first_s, last_s = _enqueued(run.consumer.depths, slot, n)
+    else:
+        first_s = round(received[0] - slot, 3) if received else None
+        last_s = round(received[-1] - slot, 3) if received else None
     return {
         "scenario": "burst", "store": run.store.kind, "entries": n,
         "standbys": len(run.beats) - 1, "sent": len(msgs),
-        "distinct": len({m.entry for m in msgs}),
-        "first_s": round(received[0] - slot, 3) if received else None,
-        "last_s": round(received[-1] - slot, 3) if received else None,
+        "distinct": len({m.entry for m in msgs}), "measure": measure,
+        "first_s": first_s, "last_s": last_s,
         "leader_logged": [{"sent": b[0], "duration_ms": b[1], "start_late_ms": b[2]}
                           for b in batches],
         "by_leader": by_pid.get(leader.pid, 0),
         "rescued": len(msgs) - by_pid.get(leader.pid, 0),
         "rescue_lines": sum(b.log_text().count(" rescued ") for b in run.beats),
-        "cpu_leader_s": round(cpu_seconds(leader.pid) - cpu0[leader.pid], 2),
-        "cpu_standbys_s": [round(cpu_seconds(b.pid) - cpu0[b.pid], 2) for b in run.beats
-                           if b is not leader],
-        "server_cpu_s": round(run.store.cpu() - cpu0[0], 2), "load": load()}
+        "cpu_leader_s": round(cpu[leader.pid], 2),
+        "cpu_standbys_s": [round(cpu[b.pid], 2) for b in run.beats if b is not leader],
+        "server_cpu_s": round(cpu[0], 2), "load": load()}
 
 
-def burst(kind: str, n: int, standbys: int, bursts: int) -> list[dict[str, Any]]:
+def _cpu(run: Run) -> dict[int, float]:
+    return {b.pid: cpu_seconds(b.pid) for b in run.beats} | {0: run.store.cpu()}
+
+
+def _wait_burst(run: Run, slot: int, base: int, n: int, measure: str) -> None:
+    """Until the burst's ``n`` messages were enqueued (or 30 s past the slot), and 3 s
+    more: a late rescue would show by then."""
+    def enqueued() -> int:
+        if measure == "depth":
+            return run.consumer.depths[-1][1] if run.consumer.depths else 0
+        return run.consumer.count - base
+    while enqueued() < n and time.time() < slot + 30:
+        time.sleep(0.05)
+    time.sleep(3)
+
+
+def _take_in(run: Run, base: int) -> None:
+    """A held consumer takes in what it held (the checks of each slot once need it)."""
+    held = run.consumer.depths[-1][1] if run.consumer.depths else 0
+    run.consumer.release()
+    deadline = time.time() + 30
+    while run.consumer.count - base < held and time.time() < deadline:
+        time.sleep(0.05)
+
+
+def burst(kind: str, n: int, standbys: int, bursts: int,
+          measure: str = "depth") -> list[dict[str, Any]]:
     """``n`` entries due the same second, one leader and ``standbys`` more; ``bursts`` in
     a row, ``BURST_EVERY`` s apart (the first may come before the leader prepared every
-    entry's message in idle time; later ones do not)."""
+    entry's message in idle time; later ones do not).
+
+    ``measure``: ``depth`` (the consumer held from a second before the slot, the queue's
+    depth read every 20 ms: when each message was enqueued, no consumer beside the
+    beats) or ``consume`` (a consumer taking each message as it comes: when each was
+    received, the consumer's CPU and lag included)."""
     def body(run: Run) -> list[dict[str, Any]]:
         leader = run.start_beat()
         run.wait_leader()
@@ -194,12 +239,15 @@ def burst(kind: str, n: int, standbys: int, bursts: int) -> list[dict[str, Any]]
         for index in range(bursts):
             while time.time() < slot - 1:
                 time.sleep(0.1)
+            if measure == "depth":
+                run.consumer.hold()
             base, logged, load0 = run.consumer.count, len(_logged_batches(leader)), load()
-            cpu0 = {b.pid: cpu_seconds(b.pid) for b in run.beats} | {0: run.store.cpu()}
-            while run.consumer.count - base < n and time.time() < slot + 30:
-                time.sleep(0.05)
-            time.sleep(3)  # a late rescue would show by now
-            row = _burst_row(run, leader, slot, base, n, logged, cpu0)
+            cpu0 = _cpu(run)
+            _wait_burst(run, slot, base, n, measure)
+            cpu = {pid: seconds - cpu0[pid] for pid, seconds in _cpu(run).items()}
+            if measure == "depth":
+                _take_in(run, base)
+            row = _burst_row(run, leader, slot, base, n, logged, cpu, measure)
             rows.append({**row, "burst": index + 1, "load_before": load0})
             slot += BURST_EVERY
         return rows
@@ -237,6 +285,9 @@ def main() -> None:
     parser.add_argument("--chunk", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=500)
     parser.add_argument("--prepare", action="store_true")
+    parser.add_argument("--measure", choices=["depth", "consume"], default="depth",
+                        help="burst: when each message was enqueued (the queue's depth, "
+                        "no consumer meanwhile) or received (a consumer beside the beats)")
     parser.add_argument("--attribute", action="store_true",
                         help="claim: which rounds pruned the history or opened a WAL segment")
     args = parser.parse_args()
@@ -248,7 +299,8 @@ def main() -> None:
         if args.what == "steady":
             save(steady(kind, args.entries or 2000, args.every, args.seconds))
         else:
-            for row in burst(kind, args.entries or 10_000, args.standbys, args.bursts):
+            for row in burst(kind, args.entries or 10_000, args.standbys, args.bursts,
+                             args.measure):
                 save(row)
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import socket
-import uuid
 from collections.abc import Iterator
 from datetime import datetime, timezone
 from unittest.mock import patch
@@ -32,7 +31,7 @@ from celery_leaderbeat.send.plain import publish
 from tests.support.beat import NOOP
 from tests.support.queues import take_messages
 from tests.support.rabbitmq import AMQP_URL as AMQP
-from tests.support.rabbitmq import require_rabbitmq
+from tests.support.rabbitmq import send_queues
 
 UTC = timezone.utc
 SLOTS = [datetime(2020, 1, 1, 0, 0, s, tzinfo=UTC) for s in (0, 7, 14)]
@@ -41,14 +40,8 @@ SLOTS = [datetime(2020, 1, 1, 0, 0, s, tzinfo=UTC) for s in (0, 7, 14)]
 @pytest.fixture
 def queues() -> Iterator[dict[str, str]]:
     """Queue names of this test's own: the default queue, a routed one, an entry's own."""
-    require_rabbitmq(AMQP)
-    tag = uuid.uuid4().hex[:8]
-    names = {"default": f"lb-send-{tag}", "routed": f"lb-send-routed-{tag}",
-             "own": f"lb-send-own-{tag}"}
-    yield names
-    with kombu.Connection(AMQP) as conn:
-        for name in names.values():
-            kombu.Queue(name, channel=conn.channel()).delete()
+    with send_queues() as names:
+        yield names
 
 
 @pytest.fixture(params=["plain", "single_write"])

@@ -6,9 +6,11 @@ import itertools
 import logging
 import time
 from collections.abc import Iterator, Sequence
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
+from ..send.ahead import AHEAD, FEWEST
+from ..send.base import SINGLE_WRITE
 from ..send.plain import publish
 from ..send.sender import Enqueuer
 from ..timing.slots import to_ms
@@ -34,6 +36,55 @@ class Sending(Attributes):
     _kept: Any = None  # (enqueuer, schedule version) its messages were last bounded by
 
     def _warm(self, delay: float, epoch: int) -> float:
+        """A leader's idle time: the entries' messages prepared, then the next burst's
+        frames recorded (:meth:`_frame_ahead`); what is left of ``delay``."""
+        delay = self._warm_templates(delay, epoch)
+        return delay if self._warming is not None else self._frame_ahead(delay, epoch)
+
+    def _frame_ahead(self, delay: float, epoch: int) -> float:
+        """Within :data:`~..send.ahead.AHEAD` s of a burst of at least
+        :data:`~..send.ahead.FEWEST` slots, record their frames (py-amqp's single write:
+        :mod:`..send.ahead`), at most half the idle time and :data:`WARM_MAX` per tick.
+
+        Returns what is left of ``delay``; 0 while slots are left to frame and idle time
+        remains; further off than that window, the time until it opens (the loop wakes
+        then).
+        """
+        leader, enqueuer = self._leader, self._enqueuer
+        if (leader is None or enqueuer is None or not enqueuer.checked
+                or enqueuer.path()[0] != SINGLE_WRITE or len(leader.agenda.tracked) < FEWEST):
+            return delay
+        earliest = leader.agenda.earliest()
+        now = time.time()
+        if earliest is None or earliest - now > AHEAD:
+            return delay if earliest is None else min(delay, earliest - now - AHEAD)
+        if delay < WARM_MIN:
+            return delay
+        started = time.monotonic()
+        try:
+            sender = self._chunk_sender(epoch)  # the schedule's version kept first
+            enqueuer.ahead.keep(self._schedule_version)
+            enqueuer.ahead.passed(datetime.fromtimestamp(now, timezone.utc))
+            due = leader.agenda.upcoming(now + AHEAD)
+            if len(due) < FEWEST:
+                return delay
+            done = enqueuer.ahead.record(  # the first burst too: connected first
+                enqueuer.connected_producer(), enqueuer.messages, self._due_entries(due),
+                sender.epoch, started + min(delay / 2, WARM_MAX), time.monotonic)
+        except Exception as exc:  # noqa: BLE001 - only a head start: the sends build what is missing
+            logger.debug("leaderbeat: could not frame messages ahead: %r", exc)
+            return delay
+        left = max(0.0, delay - (time.monotonic() - started))
+        return 0.0 if not done and left >= WARM_MIN else left
+
+    def _due_entries(self, due: list[tuple[str, datetime]]) -> Iterator[tuple[Any, datetime, str]]:
+        """(entry, slot, overlap) of each (name, slot) still scheduled when its turn comes."""
+        for name, slot in due:
+            entry = self.schedule.get(name)
+            if entry is not None:
+                yield entry, slot, self.overlap_of(name)
+
+    def _warm_templates(self, delay: float, epoch: int) -> float:
         """A leader with ``delay`` s to spare prepares messages of entries not sent yet.
 
         Uses at most half the idle time (and :data:`WARM_MAX`) in one tick, so the

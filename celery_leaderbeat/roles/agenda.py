@@ -311,6 +311,28 @@ class Agenda:
                 self._broken(tracked, now_ts, exc)
         return due
 
+    def upcoming(self, until_ts: float) -> list[tuple[str, datetime]]:
+        """(name, slot) of every entry whose next fire time is by ``until_ts``, earliest
+        first (the slot is the fire time but for a jittered entry). The heap is walked
+        only below items due by then: the cost is the entries returned."""
+        heap, found, seen = self._heap, [], set()
+        stack = [0] if heap else []
+        while stack:
+            i = stack.pop()
+            at, name = heap[i]
+            if at > until_ts:
+                continue  # nothing below an item is due before it
+            tracked = self.tracked.get(name)
+            if (tracked is not None and name not in seen
+                    and at == tracked.next_fire.timestamp()):
+                seen.add(name)
+                slot = _slot_of(tracked)
+                if slot is not None:
+                    found.append((at, name, slot))
+            stack.extend(j for j in (2 * i + 1, 2 * i + 2) if j < len(heap))
+        found.sort(key=lambda item: item[0])
+        return [(name, fire) for _, name, fire in found]
+
     def _broken(self, tracked: Tracked, now_ts: float, exc: Exception) -> None:
         logger.error("leaderbeat: the schedule of entry %r raised %r; it is skipped and asked "
                      "again in %.0f s", tracked.name, exc, RETRY_BROKEN, exc_info=exc)
@@ -346,6 +368,16 @@ class Agenda:
         if not self._heap:
             return limit
         return max(0.0, min(self._heap[0][0] - now_ts, limit))
+
+
+def _slot_of(tracked: Tracked) -> datetime | None:
+    """The slot of ``tracked``'s next fire time (None: its schedule raised; said when due)."""
+    if not tracked.options.jitter:
+        return tracked.next_fire
+    try:
+        return tracked.clock.next_after(tracked.last)
+    except Exception:  # noqa: BLE001 - a user's schedule: pop_due says what it raised
+        return None
 
 
 def _utcnow() -> datetime:

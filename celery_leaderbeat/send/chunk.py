@@ -17,9 +17,11 @@ from typing import Any, Protocol
 
 from celery import signals
 
+from .ahead import Ahead
 from .base import SchedulerSide
 from .one_step import Command
 from .plain import send_many
+from .single_write import Gathered
 from .templates import Captured, Messages
 
 logger = logging.getLogger(__name__)
@@ -30,6 +32,7 @@ class Enqueuer(Protocol):
 
     scheduler: SchedulerSide
     messages: Messages
+    ahead: Ahead  # frames recorded ahead of their slots (py-amqp)
     redis: bool  # messages are known as their final Redis commands
     single_write_problem: str | None
     #: slots whose commands went with a claim whose reply never came
@@ -164,7 +167,8 @@ class ChunkSender:
                             self.epoch, producer=self.enqueuer.producer, may_send=may_send,
                             say=lambda entry, slot: said.append((entry, slot)),
                             publish_one=self._publish_one,
-                            gather=self.enqueuer.single_write_problem is None) if todo else []
+                            gather=self.enqueuer.single_write_problem is None,
+                            recorded=self._recorded) if todo else []
         for (i, found, slot), sent in zip(todo, results):
             ok[i] = sent
             if sent:
@@ -202,6 +206,11 @@ class ChunkSender:
             if error is not None:
                 logger.error("leaderbeat: could not send %s for slot %s", slots[i][0],
                              slots[i][1].isoformat(), exc_info=error)
+
+    def _recorded(self, gathered: Gathered, entry: Any, slot: datetime) -> bool:
+        """Keep the slot's frames recorded ahead of it, where they fit (:mod:`.ahead`)."""
+        return self.enqueuer.ahead.write(gathered, self.enqueuer.messages, entry.name, slot,
+                                         self.epoch)
 
     def _publish_one(self, entry: Any, slot: datetime, overlap: str, producer: Any) -> None:
         self.enqueuer.publish_one(entry, slot, self.epoch, overlap, producer)

@@ -126,7 +126,8 @@ def send_many(scheduler: SchedulerSide, slots: Sequence[tuple[Any, datetime, str
               epoch: int, producer: Any = None, may_send: Callable[[], bool] = lambda: True,
               say: Callable[[Any, datetime], None] = lambda entry, slot: None,
               publish_one: Callable[[Any, datetime, str, Any], None] | None = None,
-              gather: bool = False) -> list[bool]:
+              gather: bool = False,
+              recorded: Callable[[Gathered, Any, datetime], bool] | None = None) -> list[bool]:
     """Publish several slots (entry, slot, overlap) in one batch; True for each one sent.
 
     ``say`` is called before each message is built (the scheduler's INFO line).
@@ -140,7 +141,9 @@ def send_many(scheduler: SchedulerSide, slots: Sequence[tuple[Any, datetime, str
     tell which ones Redis ran: "delivery is uncertain", so they are recorded
     unsent, the way a failed publish is). On py-amqp the chunk's publish frames
     may be written in one socket write at the end (``gather``, the single write:
-    :class:`~.single_write.Gathered`), with the same rules as a batch.
+    :class:`~.single_write.Gathered`), with the same rules as a batch; there
+    ``recorded(gathered, entry, slot)`` may keep the slot's frames recorded ahead
+    (:mod:`.ahead`) instead of a publish (True when it did).
     """
     ok = [False] * len(slots)
     try:
@@ -156,7 +159,10 @@ def send_many(scheduler: SchedulerSide, slots: Sequence[tuple[Any, datetime, str
                 say(entry, slot)
                 gathered.at = i
                 try:
-                    if publish_one is None:
+                    if gathered.active and recorded is not None and \
+                            recorded(gathered, entry, slot):
+                        pass  # framed ahead of its slot: kept as a publish would be
+                    elif publish_one is None:
                         publish(scheduler, entry, slot, epoch, overlap, producer=producer)
                     else:
                         publish_one(entry, slot, overlap, producer)

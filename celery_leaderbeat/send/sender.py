@@ -25,6 +25,7 @@ from celery import signals
 
 from ..store.types import SlotStatus
 from ..timing.slots import to_ms
+from .ahead import Ahead
 from .base import ONE_STEP, PLAIN, SINGLE_WRITE, SchedulerSide
 from .chunk import ChunkSender
 from .one_step import (
@@ -106,6 +107,8 @@ class Enqueuer:
         self.routes = Routes(channel)
         self.messages = Messages(scheduler, self.capture, channel, self.routes,
                                  templates=OPTIMISED)
+        #: messages framed ahead of their slots, for the single write (py-amqp)
+        self.ahead = Ahead()
         #: slots whose commands went with the claim in flight: (name, slot, epoch, message);
         #: left here when its reply never came (see :meth:`settle`)
         self.unanswered: list[tuple[str, datetime, int, Captured | None]] = []
@@ -267,6 +270,15 @@ class Enqueuer:
             conn = self.scheduler.app.connection_for_write()
             self._out = (conn, DeclaringOnce(conn, auto_declare=False))  # type: ignore[no-untyped-call]
         return self._out[1]
+
+    def connected_producer(self) -> Any:
+        """:meth:`producer`, connected now: a broker that does not answer fails this at
+        once (no retries: called from idle time, it must not hold the loop)."""
+        producer = self.producer()
+        conn = self._out[0]
+        if not conn.connected:
+            conn.ensure_connection(max_retries=0)
+        return producer
 
     def _drop_capturing(self) -> None:
         conn, self._conn, self._producer = self._conn, None, None

@@ -16,6 +16,11 @@ chunk's publishing. Nothing of a gathered chunk is written before its end, so
 that read is made once, as the chunk starts; RabbitMQ's notice is handled then
 as py-amqp handles it (its ``on_blocked``), and the chunk's messages skip it.
 
+A message may also come recorded (:class:`Recorder`: its frames made ahead of its
+slot by the same py-amqp frame writer, kept, not written): the chunk adds those
+bytes to what it keeps (:meth:`Gathered.add`), on the same connection and channel
+only.
+
 Nothing of a chunk counts as sent before that write returned: a failed write
 raises (the whole chunk is recorded unsent, as a failed kombu batch is), and
 an exception raised inside discards what was kept. Where anything is not as
@@ -139,6 +144,20 @@ class Gathered:
         self.active = True
         return self
 
+    @property
+    def where(self) -> tuple[Any, int] | None:
+        """(py-amqp connection, channel number) the kept frames go out on; None: not kept."""
+        return (self.client, self.producer.channel.channel_id) if self.active else None
+
+    def add(self, frames: bytes, where: tuple[Any, int]) -> bool:
+        """Keep a message's frames recorded ahead (:class:`Recorder`) as if published now;
+        False (nothing kept) unless they were made for this connection and channel."""
+        here = self.where
+        if here is None or here[0] is not where[0] or here[1] != where[1]:
+            return False
+        self._kept.parts.append(frames)
+        return True
+
     def _read_notices_once(self, client: Any) -> None:
         """Read what RabbitMQ sent (``connection.blocked``) now, where py-amqp would
         before each publish, and let the chunk's publishes skip that read. A read that
@@ -186,3 +205,70 @@ class Gathered:
         if self._failed is not None:
             raise self._failed
         self._write()
+
+
+class Recorder:
+    """Within ``with Recorder(producer) as recorder:``, publishes are recorded, not sent.
+
+    Each ``Basic.Publish`` is framed by py-amqp's own frame writer over a buffer, as
+    :class:`Gathered` frames a chunk's; :meth:`take` hands out what the last publishes
+    made, for a chunk to write later on the same connection and channel
+    (:attr:`where`). Any other frame (a queue's first declaration) goes out at once,
+    as it would have. The socket is not read for RabbitMQ's notices meanwhile: nothing
+    is written that a ``connection.blocked`` could hold back. ``recorder.active`` is
+    False where the frames cannot be gathered (:func:`gatherable`): record nothing then.
+    """
+
+    def __init__(self, producer: Any) -> None:
+        self.producer = producer
+        self.client: Any = None
+        self.active = False
+        self._kept = _Kept()
+
+    @property
+    def where(self) -> tuple[Any, int]:
+        """(py-amqp connection, channel number) the recorded frames belong to."""
+        return self.client, self.producer.channel.channel_id
+
+    def __enter__(self) -> Recorder:  # noqa: PYI034 - typing.Self is Python 3.11+
+        client = gatherable(self.producer)
+        if client is None:
+            return self
+        from amqp import method_framing, spec
+
+        original = client.frame_writer
+        keep = method_framing.frame_writer(client, self._kept)
+        publish = spec.Basic.Publish
+
+        def write_frame(type_: int, channel: int, method_sig: Any, args: Any,
+                        content: Any) -> Any:
+            if type_ == 1 and method_sig == publish:
+                return keep(type_, channel, method_sig, args, content)
+            return original(type_, channel, method_sig, args, content)
+
+        read = client.drain_events
+
+        def drain_events(timeout: float | None = None) -> Any:
+            if timeout == 0:  # a publish's look for notices: nothing is written now
+                raise TimeoutError
+            return read(timeout)
+
+        self.client, self._original = client, original
+        client.frame_writer = write_frame
+        client.drain_events = drain_events
+        self.active = True
+        return self
+
+    def take(self) -> bytes:
+        """The frames of what was published since the last take (b"": nothing)."""
+        parts, self._kept.parts = self._kept.parts, []
+        return b"".join(parts)
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if self.client is None:
+            return
+        self.client.frame_writer = self._original
+        del self.client.drain_events  # py-amqp's own again
+        self.active = False
+        self._kept.parts.clear()

@@ -341,15 +341,16 @@ class Messages:
         return True
 
     @staticmethod
-    def publish(producer: Any, built: Captured) -> None:
-        """Publish a built message through ``producer`` as Celery would, and its signal."""
+    def publish(producer: Any, built: Captured, *, signal: bool = True) -> None:
+        """Publish a built message through ``producer`` as Celery would, and its signal
+        (``signal=False``: recorded ahead of its slot, the signal fires when it is sent)."""
         if built.data is None:  # built by apply_async: kombu serialises it
             producer.publish(built.body, **built.kwargs)
         else:  # serialised once for its entry: kombu takes it as it is
             data, content_type, encoding = built.data
             producer.publish(data, content_type=content_type, content_encoding=encoding,
                              **built.kwargs)
-        if signals.after_task_publish.receivers:
+        if signal and signals.after_task_publish.receivers:
             signals.after_task_publish.send(sender=built.kwargs["headers"]["task"],
                                             **built.after)
 

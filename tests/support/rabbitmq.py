@@ -7,6 +7,9 @@ that is an error. Each test declares queues of its own (and deletes them).
 from __future__ import annotations
 
 import os
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -28,3 +31,21 @@ def require_rabbitmq(url: str = AMQP_URL) -> str:
             pytest.fail(f"RabbitMQ is required under CI=true: {url}: {exc}")
         pytest.skip(f"RabbitMQ not reachable at {url}: {exc}")
     return url
+
+
+@contextmanager
+def send_queues() -> Iterator[dict[str, str]]:
+    """Queue names of a test's own (the default queue, a routed one, an entry's own),
+    deleted after; skipped (failed under ``CI=true``) when RabbitMQ is unreachable."""
+    import kombu
+
+    require_rabbitmq(AMQP_URL)
+    tag = uuid.uuid4().hex[:8]
+    names = {"default": f"lb-send-{tag}", "routed": f"lb-send-routed-{tag}",
+             "own": f"lb-send-own-{tag}"}
+    try:
+        yield names
+    finally:
+        with kombu.Connection(AMQP_URL) as conn:
+            for name in names.values():
+                kombu.Queue(name, channel=conn.channel()).delete()
