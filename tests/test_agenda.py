@@ -108,6 +108,28 @@ def test_pop_due_takes_only_the_due_entries_with_their_plan_until_pushed_back():
     assert agenda.earliest() == at(30).timestamp()
 
 
+def test_upcoming_names_each_entry_due_by_a_time_with_its_slot_earliest_first():
+    """What a leader frames ahead of a burst: the entries due by then and no other, a
+    re-pushed entry once (its stale heap item skipped), a jittered entry by its slot."""
+    entries = {f"e{s}": every(s) for s in (50, 10, 40, 30, 20, 60, 70)}
+    jittered = {"j": EntryOptions(policy=CatchupPolicy("latest"), jitter=5.0, tz=None)}
+    loaded = load_at(T0, {**entries, "j": every(20)}, options=jittered)
+    agenda = Agenda(loaded.tracked)
+    assert agenda.upcoming(at(9).timestamp()) == []
+    upcoming = agenda.upcoming(at(40).timestamp())
+    assert [name for name, _ in upcoming if name != "j"] == ["e10", "e20", "e30", "e40"]
+    assert [slot for name, slot in upcoming if name != "j"] == [at(10), at(20), at(30), at(40)]
+    fire = loaded.tracked["j"].next_fire
+    assert at(20) < fire < at(25), "the jittered entry fires after its slot"
+    assert ("j", at(20)) in upcoming, "named by its slot, not its fire time"
+    [(tracked, plan_)] = agenda.pop_due(at(10), since=T0)
+    tracked.advance(plan_.last)
+    agenda.push(tracked)  # e10 now due at 20; its item for 10 is stale
+    agenda.push(tracked)  # pushed twice: two items, one entry
+    assert [n for n, _ in agenda.upcoming(at(25).timestamp())].count("e10") == 1
+    assert ("e10", at(20)) in agenda.upcoming(at(25).timestamp())
+
+
 def test_slots_due_before_since_were_missed_and_follow_the_entry_policy():
     agenda = Agenda(load_at(T0, {"a": every(10)}).tracked)
     [(tracked, p)] = agenda.pop_due(at(45), since=at(42))

@@ -9,7 +9,7 @@ from collections.abc import Iterator, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-from ..send.ahead import AHEAD, FEWEST
+from ..send.ahead import AHEAD, FEWEST, SPAN
 from ..send.base import SINGLE_WRITE
 from ..send.plain import publish
 from ..send.sender import Enqueuer
@@ -42,9 +42,10 @@ class Sending(Attributes):
         return delay if self._warming is not None else self._frame_ahead(delay, epoch)
 
     def _frame_ahead(self, delay: float, epoch: int) -> float:
-        """Within :data:`~..send.ahead.AHEAD` s of a burst of at least
-        :data:`~..send.ahead.FEWEST` slots, record their frames (py-amqp's single write:
-        :mod:`..send.ahead`), at most half the idle time and :data:`WARM_MAX` per tick.
+        """Within :data:`~..send.ahead.AHEAD` s of a burst (at least
+        :data:`~..send.ahead.FEWEST` slots due within :data:`~..send.ahead.SPAN` s of the
+        earliest), record their frames (py-amqp's single write: :mod:`..send.ahead`), at
+        most half the idle time and :data:`WARM_MAX` per tick.
 
         Returns what is left of ``delay``; 0 while slots are left to frame and idle time
         remains; further off than that window, the time until it opens (the loop wakes
@@ -65,7 +66,7 @@ class Sending(Attributes):
             sender = self._chunk_sender(epoch)  # the schedule's version kept first
             enqueuer.ahead.keep(self._schedule_version)
             enqueuer.ahead.passed(datetime.fromtimestamp(now, timezone.utc))
-            due = leader.agenda.upcoming(now + AHEAD)
+            due = leader.agenda.upcoming(earliest + SPAN)
             if len(due) < FEWEST:
                 return delay
             done = enqueuer.ahead.record(  # the first burst too: connected first

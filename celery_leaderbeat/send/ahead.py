@@ -13,8 +13,9 @@ is still never on the wire before its claim: a recording is only bytes in memory
 A recording is used only on the connection and channel it was made for, under its
 epoch and the schedule version it was made with, while no ``before_task_publish``
 receiver is connected; anything else is built again at the send, as it would have
-been. What is kept is bounded: the slots due within :data:`AHEAD` s, at most
-:data:`MOST` of them, each dropped when used or once its slot has passed.
+been. Only a burst is framed ahead (:data:`FEWEST` slots or more due together), and
+what is kept is bounded: at most :data:`MOST` slots, each dropped when used or once
+its slot has passed.
 """
 
 from __future__ import annotations
@@ -34,9 +35,11 @@ logger = logging.getLogger(__name__)
 
 #: how long before a burst its messages are framed (s)
 AHEAD = 1.5
-#: fewer slots than this due within :data:`AHEAD`: nothing is framed ahead (a chunk's
-#: worth is sent quickly enough as it is)
+#: a burst: at least :data:`FEWEST` slots due within :data:`SPAN` s of the earliest one.
+#: Fewer (a chunk's worth) are sent quickly enough as they are, and a schedule spread
+#: over time (jitter, anchors of their own) is never walked ahead of its sends
 FEWEST = 100
+SPAN = 0.1
 #: the most slots whose frames are kept at once
 MOST = 20_000
 
