@@ -119,16 +119,16 @@ def test_a_recording_is_used_only_under_its_epoch_and_the_schedule_version_it_wa
 
 def test_a_leader_ticking_as_beat_does_frames_a_burst_ahead_and_sends_each_slot_once_from_it(
         redis_server, key_prefix, queues):
-    """150 entries due every 5 s: each burst once the leader leads goes out from frames
+    """150 entries due every 3 s: each burst once the leader leads goes out from frames
     recorded in the idle time before it (the producer connected for it there)."""
     n = FEWEST + 50
-    extra = {f"b{i}": {"task": NOOP, "schedule": cron("*/5 * * * * *"), "args": [i]}
+    extra = {f"b{i}": {"task": NOOP, "schedule": cron("*/3 * * * * *"), "args": [i]}
              for i in range(n)}
     scheduler = make_scheduler(redis_server.url, key_prefix, queues, extra)
     counted: Counter[tuple[str, str]] = Counter()
     used_per_burst = []
     try:
-        deadline = time.monotonic() + 17  # three bursts or more, 5 s apart
+        deadline = time.monotonic() + 11  # three bursts or more, 3 s apart
         while time.monotonic() < deadline:
             used = scheduler._enqueuer.ahead.used if scheduler._enqueuer else 0
             delay = scheduler.tick()
