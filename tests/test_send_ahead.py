@@ -110,9 +110,10 @@ def test_a_recording_is_used_only_under_its_epoch_and_the_schedule_version_it_wa
         epochs = {headers["leaderbeat_epoch"] for _, headers, *_ in drain(queues).values()}
         assert epochs == {sender.epoch + 1}
         assert record(sender, names, SLOTS[2]) > 0
-        ahead.keep(scheduler._schedule_version + 1)  # the schedule changed since
+        scheduler._schedule_version += 1  # the schedule changed since (an entry edited)
+        batch = scheduler._chunk_sender(sender.epoch)  # as the next batch gets its sender
         assert len(ahead) == 0
-        assert sender.send_many([(n, SLOTS[2]) for n in names]) == [True] * len(names)
+        assert batch.send_many([(n, SLOTS[2]) for n in names]) == [True] * len(names)
         assert ahead.used == 0
         assert len(drain(queues)) == len(names)
 

@@ -63,8 +63,7 @@ class Sending(Attributes):
             return delay
         started = time.monotonic()
         try:
-            sender = self._chunk_sender(epoch)  # the schedule's version kept first
-            enqueuer.ahead.keep(self._schedule_version)
+            sender = self._chunk_sender(epoch)  # recordings of another version dropped
             enqueuer.ahead.passed(datetime.fromtimestamp(now, timezone.utc))
             due = leader.agenda.upcoming(earliest + SPAN)
             if len(due) < FEWEST:
@@ -148,12 +147,14 @@ class Sending(Attributes):
         return self._enqueuer.bind(epoch)
 
     def _keep_messages(self, enqueuer: Enqueuer) -> None:
-        """After a schedule change, the kept messages are bounded by the entries scheduled now.
+        """After a schedule change, the kept messages are bounded by the entries scheduled now,
+        and frames recorded ahead under the schedule before it are dropped.
 
         Only the entries the change touched are looked at when it is known name by
         name; every kept entry otherwise.
         """
         kept, version = self._kept, self._schedule_version
+        enqueuer.ahead.keep(version)  # frames recorded under another version are not sent
         if kept is not None and kept[0] is enqueuer and kept[1] == version:
             return
         names = self.changed_since(kept[1]) if kept is not None and kept[0] is enqueuer else None
