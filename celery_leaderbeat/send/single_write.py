@@ -32,6 +32,7 @@ by one, on the plain path; :func:`single_write_problem` says why at start-up.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
@@ -101,6 +102,40 @@ def gatherable(producer: Any) -> Any:
     return client
 
 
+def _keeping_publishes(client: Any, kept: _Kept,
+                       before_other: Callable[[], None]) -> tuple[Any, Any]:
+    """(py-amqp's frame writer of ``client``, one that keeps each ``Basic.Publish`` in
+    ``kept``, framed by py-amqp's own ``frame_writer``, and calls ``before_other`` before
+    writing any other frame at once)."""
+    from amqp import method_framing, spec
+
+    original = client.frame_writer
+    keep = method_framing.frame_writer(client, kept)
+    publish = spec.Basic.Publish
+
+    def write_frame(type_: int, channel: int, method_sig: Any, args: Any,
+                    content: Any) -> Any:
+        if type_ == 1 and method_sig == publish:
+            return keep(type_, channel, method_sig, args, content)
+        before_other()
+        return original(type_, channel, method_sig, args, content)
+
+    return original, write_frame
+
+
+def _skip_notice_reads(client: Any) -> None:
+    """Make ``client``'s publishes skip their look for RabbitMQ's notices (the read with
+    no wait py-amqp makes before each); ``del client.drain_events`` undoes it."""
+    read = client.drain_events
+
+    def drain_events(timeout: float | None = None) -> Any:
+        if timeout == 0:  # a publish's look for notices: made elsewhere, or not needed
+            raise TimeoutError
+        return read(timeout)
+
+    client.drain_events = drain_events
+
+
 class Gathered:
     """Within ``with Gathered(producer) as gathered:``, publish frames go out in one write.
 
@@ -124,25 +159,16 @@ class Gathered:
         client = gatherable(self.producer) if self.enabled else None
         if client is None:
             return self
-        from amqp import method_framing, spec
-
-        original = client.frame_writer
-        keep = method_framing.frame_writer(client, self._kept)
-        publish = spec.Basic.Publish
-
-        def write_frame(type_: int, channel: int, method_sig: Any, args: Any,
-                        content: Any) -> Any:
-            if type_ == 1 and method_sig == publish:
-                return keep(type_, channel, method_sig, args, content)
-            self.settled = self.at  # what was kept must precede this frame
-            self._write()
-            return original(type_, channel, method_sig, args, content)
-
+        original, write_frame = _keeping_publishes(client, self._kept, self._before_other)
         self._read_notices_once(client)  # what RabbitMQ said so far, before a frame is kept
         self.client, self._original = client, original
         client.frame_writer = write_frame
         self.active = True
         return self
+
+    def _before_other(self) -> None:
+        self.settled = self.at  # what was kept must precede the frame written now
+        self._write()
 
     @property
     def where(self) -> tuple[Any, int] | None:
@@ -165,20 +191,13 @@ class Gathered:
         capabilities = (getattr(client, "client_properties", None) or {}).get("capabilities", {})
         if not capabilities.get("connection.blocked", False):
             return
-        read = client.drain_events
         try:
-            read(timeout=0)
+            client.drain_events(timeout=0)
         except TimeoutError:
             pass
         except Exception:  # noqa: BLE001 - py-amqp's own read raises it at the first publish
             return
-
-        def drain_events(timeout: float | None = None) -> Any:
-            if timeout == 0:  # a publish's look for notices: made at the chunk's start
-                raise TimeoutError
-            return read(timeout)
-
-        client.drain_events = drain_events
+        _skip_notice_reads(client)  # made now, at the chunk's start
         self._reads_skipped = True
 
     def _write(self) -> None:
@@ -234,28 +253,11 @@ class Recorder:
         client = gatherable(self.producer)
         if client is None:
             return self
-        from amqp import method_framing, spec
-
-        original = client.frame_writer
-        keep = method_framing.frame_writer(client, self._kept)
-        publish = spec.Basic.Publish
-
-        def write_frame(type_: int, channel: int, method_sig: Any, args: Any,
-                        content: Any) -> Any:
-            if type_ == 1 and method_sig == publish:
-                return keep(type_, channel, method_sig, args, content)
-            return original(type_, channel, method_sig, args, content)
-
-        read = client.drain_events
-
-        def drain_events(timeout: float | None = None) -> Any:
-            if timeout == 0:  # a publish's look for notices: nothing is written now
-                raise TimeoutError
-            return read(timeout)
-
+        # any other frame (a queue's first declaration) goes out at once, as it would have
+        original, write_frame = _keeping_publishes(client, self._kept, lambda: None)
         self.client, self._original = client, original
         client.frame_writer = write_frame
-        client.drain_events = drain_events
+        _skip_notice_reads(client)  # nothing is written now that a notice could hold back
         self.active = True
         return self
 
