@@ -191,6 +191,36 @@ def test_a_postgresql_error_in_the_heartbeat_is_retried_not_the_end_of_it():
     assert heartbeat.stopped_because is None
 
 
+def test_a_ping_on_a_store_with_no_threads_waits_its_own_short_time_for_the_call_before(
+        pg_url):
+    """A forking process's store (one connection, no threads): a ping waits at most its
+    own 0.5 s for the call in flight, not the store's timeout (8 s here)."""
+    from celery_leaderbeat.store.base import STORE_ERRORS
+
+    store = open_store(config_of(pg_url, store_timeout=8), threads=False)
+    in_flight, done = threading.Event(), threading.Event()
+
+    def a_long_call() -> None:
+        with store.place.pool.connection():
+            in_flight.set()
+            done.wait(20)
+
+    caller = threading.Thread(target=a_long_call)
+    caller.start()
+    try:
+        assert in_flight.wait(10)
+        started = time.monotonic()
+        with pytest.raises(STORE_ERRORS):
+            store.ping()
+        waited = time.monotonic() - started
+    finally:
+        done.set()
+        caller.join(10)
+    store.ping()  # the connection is free again: it answers
+    store.close()
+    assert waited < 4.0, f"the ping waited {waited:.1f} s (the store's timeout is 8 s)"
+
+
 # -- the CLI ---------------------------------------------------------------------------------
 
 def _cli_env(url: str, prefix: str) -> dict[str, str]:

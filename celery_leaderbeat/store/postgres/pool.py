@@ -19,6 +19,7 @@ them holds a lock (the pool's, libpq's, OpenSSL's) inherits it held forever.
 
 from __future__ import annotations
 
+import math
 import select
 import threading
 import time
@@ -95,7 +96,9 @@ class OneConnection:
     What a pool offers the store (``connection()``, ``check()``, ``close()``,
     ``conninfo``, ``timeout``), for a process that forks: nothing runs in it but the
     callers, so a fork made between two calls leaves no lock held in the child. A call
-    waits for the one in flight at most ``timeout`` s (then ``PoolTimeout``, as a pool's).
+    waits for the one in flight at most ``timeout`` s (then ``PoolTimeout``, as a pool's),
+    or what the call asks (a ping's shorter wait), also as the connect timeout of a new
+    connection (libpq's floor: 2 s).
     """
 
     def __init__(self, conninfo: str, *, timeout: float, kwargs: dict[str, Any]) -> None:
@@ -106,10 +109,11 @@ class OneConnection:
         self._conn: psycopg.Connection[Any] | None = None
 
     @contextmanager
-    def connection(self) -> Iterator[psycopg.Connection[Any]]:
-        if not self._lock.acquire(timeout=self.timeout):
+    def connection(self, timeout: float | None = None) -> Iterator[psycopg.Connection[Any]]:
+        wait = self.timeout if timeout is None else min(timeout, self.timeout)
+        if not self._lock.acquire(timeout=wait):
             raise psycopg_pool.PoolTimeout(
-                f"no connection within {self.timeout} s: the call before still runs")
+                f"no connection within {wait} s: the call before still runs")
         try:
             if self._conn is not None:
                 try:
@@ -117,7 +121,9 @@ class OneConnection:
                 except psycopg.OperationalError:
                     self._drop()
             if self._conn is None:
-                self._conn = psycopg.connect(self.conninfo, **self._kwargs)
+                kwargs = self._kwargs if timeout is None else {
+                    **self._kwargs, "connect_timeout": max(1, math.ceil(wait))}
+                self._conn = psycopg.connect(self.conninfo, **kwargs)
             conn = self._conn
             try:
                 yield conn
@@ -129,10 +135,15 @@ class OneConnection:
             self._lock.release()
 
     def check(self) -> None:
-        """Drop the connection if it is broken; the next call opens another."""
-        with self._lock:
+        """Drop the connection if it is broken; the next call opens another. A call in
+        flight has it: nothing to check then (and nothing to wait for)."""
+        if not self._lock.acquire(blocking=False):
+            return
+        try:
             if self._conn is not None and self._conn.broken:
                 self._drop()
+        finally:
+            self._lock.release()
 
     def close(self) -> None:
         with self._lock:
@@ -153,7 +164,7 @@ def connection(pool: Pool, timeout: float | None = None) -> Iterator[psycopg.Con
     """A live connection from ``pool`` within ``timeout`` s (None: the pool's own); a
     connection error also checks the pool's idle ones."""
     try:
-        with (pool.connection() if isinstance(pool, OneConnection)
+        with (pool.connection(timeout) if isinstance(pool, OneConnection)
               else _live(pool, timeout)) as conn:
             yield conn
     except UNREACHABLE:
