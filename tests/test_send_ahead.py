@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Iterator
-from datetime import datetime, timezone
+from datetime import datetime
 
 import kombu
 import pytest
@@ -28,8 +28,6 @@ from tests.support.beat import NOOP
 from tests.support.rabbitmq import AMQP_URL as AMQP
 from tests.support.rabbitmq import send_queues
 from tests.test_send_rabbit import SLOTS, drain, leading, make_scheduler
-
-UTC = timezone.utc
 
 
 @pytest.fixture
