@@ -1,9 +1,10 @@
 """The worker guard with real prefork workers: each slot runs at most once.
 
-Real ``celery worker -c 2`` processes, a real Redis for leaderbeat's state (the
-first and third tests also a PostgreSQL database of their own); the machine's RabbitMQ (a
-queue of this test's own) where the test is about broker redelivery. Lease ttl 3 s where a test waits for a dead run's liveness to lapse
-(said there), to keep the suite short; otherwise the defaults.
+Real ``celery worker -c 2`` processes, a real Redis for leaderbeat's state (each test
+but the ``acks_late`` one also a PostgreSQL database of its own: ``guarded_store``); the
+machine's RabbitMQ (a queue of this test's own) where the test is about broker
+redelivery. Lease ttl 3 s where a test waits for a dead run's liveness to lapse (said
+there), to keep the suite short; otherwise the defaults.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from tests.support.beat import BeatCluster, beat_env
 from tests.support.beatapp import make_app
 from tests.support.rabbitmq import require_rabbitmq
 from tests.support.worker import WorkerProcess, executed, wait_until
+from tests.test_catchup_processes import leader_pid
 
 pytestmark = pytest.mark.slow
 
@@ -178,35 +180,32 @@ def test_overlap_skip_never_runs_two_runs_of_an_entry_at_once_across_two_workers
 
 @pytest.mark.xdist_group("heavy")  # CPU-heavy: never beside another heavy test
 def test_a_leader_paused_mid_batch_with_the_guard_on_every_slot_runs_exactly_once(
-        tmp_path, make_redis_server, key_prefix):
-    state, broker, results = make_redis_server(), make_redis_server(), make_redis_server()
+        tmp_path, make_redis_server, key_prefix, guarded_store):
+    state_url, store_settings, view = guarded_store
+    broker, results = make_redis_server(), make_redis_server()
     n = 1000
     schedule = {f"e{i}": {"task": RECORD, "every": 5} for i in range(n)}
     # 200 sends a second: a history long enough to still hold the first slot's records
-    env = guarded_env(tmp_path, broker_url=broker.url, state_url=state.url,
+    env = guarded_env(tmp_path, broker_url=broker.url, state_url=state_url,
                       record_url=results.url, prefix=key_prefix, schedule=schedule,
-                      settings={"leaderbeat_history_length": 100_000})
-    client = state.client()
-    history_key = "{" + key_prefix + "}:history"
+                      settings={"leaderbeat_history_length": 100_000, **store_settings})
 
     def first_slot_sent() -> set[str]:
-        sent = [(int(f[b"slot"]), f[b"entry"]) for _, f in client.xrange(history_key)
-                if f[b"event"] == b"sent"]
+        sent = [(int(e["slot"]), e["entry"]) for e in view.history() if e["event"] == "sent"]
         first_ms = min(slot for slot, _ in sent)
-        return {entry.decode() for slot, entry in sent if slot == first_ms}
+        return {entry for slot, entry in sent if slot == first_ms}
 
     with WorkerProcess(env, tmp_path / "w1.log", name="w1") as w1:
         with BeatCluster(3, env, tmp_path) as cluster:
             w1.wait_ready()
-            wait_until(lambda: client.get("{" + key_prefix + "}:leader") is not None, 30,
-                       "a leader")
-            token = client.get("{" + key_prefix + "}:leader").decode()
-            leader = next(b for b in cluster if b.pid == int(token.split("|")[0].split(":")[-2]))
+            wait_until(lambda: view.token() is not None, 30, "a leader")
+            token = view.token()
+            leader = next(b for b in cluster if b.pid == leader_pid(token))
             deadline = time.monotonic() + 30
             # paused once about 200 slots of the first batch were recorded sent
-            while sum(1 for _, f in client.xrange(history_key) if f[b"event"] == b"sent") < 200:
+            while sum(1 for e in view.history() if e["event"] == "sent") < 200:
                 assert time.monotonic() < deadline, "the leader never started its batch"
-                time.sleep(0.002)
+                time.sleep(0.005)
             leader.stop()
             time.sleep(12)  # past the ttl: a standby leads, re-sends the paused chunk
             leader.cont()
@@ -216,7 +215,7 @@ def test_a_leader_paused_mid_batch_with_the_guard_on_every_slot_runs_exactly_onc
             while len(first_slot_sent()) < n:
                 assert time.monotonic() < deadline, (
                     f"{len(first_slot_sent())} of {n} slots of the paused batch recorded sent "
-                    f"within 60 s; history: {Counter((e['event'], e.get('detail', '')[:40]) for e in history(client, key_prefix))}")
+                    f"within 60 s; history: {Counter((e['event'], e.get('detail', '')[:40]) for e in view.history())}")
                 time.sleep(1)
             time.sleep(2)
             assert leader.alive
@@ -235,7 +234,7 @@ def test_a_leader_paused_mid_batch_with_the_guard_on_every_slot_runs_exactly_onc
         time.sleep(2)  # the last messages taken: a second run of any slot would land by now
     rows = [r for r in executed(results.client()) if r["slot"] == first]
     per_entry = Counter(r["entry"] for r in rows)
-    skipped = [e for e in history(client, key_prefix) if e["event"] == "skipped"
+    skipped = [e for e in view.history() if e["event"] == "skipped"
                and e.get("detail", "").startswith("duplicate")]
     print(f"paused leader with the guard: {len(per_entry)} of {n} slots of the paused batch "
           f"executed, {sum(v - 1 for v in per_entry.values())} twice; {len(skipped)} duplicate "
