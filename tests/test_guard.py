@@ -207,7 +207,10 @@ def test_a_leader_paused_mid_batch_with_the_guard_on_every_slot_runs_exactly_onc
                 assert time.monotonic() < deadline, "the leader never started its batch"
                 time.sleep(0.005)
             leader.stop()
-            time.sleep(12)  # past the ttl: a standby leads, re-sends the paused chunk
+            # past the ttl: a standby leads (and re-sends the paused chunk) before it wakes
+            wait_until(lambda: (token := view.token()) is not None
+                       and leader_pid(token) != leader.pid, 30,
+                       "a standby to lead while the leader is paused")
             leader.cont()
             # the beats' part: every entry's first slot sent (by the paused leader before
             # its pause, a standby's rescue, or the next leader's recovery)

@@ -27,28 +27,13 @@ from celery_leaderbeat.send.ahead import FEWEST
 from tests.support.beat import NOOP
 from tests.support.rabbitmq import AMQP_URL as AMQP
 from tests.support.rabbitmq import send_queues
-from tests.test_send_rabbit import SLOTS, drain, leading, make_scheduler
+from tests.test_send_rabbit import SLOTS, SocketWrites, drain, leading, make_scheduler
 
 
 @pytest.fixture
 def queues() -> Iterator[dict[str, str]]:
     with send_queues() as names:
         yield names
-
-
-class Written:
-    """What the producer connection writes to its socket, write by write."""
-
-    def __init__(self, sender) -> None:
-        transport = sender.enqueuer.producer().channel.connection.transport
-        self.data: list[bytes] = []
-        real = transport._write
-
-        def kept(data):
-            self.data.append(bytes(data))
-            return real(data)
-
-        transport._write = kept
 
 
 def record(sender, names: list[str], slot: datetime) -> int:
@@ -72,7 +57,7 @@ def test_recorded_frames_reach_the_broker_only_with_their_chunk_byte_for_byte_as
         # the entry whose message expires is built by apply_async at its send (the clock)
         assert ("expiring", SLOTS[1]) not in ahead and ("plain-1", SLOTS[1]) in ahead
         fixed = [n for n in names if n != "expiring"]  # the same bytes at every send
-        written = Written(sender)
+        written = SocketWrites(sender)
         published: list[str] = []
 
         def on_after(headers=None, **_):

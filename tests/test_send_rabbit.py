@@ -95,19 +95,23 @@ def drain(queues: dict[str, str]) -> dict[tuple[str, str], tuple]:
 
 
 class SocketWrites:
-    """Counts the writes to the producer connection's socket (wraps its sendall)."""
+    """The writes to the producer connection's socket, each one's bytes (wraps its sendall)."""
 
     def __init__(self, sender) -> None:
         client = sender.enqueuer.producer().channel.connection
         self.transport = client.transport
         self.real = self.transport._write
-        self.count = 0
+        self.data: list[bytes] = []
 
-        def counted(data):
-            self.count += 1
+        def kept(data):
+            self.data.append(bytes(data))
             return self.real(data)
 
-        self.transport._write = counted
+        self.transport._write = kept
+
+    @property
+    def count(self) -> int:
+        return len(self.data)
 
 
 def test_a_chunk_goes_out_as_apply_async_would_publish_it_in_one_write_on_the_single_write(

@@ -60,7 +60,7 @@ class Ahead:
     def __init__(self) -> None:
         self._kept: dict[tuple[str, int], Recording] = {}
         self._version: Any = None
-        #: slots whose frames were used (a send wrote them), for status and tests
+        #: slots whose frames were used (a send wrote them): what the tests and benches read
         self.used = 0
 
     def __len__(self) -> int:

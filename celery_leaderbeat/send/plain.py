@@ -122,6 +122,22 @@ class _Stopped(Exception):
         self.settled = settled  # slots written before (gathered frames that had to go early)
 
 
+def _one_publisher(scheduler: SchedulerSide, epoch: int, producer: Any, gathered: Gathered,
+                   publish_one: Callable[[Any, datetime, str, Any], None] | None,
+                   recorded: Callable[[Gathered, Any, datetime], bool] | None,
+                   ) -> Callable[[Any, datetime, str], None]:
+    """What publishes one slot of a batch: its frames recorded ahead where the chunk
+    gathers frames and ``recorded`` has them, else ``publish_one`` (default :func:`publish`)."""
+    def one(entry: Any, slot: datetime, overlap: str) -> None:
+        if gathered.active and recorded is not None and recorded(gathered, entry, slot):
+            return  # framed ahead of its slot: kept as a publish would be
+        if publish_one is None:
+            publish(scheduler, entry, slot, epoch, overlap, producer=producer)
+        else:
+            publish_one(entry, slot, overlap, producer)
+    return one
+
+
 def send_many(scheduler: SchedulerSide, slots: Sequence[tuple[Any, datetime, str]],
               epoch: int, producer: Any = None, may_send: Callable[[], bool] = lambda: True,
               say: Callable[[Any, datetime], None] = lambda entry, slot: None,
@@ -153,19 +169,14 @@ def send_many(scheduler: SchedulerSide, slots: Sequence[tuple[Any, datetime, str
         with batched(producer), Gathered(producer, enabled=gather) as gathered:
             # kombu's batch or gathered frames: nothing reaches the broker before the end
             deferred = batches(producer) or gathered.active
+            one = _one_publisher(scheduler, epoch, producer, gathered, publish_one, recorded)
             for i, (entry, slot, overlap) in enumerate(slots):
                 if not deferred and not may_send():
                     return ok[:i]  # published one by one: stop where the lease ran out
                 say(entry, slot)
                 gathered.at = i
                 try:
-                    if gathered.active and recorded is not None and \
-                            recorded(gathered, entry, slot):
-                        pass  # framed ahead of its slot: kept as a publish would be
-                    elif publish_one is None:
-                        publish(scheduler, entry, slot, epoch, overlap, producer=producer)
-                    else:
-                        publish_one(entry, slot, overlap, producer)
+                    one(entry, slot, overlap)
                     ok[i] = True
                 except Exception:  # this message only: logged with its traceback, unsent
                     logger.exception("leaderbeat: could not send %s for slot %s",
