@@ -2,6 +2,7 @@
 
     nice python bench/dynamic_storm.py [--entries 10000] [--every 25] [--storm 120]
                                        [--changes 2000] [--once 500]
+    nice python bench/dynamic_storm.py --every 20 --phases 8   # like for like (below)
 
 Two runs on this machine, each with three real beats (Celery's default 300 s loop,
 leaderbeat's default 10 s lease and 2 s rescue_after):
@@ -14,6 +15,13 @@ leaderbeat's default 10 s lease and 2 s rescue_after):
   new interval anchored at its save), argument edits, disables, enables of disabled
   entries, removals and one-offs due 2-12 s after their save, at an even pace; the
   leader SIGKILLed half-way through.
+
+With ``--phases K`` (``every`` a divisor of 60), the static entries and the run-time
+ones saved before the beats start are the same six-field crons, entry i due at second
+``i % K`` of every ``every``: both fall due on the same K instants, so the quiet
+windows compare the cost of an entry's kind alone (without it, the static entries
+share one instant and the run-time ones the seconds their saves took). Argument edits
+and enables keep the cron; interval edits become intervals, as without.
 
 Every operation's new definition carries its own argument, so each message says
 which definition it was sent under. Checked from the broker: every one-off sent
@@ -138,9 +146,20 @@ def window(rig: Rig, seconds: float) -> dict[str, Any]:
 
 # -- static ------------------------------------------------------------------------------------
 
-def static(n: int, every: float, seconds: float) -> dict[str, Any]:
+def phased(i: int, every: float, phases: int) -> str:
+    """Entry i's six-field cron under ``--phases``: due at second ``i % phases`` of
+    every ``every``."""
+    return f"{i % phases}/{int(every)} * * * * *"
+
+
+def static(n: int, every: float, seconds: float, phases: int = 0) -> dict[str, Any]:
     """The same entries in beat_schedule: the steady costs, then the leader SIGKILLed."""
-    with Rig("leaderbeat", entries(n, every, prefix="d"), settings=SETTINGS) as rig:
+    schedule = entries(n, every, prefix="d")
+    if phases:
+        for i, name in enumerate(schedule):
+            del schedule[name]["every"]
+            schedule[name]["cron"] = phased(i, every, phases)
+    with Rig("leaderbeat", schedule, settings=SETTINGS) as rig:
         for _ in range(3):
             rig.start_beat()
         wait_leader(rig)
@@ -181,7 +200,7 @@ def plan_ops(n: int, changes: int, once: int, rng: random.Random) -> list[str]:
 
 
 def storm(run: Run, n: int, every: float, seconds: float, changes: int, once: int,
-          rng: random.Random) -> tuple[list[Op], float, float, dict[str, Any]]:
+          rng: random.Random, phases: int = 0) -> tuple[list[Op], float, float, dict[str, Any]]:
     """The storm; returns the operations, the kill and election times, and the CPU of the
     first half (the first leader) and of the second (the next)."""
     names = [f"d{i}" for i in range(n)]
@@ -212,27 +231,34 @@ def storm(run: Run, n: int, every: float, seconds: float, changes: int, once: in
         if killed_at and not elected_at and (pid := leader_pid(run.rig)) not in (None, leader):
             elected_at, leader = time.time(), pid
         if kind == "enable" and disabled and disabled[0][1] < time.time() - 5:
-            ops.append(save(run.app, Op("enable", disabled.pop(0)[0], k, 0.0), every))
+            ops.append(save(run.app, Op("enable", disabled.pop(0)[0], k, 0.0), every,
+                            phases=phases))
             continue
         name = next(fresh)
         op = save(run.app, Op("args" if kind == "enable" else kind,
-                              f"once{k}" if kind == "once" else name, k, 0.0), every, rng)
+                              f"once{k}" if kind == "once" else name, k, 0.0), every, rng,
+                  phases)
         ops.append(op)
         if kind == "disable":
             disabled.append((name, time.time()))
     return ops, killed_at, elected_at, {"first": first}
 
 
-def save(app: Celery, op: Op, every: float, rng: random.Random | None = None) -> Op:
+def save(app: Celery, op: Op, every: float, rng: random.Random | None = None,
+         phases: int = 0) -> Op:
     args = [op.name, op.tag]
+    # what an argument edit or an enable keeps: the entry's own schedule (its cron under
+    # --phases, whose first slot after an enable is the cron's, not the anchor + every)
+    kept: Any = (phased(int(op.name[1:]), every, phases)
+                 if phases and op.kind != "once" else every)
     if op.kind == "interval":
         op.every = rng.choice([every - 5, every + 5]) if rng else every
         entry = Entry(op.name, NOOP, op.every, args=args)
     elif op.kind in ("args", "enable"):
-        op.every = every
-        entry = Entry(op.name, NOOP, every, args=args)
+        op.every = 0.0 if phases else every
+        entry = Entry(op.name, NOOP, kept, args=args)
     elif op.kind == "disable":
-        entry = Entry(op.name, NOOP, every, args=[op.name], enabled=False)
+        entry = Entry(op.name, NOOP, kept, args=[op.name], enabled=False)
     elif op.kind == "once":
         op.at = time.time() + (rng.uniform(2, 12) if rng else 5)
         entry = Entry(op.name, NOOP, at=datetime.fromtimestamp(op.at, timezone.utc), args=args)
@@ -278,7 +304,7 @@ def verdict(ops: list[Op], sent: list[Sent], killed_at: float, elected_at: float
         key = "gap_" if in_gap else ""
         out[f"{key}{op.kind}_checked"] += 1
         out[f"{key}{op.kind}_old_after_1s"] += bool(old)
-        if op.kind in ("interval", "enable"):
+        if op.kind in ("interval", "enable") and op.every:
             expected = op.anchor + op.every
             off = new[0] - expected
             out[f"{key}{op.kind}_not_at_save_plus_interval"] += abs(off) > 0.002
@@ -298,14 +324,15 @@ def verdict(ops: list[Op], sent: list[Sent], killed_at: float, elected_at: float
 
 
 def runtime(n: int, every: float, seconds: float, changes: int, once: int,
-            quiet: float) -> dict[str, Any]:
+            quiet: float, phases: int = 0) -> dict[str, Any]:
     rng = random.Random(7)
     row: dict[str, Any] = {}
     with Rig("leaderbeat", {}, settings=SETTINGS) as rig:
         run = Run(rig, api_app(rig.state.url))
         t0 = time.perf_counter()
         for i in range(n):
-            Entry(f"d{i}", NOOP, every, args=[f"d{i}", -1]).save(run.app)
+            seeded: Any = phased(i, every, phases) if phases else every
+            Entry(f"d{i}", NOOP, seeded, args=[f"d{i}", -1]).save(run.app)
         row["seed_s"] = round(time.perf_counter() - t0, 1)
         for _ in range(3):
             rig.start_beat()
@@ -313,7 +340,8 @@ def runtime(n: int, every: float, seconds: float, changes: int, once: int,
         rig.watch.wait_count(n, timeout=every * 3 + 60)
         time.sleep(every / 2)
         row["quiet"] = window(rig, quiet)
-        ops, killed_at, elected_at, cpu = storm(run, n, every, seconds, changes, once, rng)
+        ops, killed_at, elected_at, cpu = storm(run, n, every, seconds, changes, once, rng,
+                                            phases)
         first = cpu["first"]
         leader = wait_leader(rig, timeout=30)
         cpu_l0, sent0, t_l0 = cpu_seconds(leader), rig.watch.count, time.monotonic()
@@ -349,17 +377,25 @@ def main() -> None:
     parser.add_argument("--once", type=int, default=500)
     parser.add_argument("--quiet", type=float, default=30.0)
     parser.add_argument("--static-seconds", type=float, default=45.0)
+    parser.add_argument("--phases", type=int, default=0,
+                        help="static and seeded run-time entries on the same K instants of "
+                             "every --every s (six-field crons; --every must divide 60)")
     parser.add_argument("--skip-static", action="store_true")
     parser.add_argument("--skip-runtime", action="store_true")
     args = parser.parse_args()
+    if args.phases and (60 % args.every or not 0 < args.phases <= args.every):
+        parser.error(f"--phases {args.phases} needs --every to divide 60 and to be at least "
+                     f"the phases (got --every {args.every:g})")
     row: dict[str, Any] = {"scenario": "storm", "entries": args.entries, "every": args.every,
                            "load0": load()}
+    if args.phases:
+        row["phases"] = args.phases
     if not args.skip_static:
-        row["static"] = static(args.entries, args.every, args.static_seconds)
+        row["static"] = static(args.entries, args.every, args.static_seconds, args.phases)
         print(json.dumps(row["static"]), flush=True)
     if not args.skip_runtime:
         row["runtime"] = runtime(args.entries, args.every, args.storm, args.changes, args.once,
-                                 args.quiet)
+                                 args.quiet, args.phases)
     row["load1"] = load()
     row["at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
     RESULTS.parent.mkdir(exist_ok=True)

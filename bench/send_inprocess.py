@@ -7,6 +7,8 @@
     python bench/send_inprocess.py steady --topic   # the queue bound to a topic exchange:
                                                     # each chunk's queues looked up at send
     python bench/send_inprocess.py steady|rabbit --path plain|templates|fast|fast-apply
+    python bench/send_inprocess.py steady --cron [--runtime]   # on one six-field cron;
+                                                    # --runtime: saved through the Entry API
 
 ``--path`` picks the send path: ``plain`` (Celery's ``apply_async`` for every
 message, kombu's ``Producer.batch`` on Redis, one publish per message on
@@ -44,6 +46,7 @@ import kombu
 from celery import Celery
 
 from celery_leaderbeat.scheduler import Scheduler
+from celery_leaderbeat.store.dynamic import Entry
 from celery_leaderbeat.timing.schedules import cron
 from tests.support.beat import NOOP
 from tests.support.redis_server import RedisServer
@@ -176,6 +179,12 @@ def parse_args() -> argparse.Namespace:
                              "entries fall due at instants of their own, not together")
     parser.add_argument("--topic", action="store_true",
                         help="the run's queue bound to a topic exchange (Redis broker)")
+    parser.add_argument("--cron", action="store_true",
+                        help="steady/rabbit: every entry on the cron '*/5 * * * * *' (due on "
+                             "the same seconds however long the entries took to save)")
+    parser.add_argument("--runtime", action="store_true",
+                        help="steady/rabbit: the entries saved as run-time entries (the "
+                             "Entry API) before the scheduler starts, not in beat_schedule")
     parser.add_argument("--path", choices=["plain", "templates", "fast", "fast-apply"],
                         default="fast",
                         help="the send path (see above)")
@@ -191,7 +200,8 @@ def make_app(args: argparse.Namespace, server: RedisServer, queue: str) -> Celer
                     for i in range(10_000)}
     else:
         own = {"options": {"leaderbeat": {"jitter": args.jitter}}} if args.jitter else {}
-        schedule = {f"e{i}": {"task": NOOP, "schedule": 5.0, "args": [f"e{i}"], **own}
+        every: Any = "*/5 * * * * *" if args.cron else 5.0
+        schedule = {f"e{i}": {"task": NOOP, "schedule": every, "args": [f"e{i}"], **own}
                     for i in range(2000)}
     app = Celery("bench")
     if args.topic:  # routed through the exchange's bindings, as a topic route is
@@ -201,6 +211,11 @@ def make_app(args: argparse.Namespace, server: RedisServer, queue: str) -> Celer
                     beat_schedule=schedule, timezone="UTC", beat_max_loop_interval=1,
                     task_default_queue=queue, leaderbeat_atomic_enqueue=args.path.startswith("fast"),
                     **({"leaderbeat_redis_url": server.url_for(0)} if rabbit else {}))
+    if args.runtime:  # the same entries, defined at run time instead
+        app.conf.beat_schedule = {}
+        for name, entry in schedule.items():
+            Entry(name, entry["task"], entry["schedule"], args=entry["args"],
+                  **({"jitter": args.jitter} if args.jitter else {})).save(app)
     return app
 
 
