@@ -11,6 +11,7 @@ unless a test says which setting it changes and why.
 from __future__ import annotations
 
 import time
+from typing import Any, NamedTuple
 
 import psycopg
 import pytest
@@ -21,6 +22,7 @@ from tests.support.amqp_recorder import AmqpRecorder
 from tests.support.beat import NOOP, BeatCluster, beat_env, duplicates
 from tests.support.pg_beats import (
     by_pid,
+    holder,
     pid_of,
     queue_depth,
     recorded_unsent,
@@ -134,12 +136,36 @@ def _identity(cluster: PgCluster) -> tuple[int, int]:
         return lease_sql.server_identity(conn)
 
 
+class Promoted(NamedTuple):
+    messages: list[Any]
+    recorded: Any  # the slots the promoted server's history records as not sent
+    promoted_ms: int
+    end_ms: int
+    before: tuple[int, int]  # (system identifier, timeline) of the primary
+    after: tuple[int, int]  # the same of the promoted replica
+    logs: str
+    led: str  # the node that led on the primary
+    first: str  # the first node to lead on the promoted server
+
+
+def _holder_within(conninfo: str, prefix: str, seconds: float) -> str | None:
+    """The first node to hold the lease within ``seconds`` (polled), or None."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if (held := holder(conninfo, prefix)) is not None:
+            return held[0]
+        time.sleep(0.05)
+    return None
+
+
 def _promote_under_beats(tmp_path, amqp_recorder, key_prefix, primary: PgCluster,
-                         replica: PgCluster, *, lag: bool):
+                         replica: PgCluster, *, lag: float = 0.0,
+                         leader_away: float = 0.0) -> Promoted:
     """Three beats on ``primary`` (a URL naming both servers, libpq choosing the writable
     one); the primary stopped (immediate: a crash) and the replica promoted. ``lag``: the
-    replica stops receiving 3 s before. (messages, recorded, ms of the promotion, end ms,
-    identity before, after, logs)."""
+    replica stops receiving that many seconds before. ``leader_away``: the leader is
+    SIGSTOPped before the primary stops and woken that many seconds after the promotion
+    (the standbys meet the promoted server first)."""
     url = store_url(primary.port, replica.port, target_session_attrs="read-write")
     env = env_for(tmp_path, url, amqp_recorder, key_prefix)
     with BeatCluster(3, env, tmp_path) as beats:
@@ -148,11 +174,22 @@ def _promote_under_beats(tmp_path, amqp_recorder, key_prefix, primary: PgCluster
         before = _identity(primary)
         if lag:
             _cut_replication(replica)
-            amqp_recorder.watch(3)
+            amqp_recorder.watch(lag)
+        led = wait_holder(primary.conninfo, key_prefix)
+        if leader_away:
+            by_pid(beats, pid_of(led)).stop()
         primary.stop("immediate")
         replica.promote()
         promoted_ms = round(time.time() * 1000)
-        wait_holder(replica.conninfo, key_prefix, timeout=TTL + 10)
+        if leader_away:
+            # (a standby that takes the lease meanwhile is what the caller looks for)
+            first_while_away = _holder_within(replica.conninfo, key_prefix, leader_away)
+            by_pid(beats, pid_of(led)).cont()
+        # (with a lag past the ttl the lease the replica holds has expired: this is the
+        # first node to take it on the promoted server)
+        first = wait_holder(replica.conninfo, key_prefix, timeout=TTL + 10)
+        if leader_away and first_while_away is not None:
+            first = first_while_away
         amqp_recorder.watch(TTL + 5)
         end_ms = round(time.time() * 1000)
         messages = amqp_recorder.drain_all()
@@ -161,7 +198,7 @@ def _promote_under_beats(tmp_path, amqp_recorder, key_prefix, primary: PgCluster
         alive = len(beats.alive)
         logs = beats.logs()
     assert alive == 3, logs[-5000:]
-    return messages, recorded, promoted_ms, end_ms, before, after, logs
+    return Promoted(messages, recorded, promoted_ms, end_ms, before, after, logs, led, first)
 
 
 @pytest.mark.parametrize("names", ["*", "ANY 1 (*)"])
@@ -169,8 +206,8 @@ def test_a_synchronous_replica_promoted_under_real_beats_no_slot_twice_none_unre
         tmp_path, amqp_recorder, key_prefix, names):
     with pg_cluster() as primary, pg_cluster(standby_of=primary) as replica:
         _wait_sync(primary, names)
-        messages, recorded, promoted_ms, end_ms, before, after, logs = _promote_under_beats(
-            tmp_path, amqp_recorder, key_prefix, primary, replica, lag=False)
+        messages, recorded, promoted_ms, end_ms, before, after, logs, *_ = (
+            _promote_under_beats(tmp_path, amqp_recorder, key_prefix, primary, replica))
     first = min(slot_ms(m.slot) for m in messages)
     assert after[0] == before[0] and after[1] > before[1]  # the same data, a new timeline
     assert duplicates(messages) == [], logs[-5000:]
@@ -182,8 +219,8 @@ def test_a_synchronous_replica_promoted_under_real_beats_no_slot_twice_none_unre
 def test_an_asynchronous_replica_that_lacks_commits_is_detected_and_slots_after_it_recorded(
         tmp_path, amqp_recorder, key_prefix):
     with pg_cluster() as primary, pg_cluster(standby_of=primary) as replica:
-        messages, recorded, promoted_ms, end_ms, before, after, logs = _promote_under_beats(
-            tmp_path, amqp_recorder, key_prefix, primary, replica, lag=True)
+        messages, recorded, promoted_ms, end_ms, before, after, logs, *_ = (
+            _promote_under_beats(tmp_path, amqp_recorder, key_prefix, primary, replica, lag=3))
     assert after[0] == before[0] and after[1] > before[1]  # the same data, a new timeline
     assert "holds older state than this node has seen" in logs, logs[-5000:]
     assert f"on timeline {after[1]}" in logs, "the loss names the promoted server's timeline"
@@ -193,6 +230,29 @@ def test_an_asynchronous_replica_that_lacks_commits_is_detected_and_slots_after_
     after_loss = promoted_ms + round((TTL + 2) * 1000)
     assert unaccounted(messages, recorded, [f"e{i}" for i in range(ENTRIES)], 1000,
                        after_loss, end_ms - 3000) == [], logs[-5000:]
+    assert sent_after(messages, after_loss) == ENTRIES, logs[-5000:]
+
+
+def test_a_replica_promoted_with_an_expired_lease_the_node_that_led_goes_first(
+        tmp_path, amqp_recorder, key_prefix):
+    """PostgreSQL's side of Redis restored from an older snapshot under live beats: the
+    replica stopped receiving a lease ttl and 2 s before the promotion, so the lease it
+    holds has expired and every beat may take it. The leader is paused over the
+    promotion and woken 2 s after it, so the standbys meet the promoted server first (a
+    beat stalled by a swap or a long GC): they see the server went back, hold back for
+    the grace (5.3 s), and the node that led takes the lease when it wakes and carries on
+    from what it sent: no slot twice, every slot from the failover on sent or
+    recorded."""
+    with pg_cluster() as primary, pg_cluster(standby_of=primary) as replica:
+        run = _promote_under_beats(tmp_path, amqp_recorder, key_prefix, primary, replica,
+                                   lag=TTL + 2, leader_away=2.0)
+    messages, recorded, logs = run.messages, run.recorded, run.logs
+    assert "holds older state than this node has seen" in logs, logs[-5000:]
+    assert run.first == run.led, (f"{run.first} led first, not {run.led}", logs[-5000:])
+    assert duplicates(messages) == [], logs[-5000:]
+    after_loss = run.promoted_ms + round((TTL + 2) * 1000)
+    assert unaccounted(messages, recorded, [f"e{i}" for i in range(ENTRIES)], 1000,
+                       after_loss, run.end_ms - 3000) == [], logs[-5000:]
     assert sent_after(messages, after_loss) == ENTRIES, logs[-5000:]
 
 
