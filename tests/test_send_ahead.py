@@ -4,8 +4,9 @@ In idle time before a burst the leader records each due slot's frames (py-amqp's
 frame writer, nothing written); the chunk that sends the slot after its claim writes
 those bytes. The rules tested here: nothing recorded reaches the broker before its
 chunk; what a chunk writes is byte for byte what it writes without the recordings; a
-recording is used only under its epoch and the schedule version it was made with; a
-leader ticking as beat does records a burst and sends each of its slots once from them.
+recording is used only under its epoch and the schedule version it was made with, and
+none is kept once the node stops leading; a leader ticking as beat does records a burst
+and sends each of its slots once from them.
 
 Each test has queues of its own on the RabbitMQ at 127.0.0.1:5672 (deleted after) and a
 Redis of its own for the state.
@@ -99,6 +100,25 @@ def test_a_recording_is_used_only_under_its_epoch_and_the_schedule_version_it_wa
         assert batch.send_many([(n, SLOTS[2]) for n in names]) == [True] * len(names)
         assert ahead.used == 0
         assert len(drain(queues)) == len(names)
+
+
+def test_a_leader_that_steps_down_keeps_none_of_its_recordings(redis_server, key_prefix,
+                                                              queues):
+    """Ticking as beat does until a burst's frames are recorded ahead of it, then the
+    lease lost: the recordings (of that epoch) go with the leadership."""
+    extra = {f"b{i}": {"task": NOOP, "schedule": cron("*/3 * * * * *"), "args": [i]}
+             for i in range(FEWEST + 50)}
+    scheduler = make_scheduler(redis_server.url, key_prefix, queues, extra)
+    try:
+        deadline = time.monotonic() + 10  # a burst every 3 s: recorded 1.5 s before one
+        while not (scheduler._enqueuer is not None and len(scheduler._enqueuer.ahead)):
+            assert time.monotonic() < deadline, "no burst was framed ahead within 10 s"
+            time.sleep(min(scheduler.tick(), 0.05))
+        assert scheduler._leader is not None
+        scheduler._step_down("lease lost (test)")
+        assert scheduler._leader is None and len(scheduler._enqueuer.ahead) == 0
+    finally:
+        scheduler.close()
 
 
 def test_a_leader_ticking_as_beat_does_frames_a_burst_ahead_and_sends_each_slot_once_from_it(

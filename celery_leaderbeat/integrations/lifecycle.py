@@ -132,10 +132,14 @@ class Lifecycle(Attributes):
             self._standby.since = utcnow()
 
     def _lost(self, why: str) -> None:
-        """This process stopped leading: its subscription goes, receivers are told."""
+        """This process stopped leading: its subscription goes, the messages framed ahead
+        under its epoch go, receivers are told."""
         assert self._shared is not None
         if self._leader is not None:
             self._leader.close()
+        enqueuer = getattr(self, "_enqueuer", None)
+        if enqueuer is not None:
+            enqueuer.ahead.clear()
         self._telemetry.lost(self.lb_config.node_id, self._shared.lease.epoch, why)
 
     def _refresh_registration(self) -> None:

@@ -15,7 +15,7 @@ epoch and the schedule version it was made with, while no ``before_task_publish`
 receiver is connected; anything else is built again at the send, as it would have
 been. Only a burst is framed ahead (:data:`FEWEST` slots or more due together), and
 what is kept is bounded: at most :data:`MOST` slots, each dropped when used or once
-its slot has passed.
+its slot has passed, and all of them when the node stops leading.
 """
 
 from __future__ import annotations
@@ -74,6 +74,10 @@ class Ahead:
         if version != self._version:
             self._kept.clear()
             self._version = version
+
+    def clear(self) -> None:
+        """Drop every recording (this node stopped leading: its epoch's are of no use)."""
+        self._kept.clear()
 
     def passed(self, now: datetime) -> None:
         """Drop the recordings of slots before ``now`` (sent otherwise, or not sent)."""
