@@ -9,6 +9,9 @@
     python bench/send_inprocess.py steady|rabbit --path plain|templates|fast|fast-apply
     python bench/send_inprocess.py steady --cron [--runtime]   # on one six-field cron;
                                                     # --runtime: saved through the Entry API
+    python bench/send_inprocess.py steady --every 3600 [--runtime]  # nothing due: the idle
+                                                    # ticks (a leader with run-time entries
+                                                    # ticks every 0.5 s, else every 1 s)
 
 ``--path`` picks the send path: ``plain`` (Celery's ``apply_async`` for every
 message, kombu's ``Producer.batch`` on Redis, one publish per message on
@@ -179,9 +182,12 @@ def parse_args() -> argparse.Namespace:
                              "entries fall due at instants of their own, not together")
     parser.add_argument("--topic", action="store_true",
                         help="the run's queue bound to a topic exchange (Redis broker)")
+    parser.add_argument("--every", type=float, default=5.0,
+                        help="steady/rabbit: each entry's interval (s); 3600: nothing due in "
+                             "the window, what the idle ticks cost")
     parser.add_argument("--cron", action="store_true",
-                        help="steady/rabbit: every entry on the cron '*/5 * * * * *' (due on "
-                             "the same seconds however long the entries took to save)")
+                        help="steady/rabbit: every entry on the cron '*/<every> * * * * *' "
+                             "(due on the same seconds however long the entries took to save)")
     parser.add_argument("--runtime", action="store_true",
                         help="steady/rabbit: the entries saved as run-time entries (the "
                              "Entry API) before the scheduler starts, not in beat_schedule")
@@ -200,7 +206,7 @@ def make_app(args: argparse.Namespace, server: RedisServer, queue: str) -> Celer
                     for i in range(10_000)}
     else:
         own = {"options": {"leaderbeat": {"jitter": args.jitter}}} if args.jitter else {}
-        every: Any = "*/5 * * * * *" if args.cron else 5.0
+        every: Any = f"*/{args.every:g} * * * * *" if args.cron else args.every
         schedule = {f"e{i}": {"task": NOOP, "schedule": every, "args": [f"e{i}"], **own}
                     for i in range(2000)}
     app = Celery("bench")
@@ -229,15 +235,18 @@ def measure(args: argparse.Namespace, scheduler: Scheduler, enqueued: Callable[[
     sending = 0.0  # wall seconds of the burst's ticks that sent something
     if args.what == "burst":  # the next burst, warm
         sending = tick_through_burst(scheduler, enqueued, n0 + 10_000)
-    else:
+    ticks = 0
+    if args.what != "burst":
         while time.monotonic() < t0 + args.seconds:
             time.sleep(min(scheduler.tick(), 1.0))
+            ticks += 1
     if profile:
         profile.disable()
     cpu, sent = time.process_time() - cpu0, enqueued() - n0
     print(f"{args.what} --path {args.path}: {sent} sent, {cpu:.3f} CPU s, {1000 * cpu / max(sent, 1):.4f} "
           f"CPU s per 1,000 sends{' (profiled)' if profile else ''}"
-          + (f", {sending:.3f} s wall in the ticks that sent" if args.what == "burst" else ""))
+          + (f", {sending:.3f} s wall in the ticks that sent" if args.what == "burst" else
+             f", {ticks} ticks, {1000 * cpu / max(ticks, 1):.3f} CPU ms per tick"))
     if profile:
         print_shares(pstats.Stats(profile), args.top)
 
