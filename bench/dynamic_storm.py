@@ -210,7 +210,7 @@ def storm(run: Run, n: int, every: float, seconds: float, changes: int, once: in
     ops: list[Op] = []
     kinds = plan_ops(n, changes, once, rng)
     pace = seconds / len(kinds)
-    start = time.monotonic()
+    start, started_at = time.monotonic(), time.time()
     killed_at = elected_at = 0.0
     first = None
     sent0 = run.rig.watch.count
@@ -241,7 +241,7 @@ def storm(run: Run, n: int, every: float, seconds: float, changes: int, once: in
         ops.append(op)
         if kind == "disable":
             disabled.append((name, time.time()))
-    return ops, killed_at, elected_at, {"first": first}
+    return ops, killed_at, elected_at, {"first": first, "started_at": started_at}
 
 
 def save(app: Celery, op: Op, every: float, rng: random.Random | None = None,
@@ -273,7 +273,7 @@ def save(app: Celery, op: Op, every: float, rng: random.Random | None = None,
 
 
 def verdict(ops: list[Op], sent: list[Sent], killed_at: float, elected_at: float,
-            end: float) -> dict[str, Any]:
+            end: float, since: float = 0.0) -> dict[str, Any]:
     by_entry: dict[str, list[Sent]] = defaultdict(list)
     for s in sent:
         by_entry[s.entry].append(s)
@@ -313,7 +313,13 @@ def verdict(ops: list[Op], sent: list[Sent], killed_at: float, elected_at: float
                 rescued = killed_at <= expected <= elected_at
                 edit_late["rescued" if rescued else "led"].append(first - expected)
     out.update(gap_lateness(sent, killed_at, elected_at))
-    led = sorted(s.received - s.slot for s in sent if s.slot < killed_at - 1)
+    # a standby rescues only the definition the leader wrote: an entry saved in the gap
+    # is in force from the next election, so its slots there are the next leader's
+    edited = {op.name for op in ops if gap[0] <= op.saved <= gap[1]}
+    unedited = gap_lateness([s for s in sent if s.entry not in edited], killed_at, elected_at)
+    out.update({f"unedited_{k}": v for k, v in unedited.items() if k.startswith("gap_")})
+    # from the storm's start: slots due while the beats started are sent by catch-up
+    led = sorted(s.received - s.slot for s in sent if since <= s.slot < killed_at - 1)
     out["led_slots_late_p99_s"] = round(led[len(led) * 99 // 100], 3) if led else None
     out["once_worst_late_s"] = round(max(once_late), 3) if once_late else None
     out["once_late_over_rescue_plus_1"] = sum(x > RESCUE_AFTER + 1 for x in once_late)
@@ -363,7 +369,7 @@ def runtime(n: int, every: float, seconds: float, changes: int, once: int,
         end = time.time()
         sent = parse_all(rig)
     row["ops"] = dict(Counter(op.kind for op in ops))
-    row["check"] = verdict(ops, sent, killed_at, elected_at, end)
+    row["check"] = verdict(ops, sent, killed_at, elected_at, end, since=cpu["started_at"])
     row["duplicates"] = len(sent) - len({(s.entry, s.slot) for s in sent})
     return row
 

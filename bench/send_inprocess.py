@@ -9,6 +9,8 @@
     python bench/send_inprocess.py steady|rabbit --path plain|templates|fast|fast-apply
     python bench/send_inprocess.py steady --cron [--runtime]   # on one six-field cron;
                                                     # --runtime: saved through the Entry API
+    python bench/send_inprocess.py steady --cron --runtime --every 20 [--edit-every 0.05]
+                                                    # what following changes costs
     python bench/send_inprocess.py steady --every 3600 [--runtime]  # nothing due: the idle
                                                     # ticks (a leader with run-time entries
                                                     # ticks every 0.5 s, else every 1 s)
@@ -34,6 +36,7 @@ import argparse
 import cProfile
 import logging
 import pstats
+import random
 import shutil
 import sys
 import tempfile
@@ -185,6 +188,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--every", type=float, default=5.0,
                         help="steady/rabbit: each entry's interval (s); 3600: nothing due in "
                              "the window, what the idle ticks cost")
+    parser.add_argument("--edit-every", type=float, default=0.0,
+                        help="steady --runtime: one entry's interval edited every so many "
+                             "seconds, between ticks; the ticks' own CPU is printed apart")
     parser.add_argument("--cron", action="store_true",
                         help="steady/rabbit: every entry on the cron '*/<every> * * * * *' "
                              "(due on the same seconds however long the entries took to save)")
@@ -235,20 +241,45 @@ def measure(args: argparse.Namespace, scheduler: Scheduler, enqueued: Callable[[
     sending = 0.0  # wall seconds of the burst's ticks that sent something
     if args.what == "burst":  # the next burst, warm
         sending = tick_through_burst(scheduler, enqueued, n0 + 10_000)
-    ticks = 0
+    ticks, in_ticks, edits = 0, 0.0, Edits(scheduler.app, args.edit_every)
     if args.what != "burst":
         while time.monotonic() < t0 + args.seconds:
-            time.sleep(min(scheduler.tick(), 1.0))
+            edits.due()
+            started = time.process_time()
+            delay = scheduler.tick()
+            in_ticks += time.process_time() - started
             ticks += 1
+            time.sleep(min(delay, 1.0))
     if profile:
         profile.disable()
     cpu, sent = time.process_time() - cpu0, enqueued() - n0
     print(f"{args.what} --path {args.path}: {sent} sent, {cpu:.3f} CPU s, {1000 * cpu / max(sent, 1):.4f} "
           f"CPU s per 1,000 sends{' (profiled)' if profile else ''}"
           + (f", {sending:.3f} s wall in the ticks that sent" if args.what == "burst" else
-             f", {ticks} ticks, {1000 * cpu / max(ticks, 1):.3f} CPU ms per tick"))
+             f", {ticks} ticks, {1000 * cpu / max(ticks, 1):.3f} CPU ms per tick")
+          + (f"; {edits.made} edits saved, {in_ticks:.3f} CPU s in the ticks alone"
+             if args.edit_every else ""))
     if profile:
         print_shares(pstats.Stats(profile), args.top)
+
+
+class Edits:
+    """``--edit-every``: one run-time entry's interval edited (15 or 25 s, its save's
+    second the new anchor) every so many seconds, from this process between ticks."""
+
+    def __init__(self, app: Celery, every: float) -> None:
+        self.app, self.every = app, every
+        self.names = list(app.conf.beat_schedule or {}) or [f"e{i}" for i in range(2000)]
+        self.rng = random.Random(1)
+        self.next = time.monotonic()
+        self.made = 0
+
+    def due(self) -> None:
+        while self.every and time.monotonic() >= self.next:
+            name = self.rng.choice(self.names)
+            Entry(name, NOOP, self.rng.choice([15.0, 25.0]), args=[name, self.made]).save(self.app)
+            self.made += 1
+            self.next += self.every
 
 
 def tick_through_burst(scheduler: Scheduler, enqueued: Callable[[], int], target: int) -> float:
