@@ -30,6 +30,12 @@ RECORD = "tests.support.beatapp.record"
 SLEEPY = "tests.support.beatapp.sleepy"
 
 
+def history(client, prefix: str) -> list[dict[str, str]]:
+    """The history stream of a Redis store, each event's fields decoded."""
+    return [{k.decode(): v.decode() for k, v in fields.items()}
+            for _, fields in client.xrange("{" + prefix + "}:history")]
+
+
 @pytest.fixture(params=["redis", "postgresql"])
 def guarded_store(request, make_redis_server, key_prefix):
     """(the state's Redis URL or None, the store's settings, a view of its history): a Redis
