@@ -10,6 +10,7 @@ unless a test says which setting it changes and why.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any, NamedTuple
 
@@ -22,7 +23,6 @@ from tests.support.amqp_recorder import AmqpRecorder
 from tests.support.beat import NOOP, BeatCluster, beat_env, duplicates
 from tests.support.pg_beats import (
     by_pid,
-    holder,
     pid_of,
     queue_depth,
     recorded_unsent,
@@ -148,16 +148,6 @@ class Promoted(NamedTuple):
     first: str  # the first node to lead on the promoted server
 
 
-def _holder_within(conninfo: str, prefix: str, seconds: float) -> str | None:
-    """The first node to hold the lease within ``seconds`` (polled), or None."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if (held := holder(conninfo, prefix)) is not None:
-            return held[0]
-        time.sleep(0.05)
-    return None
-
-
 def _promote_under_beats(tmp_path, amqp_recorder, key_prefix, primary: PgCluster,
                          replica: PgCluster, *, lag: float = 0.0,
                          leader_away: float = 0.0) -> Promoted:
@@ -181,15 +171,14 @@ def _promote_under_beats(tmp_path, amqp_recorder, key_prefix, primary: PgCluster
         primary.stop("immediate")
         replica.promote()
         promoted_ms = round(time.time() * 1000)
-        if leader_away:
-            # (a standby that takes the lease meanwhile is what the caller looks for)
-            first_while_away = _holder_within(replica.conninfo, key_prefix, leader_away)
+        first = None
+        if leader_away:  # a standby that takes the lease meanwhile is what callers look for
+            with contextlib.suppress(AssertionError):
+                first = wait_holder(replica.conninfo, key_prefix, timeout=leader_away)
             by_pid(beats, pid_of(led)).cont()
         # (with a lag past the ttl the lease the replica holds has expired: this is the
         # first node to take it on the promoted server)
-        first = wait_holder(replica.conninfo, key_prefix, timeout=TTL + 10)
-        if leader_away and first_while_away is not None:
-            first = first_while_away
+        first = first or wait_holder(replica.conninfo, key_prefix, timeout=TTL + 10)
         amqp_recorder.watch(TTL + 5)
         end_ms = round(time.time() * 1000)
         messages = amqp_recorder.drain_all()
