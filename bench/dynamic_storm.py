@@ -14,7 +14,8 @@ leaderbeat's default 10 s lease and 2 s rescue_after):
   a quiet stretch (the steady cost per send), then the storm: interval edits (each
   new interval anchored at its save), argument edits, disables, enables of disabled
   entries, removals and one-offs due 2-12 s after their save, at an even pace; the
-  leader SIGKILLed half-way through.
+  leader SIGKILLed half-way through. The first half gives the leader's CPU per 1,000
+  sends and each standby's share of a core while it follows the storm.
 
 With ``--phases K`` (``every`` a divisor of 60), the static entries and the run-time
 ones saved before the beats start are the same six-field crons, entry i due at second
@@ -217,15 +218,18 @@ def storm(run: Run, n: int, every: float, seconds: float, changes: int, once: in
     leader = leader_pid(run.rig)
     # the leader's CPU over the storm only: its total since start would add the start-up,
     # the first load of every entry and the quiet window to the storm's sends
-    cpu_start = cpu_seconds(leader)
+    cpu_start, cpu_all = cpu_seconds(leader), cpu_of(run.rig)
     for k, kind in enumerate(kinds):
         while time.monotonic() < start + k * pace:
             time.sleep(0.002)
         if not killed_at and k >= len(kinds) // 2:
             life = cpu_seconds(leader)
+            wall, now = time.monotonic() - start, cpu_of(run.rig)
             first = {"leader_cpu_s": life - cpu_start, "leader_life_cpu_s": life,
-                     "sends": run.rig.watch.count - sent0,
-                     "wall": time.monotonic() - start, "rss": rss_mib(leader)}
+                     "sends": run.rig.watch.count - sent0, "wall": wall, "rss": rss_mib(leader),
+                     # what following the storm costs each standby, a share of one core
+                     "standby": [round((now[p] - cpu_all[p]) / wall, 4)
+                                 for p in now if p != leader and p in cpu_all]}
             next(b for b in run.rig.beats if b.pid == leader).kill()
             killed_at = time.time()
         if killed_at and not elected_at and (pid := leader_pid(run.rig)) not in (None, leader):
@@ -359,7 +363,7 @@ def runtime(n: int, every: float, seconds: float, changes: int, once: int,
             # the leader's CPU since it started, over the storm's sends
             "leader_cpu_since_start_per_1000": round(1000 * first["leader_life_cpu_s"]
                                                     / max(first["sends"], 1), 4),
-            "leader_rss_mib": round(first["rss"], 1)}
+            "leader_rss_mib": round(first["rss"], 1), "standby_cpu_share": first["standby"]}
         row["storm_next_leader_after"] = {
             "sends": rig.watch.count - sent0, "seconds": round(time.monotonic() - t_l0, 1),
             "leader_cpu_per_1000": round(1000 * (cpu_seconds(leader) - cpu_l0)

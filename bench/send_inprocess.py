@@ -11,6 +11,8 @@
                                                     # --runtime: saved through the Entry API
     python bench/send_inprocess.py steady --cron --runtime --every 20 [--edit-every 0.05]
                                                     # what following changes costs
+    python bench/send_inprocess.py steady --runtime --jitter 20 --every 20 --edit-every 0.05 \
+        --look-every 0.1                            # the looks at the version, 0.1 s apart
     python bench/send_inprocess.py steady --every 3600 [--runtime]  # nothing due: the idle
                                                     # ticks (a leader with run-time entries
                                                     # ticks every 0.5 s, else every 1 s)
@@ -139,6 +141,10 @@ def _choose_path_in_roles(path: str) -> None:
 def main() -> None:
     args = parse_args()
     choose_path(args.path)
+    if args.look_every is not None:
+        from celery_leaderbeat.roles import dynamic_schedule
+
+        dynamic_schedule.POLL = args.look_every
     work = Path(tempfile.mkdtemp(prefix="lb-send-inprocess-"))
     logging.basicConfig(filename=str(work / "beat.log"), level=logging.INFO,
                         format="[%(asctime)s: %(levelname)s/%(processName)s] %(message)s")
@@ -197,6 +203,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--runtime", action="store_true",
                         help="steady/rabbit: the entries saved as run-time entries (the "
                              "Entry API) before the scheduler starts, not in beat_schedule")
+    parser.add_argument("--look-every", type=float, default=None,
+                        help="seconds between two looks at the run-time entries' version "
+                             "(dynamic_schedule.POLL; unset: the package's own)")
     parser.add_argument("--path", choices=["plain", "templates", "fast", "fast-apply"],
                         default="fast",
                         help="the send path (see above)")

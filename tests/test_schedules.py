@@ -101,6 +101,16 @@ def test_a_bad_expression_names_the_entry_the_expression_and_the_problem(expr: s
     assert words in str(caught.value)
 
 
+def test_an_expression_checked_once_is_still_reported_with_each_entry_and_its_spelling() -> None:
+    """The check is kept per expression (whitespace normalised); its error is not: each
+    entry that uses the bad string is named, with the string as it wrote it."""
+    for name, expr in [("first", "0 0 30 2 *"), ("second", "0  0 30 2 *"), ("first", "0 0 30 2 *")]:
+        with pytest.raises(ConfigurationError) as caught:
+            cron(expr, name=name)
+        assert str(caught.value).startswith(f"entry {name!r}: cron expression {expr!r} never fires")
+    assert cron("0  0 * * *", name="spaced").fields == cron("@daily", name="alias").fields == "0 0 * * *"
+
+
 def test_a_bad_time_zone_names_the_entry_and_the_zone() -> None:
     with pytest.raises(ConfigurationError, match=r"'nightly-report'.*'Mars/Olympus_Mons'.*IANA"):
         cron("0 0 * * *", tz="Mars/Olympus_Mons", name="nightly-report")
