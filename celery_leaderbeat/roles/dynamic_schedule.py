@@ -73,7 +73,8 @@ class DynamicSchedule:
         #: entries whose anchor holds even before they have state (see :func:`reanchor`)
         self.exact: set[str] = set()
         self._refused: dict[str, int] = {}  # name -> version refused (said once)
-        self._next_look = 0.0
+        #: monotonic: the next look may ask the store from then on (one per POLL)
+        self.next_look = 0.0
 
     @property
     def names(self) -> Collection[str]:
@@ -87,9 +88,9 @@ class DynamicSchedule:
         (except after a full read, when the node was too far behind).
         """
         now = time.monotonic()
-        if not force and now < self._next_look:
+        if not force and now < self.next_look:
             return set()
-        self._next_look = now + POLL
+        self.next_look = now + POLL
         changes = self.store.changes(self.seen)  # may raise: nothing changed here then
         if changes.version == self.seen and not changes.full:
             return set()

@@ -84,3 +84,8 @@ class CelerySide(Protocol):
     def anchored_exactly(self) -> Collection[str]:
         """Run-time entries anchored before any state was stored."""
         ...
+
+    def next_look(self) -> float:
+        """Monotonic time from which the next look at the run-time entries may ask the
+        store (0: at once; see ``dynamic_schedule.POLL``)."""
+        ...

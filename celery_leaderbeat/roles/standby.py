@@ -31,7 +31,6 @@ from ..store.types import ClaimItem, Code, Event, Op, SlotStatus
 from ..timing.slots import Plan, from_ms, to_ms
 from .agenda import Agenda, Tracked, small_change
 from .batch import Outcome, RescueGate, run_batch
-from .dynamic_schedule import POLL
 from .shared import Shared, utcnow
 
 logger = logging.getLogger(__name__)
@@ -64,7 +63,6 @@ class Standby:
         self._differs: set[str] = set()  # entries whose definition is not the leader's (said)
         #: rescue claims whose reply was lost, and when they were asked (monotonic)
         self._inflight: tuple[list[ClaimItem], float] | None = None
-        self._look_again = 0.0  # monotonic: an entries notice came; look at the store by then
 
     # -- what the scheduler tells it ---------------------------------------------------
 
@@ -335,12 +333,11 @@ class Standby:
         if self.agenda is not None:
             rescue = self.agenda.delay(time.time() - self.shared.config.rescue_after, poll)
             left = min(left, max(rescue, self._retry_at - now))
-        if self._look_again > now:
-            left = min(left, self._look_again - now)
         return max(0.01, left)
 
     def _wait(self, timeout: float) -> None:
-        """Sleep up to ``timeout``, waking at once when the leader publishes 'released'."""
+        """Sleep up to ``timeout``, waking at once when the leader publishes 'released', and
+        for an ``entries`` notice as soon as the run-time entries may be looked at again."""
         if self._pubsub is None:
             self._pubsub = self.shared.store.events.subscribe()
         deadline = time.monotonic() + timeout
@@ -351,10 +348,13 @@ class Standby:
                 self._head_start_until = 0.0  # whoever went first has let go: try now
                 return
             if data == ENTRIES:
-                # an entry changed: the next tick takes it in, or, when the last look
-                # was too recent, the one after it, within a look's interval
-                self._look_again = time.monotonic() + POLL
-                return
+                # an entry changed: the next tick takes it in, once the last look is a
+                # dynamic_schedule.POLL behind. Until then the wait goes on, and the notices
+                # of a storm (one per save) wake nobody: a tick per notice cost more
+                look_at = self.shared.celery.next_look()
+                if time.monotonic() >= look_at:
+                    return
+                deadline = min(deadline, look_at)
 
     def close(self) -> None:
         # Dropped, not closed: on SIGTERM close() runs inside the signal handler, on
