@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 
 import pytest
 from celery import Celery
 
 from celery_leaderbeat.errors import ConfigurationError
+from celery_leaderbeat.roles.standby import RESCUE_GATHER
 from celery_leaderbeat.scheduler import LEADER, STANDBY, Scheduler
 from celery_leaderbeat.store.keys import Keys
 from celery_leaderbeat.store.types import ClaimItem, Op
@@ -105,6 +107,56 @@ def test_a_standby_beside_a_healthy_leader_sends_nothing_even_past_rescue_after(
         second.close()
     messages = recorder.drain_all()
     assert len(messages) >= 8
+    assert {m.epoch for m in messages} == {first.lease.epoch or 1}, "a standby sent a slot"
+    assert duplicates(messages) == []
+
+
+def test_a_standby_checks_entries_due_at_instants_of_their_own_together(servers, key_prefix):
+    """200 entries, each at an instant of its own (jitter): a standby that looked for the
+    leader's claims at each instant read their states 131 times in 4 s; it now looks at
+    most every ``RESCUE_GATHER`` (20-21 reads) and still rescues nothing beside a healthy
+    leader."""
+    state, broker = servers
+    schedule = {f"e{i}": {"task": NOOP, "schedule": 2.0,
+                          "options": {"leaderbeat": {"jitter": 1.5}}} for i in range(200)}
+    first = Scheduler(app=make_app(state.url, broker.url, key_prefix, schedule))
+    second = Scheduler(app=make_app(state.url, broker.url, key_prefix, schedule))
+    recorder = Recorder(broker.client())
+    stop = threading.Event()
+
+    def lead() -> None:
+        while not stop.is_set():
+            time.sleep(min(first.tick(), 0.05))
+
+    leader = threading.Thread(target=lead, daemon=True)
+    try:
+        tick_until(first, lambda: first.role == LEADER)
+        leader.start()
+        started = time.monotonic()
+        while time.monotonic() < started + first.lb_config.rescue_after + 1:
+            second.tick()  # past rescue_after: the standby now checks what falls due
+        reads: list[float] = []
+        real = second.ledger.load
+
+        def counted(names=None):
+            if names is not None:
+                reads.append(time.monotonic())
+            return real(names)
+
+        second.ledger.load = counted  # type: ignore[method-assign]
+        started = time.monotonic()
+        while time.monotonic() < started + 4:
+            second.tick()
+        assert second.role == STANDBY
+        assert 4 <= len(reads) <= 4 / RESCUE_GATHER + 3, f"{len(reads)} reads in 4 s"
+    finally:
+        stop.set()
+        if leader.is_alive():
+            leader.join(5)
+        first.close()
+        second.close()
+    messages = recorder.drain_all()
+    assert len(messages) >= 400
     assert {m.epoch for m in messages} == {first.lease.epoch or 1}, "a standby sent a slot"
     assert duplicates(messages) == []
 

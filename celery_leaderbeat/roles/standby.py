@@ -40,6 +40,10 @@ logger = logging.getLogger(__name__)
 #: the same, up to the cap: a busy leader's burst is not re-planned ten times a second
 _EARLY_RETRY = 0.1
 _EARLY_RETRY_CAP = 0.5
+#: seconds at least between two looks at whether the leader claimed what fell due (one
+#: read each): entries due at instants of their own (run-time edits, one-offs, jitter)
+#: are checked together, as the leader sends them in passes SEND_GATHER apart
+RESCUE_GATHER = 0.1
 
 
 class Standby:
@@ -162,6 +166,7 @@ class Standby:
         due = self.agenda.pop_due(cutoff, self.since)
         if not due:
             return
+        self._retry_at = time.monotonic() + RESCUE_GATHER
         try:
             unclaimed = self._still_unclaimed(due)
             if not unclaimed:
