@@ -14,7 +14,7 @@ from celery_leaderbeat.roles.dynamic_schedule import POLL
 from celery_leaderbeat.scheduler import LEADER, STANDBY, Scheduler
 from celery_leaderbeat.store.keys import Keys
 from tests.support.beat import NOOP, Recorder, duplicates
-from tests.test_scheduler import make_app
+from tests.test_scheduler import make_app, ticking_in_a_thread
 
 
 @pytest.fixture
@@ -240,49 +240,38 @@ def test_a_standby_wakes_for_a_storm_of_saves_once_per_look_and_still_follows_th
     leaderbeat's defaults but for the lease (3 s, as in this module) and
     ``standby_poll``, left at its default 1 s so that it does not wake the standby."""
     state, broker = servers
-    apps = [make_app(state.url, broker.url, key_prefix, {"static": {"task": NOOP,
-                                                                    "schedule": 3600}},
-                     ) for _ in range(2)]
+    apps = [make_app(state.url, broker.url, key_prefix,
+                     {"static": {"task": NOOP, "schedule": 3600}}) for _ in range(2)]
     for app in apps:
         app.conf.leaderbeat_standby_poll = 1.0
     first, second = (Scheduler(app=app) for app in apps)
-    stop = threading.Event()
+    saves: list[tuple[int, float]] = []
 
-    def lead() -> None:
-        while not stop.is_set():
-            time.sleep(min(first.tick(), 0.05))
+    def storm() -> None:
+        for k in range(120):  # 40 saves a second for 3 s
+            Entry("dyn", NOOP, 60, args=[k]).save(apps[0])
+            saves.append((k, time.monotonic()))
+            time.sleep(0.025)
 
-    leader = threading.Thread(target=lead, daemon=True)
     try:
         run([first, second], 10, until=lambda: first.role == LEADER)
-        leader.start()
-        saves: list[tuple[int, float]] = []
-
-        def storm() -> None:
-            for k in range(120):  # 40 saves a second for 3 s
-                Entry("dyn", NOOP, 60, args=[k]).save(apps[0])
-                saves.append((k, time.monotonic()))
-                time.sleep(0.025)
-
-        saver = threading.Thread(target=storm)
-        saver.start()
-        ticks = 0
-        while saver.is_alive():
-            second.tick()
-            ticks += 1
-        last, saved_at = saves[-1]
-        while list(getattr(second.schedule.get("dyn"), "args", ())) != [last]:
-            assert time.monotonic() - saved_at < 1.0, "the last save not followed within 1 s"
-            second.tick()
+        with ticking_in_a_thread(first):
+            saver = threading.Thread(target=storm)
+            saver.start()
+            ticks = 0
+            while saver.is_alive():
+                second.tick()
+                ticks += 1
+            last, saved_at = saves[-1]
+            while list(getattr(second.schedule.get("dyn"), "args", ())) != [last]:
+                assert time.monotonic() - saved_at < 1.0, "the last save not followed within 1 s"
+                second.tick()
         seconds = saved_at - saves[0][1]
         # at most one look per POLL and one wake per standby_poll, with room for the
         # ticks around the storm's start and end
         assert ticks <= seconds * (1 / POLL + 1) + 4, f"{ticks} ticks in {seconds:.1f} s"
         assert second.role == STANDBY
     finally:
-        stop.set()
-        if leader.is_alive():
-            leader.join(5)
         first.close()
         second.close()
 

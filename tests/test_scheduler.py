@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 from celery import Celery
@@ -36,6 +38,25 @@ def servers(make_redis_server):
 
 def connections_received(server) -> int:
     return int(server.client().info("stats")["total_connections_received"])
+
+
+@contextmanager
+def ticking_in_a_thread(scheduler: Scheduler) -> Iterator[None]:
+    """``scheduler`` ticks in a thread of its own, as its beat would, until the block ends
+    (the test's own thread drives another node's ticks meanwhile)."""
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.is_set():
+            time.sleep(min(scheduler.tick(), 0.05))
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(5)
 
 
 def tick_until(scheduler: Scheduler, condition, timeout: float = 10.0) -> None:
@@ -88,6 +109,14 @@ def test_close_twice_is_safe_and_releases_the_lease_at_once(servers, key_prefix)
     assert state.client().get(Keys(key_prefix).leader) is None
 
 
+def only_the_leader_sent(recorder: Recorder, leader: Scheduler, at_least: int) -> None:
+    """At least ``at_least`` messages, each sent once, all by ``leader`` (no rescue)."""
+    messages = recorder.drain_all()
+    assert len(messages) >= at_least
+    assert {m.epoch for m in messages} == {leader.lease.epoch or 1}, "a standby sent a slot"
+    assert duplicates(messages) == []
+
+
 def test_a_standby_beside_a_healthy_leader_sends_nothing_even_past_rescue_after(
         servers, key_prefix):
     state, broker = servers
@@ -105,10 +134,7 @@ def test_a_standby_beside_a_healthy_leader_sends_nothing_even_past_rescue_after(
     finally:
         first.close()
         second.close()
-    messages = recorder.drain_all()
-    assert len(messages) >= 8
-    assert {m.epoch for m in messages} == {first.lease.epoch or 1}, "a standby sent a slot"
-    assert duplicates(messages) == []
+    only_the_leader_sent(recorder, first, at_least=8)
 
 
 def test_a_standby_checks_entries_due_at_instants_of_their_own_together(servers, key_prefix):
@@ -122,43 +148,30 @@ def test_a_standby_checks_entries_due_at_instants_of_their_own_together(servers,
     first = Scheduler(app=make_app(state.url, broker.url, key_prefix, schedule))
     second = Scheduler(app=make_app(state.url, broker.url, key_prefix, schedule))
     recorder = Recorder(broker.client())
-    stop = threading.Event()
+    reads: list[float] = []
+    real = second.ledger.load
 
-    def lead() -> None:
-        while not stop.is_set():
-            time.sleep(min(first.tick(), 0.05))
+    def counted(names=None):
+        if names is not None:
+            reads.append(time.monotonic())
+        return real(names)
 
-    leader = threading.Thread(target=lead, daemon=True)
     try:
         tick_until(first, lambda: first.role == LEADER)
-        leader.start()
-        started = time.monotonic()
-        while time.monotonic() < started + first.lb_config.rescue_after + 1:
-            second.tick()  # past rescue_after: the standby now checks what falls due
-        reads: list[float] = []
-        real = second.ledger.load
-
-        def counted(names=None):
-            if names is not None:
-                reads.append(time.monotonic())
-            return real(names)
-
-        second.ledger.load = counted  # type: ignore[method-assign]
-        started = time.monotonic()
-        while time.monotonic() < started + 4:
-            second.tick()
+        with ticking_in_a_thread(first):
+            started = time.monotonic()
+            while time.monotonic() < started + first.lb_config.rescue_after + 1:
+                second.tick()  # past rescue_after: the standby now checks what falls due
+            second.ledger.load = counted  # type: ignore[method-assign]
+            started = time.monotonic()
+            while time.monotonic() < started + 4:
+                second.tick()
         assert second.role == STANDBY
         assert 4 <= len(reads) <= 4 / RESCUE_GATHER + 3, f"{len(reads)} reads in 4 s"
     finally:
-        stop.set()
-        if leader.is_alive():
-            leader.join(5)
         first.close()
         second.close()
-    messages = recorder.drain_all()
-    assert len(messages) >= 400
-    assert {m.epoch for m in messages} == {first.lease.epoch or 1}, "a standby sent a slot"
-    assert duplicates(messages) == []
+    only_the_leader_sent(recorder, first, at_least=400)
 
 
 def test_with_min_replicas_and_no_replica_beat_stays_up_and_says_no_replica_acknowledged(
