@@ -355,7 +355,7 @@ class Standby:
             if data == ENTRIES:
                 # an entry changed: the next tick takes it in, once the last look is a
                 # dynamic_schedule.POLL behind. Until then the wait goes on, and the notices
-                # of a storm (one per save) wake nobody: a tick per notice cost more
+                # of a storm (one per save) wake nobody: no tick per save that looks at nothing
                 look_at = self.shared.celery.next_look()
                 if time.monotonic() >= look_at:
                     return
