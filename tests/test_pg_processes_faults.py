@@ -10,7 +10,6 @@ unless a test says which setting it changes and why.
 
 from __future__ import annotations
 
-import contextlib
 import time
 from typing import Any, NamedTuple
 
@@ -23,6 +22,7 @@ from tests.support.amqp_recorder import AmqpRecorder
 from tests.support.beat import NOOP, BeatCluster, beat_env, duplicates
 from tests.support.pg_beats import (
     by_pid,
+    first_holder,
     pid_of,
     queue_depth,
     recorded_unsent,
@@ -173,8 +173,7 @@ def _promote_under_beats(tmp_path, amqp_recorder, key_prefix, primary: PgCluster
         promoted_ms = round(time.time() * 1000)
         first = None
         if leader_away:  # a standby that takes the lease meanwhile is what callers look for
-            with contextlib.suppress(AssertionError):
-                first = wait_holder(replica.conninfo, key_prefix, timeout=leader_away)
+            first = first_holder(replica.conninfo, key_prefix, timeout=leader_away)
             by_pid(beats, pid_of(led)).cont()
         # (with a lag past the ttl the lease the replica holds has expired: this is the
         # first node to take it on the promoted server)

@@ -59,6 +59,8 @@ class Standby:
         self._unknown_checked = 0.0
         self._next_attempt = 0.0  # monotonic: when to try for the lease again
         self._head_start_until = 0.0  # monotonic: last-leader goes first after an outage
+        #: monotonic: no look at what fell due before then (a "not yet" answer, a restart
+        #: giving the leader its time, the RESCUE_GATHER after the last look)
         self._retry_at = 0.0
         self._early_retry = _EARLY_RETRY  # the next wait after a "not yet"
         self._pubsub: Any = None

@@ -39,16 +39,26 @@ def holder(conninfo: str, prefix: str) -> tuple[str, int] | None:
     return (str(row[0]), int(row[1])) if row else None
 
 
-def wait_holder(conninfo: str, prefix: str, *, other_than: str | None = None,
-                timeout: float = 30.0) -> str:
-    """The node holding the lease (not ``other_than``), polled until ``timeout``."""
+def first_holder(conninfo: str, prefix: str, *, other_than: str | None = None,
+                 timeout: float = 30.0) -> str | None:
+    """The first node seen holding the lease (not ``other_than``), polled until
+    ``timeout``; None when nobody did."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         held = holder(conninfo, prefix)
         if held and held[0] != other_than:
             return held[0]
         time.sleep(0.05)
-    raise AssertionError(f"no leader (other than {other_than}) within {timeout} s")
+    return None
+
+
+def wait_holder(conninfo: str, prefix: str, *, other_than: str | None = None,
+                timeout: float = 30.0) -> str:
+    """The node holding the lease (not ``other_than``), polled until ``timeout``."""
+    found = first_holder(conninfo, prefix, other_than=other_than, timeout=timeout)
+    if found is None:
+        raise AssertionError(f"no leader (other than {other_than}) within {timeout} s")
+    return found
 
 
 def pid_of(node: str) -> int:
