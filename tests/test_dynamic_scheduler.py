@@ -235,10 +235,12 @@ def test_a_save_among_many_entries_is_taken_in_by_name_not_by_reading_every_entr
 def test_a_standby_wakes_for_a_storm_of_saves_once_per_look_and_still_follows_the_last(
         servers, key_prefix):
     """Every save publishes a notice; a standby woken by each one ticked once per save (40
-    a second here) where it can look at the store only every ``POLL``. It now waits for
-    the look, and the last save is still in its schedule within a second. Celery's and
-    leaderbeat's defaults but for the lease (3 s, as in this module) and
-    ``standby_poll``, left at its default 1 s so that it does not wake the standby."""
+    a second here) where it can look at the store only every ``POLL``, and read its
+    subscription once per notice. It now sleeps until the look and reads what came
+    meanwhile at once: one wake per look, and the last save is still in its schedule
+    within a second. Celery's and leaderbeat's defaults but for the lease (3 s, as in
+    this module) and ``standby_poll``, left at its default 1 s so that it does not wake
+    the standby."""
     state, broker = servers
     apps = [make_app(state.url, broker.url, key_prefix,
                      {"static": {"task": NOOP, "schedule": 3600}}) for _ in range(2)]
@@ -255,6 +257,17 @@ def test_a_standby_wakes_for_a_storm_of_saves_once_per_look_and_still_follows_th
 
     try:
         run([first, second], 10, until=lambda: first.role == LEADER)
+        subscription = second._standby._pubsub  # made at its first wait
+        read = subscription.next
+        woken: list[str | None] = []  # what each read that waited for an event returned
+
+        def reading(timeout: float) -> str | None:
+            data = read(timeout)
+            if timeout > 0:
+                woken.append(data)
+            return data
+
+        subscription.next = reading
         with ticking_in_a_thread(first):
             saver = threading.Thread(target=storm)
             saver.start()
@@ -270,8 +283,51 @@ def test_a_standby_wakes_for_a_storm_of_saves_once_per_look_and_still_follows_th
         # at most one look per POLL and one wake per standby_poll, with room for the
         # ticks around the storm's start and end
         assert ticks <= seconds * (1 / POLL + 1) + 4, f"{ticks} ticks in {seconds:.1f} s"
+        notices = woken.count("entries")
+        assert notices <= ticks, f"woken {notices} times by a notice in {ticks} ticks"
         assert second.role == STANDBY
     finally:
+        first.close()
+        second.close()
+
+
+def test_a_standby_sleeping_through_a_storm_of_saves_still_takes_a_released_lease_at_once(
+        servers, key_prefix):
+    """A standby woken by a save's notice sleeps until its next look and reads what came
+    meanwhile at once: a 'released' among the notices must still make it try for the
+    lease then. ``standby_poll`` is the lease's 3 s (as in this module; the most the
+    settings allow) on purpose, so that only that notice can make it try within a second."""
+    state, broker = servers
+    apps = [make_app(state.url, broker.url, key_prefix,
+                     {"static": {"task": NOOP, "schedule": 3600}}) for _ in range(2)]
+    apps[1].conf.leaderbeat_standby_poll = 3.0
+    first, second = (Scheduler(app=app) for app in apps)
+    stop = threading.Event()
+
+    def storm() -> None:
+        k = 0
+        while not stop.is_set():  # 40 saves a second until the test ends
+            Entry("dyn", NOOP, 60, args=[k]).save(apps[0])
+            k += 1
+            time.sleep(0.025)
+
+    saver = threading.Thread(target=storm)
+    try:
+        run([first, second], 10, until=lambda: first.role == LEADER)
+        saver.start()
+        with ticking_in_a_thread(first):
+            deadline = time.monotonic() + 1.0
+            while time.monotonic() < deadline:
+                second.tick()
+        first.close()  # releases the lease and publishes 'released', mid-storm
+        released = time.monotonic()
+        while second.role != LEADER:
+            assert time.monotonic() - released < POLL + 0.5, "the released lease not taken"
+            second.tick()
+    finally:
+        stop.set()
+        if saver.is_alive():
+            saver.join(5)
         first.close()
         second.close()
 

@@ -351,17 +351,30 @@ class Standby:
         while (left := deadline - time.monotonic()) > 0:
             data = self._pubsub.next(left)
             if data == RELEASED:
-                self._next_attempt = 0.0
-                self._head_start_until = 0.0  # whoever went first has let go: try now
+                self._released()
                 return
             if data == ENTRIES:
                 # an entry changed: the next tick takes it in, once the last look is a
-                # dynamic_schedule.POLL behind. Until then the wait goes on, and the notices
-                # of a storm (one per save) wake nobody: no tick per save that looks at nothing
-                look_at = self.shared.celery.next_look()
-                if time.monotonic() >= look_at:
-                    return
-                deadline = min(deadline, look_at)
+                # dynamic_schedule.POLL behind. A storm publishes a notice per save; read
+                # one by one, each costs a wake and a read of the socket. Until the look,
+                # the standby sleeps instead, then reads at once what came meanwhile (a
+                # 'released' among it is taken then, at most a POLL late)
+                look_at = min(deadline, self.shared.celery.next_look())
+                if (pause := look_at - time.monotonic()) > 0:
+                    time.sleep(pause)
+                    self._read_waiting()
+                return
+
+    def _read_waiting(self) -> None:
+        """Read every event already waiting, without waiting for more."""
+        assert self._pubsub is not None
+        while (data := self._pubsub.next(0.0)) is not None:
+            if data == RELEASED:
+                self._released()
+
+    def _released(self) -> None:
+        self._next_attempt = 0.0
+        self._head_start_until = 0.0  # whoever went first has let go: try now
 
     def close(self) -> None:
         # Dropped, not closed: on SIGTERM close() runs inside the signal handler, on
