@@ -58,6 +58,19 @@ def rss_mib(pid: int) -> float:
     return float("nan")
 
 
+def code() -> str:
+    """The commit the bench runs (``+`` when the tree differs from it), for its result row."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, text=True,
+                              capture_output=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], check=True,
+                               cwd=root, text=True, capture_output=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+" if dirty else "")
+
+
 def load() -> str:
     """The load averages, as ``uptime`` prints them."""
     return "load " + " ".join(Path("/proc/loadavg").read_text().split()[:3])

@@ -3,6 +3,7 @@
     nice python bench/dynamic_storm.py [--entries 10000] [--every 25] [--storm 120]
                                        [--changes 2000] [--once 500]
     nice python bench/dynamic_storm.py --every 20 --phases 8   # like for like (below)
+    nice python bench/dynamic_storm.py --every 20 --phases 8 --side-by-side
 
 Two runs on this machine, each with three real beats (Celery's default 300 s loop,
 leaderbeat's default 10 s lease and 2 s rescue_after):
@@ -23,6 +24,13 @@ ones saved before the beats start are the same six-field crons, entry i due at s
 windows compare the cost of an entry's kind alone (without it, the static entries
 share one instant and the run-time ones the seconds their saves took). Argument edits
 and enables keep the cron; interval edits become intervals, as without.
+
+With ``--side-by-side`` the static cluster is not run first but beside the run-time
+one, through the quiet window and the storm: each window's figures (``beside_static``)
+are read on both clusters over the same seconds, so a ratio is not at the mercy of
+what the machine did minutes apart (the static phase alone varied by half from run
+to run on a machine where a Redis round trip costs 160 us of CPU). The two clusters
+share the cores; the static leader is not killed.
 
 Every operation's new definition carries its own argument, so each message says
 which definition it was sent under. Checked from the broker: every one-off sent
@@ -51,7 +59,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _harness import NOOP, Rig, cpu_seconds, entries, load, rss_mib
+from _harness import NOOP, Rig, code, cpu_seconds, entries, load, rss_mib
 from celery import Celery
 
 from celery_leaderbeat import Entry
@@ -131,18 +139,41 @@ def cpu_of(rig: Rig) -> dict[int, float]:
     return {b.pid: cpu_seconds(b.pid) for b in rig.beats if b.alive}
 
 
-def window(rig: Rig, seconds: float) -> dict[str, Any]:
-    """Leader CPU per 1,000 sends and the standbys' CPU share over ``seconds``."""
-    leader = leader_pid(rig)
-    cpu0, sent0, t0 = cpu_of(rig), rig.watch.count, time.monotonic()
-    time.sleep(seconds)
-    cpu1, sent1, wall = cpu_of(rig), rig.watch.count, time.monotonic() - t0
-    sends = sent1 - sent0
-    standby = [(cpu1[p] - cpu0[p]) / wall for p in cpu1 if p != leader and p in cpu0]
+@dataclass
+class Mark:
+    """What a rig had spent at one moment: each beat's CPU, the messages sent, the time."""
+
+    leader: int | None
+    cpu: dict[int, float]
+    sent: int
+    at: float
+
+
+def mark(rig: Rig) -> Mark:
+    return Mark(leader_pid(rig), cpu_of(rig), rig.watch.count, time.monotonic())
+
+
+def between(a: Mark, b: Mark) -> dict[str, Any]:
+    """Leader CPU per 1,000 sends and the standbys' CPU share from ``a`` to ``b`` (the
+    leader of ``a``; its CPU at ``b`` read before it was killed, if it was)."""
+    wall, sends, leader = b.at - a.at, b.sent - a.sent, a.leader
+    standby = [(b.cpu[p] - a.cpu[p]) / wall for p in b.cpu if p != leader and p in a.cpu]
+    spent = b.cpu[leader] - a.cpu[leader] if leader in b.cpu and leader in a.cpu else float("nan")
     return {"seconds": round(wall, 1), "sends": sends,
-            "leader_cpu_per_1000": round(1000 * (cpu1[leader] - cpu0[leader]) / max(sends, 1), 4),
-            "standby_cpu_share": [round(s, 4) for s in standby],
-            "leader_rss_mib": round(rss_mib(leader), 1) if leader else None}
+            "leader_cpu_per_1000": round(1000 * spent / max(sends, 1), 4),
+            "standby_cpu_share": [round(s, 4) for s in standby]}
+
+
+def window(rig: Rig, seconds: float, beside: Rig | None = None) -> dict[str, Any]:
+    """Leader CPU per 1,000 sends and the standbys' CPU share over ``seconds`` (and the
+    same of the static rig ``beside``, over the same seconds)."""
+    start, start_beside = mark(rig), beside and mark(beside)
+    time.sleep(seconds)
+    row = between(start, mark(rig))
+    row["leader_rss_mib"] = round(rss_mib(start.leader), 1) if start.leader else None
+    if beside is not None and start_beside is not None:
+        row["beside_static"] = between(start_beside, mark(beside))
+    return row
 
 
 # -- static ------------------------------------------------------------------------------------
@@ -153,18 +184,28 @@ def phased(i: int, every: float, phases: int) -> str:
     return f"{i % phases}/{int(every)} * * * * *"
 
 
-def static(n: int, every: float, seconds: float, phases: int = 0) -> dict[str, Any]:
-    """The same entries in beat_schedule: the steady costs, then the leader SIGKILLed."""
+def static_rig(n: int, every: float, phases: int = 0) -> Rig:
+    """Three beats of the same entries in beat_schedule, one full round sent."""
     schedule = entries(n, every, prefix="d")
     if phases:
         for i, name in enumerate(schedule):
             del schedule[name]["every"]
             schedule[name]["cron"] = phased(i, every, phases)
-    with Rig("leaderbeat", schedule, settings=SETTINGS) as rig:
+    rig = Rig("leaderbeat", schedule, settings=SETTINGS)
+    try:
         for _ in range(3):
             rig.start_beat()
         wait_leader(rig)
-        rig.watch.wait_count(n, timeout=every * 3 + 60)  # one full round sent
+        rig.watch.wait_count(n, timeout=every * 3 + 60)
+    except BaseException:
+        rig.close()
+        raise
+    return rig
+
+
+def static(n: int, every: float, seconds: float, phases: int = 0) -> dict[str, Any]:
+    """The same entries in beat_schedule: the steady costs, then the leader SIGKILLed."""
+    with static_rig(n, every, phases) as rig:
         time.sleep(every / 2)
         row = window(rig, seconds)
         leader = leader_pid(rig)
@@ -201,9 +242,10 @@ def plan_ops(n: int, changes: int, once: int, rng: random.Random) -> list[str]:
 
 
 def storm(run: Run, n: int, every: float, seconds: float, changes: int, once: int,
-          rng: random.Random, phases: int = 0) -> tuple[list[Op], float, float, dict[str, Any]]:
+          rng: random.Random, phases: int = 0,
+          beside: Rig | None = None) -> tuple[list[Op], float, float, dict[str, Any]]:
     """The storm; returns the operations, the kill and election times, and the CPU of the
-    first half (the first leader) and of the second (the next)."""
+    first half (the first leader; and of the static rig ``beside`` over the same time)."""
     names = [f"d{i}" for i in range(n)]
     rng.shuffle(names)
     fresh = iter(names)  # each operation on an entry of its own
@@ -219,6 +261,7 @@ def storm(run: Run, n: int, every: float, seconds: float, changes: int, once: in
     # the leader's CPU over the storm only: its total since start would add the start-up,
     # the first load of every entry and the quiet window to the storm's sends
     cpu_start, cpu_all = cpu_seconds(leader), cpu_of(run.rig)
+    start_beside = beside and mark(beside)
     for k, kind in enumerate(kinds):
         while time.monotonic() < start + k * pace:
             time.sleep(0.002)
@@ -230,6 +273,8 @@ def storm(run: Run, n: int, every: float, seconds: float, changes: int, once: in
                      # what following the storm costs each standby, a share of one core
                      "standby": [round((now[p] - cpu_all[p]) / wall, 4)
                                  for p in now if p != leader and p in cpu_all]}
+            if beside is not None and start_beside is not None:
+                first["beside"] = between(start_beside, mark(beside))
             next(b for b in run.rig.beats if b.pid == leader).kill()
             killed_at = time.time()
         if killed_at and not elected_at and (pid := leader_pid(run.rig)) not in (None, leader):
@@ -334,7 +379,7 @@ def verdict(ops: list[Op], sent: list[Sent], killed_at: float, elected_at: float
 
 
 def runtime(n: int, every: float, seconds: float, changes: int, once: int,
-            quiet: float, phases: int = 0) -> dict[str, Any]:
+            quiet: float, phases: int = 0, beside: Rig | None = None) -> dict[str, Any]:
     rng = random.Random(7)
     row: dict[str, Any] = {}
     with Rig("leaderbeat", {}, settings=SETTINGS) as rig:
@@ -349,9 +394,9 @@ def runtime(n: int, every: float, seconds: float, changes: int, once: int,
         wait_leader(rig)
         rig.watch.wait_count(n, timeout=every * 3 + 60)
         time.sleep(every / 2)
-        row["quiet"] = window(rig, quiet)
+        row["quiet"] = window(rig, quiet, beside)
         ops, killed_at, elected_at, cpu = storm(run, n, every, seconds, changes, once, rng,
-                                            phases)
+                                            phases, beside)
         first = cpu["first"]
         leader = wait_leader(rig, timeout=30)
         cpu_l0, sent0, t_l0 = cpu_seconds(leader), rig.watch.count, time.monotonic()
@@ -364,6 +409,8 @@ def runtime(n: int, every: float, seconds: float, changes: int, once: int,
             "leader_cpu_since_start_per_1000": round(1000 * first["leader_life_cpu_s"]
                                                     / max(first["sends"], 1), 4),
             "leader_rss_mib": round(first["rss"], 1), "standby_cpu_share": first["standby"]}
+        if "beside" in first:
+            row["storm_first_leader"]["beside_static"] = first["beside"]
         row["storm_next_leader_after"] = {
             "sends": rig.watch.count - sent0, "seconds": round(time.monotonic() - t_l0, 1),
             "leader_cpu_per_1000": round(1000 * (cpu_seconds(leader) - cpu_l0)
@@ -390,6 +437,9 @@ def main() -> None:
     parser.add_argument("--phases", type=int, default=0,
                         help="static and seeded run-time entries on the same K instants of "
                              "every --every s (six-field crons; --every must divide 60)")
+    parser.add_argument("--side-by-side", action="store_true",
+                        help="the static entries run beside the run-time ones, each window "
+                             "measured on both over the same seconds (no static kill)")
     parser.add_argument("--skip-static", action="store_true")
     parser.add_argument("--skip-runtime", action="store_true")
     args = parser.parse_args()
@@ -397,13 +447,18 @@ def main() -> None:
         parser.error(f"--phases {args.phases} needs --every to divide 60 and to be at least "
                      f"the phases (got --every {args.every:g})")
     row: dict[str, Any] = {"scenario": "storm", "entries": args.entries, "every": args.every,
-                           "load0": load()}
+                           "code": code(), "load0": load()}
     if args.phases:
         row["phases"] = args.phases
-    if not args.skip_static:
+    if args.side_by_side:
+        row["side_by_side"] = True
+        with static_rig(args.entries, args.every, args.phases) as beside:
+            row["runtime"] = runtime(args.entries, args.every, args.storm, args.changes,
+                                     args.once, args.quiet, args.phases, beside)
+    if not args.skip_static and not args.side_by_side:
         row["static"] = static(args.entries, args.every, args.static_seconds, args.phases)
         print(json.dumps(row["static"]), flush=True)
-    if not args.skip_runtime:
+    if not args.skip_runtime and not args.side_by_side:
         row["runtime"] = runtime(args.entries, args.every, args.storm, args.changes, args.once,
                                  args.quiet, args.phases)
     row["load1"] = load()

@@ -26,7 +26,13 @@ from celery_leaderbeat.errors import (
     StoreUnreachable,
 )
 from celery_leaderbeat.roles.lease import Heartbeat, LeaseView
-from celery_leaderbeat.store.postgres import claims_sql, lease_sql, rules, state_sql
+from celery_leaderbeat.store.postgres import (
+    claims_sql,
+    entries_sql,
+    lease_sql,
+    rules,
+    state_sql,
+)
 from celery_leaderbeat.store.postgres.ledger import PRUNE_EVERY, PRUNE_OVERDUE, PostgresLedger
 from celery_leaderbeat.store.postgres.schema import (
     ensure_schema,
@@ -1020,13 +1026,21 @@ def test_a_chunks_claim_takes_two_round_trips_to_the_server(
                                claims_sql.Limits(wait_ms=1000), events, items)
         conn.pgconn.untrace()
     assert got.answers == [Code.GRANTED] * 10
-    assert syncs(trace) == 2
+    assert round_trips(trace) == 2
 
 
-def syncs(trace: Path) -> int:
-    """How many times the client asked the server for its answers (one a round trip)."""
-    return sum(1 for line in trace.read_text().splitlines()
-               if line.split("\t")[1:2] == ["F"] and line.split("\t")[3] == "Sync")
+def round_trips(trace: Path) -> int:
+    """How many times the client sent and then waited for the server's answer: each run of
+    messages from the client (``F``) that follows the server's (``B``) or starts the
+    trace. A transaction's ``BEGIN`` and ``COMMIT`` count (simple queries, no ``Sync``);
+    statements pipelined in one flush count once."""
+    trips, last = 0, "B"
+    for line in trace.read_text().splitlines():
+        side = line.split("\t")[1:2]  # a message's continuation lines have none
+        if side:
+            trips += side == ["F"] and last == "B"
+            last = side[0]
+    return trips
 
 
 def test_the_lease_is_taken_renewed_and_released_in_one_round_trip_each(
@@ -1048,8 +1062,27 @@ def test_the_lease_is_taken_renewed_and_released_in_one_round_trip_each(
                 answer = call(conn, SCHEMA, "app", **args)
                 conn.pgconn.untrace()
             held = answer.epoch == 1 if step == "acquire" else answer not in (None, False)
-            counted.append((step, syncs(trace), held))
+            counted.append((step, round_trips(trace), held))
     assert counted == [("acquire", 1, True), ("renew", 1, True), ("release", 1, True)]
+
+
+def test_asking_what_changed_takes_one_round_trip_when_nothing_did(
+        make_node: Callable[..., Node], conninfo: str, tmp_path: Path) -> None:
+    """Every beat asks every quarter second: the usual answer, "nothing", is one
+    statement; a change is still read in one snapshot, with what changed."""
+    make_node("n1")  # the schema
+    counted = []
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        _, version, _ = entries_sql.save(conn, SCHEMA, "app", entries_sql.Save(
+            "e", "upsert", "fp", "t", True, '{"task": "t"}'))
+        for seen in (version, version - 1):
+            trace = tmp_path / f"seen-{seen}"
+            with open(trace, "w") as out:
+                conn.pgconn.trace(out.fileno())
+                answer = entries_sql.changes(conn, SCHEMA, "app", seen)
+                conn.pgconn.untrace()
+            counted.append((seen, round_trips(trace), answer[0], [r.name for r in answer[2]]))
+    assert counted == [(version, 1, version, []), (version - 1, 7, version, ["e"])]
 
 
 def test_a_record_takes_two_round_trips_and_against_older_state_writes_nothing(
@@ -1066,7 +1099,7 @@ def test_a_record_takes_two_round_trips_and_against_older_state_writes_nothing(
         with pytest.raises(claims_sql.OlderState):
             claims_sql.record(conn, SCHEMA, "app", "n1", 1, later,
                               seen_generation=generation + 5)
-    assert syncs(trace) == 2
+    assert round_trips(trace) == 2
     assert [(h["event"], h.get("entry")) for h in ledger.history() if h["event"] == "missed"
             ] == [("missed", "e")]
 
