@@ -59,13 +59,15 @@ def rss_mib(pid: int) -> float:
 
 
 def code() -> str:
-    """The commit the bench runs (``+`` when the tree differs from it), for its result row."""
+    """The commit the bench runs (``+`` when the tree differs from it, results aside), for
+    its result row."""
     root = Path(__file__).resolve().parent.parent
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, text=True,
                               capture_output=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], check=True,
-                               cwd=root, text=True, capture_output=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--",
+                                ".", ":!bench/results"], check=True, cwd=root, text=True,
+                               capture_output=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return head + ("+" if dirty else "")
