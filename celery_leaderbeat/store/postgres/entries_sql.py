@@ -172,7 +172,7 @@ def changes(conn: Any, schema: str, app: str, seen: int
 
     Every beat asks this every ``dynamic_schedule.POLL`` and most of the time nothing
     changed: that answer is one statement on its own (one round trip); the transaction
-    that reads what changed in one snapshot (four more) only when the version moved.
+    that reads what changed in one snapshot (six more) only when the version moved.
     """
     version, _ = _version(conn, schema, app)
     if version == seen:
