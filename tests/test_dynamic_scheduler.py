@@ -332,6 +332,33 @@ def test_a_standby_sleeping_through_a_storm_of_saves_still_takes_a_released_leas
         second.close()
 
 
+def test_a_notice_read_in_a_wait_that_ends_before_the_look_still_brings_the_look(
+        servers, key_prefix):
+    """A standby reads each save's notice once. Read in a wait that ends before the look
+    is due (a wait cut short by the next try for the lease, or a rescue), it must still
+    bring that look: the next wait ends when the look is due, instead of a whole
+    ``standby_poll`` (1 s, the default) with the change unread."""
+    state, broker = servers
+    apps = [make_app(state.url, broker.url, key_prefix,
+                     {"static": {"task": NOOP, "schedule": 3600}}) for _ in range(2)]
+    first, second = (Scheduler(app=app) for app in apps)
+    try:
+        run([first, second], 10, until=lambda: first.role == LEADER)
+        standby = second._standby
+        second._dynamic.refresh(force=True)  # a look now: the next one is a POLL away
+        Entry("dyn", NOOP, 60, args=["saved"]).save(apps[0])  # its notice is on its way
+        standby._wait(0.05)  # reads the notice, ends before the look is due
+        started = time.monotonic()
+        standby._wait(1.0)
+        waited = time.monotonic() - started
+        assert waited < POLL + 0.2, f"the next wait took {waited:.2f} s"
+        second.tick()
+        assert list(second.schedule["dyn"].args) == ["saved"]
+    finally:
+        first.close()
+        second.close()
+
+
 def test_an_edit_prepares_the_edited_entrys_message_and_leaves_the_others_alone(
         redis_server, key_prefix):
     """Idle-time preparation after a change looks at the entries it touched, not the whole

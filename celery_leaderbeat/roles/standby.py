@@ -64,6 +64,9 @@ class Standby:
         self._retry_at = 0.0
         self._early_retry = _EARLY_RETRY  # the next wait after a "not yet"
         self._pubsub: Any = None
+        #: monotonic: the look an ``entries`` notice read in a wait is owed (None: none
+        #: owed); kept until that look is taken, since the notice is read only once
+        self._owed_look: float | None = None
         self._skew_refused = False
         self._server_checked = False
         self._differs: set[str] = set()  # entries whose definition is not the leader's (said)
@@ -348,6 +351,11 @@ class Standby:
         if self._pubsub is None:
             self._pubsub = self.shared.store.events.subscribe()
         deadline = time.monotonic() + timeout
+        if self._owed_look is not None:
+            if self.shared.celery.next_look() > self._owed_look:
+                self._owed_look = None  # taken: a look moves the next one on
+            else:  # a wait ended before the look a notice asked for: it ends there now
+                deadline = min(deadline, self._owed_look)
         while (left := deadline - time.monotonic()) > 0:
             data = self._pubsub.next(left)
             if data == RELEASED:
@@ -359,8 +367,10 @@ class Standby:
                 # one by one, each costs a wake and a read of the socket. Until the look,
                 # the standby sleeps instead, then reads at once what came meanwhile (a
                 # 'released' among it is taken then, at most a POLL late)
-                look_at = min(deadline, self.shared.celery.next_look())
-                if (pause := look_at - time.monotonic()) > 0:
+                look_at = self.shared.celery.next_look()
+                if look_at > time.monotonic():
+                    self._owed_look = look_at
+                if (pause := min(deadline, look_at) - time.monotonic()) > 0:
                     time.sleep(pause)
                     self._read_waiting()
                 return

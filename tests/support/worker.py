@@ -8,12 +8,20 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from .beat import APP_MODULE, REPO_ROOT
 from .closing import Closing
+
+
+def node_name(name: str) -> str:
+    """A worker's node name of its own (``<name>-<8 hex>@<host>``): on a shared RabbitMQ, a
+    worker's remote-control queue (``<node>.celery.pidbox``) is exclusive to one connection,
+    so two tests running at once whose workers shared a name failed to start one of them."""
+    return f"{name}-{uuid.uuid4().hex[:8]}@%h"
 
 
 class WorkerProcess(Closing):
@@ -26,7 +34,7 @@ class WorkerProcess(Closing):
         self._log = open(log_path, "ab")  # noqa: SIM115 - closed in close()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "celery", "-A", APP_MODULE, "worker", f"-c{concurrency}",
-             "-n", f"{name}@%h", "--loglevel=INFO", "--without-gossip", "--without-mingle",
+             "-n", node_name(name), "--loglevel=INFO", "--without-gossip", "--without-mingle",
              *extra_args],
             cwd=REPO_ROOT, env=full_env, stdout=self._log, stderr=subprocess.STDOUT,
             start_new_session=True)
