@@ -167,7 +167,7 @@ def between(a: Mark, b: Mark) -> dict[str, Any]:
 def window(rig: Rig, seconds: float, beside: Rig | None = None) -> dict[str, Any]:
     """Leader CPU per 1,000 sends and the standbys' CPU share over ``seconds`` (and the
     same of the static rig ``beside``, over the same seconds)."""
-    start, start_beside = mark(rig), beside and mark(beside)
+    start, start_beside = mark(rig), mark(beside) if beside is not None else None
     time.sleep(seconds)
     row = between(start, mark(rig))
     row["leader_rss_mib"] = round(rss_mib(start.leader), 1) if start.leader else None
@@ -255,26 +255,27 @@ def storm(run: Run, n: int, every: float, seconds: float, changes: int, once: in
     pace = seconds / len(kinds)
     start, started_at = time.monotonic(), time.time()
     killed_at = elected_at = 0.0
-    first = None
-    sent0 = run.rig.watch.count
-    leader = leader_pid(run.rig)
+    first: dict[str, Any] = {}
     # the leader's CPU over the storm only: its total since start would add the start-up,
-    # the first load of every entry and the quiet window to the storm's sends
-    cpu_start, cpu_all = cpu_seconds(leader), cpu_of(run.rig)
-    start_beside = beside and mark(beside)
+    # the first load of every entry and the quiet window to the storm's sends; each
+    # standby's share of a core is what following the storm costs it
+    began = mark(run.rig)
+    began_beside = mark(beside) if beside is not None else None
+    leader = began.leader
+    assert leader is not None, "no leader when the storm began"
     for k, kind in enumerate(kinds):
         while time.monotonic() < start + k * pace:
             time.sleep(0.002)
         if not killed_at and k >= len(kinds) // 2:
-            life = cpu_seconds(leader)
-            wall, now = time.monotonic() - start, cpu_of(run.rig)
-            first = {"leader_cpu_s": life - cpu_start, "leader_life_cpu_s": life,
-                     "sends": run.rig.watch.count - sent0, "wall": wall, "rss": rss_mib(leader),
-                     # what following the storm costs each standby, a share of one core
-                     "standby": [round((now[p] - cpu_all[p]) / wall, 4)
-                                 for p in now if p != leader and p in cpu_all]}
-            if beside is not None and start_beside is not None:
-                first["beside"] = between(start_beside, mark(beside))
+            half = mark(run.rig)
+            first = between(began, half)
+            # not a cost per send (the start-up and the first load of every entry are in
+            # it): the leader's CPU since it started, over the storm's sends
+            first["leader_cpu_since_start_per_1000"] = round(
+                1000 * half.cpu[leader] / max(first["sends"], 1), 4)
+            first["leader_rss_mib"] = round(rss_mib(leader), 1)
+            if beside is not None and began_beside is not None:
+                first["beside_static"] = between(began_beside, mark(beside))
             next(b for b in run.rig.beats if b.pid == leader).kill()
             killed_at = time.time()
         if killed_at and not elected_at and (pid := leader_pid(run.rig)) not in (None, leader):
@@ -397,20 +398,10 @@ def runtime(n: int, every: float, seconds: float, changes: int, once: int,
         row["quiet"] = window(rig, quiet, beside)
         ops, killed_at, elected_at, cpu = storm(run, n, every, seconds, changes, once, rng,
                                             phases, beside)
-        first = cpu["first"]
         leader = wait_leader(rig, timeout=30)
         cpu_l0, sent0, t_l0 = cpu_seconds(leader), rig.watch.count, time.monotonic()
         time.sleep(15)  # the last one-offs come due; the next leader's own sends
-        row["storm_first_leader"] = {
-            "sends": first["sends"], "seconds": round(first["wall"], 1),
-            "leader_cpu_per_1000": round(1000 * first["leader_cpu_s"] / max(first["sends"], 1), 4),
-            # not a cost per send (the start-up and the first load of every entry are in it):
-            # the leader's CPU since it started, over the storm's sends
-            "leader_cpu_since_start_per_1000": round(1000 * first["leader_life_cpu_s"]
-                                                    / max(first["sends"], 1), 4),
-            "leader_rss_mib": round(first["rss"], 1), "standby_cpu_share": first["standby"]}
-        if "beside" in first:
-            row["storm_first_leader"]["beside_static"] = first["beside"]
+        row["storm_first_leader"] = cpu["first"]
         row["storm_next_leader_after"] = {
             "sends": rig.watch.count - sent0, "seconds": round(time.monotonic() - t_l0, 1),
             "leader_cpu_per_1000": round(1000 * (cpu_seconds(leader) - cpu_l0)
