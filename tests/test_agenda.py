@@ -130,6 +130,22 @@ def test_upcoming_names_each_entry_due_by_a_time_with_its_slot_earliest_first():
     assert ("e10", at(20)) in agenda.upcoming(at(25).timestamp())
 
 
+def test_the_wait_runs_to_the_next_real_fire_time_past_the_items_of_changed_or_dropped_entries():
+    """An entry tracked afresh (a run-time edit) or dropped leaves its old heap item behind;
+    the loop's wait and the earliest fire time look past it: a storm of edits would
+    otherwise wake a standby once per edit at a time nothing is due."""
+    loaded = load_at(T0, {"a": every(10), "b": every(30), "c": every(60)})
+    agenda = Agenda(loaded.tracked)
+    assert agenda.earliest() == at(10).timestamp()
+    moved = load_at(at(5), {"a": every(40)}).tracked["a"]  # edited: next due at 45
+    agenda.add(moved)
+    agenda.drop("b")
+    assert agenda.earliest() == at(45).timestamp()
+    assert agenda.delay(at(5).timestamp(), limit=300.0) == 40.0
+    assert [(t.name, p.send) for t, p in agenda.pop_due(at(50), since=T0)] == \
+        [("a", (at(45),))]
+
+
 def test_slots_due_before_since_were_missed_and_follow_the_entry_policy():
     agenda = Agenda(load_at(T0, {"a": every(10)}).tracked)
     [(tracked, p)] = agenda.pop_due(at(45), since=at(42))

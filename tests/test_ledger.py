@@ -132,6 +132,23 @@ def test_thousands_of_claims_in_one_call_are_chunked_and_all_granted(parts):
     assert len(ledger.load()) == 4500
 
 
+def test_the_states_of_named_entries_are_read_whatever_the_names_and_however_many(parts):
+    """What a standby's look reads: thousands of names in one call (Redis answers them a
+    thousand at a time), names of any characters, names with no state left out."""
+    lease, ledger = parts("a")
+    assert lease.try_acquire()
+    odd = ["e|1", "ünïcödé ✓", "two\nlines", 'a "quote"', "back\\slash", "/", "[1]", "{}", ""]
+    names = odd + [f"e{i}" for i in range(2500)]
+    items = [ClaimItem(name, 1000 + i, Op.CLAIM) for i, name in enumerate(names)]
+    assert ledger.claim(lease.token, lease.epoch, items) == [Code.GRANTED] * len(items)
+    asked = [*names[::-1], "no state", "neither"]
+    loaded = ledger.load(asked)
+    assert list(loaded) == [n for n in asked if n in names], "in the order asked"
+    assert loaded == {n: s for n, s in ledger.load().items() if n in asked}
+    assert loaded["ünïcödé ✓"] == SlotState(1001, lease.epoch, SlotStatus.CLAIMED)
+    assert ledger.load(["no state"]) == {} and ledger.load([]) == {}
+
+
 def _replicated_parts(client, prefix: str, min_replicas: int, **timing):
     """A lease and a ledger with ``min_replicas``; the default timing bounds WAIT at 250 ms."""
     settings = {"lease_ttl": 3, "renew_interval": 1, **timing}

@@ -282,7 +282,20 @@ class Agenda:
 
     def earliest(self) -> float | None:
         """The earliest next fire time (a timestamp), None when nothing is tracked."""
+        self._drop_stale_top()
         return self._heap[0][0] if self._heap else None
+
+    def _drop_stale_top(self) -> None:
+        """Take stale items off the top of the heap: a dropped entry's, or an older copy of
+        one tracked afresh or put back at another time. Left there, each would wake the
+        loop at a time nothing is due (a storm of run-time edits leaves one per edit)."""
+        heap, tracked = self._heap, self.tracked
+        while heap:
+            at, name = heap[0]
+            entry = tracked.get(name)
+            if entry is not None and at == entry.next_fire.timestamp():
+                return
+            heapq.heappop(heap)
 
     def pop_due(self, now: datetime, since: datetime, policy: CatchupPolicy | None = None,
                 limit: int | None = None) -> list[tuple[Tracked, Plan]]:
@@ -365,9 +378,10 @@ class Agenda:
 
     def delay(self, now_ts: float, limit: float) -> float:
         """Seconds from ``now_ts`` until the next fire time, at most ``limit``."""
-        if not self._heap:
+        earliest = self.earliest()
+        if earliest is None:
             return limit
-        return max(0.0, min(self._heap[0][0] - now_ts, limit))
+        return max(0.0, min(earliest - now_ts, limit))
 
 
 def _slot_of(tracked: Tracked) -> datetime | None:

@@ -33,8 +33,8 @@ PIECES = {"lead": ("prelude_events", "prelude_claims", "prelude_enqueue"),
           "check": ("prelude_fence",)}
 #: the worker guard's scripts of one run, which share ``guard_prelude.lua``
 RUN_SCRIPTS = ("guard_start", "guard_renew", "guard_finish", "guard_release")
-NAMES = ("acquire", "renew", "release", "prune", "lost", *SLOT_SCRIPTS, *RUN_SCRIPTS,
-         "guard_sweep")
+NAMES = ("acquire", "renew", "release", "prune", "lost", "states", *SLOT_SCRIPTS,
+         *RUN_SCRIPTS, "guard_sweep")
 
 
 @cache
@@ -86,6 +86,7 @@ class Scripts:
     release: Any
     prune: Any
     lost: Any
+    states: Any
     lead: Any
     rescue: Any
     record: Any

@@ -1,0 +1,169 @@
+"""What a standby costs, in one process: its CPU while a leader beside it sends.
+
+    python bench/standby_inprocess.py                     # 10,000 entries, 8 phases of 20 s
+    python bench/standby_inprocess.py --runtime           # the same, run-time entries
+    python bench/standby_inprocess.py --runtime --edit-every 0.05   # following 20 edits a second
+    python bench/standby_inprocess.py ... --profile [--top 30]      # where the standby's time goes
+
+A leader and a standby (two ``Scheduler`` objects, each with its own Celery app,
+as two beats would have) run against a redis-server of the run's own: the
+leader ticks in a thread, the standby in the main thread, as its beat's loop
+would. Edits (``--edit-every``) are saved from a third thread: one run-time
+entry's interval made 15 or 25 s, its save the new anchor, as
+``bench/dynamic_storm.py``'s storm does. Prints the standby's CPU seconds
+(``time.thread_time`` of its thread) over the window, its share of a core, the
+slots that fell due (the leader's sends) and the standby's CPU per 1,000 of
+them. Quicker and steadier than the storm bench, which measures whole
+processes; the figures in docs/benchmarks.md say which one they come from.
+Not part of the test suite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import logging
+import pstats
+import random
+import shutil
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from celery import Celery
+
+from celery_leaderbeat.scheduler import LEADER, Scheduler
+from celery_leaderbeat.store.dynamic import Entry
+from tests.support.beat import NOOP
+from tests.support.redis_server import RedisServer
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--entries", type=int, default=10_000)
+    parser.add_argument("--every", type=int, default=20, help="each entry's period (s)")
+    parser.add_argument("--phases", type=int, default=8,
+                        help="the entries fall due on this many seconds of each period")
+    parser.add_argument("--runtime", action="store_true",
+                        help="the entries saved through the Entry API, not in beat_schedule")
+    parser.add_argument("--edit-every", type=float, default=0.0,
+                        help="--runtime: one entry's interval edited every so many seconds")
+    parser.add_argument("--seconds", type=float, default=40.0)
+    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--top", type=int, default=25)
+    return parser.parse_args()
+
+
+def schedule_of(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """Entry i on the six-field cron due at second ``i % phases`` of every period."""
+    return {f"e{i}": {"task": NOOP, "schedule": f"{i % args.phases}/{args.every} * * * * *",
+                      "args": [f"e{i}"]} for i in range(args.entries)}
+
+
+def make_app(args: argparse.Namespace, server: RedisServer, queue: str) -> Celery:
+    app = Celery("bench")
+    app.conf.update(broker_url=server.url_for(0), leaderbeat_key_prefix="b",
+                    beat_schedule={} if args.runtime else schedule_of(args), timezone="UTC",
+                    beat_max_loop_interval=300, task_default_queue=queue)
+    return app
+
+
+class Loop(threading.Thread):
+    """Runs ``step`` until stopped; ``step`` returns how long to sleep."""
+
+    def __init__(self, step: Any) -> None:
+        super().__init__(daemon=True)
+        self.step, self.stop = step, threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            self.stop.wait(min(self.step(), 1.0))
+
+
+class Edits:
+    """One run-time entry's interval edited every ``every`` seconds."""
+
+    def __init__(self, app: Celery, names: list[str], every: float) -> None:
+        self.app, self.names, self.every = app, names, every
+        self.rng, self.made = random.Random(1), 0
+        self.next = time.monotonic()
+
+    def step(self) -> float:
+        while time.monotonic() >= self.next:
+            name = self.rng.choice(self.names)
+            Entry(name, NOOP, self.rng.choice([15.0, 25.0]), args=[name, self.made]).save(self.app)
+            self.made += 1
+            self.next += self.every
+        return max(0.0, self.next - time.monotonic())
+
+
+def main() -> None:
+    args = parse_args()
+    work = Path(tempfile.mkdtemp(prefix="lb-standby-inprocess-"))
+    logging.basicConfig(filename=str(work / "beat.log"), level=logging.INFO)
+    server = RedisServer(workdir=work / "redis")
+    queue = f"lb-standby-inprocess-{uuid.uuid4().hex[:8]}"
+    apps = [make_app(args, server, queue) for _ in range(3)]
+    if args.runtime:
+        for name, entry in schedule_of(args).items():
+            Entry(name, entry["task"], entry["schedule"], args=entry["args"]).save(apps[2])
+    client = server.client()
+    leader, standby = Scheduler(app=apps[0]), None
+    loops = [Loop(leader.tick)]
+    try:
+        deadline = time.monotonic() + 30
+        while leader.role != LEADER:
+            assert time.monotonic() < deadline, "no leader within 30 s"
+            time.sleep(min(leader.tick(), 0.05))
+        loops[0].start()
+        standby = Scheduler(app=apps[1])
+        warm_until = time.monotonic() + args.every + 5  # every entry followed, looked at once
+        while time.monotonic() < warm_until:
+            time.sleep(min(standby.tick(), 1.0))
+        if args.edit_every:
+            loops.append(Loop(Edits(apps[2], list(schedule_of(args)), args.edit_every).step))
+            loops[-1].start()
+        measure(args, standby, lambda: int(client.llen(queue)))
+        assert leader.role == LEADER, "the leader lost its lease: the figures are not a standby's"
+    finally:
+        for loop in loops:
+            loop.stop.set()
+            loop.join(5)
+        for scheduler in (standby, leader):
+            if scheduler is not None:
+                scheduler.close()
+        server.close()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def measure(args: argparse.Namespace, standby: Scheduler, enqueued: Any) -> None:
+    # timed by the thread's CPU clock: the waits on the socket and in sleep count nothing
+    profile = cProfile.Profile(time.thread_time) if args.profile else None
+    n0, cpu0, t0 = enqueued(), time.thread_time(), time.monotonic()
+    ticks = 0
+    if profile:
+        profile.enable()
+    while time.monotonic() < t0 + args.seconds:
+        delay = standby.tick()
+        ticks += 1
+        time.sleep(min(delay, 1.0))
+    if profile:
+        profile.disable()
+    cpu, wall, due = time.thread_time() - cpu0, time.monotonic() - t0, enqueued() - n0
+    print(f"standby of {args.entries} {'run-time' if args.runtime else 'static'} entries"
+          f"{f', an edit every {args.edit_every:g} s' if args.edit_every else ''}: "
+          f"{cpu:.3f} CPU s in {wall:.1f} s ({100 * cpu / wall:.2f} % of a core"
+          f"{', profiled' if profile else ''}), {due} slots due, "
+          f"{1000 * cpu / max(due, 1):.4f} CPU s per 1,000, {ticks} ticks")
+    if profile:
+        pstats.Stats(profile).sort_stats("cumulative").print_stats(args.top)
+
+
+if __name__ == "__main__":
+    main()
