@@ -4,6 +4,7 @@
     python bench/standby_inprocess.py --runtime           # the same, run-time entries
     python bench/standby_inprocess.py --runtime --edit-every 0.05   # following 20 edits a second
     python bench/standby_inprocess.py ... --profile [--top 30]      # where the standby's time goes
+    python bench/standby_inprocess.py --reads 1250        # one look's read of 1,250 states, alone
 
 A leader and a standby (two ``Scheduler`` objects, each with its own Celery app,
 as two beats would have) run against a redis-server of the run's own: the
@@ -38,8 +39,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from celery import Celery
 
+from celery_leaderbeat.config import Config
 from celery_leaderbeat.scheduler import LEADER, Scheduler
 from celery_leaderbeat.store.dynamic import Entry
+from celery_leaderbeat.store.open import open_store
 from tests.support.beat import NOOP
 from tests.support.redis_server import RedisServer
 
@@ -57,6 +60,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--seconds", type=float, default=40.0)
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--reads", type=int, default=0,
+                        help="only time the read of this many entries' slot states (what a "
+                             "standby's look reads), 500 times, and print the CPU of one")
     return parser.parse_args()
 
 
@@ -115,6 +121,12 @@ def main() -> None:
             Entry(name, entry["task"], entry["schedule"], args=entry["args"]).save(apps[2])
     client = server.client()
     leader, standby = Scheduler(app=apps[0]), None
+    if args.reads:
+        time_reads(leader, open_store(Config.from_app(apps[1])).ledger, args.reads)
+        leader.close()
+        server.close()
+        shutil.rmtree(work, ignore_errors=True)
+        return
     loops = [Loop(leader.tick)]
     try:
         deadline = time.monotonic() + 30
@@ -140,6 +152,23 @@ def main() -> None:
                 scheduler.close()
         server.close()
         shutil.rmtree(work, ignore_errors=True)
+
+
+def time_reads(scheduler: Scheduler, ledger: Any, n: int) -> None:
+    """Elect ``scheduler`` (it anchors every entry: each has a state), then time the read of
+    ``n`` entries' states as a standby's look makes it (``ledger``: another node's), 500
+    times."""
+    deadline = time.monotonic() + 30
+    while len(names := sorted(ledger.load())[:n]) < n:
+        assert time.monotonic() < deadline, f"only {len(names)} entries have a state"
+        time.sleep(min(scheduler.tick(), 0.05))
+    for _ in range(50):  # warm
+        ledger.load(names)
+    started = time.thread_time()
+    for _ in range(500):
+        ledger.load(names)
+    cpu = (time.thread_time() - started) / 500
+    print(f"the read of {n} entries' states: {1000 * cpu:.3f} CPU ms each")
 
 
 def measure(args: argparse.Namespace, standby: Scheduler, enqueued: Any) -> None:

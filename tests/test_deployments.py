@@ -95,6 +95,7 @@ def exercise_every_call(url: str, prefix: str, **options) -> None:
     assert granted == [Code.GRANTED]
     assert ledger.record(lease.epoch, [Event("a", 1000, "sent")]) == 1          # record.lua
     assert ledger.load()["a"].state == SlotStatus.SENT                          # HGETALL
+    assert ledger.load(["a", "b"]) == {"a": ledger.load()["a"]}                  # states.lua
     ledger.check_generation(lease.token, lease.epoch)                           # check.lua
     ledger.mark_definitions(lease.token, lease.epoch)                           # define.lua
     assert ledger.backfill(lease.token, lease.epoch, "a", [500], "r1") == [    # backfill.lua

@@ -496,4 +496,10 @@ def parse_slot_state(raw: Any) -> SlotState:
         if not node or not at.isdigit():  # written by an older version: no claim time
             node, at = rest[0], ""
         claimed = int(at) if at else None
-    return SlotState(int(slot), int(epoch), SlotStatus(state), node, claimed)
+    # by the table: a standby's look parses a thousand states, and calling the enum is
+    # the dearest step after building the state (an unknown letter still raises there)
+    return SlotState(int(slot), int(epoch), _STATUS.get(state) or SlotStatus(state), node,
+                     claimed)
+
+
+_STATUS = {status.value: status for status in SlotStatus}
