@@ -276,19 +276,21 @@ class Edits:
     """``--edit-every``: one run-time entry's interval edited (15 or 25 s, its save's
     second the new anchor) every so many seconds, from this process between ticks."""
 
-    def __init__(self, app: Celery, every: float) -> None:
+    def __init__(self, app: Celery, every: float, names: list[str] | None = None) -> None:
         self.app, self.every = app, every
-        self.names = list(app.conf.beat_schedule or {}) or [f"e{i}" for i in range(2000)]
+        self.names = names or list(app.conf.beat_schedule or {}) or [f"e{i}" for i in range(2000)]
         self.rng = random.Random(1)
         self.next = time.monotonic()
         self.made = 0
 
-    def due(self) -> None:
+    def due(self) -> float:
+        """Save the edits due by now; the seconds until the next one."""
         while self.every and time.monotonic() >= self.next:
             name = self.rng.choice(self.names)
             Entry(name, NOOP, self.rng.choice([15.0, 25.0]), args=[name, self.made]).save(self.app)
             self.made += 1
             self.next += self.every
+        return max(0.0, self.next - time.monotonic())
 
 
 def tick_through_burst(scheduler: Scheduler, enqueued: Callable[[], int], target: int) -> float:

@@ -9,9 +9,9 @@
 A leader and a standby (two ``Scheduler`` objects, each with its own Celery app,
 as two beats would have) run against a redis-server of the run's own: the
 leader ticks in a thread, the standby in the main thread, as its beat's loop
-would. Edits (``--edit-every``) are saved from a third thread: one run-time
-entry's interval made 15 or 25 s, its save the new anchor, as
-``bench/dynamic_storm.py``'s storm does. Prints the standby's CPU seconds
+would. Edits (``--edit-every``) are saved from a third thread, as
+``bench/send_inprocess.py`` saves them: one run-time entry's interval made 15
+or 25 s, its save the new anchor, as ``bench/dynamic_storm.py``'s storm does. Prints the standby's CPU seconds
 (``time.thread_time`` of its thread) over the window, its share of a core, the
 slots that fell due (the leader's sends) and the standby's CPU per 1,000 of
 them. Quicker and steadier than the storm bench, which measures whole
@@ -25,7 +25,6 @@ import argparse
 import cProfile
 import logging
 import pstats
-import random
 import shutil
 import sys
 import tempfile
@@ -39,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from celery import Celery
 
+from bench.send_inprocess import Edits
 from celery_leaderbeat.config import Config
 from celery_leaderbeat.scheduler import LEADER, Scheduler
 from celery_leaderbeat.store.dynamic import Entry
@@ -92,23 +92,6 @@ class Loop(threading.Thread):
             self.stop.wait(min(self.step(), 1.0))
 
 
-class Edits:
-    """One run-time entry's interval edited every ``every`` seconds."""
-
-    def __init__(self, app: Celery, names: list[str], every: float) -> None:
-        self.app, self.names, self.every = app, names, every
-        self.rng, self.made = random.Random(1), 0
-        self.next = time.monotonic()
-
-    def step(self) -> float:
-        while time.monotonic() >= self.next:
-            name = self.rng.choice(self.names)
-            Entry(name, NOOP, self.rng.choice([15.0, 25.0]), args=[name, self.made]).save(self.app)
-            self.made += 1
-            self.next += self.every
-        return max(0.0, self.next - time.monotonic())
-
-
 def main() -> None:
     args = parse_args()
     work = Path(tempfile.mkdtemp(prefix="lb-standby-inprocess-"))
@@ -120,15 +103,13 @@ def main() -> None:
         for name, entry in schedule_of(args).items():
             Entry(name, entry["task"], entry["schedule"], args=entry["args"]).save(apps[2])
     client = server.client()
-    leader, standby = Scheduler(app=apps[0]), None
-    if args.reads:
-        time_reads(leader, open_store(Config.from_app(apps[1])).ledger, args.reads)
-        leader.close()
-        server.close()
-        shutil.rmtree(work, ignore_errors=True)
-        return
+    leader, standby, reader = Scheduler(app=apps[0]), None, None
     loops = [Loop(leader.tick)]
     try:
+        if args.reads:
+            reader = open_store(Config.from_app(apps[1]))
+            time_reads(leader, reader.ledger, args.reads)
+            return
         deadline = time.monotonic() + 30
         while leader.role != LEADER:
             assert time.monotonic() < deadline, "no leader within 30 s"
@@ -139,17 +120,20 @@ def main() -> None:
         while time.monotonic() < warm_until:
             time.sleep(min(standby.tick(), 1.0))
         if args.edit_every:
-            loops.append(Loop(Edits(apps[2], list(schedule_of(args)), args.edit_every).step))
+            loops.append(Loop(Edits(apps[2], args.edit_every, list(schedule_of(args))).due))
             loops[-1].start()
         measure(args, standby, lambda: int(client.llen(queue)))
         assert leader.role == LEADER, "the leader lost its lease: the figures are not a standby's"
     finally:
         for loop in loops:
-            loop.stop.set()
-            loop.join(5)
+            if loop.is_alive():
+                loop.stop.set()
+                loop.join(5)
         for scheduler in (standby, leader):
             if scheduler is not None:
                 scheduler.close()
+        if reader is not None:
+            reader.close()
         server.close()
         shutil.rmtree(work, ignore_errors=True)
 
