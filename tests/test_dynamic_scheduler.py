@@ -348,6 +348,9 @@ def test_a_notice_read_in_a_wait_that_ends_before_the_look_still_brings_the_look
         second._dynamic.refresh(force=True)  # a look now: the next one is a POLL away
         Entry("dyn", NOOP, 60, args=["saved"]).save(apps[0])  # its notice is on its way
         standby._wait(0.05)  # reads the notice, ends before the look is due
+        # the premise, checked: had the notice come only in the next wait, that wait would
+        # end at the look whatever this test is about
+        assert standby._owed_look is not None, "the notice was not read in the first wait"
         started = time.monotonic()
         standby._wait(1.0)
         waited = time.monotonic() - started

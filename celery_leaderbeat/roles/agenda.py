@@ -289,13 +289,16 @@ class Agenda:
         """Take stale items off the top of the heap: a dropped entry's, or an older copy of
         one tracked afresh or put back at another time. Left there, each would wake the
         loop at a time nothing is due (a storm of run-time edits leaves one per edit)."""
-        heap, tracked = self._heap, self.tracked
-        while heap:
-            at, name = heap[0]
-            entry = tracked.get(name)
-            if entry is not None and at == entry.next_fire.timestamp():
-                return
+        heap = self._heap
+        while heap and self._current(*heap[0]) is None:
             heapq.heappop(heap)
+
+    def _current(self, at: float, name: str) -> Tracked | None:
+        """The entry a heap item stands for, None when the item is stale: the entry was
+        dropped, or tracked afresh or put back at another time (its older copy stays in
+        the heap until it comes up)."""
+        tracked = self.tracked.get(name)
+        return tracked if tracked is not None and at == tracked.next_fire.timestamp() else None
 
     def pop_due(self, now: datetime, since: datetime, policy: CatchupPolicy | None = None,
                 limit: int | None = None) -> list[tuple[Tracked, Plan]]:
@@ -312,11 +315,10 @@ class Agenda:
         taken: set[str] = set()
         now_ts = now.timestamp()
         while self._heap and self._heap[0][0] <= now_ts and (limit is None or len(due) < limit):
-            at, name = heapq.heappop(self._heap)
-            tracked = self.tracked.get(name)
-            if tracked is None or name in taken or at != tracked.next_fire.timestamp():
-                continue  # dropped from the schedule, or a stale copy of a re-pushed entry
-            taken.add(name)
+            tracked = self._current(*heapq.heappop(self._heap))
+            if tracked is None or tracked.name in taken:
+                continue  # stale, or a second item of an entry pushed twice at one time
+            taken.add(tracked.name)
             try:
                 due.append((tracked, plan(tracked.clock, last=tracked.last, now=now,
                                           since=since, policy=policy or tracked.options.policy)))
@@ -335,9 +337,8 @@ class Agenda:
             at, name = heap[i]
             if at > until_ts:
                 continue  # nothing below an item is due before it
-            tracked = self.tracked.get(name)
-            if (tracked is not None and name not in seen
-                    and at == tracked.next_fire.timestamp()):
+            tracked = self._current(at, name)
+            if tracked is not None and name not in seen:
                 seen.add(name)
                 slot = _slot_of(tracked)
                 if slot is not None:
