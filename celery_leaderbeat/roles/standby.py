@@ -266,7 +266,8 @@ class Standby:
         return max(0.0, self.shared.config.lease_ttl - self.shared.config.safety_margin)
 
     def _still_unclaimed(self, due: list[tuple[Tracked, Plan]]) -> list[tuple[Tracked, Plan]]:
-        """One read (HMGET) for the whole due batch; keep the entries nobody has claimed.
+        """One read of the store for the whole due batch (``Ledger.load``); keep the entries
+        nobody has claimed.
 
         With a healthy leader this is all a standby costs Redis per batch; the others
         only move on to where the leader stands.
@@ -301,7 +302,7 @@ class Standby:
         self._differs.clear()
 
     def _update(self, names: frozenset[str], version: int) -> None:
-        """A change of a few entries: read just their states (one HMGET)."""
+        """A change of a few entries: read just their states (one read)."""
         assert self.agenda is not None
         ordered = sorted(names)
         stored = self.shared.ledger.load(ordered)
@@ -321,7 +322,7 @@ class Standby:
         self._version = version
 
     def _recheck_unknown(self) -> None:
-        """Entries that had no state: one HMGET per rescue_after until the leader anchors them."""
+        """Entries that had no state: one read per rescue_after until the leader anchors them."""
         assert self.agenda is not None
         self._unknown_checked = time.monotonic()
         found = self.shared.ledger.load(sorted(self._unknown))
