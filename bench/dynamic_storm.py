@@ -244,8 +244,9 @@ def plan_ops(n: int, changes: int, once: int, rng: random.Random) -> list[str]:
 def storm(run: Run, n: int, every: float, seconds: float, changes: int, once: int,
           rng: random.Random, phases: int = 0,
           beside: Rig | None = None) -> tuple[list[Op], float, float, dict[str, Any]]:
-    """The storm; returns the operations, the kill and election times, and the CPU of the
-    first half (the first leader; and of the static rig ``beside`` over the same time)."""
+    """The storm; returns the operations, the kill and election times (0.0: no election
+    within the storm), and the CPU of the first half (the first leader; and of the static
+    rig ``beside`` over the same time) with the killed leader's pid."""
     names = [f"d{i}" for i in range(n)]
     rng.shuffle(names)
     fresh = iter(names)  # each operation on an entry of its own
@@ -255,6 +256,7 @@ def storm(run: Run, n: int, every: float, seconds: float, changes: int, once: in
     pace = seconds / len(kinds)
     start, started_at = time.monotonic(), time.time()
     killed_at = elected_at = 0.0
+    killed: int | None = None
     first: dict[str, Any] = {}
     # the leader's CPU over the storm only: its total since start would add the start-up,
     # the first load of every entry and the quiet window to the storm's sends; each
@@ -277,7 +279,7 @@ def storm(run: Run, n: int, every: float, seconds: float, changes: int, once: in
             if beside is not None and began_beside is not None:
                 first["beside_static"] = between(began_beside, mark(beside))
             next(b for b in run.rig.beats if b.pid == leader).kill()
-            killed_at = time.time()
+            killed_at, killed = time.time(), leader
         if killed_at and not elected_at and (pid := leader_pid(run.rig)) not in (None, leader):
             elected_at, leader = time.time(), pid
         if kind == "enable" and disabled and disabled[0][1] < time.time() - 5:
@@ -291,7 +293,8 @@ def storm(run: Run, n: int, every: float, seconds: float, changes: int, once: in
         ops.append(op)
         if kind == "disable":
             disabled.append((name, time.time()))
-    return ops, killed_at, elected_at, {"first": first, "started_at": started_at}
+    return ops, killed_at, elected_at, {"first": first, "started_at": started_at,
+                                        "killed": killed}
 
 
 def save(app: Celery, op: Op, every: float, rng: random.Random | None = None,
@@ -398,7 +401,10 @@ def runtime(n: int, every: float, seconds: float, changes: int, once: int,
         row["quiet"] = window(rig, quiet, beside)
         ops, killed_at, elected_at, cpu = storm(run, n, every, seconds, changes, once, rng,
                                             phases, beside)
-        leader = wait_leader(rig, timeout=30)
+        # a storm shorter than the lease ttl ends before the election: the killed leader's
+        # lease still names it until then
+        leader = wait_leader(rig, other_than=cpu["killed"], timeout=30)
+        elected_at = elected_at or time.time()
         cpu_l0, sent0, t_l0 = cpu_seconds(leader), rig.watch.count, time.monotonic()
         time.sleep(15)  # the last one-offs come due; the next leader's own sends
         row["storm_first_leader"] = cpu["first"]
