@@ -5,14 +5,19 @@ from __future__ import annotations
 import itertools
 from datetime import datetime, timedelta, timezone
 from types import SimpleNamespace
+from zoneinfo import ZoneInfo
 
 from celery.schedules import crontab, schedule
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from celery_leaderbeat import cron
 from celery_leaderbeat.entries import EntryOptions
 from celery_leaderbeat.roles.agenda import (
     Agenda,
     Known,
     Reading,
+    Tracked,
     Unsent,
     adopt_refused_anchors,
     load,
@@ -21,7 +26,7 @@ from celery_leaderbeat.roles.agenda import (
 from celery_leaderbeat.roles.batch import chunks, missed_events
 from celery_leaderbeat.store.types import ClaimItem, Code, Op, Refused, SlotState, SlotStatus
 from celery_leaderbeat.timing.policy import CatchupPolicy
-from celery_leaderbeat.timing.slots import clock_for, to_ms
+from celery_leaderbeat.timing.slots import clock_for, plan, to_ms
 
 UTC = timezone.utc
 T0 = datetime(2026, 5, 4, 10, 0, tzinfo=UTC)
@@ -248,3 +253,37 @@ def test_margin_slots_of_a_cron_are_its_own_and_older_ones_are_counted():
     listed, older = margin_slots(clock, T0 - timedelta(minutes=150), T0)
     assert len(listed) == 100 and listed[-1] == T0 and older == 51
     assert all(b - a == timedelta(minutes=1) for a, b in itertools.pairwise(listed))
+
+
+@settings(max_examples=300, deadline=None)
+@given(kind=st.sampled_from(["interval", "relative", "jittered", "cron-berlin", "crontab-ny",
+                             "cron-seconds"]),
+       last=st.integers(0, 400 * 86_400), ahead=st.integers(0, 3 * 86_400),
+       behind=st.integers(0, 3 * 86_400), mode=st.sampled_from(["latest", "skip", "all"]))
+def test_an_entry_advanced_past_its_plan_fires_next_where_its_clock_says(
+        kind: str, last: int, ahead: int, behind: int, mode: str) -> None:
+    """A look advances each settled entry to its plan's last slot and takes the plan's next
+    fire time, which the entries sharing the plan share, instead of asking each clock
+    again: it must be the time the clock gives after that slot, on every kind of clock
+    (a zone's transitions among them: the year from T0 covers two of each)."""
+    schedules = {
+        "interval": (schedule(timedelta(seconds=7)), None),
+        "relative": (schedule(timedelta(minutes=5), relative=True), None),
+        "jittered": (schedule(timedelta(seconds=90)), 30.0),
+        "cron-berlin": (cron("30 1-3 * * *", tz="Europe/Berlin"), None),
+        "crontab-ny": (crontab(minute="*/15", hour="0-3"), None),
+        "cron-seconds": (cron("*/20 * * * * *"), None),
+    }
+    sched, jitter = schedules[kind]
+    zone = ZoneInfo("America/New_York")
+    clock = clock_for(sched, name="e", tz=zone, jitter=jitter)
+    start = clock.next_after(T0 + timedelta(seconds=last))
+    now = start + timedelta(seconds=ahead)
+    options = EntryOptions(policy=CatchupPolicy(mode), jitter=jitter, tz=zone)
+    planned, asked = (Tracked("e", clock, options, start) for _ in range(2))
+    p = plan(clock, last=start, now=now, since=now - timedelta(seconds=behind),
+             policy=options.policy)
+    planned.advance_past(p)
+    asked.advance(p.last)
+    assert (planned.last, planned.next_fire) == (asked.last, asked.next_fire)
+    assert planned.next_fire > now or p.last == start  # past every due slot

@@ -56,6 +56,12 @@ class Tracked:
                          "again in %.0f s", self.name, exc, last.isoformat(), RETRY_BROKEN)
             self.next_fire = max(last, _utcnow()) + timedelta(seconds=RETRY_BROKEN)
 
+    def advance_past(self, p: Plan) -> None:
+        """Advance past every slot ``p`` found due: its last is the entry's, and the next
+        fire time the plan's own (the same as :meth:`advance` would find: the entries that
+        share the plan do not each ask the clock again)."""
+        self.last, self.next_fire = p.last, p.next_fire
+
 
 class Unsent(NamedTuple):
     """A slot an earlier leader claimed and never confirmed sent."""

@@ -55,7 +55,7 @@ class Outage:
                 if not memory.covers(tracked.name, to_ms(slot)) and send(tracked.name, slot):
                     memory.note(tracked.name, to_ms(slot))
                     self.sent.append((tracked.name, slot))
-            tracked.advance(p.last)
+            tracked.advance_past(p)
             agenda.push(tracked)
 
     def expired(self) -> bool:

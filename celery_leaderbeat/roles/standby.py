@@ -28,7 +28,7 @@ from ..errors import LeaseLostError
 from ..store.base import STORE_ERRORS
 from ..store.events import ENTRIES, RELEASED
 from ..store.types import ClaimItem, Code, Event, Op, SlotStatus
-from ..timing.slots import Plan, from_ms, to_ms
+from ..timing.slots import Plan, from_ms
 from .agenda import Agenda, Tracked, small_change
 from .batch import Outcome, RescueGate, run_batch
 from .shared import Shared, utcnow
@@ -272,18 +272,21 @@ class Standby:
         With a healthy leader this is all a standby costs Redis per batch; the others
         only move on to where the leader stands.
         """
-        stored = self.shared.ledger.load([tracked.name for tracked, _ in due])
-        self.shared.losses.report_behind(stored, [tracked.name for tracked, _ in due],
-                                         self.shared.sent)
+        names = [tracked.name for tracked, _ in due]
+        stored = self.shared.ledger.load(names)
+        self.shared.losses.report_behind(stored, names, self.shared.sent)
         unclaimed = []
         for tracked, p in due:
             state = stored.get(tracked.name)
             if state is not None and state.state != SlotStatus.ANCHOR:
                 self.shared.sent.know(tracked.name, state.slot_ms)  # settled, by whoever
-            if state is not None and (not p.send or state.slot_ms >= to_ms(p.send[-1])):
-                tracked.advance(max(from_ms(state.slot_ms), p.last))
-            else:
+            newest = p.newest_sent_ms
+            if state is None or (newest is not None and state.slot_ms < newest):
                 unclaimed.append((tracked, p))
+            elif state.slot_ms > p.last_ms:  # the leader is ahead of this node's plan
+                tracked.advance(from_ms(state.slot_ms))
+            else:
+                tracked.advance_past(p)
         return unclaimed
 
     def _load(self, version: int) -> None:

@@ -28,6 +28,7 @@ import uuid
 from collections import deque
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone, tzinfo
+from functools import cached_property
 from typing import Any, Protocol
 
 from celery.schedules import crontab, schedule, solar
@@ -155,6 +156,18 @@ class Plan:
     next_due: datetime
     next_fire: datetime
     missed_estimated: bool = False  # True when missed_total counts jumped-over slots by estimate
+
+    # Kept on the plan, which the entries of one schedule share: a look at a thousand due
+    # entries converts each once, not once per entry.
+    @cached_property
+    def last_ms(self) -> int:
+        """``last`` in milliseconds since the epoch."""
+        return to_ms(self.last)
+
+    @cached_property
+    def newest_sent_ms(self) -> int | None:
+        """The newest slot of ``send`` in milliseconds (None: it sends none)."""
+        return to_ms(self.send[-1]) if self.send else None
 
 
 @dataclass
