@@ -179,7 +179,7 @@ class _Due:
     estimated: bool = False
 
 
-#: plans of shared schedules, by (share key, last, now, since, policy), the times as UTC
+#: plans of shared schedules, by (share key, last, now, since, policy's fields), the times as UTC
 #: instants; a burst of entries on one schedule plans once (a Plan is immutable: sharing
 #: it is safe)
 _plans: dict[tuple[Any, ...], Plan] = {}
@@ -203,8 +203,10 @@ def plan(
     share = getattr(clock, "share_key", None)
     if share is None:
         return _plan(clock, last=last, now=now, since=since, policy=policy)
-    # UTC instants: aware datetimes of one zone compare by wall time, ignoring fold.
-    key = (share, last.astimezone(UTC), now.astimezone(UTC), since.astimezone(UTC), policy)
+    # UTC instants: aware datetimes of one zone compare by wall time, ignoring fold. The
+    # policy by its fields: hashed and compared in C, where a look asks a thousand times.
+    key = (share, _utc(last), _utc(now), _utc(since), policy.mode, policy.window,
+           policy.max_catchup)
     found = _plans.get(key)
     if found is None:
         found = _plan(clock, last=last, now=now, since=since, policy=policy)
@@ -212,6 +214,12 @@ def plan(
             _plans.clear()
         _plans[key] = found
     return found
+
+
+def _utc(at: datetime) -> datetime:
+    """``at`` as a UTC instant: as it is when it is one already (every slot and ``now``
+    the roles pass), converted otherwise."""
+    return at if at.tzinfo is UTC else at.astimezone(UTC)
 
 
 def _plan(
