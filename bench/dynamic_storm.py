@@ -363,7 +363,8 @@ def verdict(ops: list[Op], sent: list[Sent], killed_at: float, elected_at: float
             out[f"{key}{op.kind}_not_at_save_plus_interval"] += abs(off) > 0.002
             first = min(s.received for s in mine if s.tag == op.tag)
             if not in_gap:  # its first slot came due while a leader led, or in the gap
-                rescued = killed_at <= expected <= elected_at
+                # (due just before the kill and not sent by then: rescued too)
+                rescued = expected <= elected_at and first >= killed_at
                 edit_late["rescued" if rescued else "led"].append(first - expected)
     out.update(gap_lateness(sent, killed_at, elected_at))
     # a standby rescues only the definition the leader wrote: an entry saved in the gap
