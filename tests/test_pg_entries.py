@@ -85,6 +85,21 @@ def test_a_node_behind_the_removals_kept_reads_every_entry(
     assert behind.full and set(behind.saved) == {"d"}
 
 
+def test_a_node_ahead_of_the_stores_version_reads_every_entry_and_removals_come_in_order(
+        store: PostgresStore) -> None:
+    """A store restored from an older snapshot is behind what a node saw: that node reads
+    every entry again. Removals come in the order they were made, whatever their names."""
+    for name in "abcd":
+        save(store, name)
+    ahead = store.entries.changes(9)
+    assert ahead.full and set(ahead.saved) == {"a", "b", "c", "d"} and ahead.version == 4
+    assert list(ahead.removed) == []
+    for name in "dab":
+        store.entries.delete(name)
+    later = store.entries.changes(4)
+    assert not later.full and later.saved == {} and list(later.removed) == ["d", "a", "b"]
+
+
 def test_finish_disables_a_one_off_once_and_only_for_its_definition(store: PostgresStore) -> None:
     save(store, "once")
     assert not store.entries.finish("once", "other", 7000)
