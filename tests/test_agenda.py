@@ -26,7 +26,7 @@ from celery_leaderbeat.roles.agenda import (
 from celery_leaderbeat.roles.batch import chunks, missed_events
 from celery_leaderbeat.store.types import ClaimItem, Code, Op, Refused, SlotState, SlotStatus
 from celery_leaderbeat.timing.policy import CatchupPolicy
-from celery_leaderbeat.timing.slots import clock_for, plan, to_ms
+from celery_leaderbeat.timing.slots import clock_for, from_ms, plan, to_ms
 
 UTC = timezone.utc
 T0 = datetime(2026, 5, 4, 10, 0, tzinfo=UTC)
@@ -259,13 +259,15 @@ def test_margin_slots_of_a_cron_are_its_own_and_older_ones_are_counted():
 @given(kind=st.sampled_from(["interval", "relative", "jittered", "cron-berlin", "crontab-ny",
                              "cron-seconds"]),
        last=st.integers(0, 400 * 86_400), ahead=st.integers(0, 3 * 86_400),
-       behind=st.integers(0, 3 * 86_400), mode=st.sampled_from(["latest", "skip", "all"]))
+       behind=st.integers(0, 3 * 86_400), mode=st.sampled_from(["latest", "skip", "all"]),
+       beyond=st.integers(-5_000, 5_000))
 def test_an_entry_advanced_past_its_plan_fires_next_where_its_clock_says(
-        kind: str, last: int, ahead: int, behind: int, mode: str) -> None:
+        kind: str, last: int, ahead: int, behind: int, mode: str, beyond: int) -> None:
     """A look advances each settled entry to its plan's last slot and takes the plan's next
     fire time, which the entries sharing the plan share, instead of asking each clock
     again: it must be the time the clock gives after that slot, on every kind of clock
-    (a zone's transitions among them: the year from T0 covers two of each)."""
+    (a zone's transitions among them: the year from T0 covers two of each). A slot
+    settled in the store beyond the plan (``beyond`` ms from its last) is advanced to."""
     schedules = {
         "interval": (schedule(timedelta(seconds=7)), None),
         "relative": (schedule(timedelta(minutes=5), relative=True), None),
@@ -286,4 +288,8 @@ def test_an_entry_advanced_past_its_plan_fires_next_where_its_clock_says(
     planned.advance_past(p)
     asked.advance(p.last)
     assert (planned.last, planned.next_fire) == (asked.last, asked.next_fire)
-    assert planned.next_fire > now or p.last == start  # past every due slot
+    assert planned.next_fire > now  # past every due slot
+    settled, from_store = to_ms(p.last) + beyond, Tracked("e", clock, options, start)
+    from_store.advance_past(p, settled)
+    asked.advance(max(from_ms(settled), p.last))
+    assert (from_store.last, from_store.next_fire) == (asked.last, asked.next_fire)

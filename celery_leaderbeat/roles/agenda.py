@@ -56,11 +56,15 @@ class Tracked:
                          "again in %.0f s", self.name, exc, last.isoformat(), RETRY_BROKEN)
             self.next_fire = max(last, _utcnow()) + timedelta(seconds=RETRY_BROKEN)
 
-    def advance_past(self, p: Plan) -> None:
-        """Advance past every slot ``p`` found due: its last is the entry's, and the next
-        fire time the plan's own (the same as :meth:`advance` would find: the entries that
-        share the plan do not each ask the clock again)."""
-        self.last, self.next_fire = p.last, p.next_fire
+    def advance_past(self, p: Plan, settled_ms: int | None = None) -> None:
+        """Advance past every slot ``p`` found due, or to ``settled_ms`` when that slot is
+        later (settled in the store beyond this node's plan). Past the plan, the next fire
+        time is the plan's own, the one :meth:`advance` would find: the entries that share
+        the plan do not each ask the clock again."""
+        if settled_ms is not None and settled_ms > p.last_ms:
+            self.advance(from_ms(settled_ms))
+        else:
+            self.last, self.next_fire = p.last, p.next_fire
 
 
 class Unsent(NamedTuple):

@@ -397,10 +397,10 @@ class _Batch:
             whole = finished and not self.fenced and tracked.name not in self.stopped
             if last != tracked.last:  # settled in Redis, by this node or another (where
                 self.memory.know(tracked.name, to_ms(last))  # it stood: perhaps only planned)
-            if whole and last <= p.last:
-                tracked.advance_past(p)
+            if whole:
+                tracked.advance_past(p, to_ms(last))
             else:
-                tracked.advance(max(last, p.last) if whole else last)
+                tracked.advance(last)
 
 
 _HELD = {getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")

@@ -283,10 +283,8 @@ class Standby:
             newest = p.newest_sent_ms
             if state is None or (newest is not None and state.slot_ms < newest):
                 unclaimed.append((tracked, p))
-            elif state.slot_ms > p.last_ms:  # the leader is ahead of this node's plan
-                tracked.advance(from_ms(state.slot_ms))
             else:
-                tracked.advance_past(p)
+                tracked.advance_past(p, state.slot_ms)
         return unclaimed
 
     def _load(self, version: int) -> None:

@@ -157,8 +157,8 @@ class Plan:
     next_fire: datetime
     missed_estimated: bool = False  # True when missed_total counts jumped-over slots by estimate
 
-    # Kept on the plan, which the entries of one schedule share: a look at a thousand due
-    # entries converts each once, not once per entry.
+    # In ms on the plan itself: the entries of one schedule share it, so a look at a
+    # thousand of them converts its times once, not once per entry.
     @cached_property
     def last_ms(self) -> int:
         """``last`` in milliseconds since the epoch."""

@@ -189,9 +189,7 @@ def changes(conn: Any, schema: str, app: str, seen: int
     Every beat asks this every ``dynamic_schedule.POLL`` and most of the time nothing
     changed: that answer is one statement on its own (one round trip). What changed is
     read by one more statement (:data:`_CHANGES`): one statement sees one snapshot, so the
-    version, the saved rows and the removed names agree without a transaction (which
-    would cost four more round trips: its start, its isolation level, its end, and a
-    statement per part).
+    version, the saved rows and the removed names agree with no transaction around them.
     """
     version, _ = _version(conn, schema, app)
     if version == seen:
