@@ -4,8 +4,9 @@ Configured entirely from environment variables, set by :mod:`celery_leaderbeat.d
 for each process it starts:
 
 - ``LBDEMO_BROKER_URL``: the broker (a database of the demo's own Redis; on PostgreSQL,
-  RabbitMQ or ``filesystem://``);
-- ``LBDEMO_BROKER_DIR``: the filesystem transport's folder (with ``filesystem://``);
+  RabbitMQ or ``lbdemofs://``, kombu's filesystem transport writing each message whole:
+  :mod:`celery_leaderbeat.demo.fsbroker`);
+- ``LBDEMO_BROKER_DIR``: the filesystem transport's folder (with ``lbdemofs://``);
 - ``LBDEMO_QUEUE``: the queue of the demo's own on a shared broker (``task_default_queue``);
 - ``LBDEMO_REDIS_URL``: ``leaderbeat_redis_url``;
 - ``LBDEMO_STORE_URL``: ``leaderbeat_store_url`` (the demo's PostgreSQL);
@@ -52,8 +53,12 @@ app.conf.update(
                    for name, (spec, _) in SCHEDULE.items()},
 )
 if os.environ.get("LBDEMO_BROKER_DIR"):
+    from . import fsbroker  # noqa: F401 - registers the lbdemofs:// scheme with kombu
+
     folder = os.environ["LBDEMO_BROKER_DIR"]
+    # the exchanges' bindings too (kombu's default is "control" in the working directory)
     app.conf.broker_transport_options = {"data_folder_in": folder, "data_folder_out": folder,
+                                         "control_folder": os.path.join(folder, "control"),
                                          "polling_interval": 0.1}
 if os.environ.get("LBDEMO_QUEUE"):
     app.conf.task_default_queue = os.environ["LBDEMO_QUEUE"]

@@ -10,7 +10,9 @@ The broker cannot be the demo's Redis, there being none: RabbitMQ when one answe
 (``$LEADERBEAT_DEMO_BROKER``, else ``amqp://guest:guest@127.0.0.1:5672//``), on a queue
 of the demo's own, deleted afterwards; else (or with ``LEADERBEAT_DEMO_BROKER=filesystem://``)
 kombu's filesystem transport in the demo's directory: unlike an in-memory transport,
-several processes on one machine share it; it polls every 0.1 s.
+several processes on one machine share it; it polls every 0.1 s. Each message is written
+whole before a worker can take it (:mod:`.fsbroker`; kombu's own transport lets a worker
+take a message file still being written, and the worker exits on it).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from . import fsbroker
 from .app import RUNS_TABLE
 from .procs import DemoError, Proc, free_port
 from .watch import Watcher
@@ -135,7 +138,7 @@ def choose_broker(directory: Path) -> tuple[dict[str, str], str, Any]:
     folder = directory / "broker"
     folder.mkdir()
     why = "asked for" if url == FILESYSTEM else f"no RabbitMQ at {url.split('@')[-1]}"
-    return ({"LBDEMO_BROKER_URL": FILESYSTEM, "LBDEMO_BROKER_DIR": str(folder)},
+    return ({"LBDEMO_BROKER_URL": f"{fsbroker.SCHEME}://", "LBDEMO_BROKER_DIR": str(folder)},
             f"broker: kombu's filesystem transport in {folder} ({why})", None)
 
 
