@@ -21,7 +21,7 @@ import threading
 import time
 from collections import Counter, defaultdict
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 import redis
 
@@ -89,7 +89,9 @@ class Drain:
 def history(client: redis.Redis, prefix: str) -> list[dict[str, str]]:
     """Every event of the prefix's history stream, oldest first."""
     rows = []
-    for event_id, fields in client.xrange(Keys(prefix).history):
+    # a client without decode_responses answers bytes; XRANGE, every entry with its fields
+    stream = cast("list[tuple[bytes, dict[bytes, bytes]]]", client.xrange(Keys(prefix).history))
+    for event_id, fields in stream:
         row = {k.decode(): v.decode() for k, v in fields.items()}
         row["id"] = event_id.decode()
         rows.append(row)

@@ -195,7 +195,7 @@ class Rig:
         self.state = RedisServer(workdir=self.work / "state")
         self.broker = RedisServer(workdir=self.work / "broker")
         self.schedule = schedule
-        conf = {"beat_max_loop_interval": LOOP}
+        conf: dict[str, Any] = {"beat_max_loop_interval": LOOP}
         if kind == "redbeat":
             conf.update(redbeat_redis_url=self.state.url, redbeat_lock_timeout=LEASE_TTL)
         conf.update(settings or {})

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import statistics
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +22,8 @@ def rows(results: Path, name: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def spread(values: list[float]) -> str:
-    """'median (min–max, n)' of repeated measurements."""
+def spread(values: Sequence[float | None]) -> str:
+    """'median (min–max, n)' of repeated measurements (None: not measured in that run)."""
     vals = [v for v in values if v is not None]
     if vals and all(isinstance(v, int) for v in vals):
         return "/".join(str(v) for v in vals)

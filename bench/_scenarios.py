@@ -256,7 +256,7 @@ def _lateness(msgs: list[Msg], t_sig: float, n: int) -> dict[str, Any]:
 
 def paused_leader(kind: str, repeats: int, n: int = 2000) -> list[dict[str, Any]]:
     """SIGSTOP the leader after ~200 messages of a 2,000-entry batch, past the ttl; SIGCONT."""
-    rows = []
+    rows: list[dict[str, Any]] = []
     for r in range(repeats):
         every = 45.0  # one batch in the window: it fires ~45 s after start, then at ~90 s
         with Rig(kind, entries(n, every)) as rig:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -44,6 +45,13 @@ def save(name: str, rows: list[dict] | dict) -> None:
         for row in rows:
             out.write(json.dumps(row) + "\n")
             print(json.dumps(row), flush=True)
+
+
+def save_each(name: str, runs: Iterable[list[dict] | dict]) -> None:
+    """Save each run's rows as it ends (``runs``: a generator, so a failed run keeps the
+    rows of the runs before it)."""
+    for rows in runs:
+        save(name, rows)
 
 
 def run_tick(args: argparse.Namespace) -> None:
@@ -118,15 +126,16 @@ def main() -> None:
     steps = {
         "tick": lambda: run_tick(args),
         "target": lambda: run_target(args),
-        "redis": lambda: [save("redis", sc.redis_commands(k, 2000, 5.0, 10 if args.quick else 30))
-                          for k in ha],
-        "failover": lambda: [save("failover", sc.failover(k, mode, args.repeats))
-                             for mode in ("kill", "term") for k in ha],
-        "pause": lambda: [save("pause", sc.paused_leader(k, min(args.repeats, 3))) for k in ha],
+        "redis": lambda: save_each("redis", (
+            sc.redis_commands(k, 2000, 5.0, 10 if args.quick else 30) for k in ha)),
+        "failover": lambda: save_each("failover", (sc.failover(k, mode, args.repeats)
+                                                   for mode in ("kill", "term") for k in ha)),
+        "pause": lambda: save_each("pause", (sc.paused_leader(k, min(args.repeats, 3))
+                                             for k in ha)),
         "memory": lambda: save("memory", sc.memory(1000 if args.quick else 100_000,
                                                    min(args.repeats, 3))),
-        "restart": lambda: [save("restart", sc.redis_restart(k, min(args.repeats, 3)))
-                            for k in ha],
+        "restart": lambda: save_each("restart", (sc.redis_restart(k, min(args.repeats, 3))
+                                                 for k in ha)),
         "env": lambda: None,
     }
     if args.what == "plot":

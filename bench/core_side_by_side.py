@@ -188,8 +188,8 @@ def summary(path: Path) -> None:
             got = [figure(r) for r in rows if r["tree"] == tree]
             cells.append(_fmt([float(v) for v in got if v is not None]))
         print(f"| {name} | {cells[0]} | {cells[1]} |")
-    loads = [_load(r.get(k)) for r in rows for k in ("load_before", "load_after", "load")]
-    loads = [v for v in loads if v is not None]
+    loads = [v for r in rows for k in ("load_before", "load_after", "load")
+             if (v := _load(r.get(k))) is not None]
     print(f"\n1-minute load average {min(loads):.2f}–{max(loads):.2f}; "
           f"{rows[0]['utc']} – {rows[-1]['utc']} UTC")
 
@@ -209,6 +209,12 @@ def launch(tree: Path, label: str, step: str, args: argparse.Namespace,
     subprocess.run(command, cwd=tree, env=env, check=False)
 
 
+def launcher(step: str, args: argparse.Namespace, extra: list[str]
+             ) -> Callable[[Path, str], None]:
+    """:func:`launch` of ``step`` with ``extra``, for a tree and its label."""
+    return lambda tree, label: launch(tree, label, step, args, extra)
+
+
 def driver(args: argparse.Namespace) -> None:
     trees = [(Path(args.before).resolve(), "before"), (Path(args.after).resolve(), "after")]
     for index in range(args.rounds):
@@ -216,12 +222,11 @@ def driver(args: argparse.Namespace) -> None:
         for step in args.steps.split(","):
             runs: list[Callable[[Path, str], None]]
             if step == "inprocess":  # each path in a process of its own
-                runs = [lambda t, lb, p=p: launch(t, lb, "inprocess", args, ["--path", p])
-                        for p in ("fast", "plain")]
+                runs = [launcher("inprocess", args, ["--path", p]) for p in ("fast", "plain")]
             elif step == "inburst":
-                runs = [lambda t, lb: launch(t, lb, "inburst", args, ["--path", "fast"])]
+                runs = [launcher("inburst", args, ["--path", "fast"])]
             else:
-                runs = [lambda t, lb, s=step: launch(t, lb, s, args, [])]
+                runs = [launcher(step, args, [])]
             for run in runs:
                 for tree, label in order:
                     run(tree, label)

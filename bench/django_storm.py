@@ -102,9 +102,10 @@ def run(dbname, state, broker, work, rnd, out) -> None:
     client = state.client()
     started = time.time()
     try:
-        while leader_pid(client, prefix) is None:
-            time.sleep(0.1)
         first_leader = leader_pid(client, prefix)
+        while first_leader is None:
+            time.sleep(0.1)
+            first_leader = leader_pid(client, prefix)
         print(f"leader pid {first_leader}; waiting for two healthy 60 s bursts", flush=True)
         # the 60 s rows were saved together: one burst a minute, ~60 s after their save
         burst0 = min(r.date_changed for r in PeriodicTask.objects.filter(name="m0")).timestamp()
@@ -121,6 +122,7 @@ def run(dbname, state, broker, work, rnd, out) -> None:
         cpu1 = watch.cpu_at(first_leader, c1)
         sent1 = watch.count
         storm = _storm(client, prefix, _storm_ops(reenable, rnd), rnd)
+        assert storm.killed is not None and storm.elected is not None  # _storm waits for both
         new_leader = leader_pid(client, prefix)
         print(f"new leader pid {new_leader} {storm.elected - storm.killed[1]:.1f} s after the "
               "kill; two more bursts", flush=True)
@@ -203,14 +205,16 @@ class Storm:
         """SIGKILL the leader once the storm is 10 s old; then note when another leads."""
         if self.killed is None and time.time() >= self.start + 10:
             pid = leader_pid(client, prefix)
-            os.kill(pid, signal.SIGKILL)
-            self.killed = (pid, time.time())
+            if pid is not None:  # between two leases: the next edit tries again
+                os.kill(pid, signal.SIGKILL)
+                self.killed = (pid, time.time())
         if self.killed is not None and self.elected is None and leader_pid(
                 client, prefix) not in (None, self.killed[0]):
             self.elected = time.time()
 
     def wait_for_election(self, client, prefix: str) -> None:
         """Wait until a beat other than the killed one leads."""
+        assert self.killed is not None, "no leader to kill in the storm's second half"
         while self.elected is None:
             if leader_pid(client, prefix) not in (None, self.killed[0]):
                 self.elected = time.time()

@@ -23,6 +23,8 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
+import redis
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _harness import NOOP, Rig, load, log_events
@@ -50,10 +52,9 @@ def seed(app: Celery, n: int) -> float:
     return time.perf_counter() - t0
 
 
-def version(app: Celery) -> int:
-    from celery_leaderbeat.store.dynamic import _store
-
-    return int(_store(app).client.hget(Keys("bench").entries_meta, "version") or 0)
+def version(state: redis.Redis) -> int:
+    """The version of the run-time entries in the state Redis."""
+    return int(state.hget(Keys("bench").entries_meta, "version") or 0)
 
 
 # -- visible: 3 beats --------------------------------------------------------------------------
@@ -61,10 +62,10 @@ def version(app: Celery) -> int:
 def visible(n: int, saves: int = 5) -> dict[str, Any]:
     row: dict[str, Any] = {"scenario": "visible", "entries": n, "load0": load()}
     with Rig("leaderbeat", {}) as rig:
-        app = api_app(rig.state.url)
+        app, state = api_app(rig.state.url), rig.state.client()
         row["seed_s"] = seed(app, n)
         beats = [rig.start_beat() for _ in range(3)]
-        v0 = version(app)
+        v0 = version(state)
         deadline = time.monotonic() + 120
         while not all(log_events(b, rf"dynamic entries at version {v0}:") for b in beats):
             assert time.monotonic() < deadline, "beats never loaded the entries"
@@ -74,7 +75,7 @@ def visible(n: int, saves: int = 5) -> dict[str, Any]:
         for k in range(saves):
             saved_at = time.time()
             Entry("d7", NOOP, FAR, args=["d7"], kwargs={"k": k}).save(app)
-            v = version(app)
+            v = version(state)
             deadline = time.monotonic() + 10
             while not all(log_events(b, rf"dynamic entries at version {v}:") for b in beats):
                 assert time.monotonic() < deadline, f"a beat never saw version {v}"
@@ -94,15 +95,18 @@ def cpu(n: int, saves: int = 15) -> dict[str, Any]:
 
     row: dict[str, Any] = {"scenario": "cpu", "entries": n, "load0": load()}
     with Rig("leaderbeat", {}) as rig:
-        app = api_app(rig.state.url)
+        app, state = api_app(rig.state.url), rig.state.client()
         app.conf.update(broker_url=rig.broker.url, beat_schedule={})
         seed(app, n)
         scheduler = Scheduler(app=app)
         try:
             deadline = time.monotonic() + 60
-            while scheduler.role != LEADER or scheduler._dynamic.seen < version(app):
+            # the scheduler follows the run-time entries from its first tick on
+            while (scheduler.role != LEADER or scheduler._dynamic is None
+                   or scheduler._dynamic.seen < version(state)):
                 assert time.monotonic() < deadline
                 time.sleep(min(scheduler.tick(), 0.05))
+            dynamic = scheduler._dynamic
             for _ in range(5):
                 scheduler.tick()
             idle = []
@@ -112,13 +116,13 @@ def cpu(n: int, saves: int = 15) -> dict[str, Any]:
                 idle.append(time.process_time() - t0)
             total = []
             for k in range(saves):
-                seen = scheduler._dynamic.seen
+                seen = dynamic.seen
                 Entry("d7", NOOP, FAR, args=["d7"], kwargs={"k": k}).save(app)
-                scheduler._dynamic._next_look = 0.0  # this tick looks at the store
+                dynamic.next_look = 0.0  # this tick looks at the store
                 t0 = time.process_time()
                 scheduler.tick()  # takes the change in: the store, then the leader's agenda
                 total.append(time.process_time() - t0)
-                assert scheduler._dynamic.seen > seen
+                assert dynamic.seen > seen
         finally:
             scheduler.close()
     row.update(saves=saves, idle_tick_ms=1000 * statistics.median(idle),

@@ -109,12 +109,13 @@ def parse_all(rig: Rig) -> list[Sent]:
     out = []
     for received, raw in list(rig.watch.raw):
         data = json.loads(raw)
-        headers = data.get("headers") or {}
+        headers: dict[str, Any] = data.get("headers") or {}
         args = json.loads(base64.b64decode(data["body"]))[0]
         slot = headers.get("leaderbeat_slot")
         if slot is None:
             continue
-        out.append(Sent(headers.get("leaderbeat_entry"), datetime.fromisoformat(slot).timestamp(),
+        # every message with a slot header names its entry too
+        out.append(Sent(headers["leaderbeat_entry"], datetime.fromisoformat(slot).timestamp(),
                         args[1] if len(args) > 1 else None,
                         int(headers.get("leaderbeat_epoch") or 0), received))
     return out
@@ -316,7 +317,9 @@ def save(app: Celery, op: Op, every: float, rng: random.Random | None = None,
         op.at = time.time() + (rng.uniform(2, 12) if rng else 5)
         entry = Entry(op.name, NOOP, at=datetime.fromtimestamp(op.at, timezone.utc), args=args)
     else:
-        Entry.get(app, op.name).delete(app)
+        stored = Entry.get(app, op.name)
+        assert stored is not None, f"{op.name} is not stored"  # each op has an entry of its own
+        stored.delete(app)
         op.saved = time.time()
         return op
     entry.save(app)

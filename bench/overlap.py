@@ -40,7 +40,7 @@ import time
 from datetime import datetime, timedelta, timezone
 from itertools import pairwise
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -177,14 +177,15 @@ def figures(rig: Rig, policy: str, ids: list[str], killed: float | None) -> dict
     decided = {int(e["slot"]) for e in evs if e["event"] in ("started", "skipped", "buffered")}
     published_ms = {ms((START + timedelta(seconds=rig.interval * i)).isoformat())
                     for i in range(len(ids))}
+    # state.client() has no decode_responses: it answers bytes
+    decisions = cast("dict[bytes, bytes]", rig.state.hgetall(Keys(rig.prefix).overlap_decisions))
     out: dict[str, Any] = {
         "policy": policy, "slots": len(ids), "runs": len(runs),
         "overlaps": len(overlaps(runs)),
         "ran_to_end": sum(r["ended"] for r in runs),
         "unaccounted": len(ids) - len(decided & published_ms),
         "worker_killed": killed is not None,
-        "decisions": {k.decode(): int(v) for k, v in
-                      rig.state.hgetall(Keys(rig.prefix).overlap_decisions).items()},
+        "decisions": {k.decode(): int(v) for k, v in decisions.items()},
     }
     skipped = [e for e in evs if e["event"] == "skipped"]
     out["skipped_recorded"] = len(skipped)

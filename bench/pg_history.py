@@ -97,7 +97,8 @@ def drive(store: Any, config: Config, n: int, every: float, hours: float,
     token, epoch = lease.credentials()
     names = [f"e{i:05d}" for i in range(n)]
     start_ms = int((time.time() - hours * 3600 - 60) * 1000)
-    rounds, claims, sent = int(hours * 3600 / every), 0, []
+    rounds, claims = int(hours * 3600 / every), 0
+    sent: list[Event] = []
     began = time.time()
     for r in range(rounds + 1):
         slot = start_ms + int(r * every * 1000)
@@ -126,15 +127,21 @@ def _config(prefix: str, redis_url: str = "redis://unused.invalid") -> Config:
                                "node_id": "bench", "lease_ttl": 60.0})
 
 
+def one(conn: psycopg.Connection[Any], sql: str) -> tuple[Any, ...]:
+    """The row of a query that answers one (an aggregate, a SELECT without FROM)."""
+    row = conn.execute(sql).fetchone()
+    assert row is not None
+    return row
+
+
 def pg_sample(conn: psycopg.Connection[Any], sim_s: float, real_s: float) -> dict[str, Any]:
     row: dict[str, Any] = {"sim_h": round(sim_s / 3600, 3), "real_s": round(real_s, 1)}
     for table in TABLES:
-        count, size = conn.execute(
-            f"SELECT count(*), pg_total_relation_size('leaderbeat.{table}') "
-            f"FROM leaderbeat.{table}").fetchone()
+        count, size = one(conn, f"SELECT count(*), pg_total_relation_size('leaderbeat.{table}') "
+                                f"FROM leaderbeat.{table}")
         row[table] = {"rows": count, "mib": round(size / 2**20, 2)}
-    row["database_mib"] = round(conn.execute(
-        "SELECT pg_database_size(current_database())").fetchone()[0] / 2**20, 1)
+    row["database_mib"] = round(
+        one(conn, "SELECT pg_database_size(current_database())")[0] / 2**20, 1)
     row["load"] = load()
     return row
 

@@ -23,7 +23,6 @@ import argparse
 import itertools
 import json
 import shutil
-import sys
 import tempfile
 import time
 from collections import Counter
@@ -360,4 +359,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

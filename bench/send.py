@@ -30,7 +30,7 @@ import time
 import uuid
 from collections import Counter
 from pathlib import Path
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -39,6 +39,9 @@ from _harness import LEASE_TTL, LOOP, SCHEDULERS, Watch, cpu_seconds, load, vers
 
 from tests.support.beat import NOOP, BeatProcess, beat_env
 from tests.support.redis_server import RedisServer
+
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self is 3.11+
 
 RESULTS = Path(__file__).resolve().parent / "results"
 BURST_EVERY = 30  # seconds between bursts of the burst and kill scenarios (cron, seconds first)

@@ -216,6 +216,7 @@ def make_app(args: argparse.Namespace, server: RedisServer, queue: str) -> Celer
     """The app of the run: its schedule (a burst's 10,000 entries on one cron, else 2,000
     every 5 s), its queue, its broker (the run's redis-server, or RabbitMQ)."""
     rabbit = args.what == "rabbit"
+    schedule: dict[str, dict[str, Any]]
     if args.what == "burst":
         schedule = {f"e{i}": {"task": NOOP, "schedule": cron("*/10 * * * * *"), "args": [f"e{i}"]}
                     for i in range(10_000)}

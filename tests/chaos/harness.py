@@ -58,7 +58,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import kombu.exceptions
 import redis
@@ -258,7 +258,7 @@ class Monitor(Watching):
 
     def _poll_leader(self) -> None:
         try:
-            raw = self.client.get(self.leader_key)
+            raw = cast("bytes | None", self.client.get(self.leader_key))  # no decode_responses
             obs = Observation(time.monotonic(), time.time(), raw.decode() if raw else None, True)
         except (redis.RedisError, OSError):
             obs = Observation(time.monotonic(), time.time(), None, False)
@@ -270,7 +270,9 @@ class Monitor(Watching):
     def _copy_history(self) -> None:
         try:
             start = "-" if self._last_id == "-" else "(" + self._last_id
-            rows = self.client.xrange(self.history_key, min=start, max="+", count=10000)
+            # no decode_responses: bytes; XRANGE answers a list, every entry with its fields
+            rows = cast("list[tuple[bytes, dict[bytes, bytes]]]",
+                        self.client.xrange(self.history_key, min=start, max="+", count=10000))
         except (redis.RedisError, OSError):
             self._last_id = "-"  # Redis may come back empty: read the new stream from its start
             return
@@ -456,8 +458,7 @@ def expected_slots(kind: str, step_ms: int, observed: Sequence[int], restarts_ms
         return [], []
     if kind == "cron":
         start = observed[0] - observed[0] % step_ms
-        grid = list(range(start, end_ms + 1, step_ms))
-        return grid, [s for s in observed if s % step_ms]
+        return list(range(start, end_ms + 1, step_ms)), [s for s in observed if s % step_ms]
     bounds = sorted(restarts_ms)
     segments: list[list[int]] = [[] for _ in range(len(bounds) + 1)]
     for s in observed:
@@ -484,7 +485,7 @@ def verdict(report: Report, *, schedule: Mapping[str, Mapping[str, Any]],
     counts = _count_messages(report, messages, schedule)
     observed: dict[str, list[int]] = defaultdict(list)
     for entry, slot in counts:
-        if entry in schedule and slot is not None:
+        if entry is not None and entry in schedule and slot is not None:
             observed[entry].append(slot_ms(slot))
     missed, unsent = _recorded_misses(history)
     windows = [f.window_ms() for f in report.faults]
@@ -985,7 +986,7 @@ class ChaosRun:
 
     def _read_leader(self) -> str | None:
         try:
-            raw = self.ctl.get("{" + self.prefix + "}:leader")
+            raw = cast("bytes | None", self.ctl.get("{" + self.prefix + "}:leader"))
         except (redis.RedisError, OSError):
             return None
         return raw.decode() if raw else None

@@ -31,7 +31,7 @@ from typing import Any
 import psycopg
 
 from tests.support.beat import BeatProcess, beat_env
-from tests.support.pg_cluster import pg_cluster
+from tests.support.pg_cluster import Cluster, pg_cluster
 
 from .harness import PG_SOAK_KINDS, ChaosRun, Observation, Spawned, Watching
 
@@ -123,7 +123,8 @@ class PgChaosRun(ChaosRun):
     # -- the servers
 
     def _start_servers(self) -> None:
-        self.state = self._stack.enter_context(pg_cluster(settings=SERVER_SETTINGS))
+        # its own attribute: the base class's ``state`` is the Redis run's RedisServer
+        self.cluster: Cluster = self._stack.enter_context(pg_cluster(settings=SERVER_SETTINGS))
         with psycopg.connect(f"{RESULTS_HOST} dbname=postgres", autocommit=True) as conn:
             conn.execute(f'CREATE DATABASE "{self.results_db}"')
         with psycopg.connect(self._results_conninfo(), autocommit=True) as conn:
@@ -131,7 +132,7 @@ class PgChaosRun(ChaosRun):
         broker_url = self._start_broker()
         self.env = beat_env(self.workdir, broker_url=broker_url, prefix=self.prefix,
                             schedule=self.schedule, settings=self._celery_settings())
-        self.env["LB_STORE_URL"] = self._store_url(self.state.port)  # the workers: direct
+        self.env["LB_STORE_URL"] = self._store_url(self.cluster.port)  # the workers: direct
         self.env["LB_RECORD_PG"] = self._results_conninfo()
 
     def _results_conninfo(self) -> str:
@@ -142,10 +143,10 @@ class PgChaosRun(ChaosRun):
         return f"postgresql://postgres@127.0.0.1:{port}/postgres?connect_timeout=3"
 
     def _make_monitor(self) -> PgMonitor:
-        return PgMonitor(self.state.conninfo, self.prefix)
+        return PgMonitor(self.cluster.conninfo, self.prefix)
 
     def _state_port(self) -> int:
-        return int(self.state.port)
+        return int(self.cluster.port)
 
     def _executed_rows(self) -> list[dict[str, Any]]:
         with psycopg.connect(self._results_conninfo(), autocommit=True) as conn:
@@ -154,9 +155,9 @@ class PgChaosRun(ChaosRun):
 
     def _stop_state(self) -> None:
         if self._paused:  # a pause_pg interrupted mid-way must not leave it frozen
-            self.state.resume(self._paused)
+            self.cluster.resume(self._paused)
         with contextlib.suppress(OSError):
-            shutil.copy(self.state.log, self.workdir / "postgres-server.log")
+            shutil.copy(self.cluster.log, self.workdir / "postgres-server.log")
         self._stack.close()
 
     def _stop_results(self) -> None:
@@ -181,29 +182,29 @@ class PgChaosRun(ChaosRun):
 
     def _fault_restart_pg(self, u_leader: float, u_index: float, duration: float) -> None:
         """``pg_ctl stop -m fast`` (sessions ended cleanly), down 0.75 .. 2.5 s, started."""
-        fault = self._begin("restart_pg", f"postgres :{self.state.port}", self._read_leader(),
+        fault = self._begin("restart_pg", f"postgres :{self.cluster.port}", self._read_leader(),
                             False)
-        self.state.stop("fast")
+        self.cluster.stop("fast")
         time.sleep(duration / 2)
-        self.state.start()
+        self.cluster.start()
         self._end(fault, "(back with its data)")
 
     def _fault_crash_pg(self, u_leader: float, u_index: float, duration: float) -> None:
         """``pg_ctl stop -m immediate`` (a crash: no checkpoint), down 0.75 .. 2.5 s, started
         (recovery replays the WAL)."""
-        fault = self._begin("crash_pg", f"postgres :{self.state.port}", self._read_leader(),
+        fault = self._begin("crash_pg", f"postgres :{self.cluster.port}", self._read_leader(),
                             False)
-        self.state.stop("immediate")
+        self.cluster.stop("immediate")
         time.sleep(duration / 2)
-        self.state.start()
+        self.cluster.start()
         self._end(fault, "(recovered from its WAL)")
 
     def _fault_terminate_pg(self, u_leader: float, u_index: float, duration: float) -> None:
         """``pg_terminate_backend`` of every client session but the monitor's."""
-        fault = self._begin("terminate_pg", f"postgres :{self.state.port} sessions",
+        fault = self._begin("terminate_pg", f"postgres :{self.cluster.port} sessions",
                             self._read_leader(), False)
         try:
-            with psycopg.connect(self.state.conninfo, autocommit=True) as conn:
+            with psycopg.connect(self.cluster.conninfo, autocommit=True) as conn:
                 row = conn.execute(
                     "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
                     "WHERE backend_type = 'client backend' AND pid <> pg_backend_pid() "
@@ -215,10 +216,10 @@ class PgChaosRun(ChaosRun):
 
     def _fault_pause_pg(self, u_leader: float, u_index: float, duration: float) -> None:
         """SIGSTOP every server process 1.5 .. 5 s, then SIGCONT."""
-        fault = self._begin("pause_pg", f"postgres :{self.state.port}", self._read_leader(),
+        fault = self._begin("pause_pg", f"postgres :{self.cluster.port}", self._read_leader(),
                             False)
-        self._paused = self.state.pause()
+        self._paused = self.cluster.pause()
         time.sleep(duration)
-        self.state.resume(self._paused)
+        self.cluster.resume(self._paused)
         self._paused = []
         self._end(fault)
