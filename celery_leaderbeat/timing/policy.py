@@ -8,7 +8,7 @@ checked by :func:`catchup_problems`, so the rule and its wording live here once.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from datetime import timedelta
 from typing import Any
 
@@ -40,6 +40,10 @@ class CatchupPolicy:
     mode: str = "latest"
     window: timedelta | None = None
     max_catchup: int = 100
+    #: the fields above as one tuple, made once: the shared plans' key takes it, hashed
+    #: and compared in C where a look asks a thousand times (the dataclass's own
+    #: ``__hash__`` and ``__eq__`` are Python)
+    key: tuple[Any, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         from ..errors import ConfigurationError
@@ -47,3 +51,5 @@ class CatchupPolicy:
         problems = catchup_problems(self.mode, self.window, self.max_catchup)
         if problems:
             raise ConfigurationError(problems)
+        object.__setattr__(self, "key", tuple(getattr(self, f.name) for f in fields(self)
+                                              if f.init))

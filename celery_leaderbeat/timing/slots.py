@@ -179,7 +179,7 @@ class _Due:
     estimated: bool = False
 
 
-#: plans of shared schedules, by (share key, last, now, since, policy's fields), the times as UTC
+#: plans of shared schedules, by (share key, last, now, since, policy.key), the times as UTC
 #: instants; a burst of entries on one schedule plans once (a Plan is immutable: sharing
 #: it is safe)
 _plans: dict[tuple[Any, ...], Plan] = {}
@@ -203,10 +203,8 @@ def plan(
     share = getattr(clock, "share_key", None)
     if share is None:
         return _plan(clock, last=last, now=now, since=since, policy=policy)
-    # UTC instants: aware datetimes of one zone compare by wall time, ignoring fold. The
-    # policy by its fields: hashed and compared in C, where a look asks a thousand times.
-    key = (share, _utc(last), _utc(now), _utc(since), policy.mode, policy.window,
-           policy.max_catchup)
+    # UTC instants: aware datetimes of one zone compare by wall time, ignoring fold
+    key = (share, _utc(last), _utc(now), _utc(since), policy.key)
     found = _plans.get(key)
     if found is None:
         found = _plan(clock, last=last, now=now, since=since, policy=policy)

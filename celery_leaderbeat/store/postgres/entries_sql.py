@@ -22,15 +22,15 @@ UPDATE {schema}.entry_meta SET version = version + 1 WHERE app = %(app)s RETURNI
 _GET = "SELECT " + _COLUMNS + " FROM {schema}.entries WHERE app = %(app)s AND name = %(name)s"
 _ALL = "SELECT " + _COLUMNS + " FROM {schema}.entries WHERE app = %(app)s"
 # What changed since a version, in one statement (one snapshot): the app's version and
-# floor (kind "m"), the saved rows (kind "s": every row when ``seen`` is below the floor
-# or past the version, a node too far behind or ahead), the removed names (kind "r"),
-# in order of version.
+# whether the read is whole (kind "m"; whole when ``seen`` is below the floor or past the
+# version, a node too far behind or ahead), the saved rows (kind "s": every row when
+# whole), the removed names (kind "r"), in order of version.
 _CHANGES = """
 WITH meta AS (
     SELECT version, floor, (%(seen)s < floor OR %(seen)s > version) AS whole
     FROM {schema}.entry_meta WHERE app = %(app)s
 )
-SELECT 'm' AS kind, NULL::text, version, floor, NULL::text, NULL::text, NULL::boolean,
+SELECT 'm' AS kind, NULL::text, version, NULL::bigint, NULL::text, NULL::text, whole,
        NULL::bigint, NULL::boolean, NULL::text
 FROM meta
 UNION ALL
@@ -194,14 +194,14 @@ def changes(conn: Any, schema: str, app: str, seen: int
     version, _ = _version(conn, schema, app)
     if version == seen:
         return version, False, [], []
-    version, floor, saved, removed = 0, 0, [], []
+    version, whole, saved, removed = 0, False, [], []
     for kind, *columns in _run(conn, schema, app, _CHANGES, seen=seen):
         if kind == "m":
-            version, floor = int(columns[1]), int(columns[2])
+            version, whole = int(columns[1]), bool(columns[5])
         elif kind == "s":
             saved.append(Row(*columns))
         else:
             removed.append(columns[0])
     if version == seen:
         return version, False, [], []
-    return version, seen < floor or seen > version, saved, removed
+    return version, whole, saved, removed
