@@ -3,7 +3,7 @@
     python bench/standby_inprocess.py                     # 10,000 entries, 8 phases of 20 s
     python bench/standby_inprocess.py --runtime           # the same, run-time entries
     python bench/standby_inprocess.py --runtime --edit-every 0.05   # following 20 edits a second
-    python bench/standby_inprocess.py ... --profile [--top 30]      # where the standby's time goes
+    python bench/standby_inprocess.py ... --profile [--top 30] [--sort tottime]  # where its time goes
     python bench/standby_inprocess.py --reads 1250        # one look's read of 1,250 states, alone
 
 A leader and a standby (two ``Scheduler`` objects, each with its own Celery app,
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import gc
 import logging
 import pstats
 import shutil
@@ -60,6 +61,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--seconds", type=float, default=40.0)
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--sort", default="cumulative",
+                        help="--profile: the order (pstats: cumulative, tottime, ...)")
     parser.add_argument("--reads", type=int, default=0,
                         help="only time the read of this many entries' slot states (what a "
                              "standby's look reads), 500 times, and print the CPU of one")
@@ -155,9 +158,34 @@ def time_reads(scheduler: Scheduler, ledger: Any, n: int) -> None:
     print(f"the read of {n} entries' states: {1000 * cpu:.3f} CPU ms each")
 
 
+class Collections:
+    """CPU seconds the standby's thread spends in Python's cyclic collector (``gc.callbacks``).
+
+    A collection of the older generations scans every object the process holds: one in
+    the window costs more than a hundred milliseconds, which the run either catches or
+    does not. The window starts after a full collection and the figure says how much of
+    it was the collector's."""
+
+    def __init__(self) -> None:
+        self.thread = threading.get_ident()
+        self.seconds, self.count, self._started = 0.0, 0, 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if threading.get_ident() != self.thread:
+            return
+        if phase == "start":
+            self._started = time.thread_time()
+        else:
+            self.seconds += time.thread_time() - self._started
+            self.count += 1
+
+
 def measure(args: argparse.Namespace, standby: Scheduler, enqueued: Any) -> None:
     # timed by the thread's CPU clock: the waits on the socket and in sleep count nothing
     profile = cProfile.Profile(time.thread_time) if args.profile else None
+    gc.collect()
+    collections = Collections()
+    gc.callbacks.append(collections)
     n0, cpu0, t0 = enqueued(), time.thread_time(), time.monotonic()
     ticks = 0
     if profile:
@@ -168,14 +196,16 @@ def measure(args: argparse.Namespace, standby: Scheduler, enqueued: Any) -> None
         time.sleep(min(delay, 1.0))
     if profile:
         profile.disable()
+    gc.callbacks.remove(collections)
     cpu, wall, due = time.thread_time() - cpu0, time.monotonic() - t0, enqueued() - n0
     print(f"standby of {args.entries} {'run-time' if args.runtime else 'static'} entries"
           f"{f', an edit every {args.edit_every:g} s' if args.edit_every else ''}: "
           f"{cpu:.3f} CPU s in {wall:.1f} s ({100 * cpu / wall:.2f} % of a core"
           f"{', profiled' if profile else ''}), {due} slots due, "
-          f"{1000 * cpu / max(due, 1):.4f} CPU s per 1,000, {ticks} ticks")
+          f"{1000 * cpu / max(due, 1):.4f} CPU s per 1,000, {ticks} ticks; of it the "
+          f"collector {collections.seconds:.3f} s ({collections.count} collections)")
     if profile:
-        pstats.Stats(profile).sort_stats("cumulative").print_stats(args.top)
+        pstats.Stats(profile).sort_stats(args.sort).print_stats(args.top)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ from itertools import pairwise
 import pytest
 
 from celery_leaderbeat import Entry
-from celery_leaderbeat.roles.dynamic_schedule import POLL
+from celery_leaderbeat.roles.dynamic_schedule import POLL, STANDBY_EVERY
 from celery_leaderbeat.scheduler import LEADER, STANDBY, Scheduler
 from celery_leaderbeat.store.keys import Keys
 from tests.support.beat import NOOP, Recorder, duplicates
@@ -235,12 +235,12 @@ def test_a_save_among_many_entries_is_taken_in_by_name_not_by_reading_every_entr
 def test_a_standby_wakes_for_a_storm_of_saves_once_per_look_and_still_follows_the_last(
         servers, key_prefix):
     """Every save publishes a notice; a standby woken by each one ticked once per save (40
-    a second here) where it can look at the store only every ``POLL``, and read its
-    subscription once per notice. It now sleeps until the look and reads what came
-    meanwhile at once: one wake per look, and the last save is still in its schedule
-    within a second. Celery's and leaderbeat's defaults but for the lease (3 s, as in
-    this module) and ``standby_poll``, left at its default 1 s so that it does not wake
-    the standby."""
+    a second here), and one that looked every ``POLL`` four times a second, though it
+    needs a definition only to rescue a slot, ``rescue_after`` (2 s) after its time. It
+    now looks every ``STANDBY_EVERY`` and dozes until then: one wake per look and one per
+    try for the lease (``standby_poll``, its default 1 s), and the last save is in its
+    schedule within a look. Celery's and leaderbeat's defaults but for the lease (3 s, as
+    in this module)."""
     state, broker = servers
     apps = [make_app(state.url, broker.url, key_prefix,
                      {"static": {"task": NOOP, "schedule": 3600}}) for _ in range(2)]
@@ -280,9 +280,9 @@ def test_a_standby_wakes_for_a_storm_of_saves_once_per_look_and_still_follows_th
                 assert time.monotonic() - saved_at < 1.0, "the last save not followed within 1 s"
                 second.tick()
         seconds = saved_at - saves[0][1]
-        # at most one look per POLL and one wake per standby_poll, with room for the
-        # ticks around the storm's start and end
-        assert ticks <= seconds * (1 / POLL + 1) + 4, f"{ticks} ticks in {seconds:.1f} s"
+        # at most one look per STANDBY_EVERY and one try for the lease per standby_poll,
+        # with room for the ticks around the storm's start and end
+        assert ticks <= seconds * (1 / STANDBY_EVERY + 1) + 2, f"{ticks} ticks in {seconds:.1f} s"
         notices = woken.count("entries")
         assert notices <= ticks, f"woken {notices} times by a notice in {ticks} ticks"
         assert second.role == STANDBY
@@ -328,6 +328,32 @@ def test_a_standby_sleeping_through_a_storm_of_saves_still_takes_a_released_leas
         stop.set()
         if saver.is_alive():
             saver.join(5)
+        first.close()
+        second.close()
+
+
+def test_a_standby_elected_between_two_looks_starts_from_the_change_saved_before(
+        servers, key_prefix):
+    """A standby looks at the run-time entries only every ``STANDBY_EVERY``; elected
+    between two looks, it must not lead with the definition it read before: it looks
+    once more as it is elected, so the edit saved just before is in its schedule from
+    its first tick as leader. Here its next look is put a minute off, so that only the
+    look at the election can bring the edit."""
+    state, broker = servers
+    apps = [make_app(state.url, broker.url, key_prefix,
+                     {"static": {"task": NOOP, "schedule": 3600}}) for _ in range(2)]
+    first, second = (Scheduler(app=app) for app in apps)
+    try:
+        run([first, second], 10, until=lambda: first.role == LEADER)
+        with ticking_in_a_thread(first):
+            Entry("dyn", NOOP, 60, args=["before"]).save(apps[0])
+            run([second], 3, until=lambda: "dyn" in second.schedule)
+            second._dynamic.refresh(force=True, every=60.0)
+            Entry("dyn", NOOP, 60, args=["edited"]).save(apps[0])
+        first.close()  # releases the lease and publishes 'released'
+        run([second], 5, until=lambda: second.role == LEADER)
+        assert list(second.schedule["dyn"].args) == ["edited"]
+    finally:
         first.close()
         second.close()
 

@@ -89,6 +89,14 @@ class Lifecycle(Attributes):
     def _become_leader(self, shared: Shared, standby: Standby) -> Leader:
         leader = Leader(shared, since=self._on_time_since(shared, standby.since))
         self._leader = leader
+        # a standby follows the run-time entries a STANDBY_EVERY behind at most: the
+        # leader starts from every change saved before its election
+        try:
+            self._follow_changes(force=True)
+        except STORE_ERRORS as exc:  # its next look, a POLL later, takes them in
+            logger.warning("leaderbeat: %s could not read the run-time entries' changes as "
+                           "it was elected (%s); it looks again at its next tick",
+                           shared.config.node_id, exc)
         shared.lease.start_heartbeat(lambda: self._wake_by)
         logger.info("leaderbeat: %s elected leader (epoch %s); slots due since %s are on "
                     "time, older ones missed", shared.config.node_id, shared.lease.epoch,

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..entries import EntryOptions, split_entries
 from ..errors import ConfigurationError
-from ..roles.dynamic_schedule import DynamicSchedule
+from ..roles.dynamic_schedule import POLL, STANDBY_EVERY, DynamicSchedule
 from ..store.base import EntryDefinitions
 from ..store.types import SlotState
 from ..timing.slots import clock_for
@@ -117,10 +117,12 @@ class ScheduleState(Attributes):
                                make_entry=self._maybe_entry,
                                static=lambda: self.app.conf.beat_schedule or {})
 
-    def _follow_changes(self) -> None:
-        """Run-time entries that changed go into the schedule, under a new version."""
+    def _follow_changes(self, *, force: bool = False) -> None:
+        """Run-time entries that changed go into the schedule, under a new version (looked
+        at every POLL on the leader, every STANDBY_EVERY on a standby, now with ``force``)."""
         if self._dynamic is not None:
-            touched = self._dynamic.refresh()
+            every = POLL if self._leader is not None else STANDBY_EVERY
+            touched = self._dynamic.refresh(force=force, every=every)
             if touched:  # the roles update only what changed
                 self._schedule_version += 1
                 self._changes.append((self._schedule_version, frozenset(touched)))

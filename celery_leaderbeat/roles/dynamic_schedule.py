@@ -3,8 +3,9 @@
 The scheduler calls :meth:`DynamicSchedule.refresh` on every tick (a standby
 wakes on the ``entries`` notice every save publishes, and at least every
 ``leaderbeat_standby_poll``, 1 s by default; a leader with run-time entries at
-least every :data:`LEADER_LOOK`); at most every :data:`POLL` seconds it asks the store what changed
-since the version it has seen: one script call that answers with the version
+least every :data:`LEADER_LOOK`); at most every :data:`POLL` seconds on the leader, every
+:data:`STANDBY_EVERY` on a standby, it asks the store what changed since the version it
+has seen: one script call that answers with the version
 alone when nothing changed, else with only the changed entries. Each one is
 checked with start-up's rules and put into (or taken out of) the scheduler's
 entries; the scheduler then bumps its schedule version, which makes the
@@ -52,6 +53,13 @@ POLL = 0.25
 #: seconds a leader with run-time entries sleeps at most: Celery's loop sleeps what a tick
 #: returns, deaf to the events channel, and a change must be in force within a second
 LEADER_LOOK = 0.5
+#: seconds between two looks of a standby. It plans with a definition only to rescue a
+#: slot, ``leaderbeat_rescue_after`` (2 s) after the slot's time at the earliest, and each
+#: look that finds a change costs two reads, a wake and the tick around them: a storm's
+#: changes are taken in half a second's worth at a time, half the looks of a POLL, and
+#: each change is still in force on every node within a second of its save. An elected
+#: standby looks at once, before it loads (``Scheduler._become_leader``)
+STANDBY_EVERY = 0.5
 
 
 class DynamicSchedule:
@@ -81,8 +89,11 @@ class DynamicSchedule:
         """The dynamic entries in the schedule now (enabled, valid)."""
         return self.anchors.keys()
 
-    def refresh(self, *, force: bool = False) -> set[str]:
+    def refresh(self, *, force: bool = False, every: float = POLL) -> set[str]:
         """Take in what changed in the store; the names whose entry changed (empty: none).
+
+        At most one look every ``every`` seconds (:data:`POLL`, or :data:`STANDBY_EVERY`
+        on a standby), unless ``force``.
 
         The work is in proportion to the changes: nothing here walks every entry
         (except after a full read, when the node was too far behind).
@@ -90,7 +101,7 @@ class DynamicSchedule:
         now = time.monotonic()
         if not force and now < self.next_look:
             return set()
-        self.next_look = now + POLL
+        self.next_look = now + every
         changes = self.store.changes(self.seen)  # may raise: nothing changed here then
         if changes.version == self.seen and not changes.full:
             return set()

@@ -31,6 +31,7 @@ from ..store.types import ClaimItem, Code, Event, Op, SlotStatus
 from ..timing.slots import Plan, from_ms
 from .agenda import Agenda, Tracked, small_change
 from .batch import Outcome, RescueGate, run_batch
+from .dynamic_schedule import POLL
 from .shared import Shared, utcnow
 
 logger = logging.getLogger(__name__)
@@ -365,24 +366,33 @@ class Standby:
                 return
             if data == ENTRIES:
                 # an entry changed: the next tick takes it in, once the last look is a
-                # dynamic_schedule.POLL behind. A storm publishes a notice per save; read
-                # one by one, each costs a wake and a read of the socket. Until the look,
-                # the standby sleeps instead, then reads at once what came meanwhile (a
+                # dynamic_schedule.STANDBY_EVERY behind. A storm publishes a notice per
+                # save; read one by one, each costs a wake and a read of the socket. Until
+                # the look, the standby dozes instead, reading what came every POLL (a
                 # 'released' among it is taken then, at most a POLL late)
                 look_at = self.shared.celery.next_look()
                 if look_at > time.monotonic():
                     self._owed_look = look_at
-                if (pause := min(deadline, look_at) - time.monotonic()) > 0:
-                    time.sleep(pause)
-                    self._read_waiting()
+                self._doze(min(deadline, look_at))
                 return
 
-    def _read_waiting(self) -> None:
-        """Read every event already waiting, without waiting for more."""
+    def _doze(self, until: float) -> None:
+        """Sleep until ``until`` (monotonic) deaf to the channel, reading every POLL at once
+        what came meanwhile; back at once after a 'released'."""
+        while (left := until - time.monotonic()) > 0:
+            time.sleep(min(left, POLL))
+            if self._read_waiting():
+                return
+
+    def _read_waiting(self) -> bool:
+        """Read every event already waiting, without waiting for more; True: 'released'."""
         assert self._pubsub is not None
+        released = False
         while (data := self._pubsub.next(0.0)) is not None:
             if data == RELEASED:
                 self._released()
+                released = True
+        return released
 
     def _released(self) -> None:
         self._next_attempt = 0.0
