@@ -45,6 +45,12 @@ _EARLY_RETRY_CAP = 0.5
 #: read each): entries due at instants of their own (run-time edits, one-offs, jitter)
 #: are checked together, as the leader sends them in passes SEND_GATHER apart
 RESCUE_GATHER = 0.1
+#: seconds after its time by which a healthy leader has claimed a slot: a look made for the
+#: entries ``rescue_after`` late reads, in the same call, those due by this long ago too.
+#: Claimed, they move on and need no look of their own; the others wait for theirs (then
+#: rescued when still unclaimed). Entries due at instants of their own (edits, one-offs,
+#: jitter) are looked at once per rescue_after less this, not once per instant
+CLAIMED_WITHIN = 0.5
 
 
 class Standby:
@@ -172,9 +178,13 @@ class Standby:
         due = self.agenda.pop_due(cutoff, self.since)
         if not due:
             return
+        # (rescue_after is CLAIMED_WITHIN at the least: this takes nothing of ``due`` again)
+        looked = due + self.agenda.pop_due(now - timedelta(seconds=CLAIMED_WITHIN), self.since)
         self._retry_at = time.monotonic() + RESCUE_GATHER
         try:
-            unclaimed = self._still_unclaimed(due)
+            late = {tracked.name for tracked, _ in due}
+            unclaimed = [(tracked, p) for tracked, p in self._still_unclaimed(looked)
+                         if tracked.name in late]  # the others: at their own look
             if not unclaimed:
                 return
             gate = RescueGate(self.shared.ledger, self._publish_window())
@@ -193,7 +203,7 @@ class Standby:
                                self.shared.config.node_id)
                 return
         finally:
-            self.agenda.push_all(due)
+            self.agenda.push_all(looked)
         self._rescued(outcome)
 
     def _follow(self, version: int) -> None:
