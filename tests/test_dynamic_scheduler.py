@@ -33,6 +33,22 @@ def run(schedulers, seconds: float, until=None) -> None:
     assert until is None, "condition not reached"
 
 
+def leader_and_standby(servers, key_prefix):
+    """Two beats of one static hourly entry, the first elected: (apps, leader, standby).
+    Both are closed here if the election fails; the caller closes them otherwise."""
+    state, broker = servers
+    apps = [make_app(state.url, broker.url, key_prefix,
+                     {"static": {"task": NOOP, "schedule": 3600}}) for _ in range(2)]
+    first, second = (Scheduler(app=app) for app in apps)
+    try:
+        run([first, second], 10, until=lambda: first.role == LEADER)
+    except BaseException:
+        first.close()
+        second.close()
+        raise
+    return apps, first, second
+
+
 def by_entry(messages, name):
     return [m for m in messages if m.entry == name]
 
@@ -339,12 +355,8 @@ def test_a_standby_elected_between_two_looks_starts_from_the_change_saved_before
     once more as it is elected, so the edit saved just before is in its schedule from
     its first tick as leader. Here its next look is put a minute off, so that only the
     look at the election can bring the edit."""
-    state, broker = servers
-    apps = [make_app(state.url, broker.url, key_prefix,
-                     {"static": {"task": NOOP, "schedule": 3600}}) for _ in range(2)]
-    first, second = (Scheduler(app=app) for app in apps)
+    apps, first, second = leader_and_standby(servers, key_prefix)
     try:
-        run([first, second], 10, until=lambda: first.role == LEADER)
         with ticking_in_a_thread(first):
             Entry("dyn", NOOP, 60, args=["before"]).save(apps[0])
             run([second], 3, until=lambda: "dyn" in second.schedule)
@@ -364,12 +376,8 @@ def test_a_notice_read_in_a_wait_that_ends_before_the_look_still_brings_the_look
     is due (a wait cut short by the next try for the lease, or a rescue), it must still
     bring that look: the next wait ends when the look is due, instead of a whole
     ``standby_poll`` (1 s, the default) with the change unread."""
-    state, broker = servers
-    apps = [make_app(state.url, broker.url, key_prefix,
-                     {"static": {"task": NOOP, "schedule": 3600}}) for _ in range(2)]
-    first, second = (Scheduler(app=app) for app in apps)
+    apps, first, second = leader_and_standby(servers, key_prefix)
     try:
-        run([first, second], 10, until=lambda: first.role == LEADER)
         standby = second._standby
         second._dynamic.refresh(force=True)  # a look now: the next one is a POLL away
         Entry("dyn", NOOP, 60, args=["saved"]).save(apps[0])  # its notice is on its way

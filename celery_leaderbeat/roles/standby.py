@@ -5,8 +5,9 @@ due slot's fire time is ``leaderbeat_rescue_after`` behind, it asks Redis, in
 one call for the whole due batch, to claim the slots nobody claimed yet
 (:meth:`Ledger.rescue`; the look before it reads the entries due
 :data:`CLAIMED_WITHIN` ago too, so that those a healthy leader claimed need no
-look of their own): the script judges "late enough" by Redis ``TIME``, so a standby with a fast clock cannot pre-empt a healthy leader, waits while
-the lease holder is still claiming chunks of a burst, and grants a slot only
+look of their own): the script judges "late enough" by Redis ``TIME``, so a
+standby with a fast clock cannot pre-empt a healthy leader, waits while the
+lease holder is still claiming chunks of a burst, and grants a slot only
 from the entry's stored slot and for the definition the leader plans; the
 claim is the same monotonic gate the leader uses, so nothing is sent twice. A
 healthy leader has claimed them all by then and the call only tells the
