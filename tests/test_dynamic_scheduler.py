@@ -255,7 +255,7 @@ def test_a_standby_wakes_for_a_storm_of_saves_once_per_look_and_still_follows_th
     needs a definition only to rescue a slot, ``rescue_after`` (2 s) after its time. It
     now looks every ``STANDBY_EVERY`` and dozes until then: one wake per look and one per
     try for the lease (``standby_poll``, its default 1 s), and the last save is in its
-    schedule within a look. Celery's and leaderbeat's defaults but for the lease (3 s, as
+    schedule within a second. Celery's and leaderbeat's defaults but for the lease (3 s, as
     in this module)."""
     state, broker = servers
     apps = [make_app(state.url, broker.url, key_prefix,

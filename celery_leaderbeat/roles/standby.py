@@ -187,26 +187,30 @@ class Standby:
             late = {tracked.name for tracked, _ in due}
             unclaimed = [(tracked, p) for tracked, p in self._still_unclaimed(looked)
                          if tracked.name in late]  # the others: at their own look
-            if not unclaimed:
-                return
-            gate = RescueGate(self.shared.ledger, self._publish_window())
-            try:
-                outcome = run_batch(unclaimed, gate, self.shared.slot_send(0),
-                                    memory=self.shared.sent, backlog=self.shared.backlog)
-            except STORE_ERRORS:
-                # a claim whose reply was lost may have been granted: asked again first
-                # thing once Redis answers (granted again to this node, then sent)
-                if gate.inflight is not None:
-                    self._inflight = gate.inflight
-                raise
-            except LeaseLostError:  # the publish window passed mid-batch (this node paused)
-                logger.warning("leaderbeat: standby %s was held up past its publish window "
-                               "while rescuing; the slots it had not sent are recorded unsent",
-                               self.shared.config.node_id)
-                return
+            outcome = self._claim_and_send(unclaimed) if unclaimed else None
         finally:
             self.agenda.push_all(looked)
-        self._rescued(outcome)
+        if outcome is not None:
+            self._rescued(outcome)
+
+    def _claim_and_send(self, unclaimed: list[tuple[Tracked, Plan]]) -> Outcome | None:
+        """Rescue the slots nobody claimed: claimed here, then sent; None when this node was
+        held up past its publish window (what it had not sent is recorded unsent)."""
+        gate = RescueGate(self.shared.ledger, self._publish_window())
+        try:
+            return run_batch(unclaimed, gate, self.shared.slot_send(0),
+                             memory=self.shared.sent, backlog=self.shared.backlog)
+        except STORE_ERRORS:
+            # a claim whose reply was lost may have been granted: asked again first
+            # thing once Redis answers (granted again to this node, then sent)
+            if gate.inflight is not None:
+                self._inflight = gate.inflight
+            raise
+        except LeaseLostError:  # the publish window passed mid-batch (this node paused)
+            logger.warning("leaderbeat: standby %s was held up past its publish window "
+                           "while rescuing; the slots it had not sent are recorded unsent",
+                           self.shared.config.node_id)
+            return None
 
     def _follow(self, version: int) -> None:
         """Read the schedule's changes since the agenda was built, or the whole of it."""
