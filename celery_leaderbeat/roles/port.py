@@ -85,7 +85,8 @@ class CelerySide(Protocol):
         """Run-time entries anchored before any state was stored."""
         ...
 
-    def next_look(self) -> float:
+    def next_look(self) -> float | None:
         """Monotonic time from which the next look at the run-time entries may ask the
-        store (0: at once; see ``dynamic_schedule.POLL``)."""
+        store (see ``dynamic_schedule.POLL``); None: this node follows none (behind a base
+        scheduler, which has a store of its own)."""
         ...
