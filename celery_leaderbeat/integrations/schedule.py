@@ -102,10 +102,9 @@ class ScheduleState(Attributes):
         """Run-time entries anchored before any state was stored."""
         return self._dynamic.exact if self._dynamic is not None else ()
 
-    def next_look(self) -> float | None:
-        """Monotonic time from which the next look at the run-time entries may ask the store
-        (None: none are followed)."""
-        return self._dynamic.next_look if self._dynamic is not None else None
+    def next_look(self) -> float:
+        """Monotonic time from which the next look at the run-time entries may ask the store."""
+        return self._dynamic.next_look if self._dynamic is not None else 0.0
 
     def _follow_dynamic(self, store: EntryDefinitions) -> DynamicSchedule | None:
         """Entries defined at run time (not behind a base scheduler: it has its own store)."""

@@ -85,8 +85,7 @@ class CelerySide(Protocol):
         """Run-time entries anchored before any state was stored."""
         ...
 
-    def next_look(self) -> float | None:
+    def next_look(self) -> float:
         """Monotonic time from which the next look at the run-time entries may ask the
-        store (see ``dynamic_schedule.POLL``); None: this node follows none (behind a base
-        scheduler, which has a store of its own)."""
+        store (0: at once; see ``dynamic_schedule.POLL``)."""
         ...

@@ -28,11 +28,12 @@ from typing import Any
 from ..config import store_name
 from ..errors import LeaseLostError
 from ..store.base import STORE_ERRORS
-from ..store.events import RELEASED
+from ..store.events import ENTRIES, RELEASED
 from ..store.types import ClaimItem, Code, Event, Op, SlotStatus
 from ..timing.slots import Plan, from_ms
 from .agenda import Agenda, Tracked, small_change
 from .batch import Outcome, RescueGate, run_batch
+from .dynamic_schedule import POLL
 from .shared import Shared, utcnow
 
 logger = logging.getLogger(__name__)
@@ -72,6 +73,9 @@ class Standby:
         self._retry_at = 0.0
         self._early_retry = _EARLY_RETRY  # the next wait after a "not yet"
         self._pubsub: Any = None
+        #: monotonic: the look an ``entries`` notice read in a wait is owed (None: none
+        #: owed); kept until that look is taken, since the notice is read only once
+        self._owed_look: float | None = None
         self._skew_refused = False
         self._server_checked = False
         self._differs: set[str] = set()  # entries whose definition is not the leader's (said)
@@ -358,26 +362,53 @@ class Standby:
         if self.agenda is not None:
             rescue = self.agenda.delay(time.time() - self.shared.config.rescue_after, poll)
             left = min(left, max(rescue, self._retry_at - now))
-        look = self.shared.celery.next_look()
-        if look is not None:  # the run-time entries are looked at on a tick of their own
-            left = min(left, look - now)
         return max(0.01, left)
 
     def _wait(self, timeout: float) -> None:
-        """Sleep up to ``timeout``, waking at once when the leader publishes 'released'.
-
-        A save of a run-time entry wakes no one: a standby looks at the changes on its
-        own cadence (``dynamic_schedule.STANDBY_EVERY``, which :meth:`_timeout` keeps),
-        whatever ``standby_poll`` is. Woken per save, it read one message per save in a
-        storm, and the reads cost it more than taking the changes in.
-        """
+        """Sleep up to ``timeout``, waking at once when the leader publishes 'released', and
+        for an ``entries`` notice as soon as the run-time entries may be looked at again."""
         if self._pubsub is None:
             self._pubsub = self.shared.store.events.subscribe()
         deadline = time.monotonic() + timeout
+        if self._owed_look is not None:
+            if self.shared.celery.next_look() > self._owed_look:
+                self._owed_look = None  # taken: a look moves the next one on
+            else:  # a wait ended before the look a notice asked for: it ends there now
+                deadline = min(deadline, self._owed_look)
         while (left := deadline - time.monotonic()) > 0:
-            if self._pubsub.next(left) == RELEASED:
+            data = self._pubsub.next(left)
+            if data == RELEASED:
                 self._released()
                 return
+            if data == ENTRIES:
+                # an entry changed: the next tick takes it in, once the last look is a
+                # dynamic_schedule.STANDBY_EVERY behind. A storm publishes a notice per
+                # save; read one by one, each costs a wake and a read of the socket. Until
+                # the look, the standby dozes instead, reading what came every POLL (a
+                # 'released' among it is taken then, at most a POLL late)
+                look_at = self.shared.celery.next_look()
+                if look_at > time.monotonic():
+                    self._owed_look = look_at
+                self._doze(min(deadline, look_at))
+                return
+
+    def _doze(self, until: float) -> None:
+        """Sleep until ``until`` (monotonic) deaf to the channel, reading every POLL at once
+        what came meanwhile; back at once after a 'released'."""
+        while (left := until - time.monotonic()) > 0:
+            time.sleep(min(left, POLL))
+            if self._read_waiting():
+                return
+
+    def _read_waiting(self) -> bool:
+        """Read every event already waiting, without waiting for more; True: 'released'."""
+        assert self._pubsub is not None
+        released = False
+        while (data := self._pubsub.next(0.0)) is not None:
+            if data == RELEASED:
+                self._released()
+                released = True
+        return released
 
     def _released(self) -> None:
         self._next_attempt = 0.0

@@ -185,7 +185,7 @@ class Subscription(Protocol):
 
 
 class Events(Protocol):
-    """Wake-ups between the nodes: ``released`` and ``request`` (``store.events``).
+    """Wake-ups between the nodes: ``released``, ``entries``, ``request`` (``store.events``).
 
     A hint, never state: a node that misses one finds the same at its next poll.
     """

@@ -3,11 +3,8 @@
 Messages are hints, never state: a node that misses one (its subscription
 dropped, a publish that failed) finds the same thing at its next poll. Who
 says what: ``release.lua`` says ``released`` (standbys try for the lease at
-once), the CLI says ``request`` after queueing a trigger or a backfill (the
-leader looks at once). A save of a run-time entry says nothing: every node
-looks at the entries' version on a cadence of its own
-(``roles.dynamic_schedule``), and a storm of saves would otherwise wake every
-standby once per save. A message a node does not know is read and ignored.
+once), the run-time entries say ``entries`` after a change, the CLI says
+``request`` after queueing a trigger or a backfill (the leader looks at once).
 """
 
 from __future__ import annotations
@@ -19,6 +16,8 @@ from .scripts import text
 
 #: the lease was released (release.lua publishes it)
 RELEASED = "released"
+#: a run-time entry changed
+ENTRIES = "entries"
 #: the CLI queued a request for the leader
 REQUEST = "request"
 

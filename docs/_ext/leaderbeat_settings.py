@@ -49,8 +49,7 @@ MEANING = {
                  "every due slot meanwhile. Must be more than 2 × `renew_interval`.",
     "renew_interval": "How often the leader's heartbeat renews the lease.",
     "standby_poll": "How often a standby tries to lead (it also wakes on `released`) and the "
-                    "leader looks for CLI requests. At most `lease_ttl`. A standby looks at "
-                    "the run-time entries every 0.5 s whatever this is.",
+                    "leader looks for CLI requests. At most `lease_ttl`.",
     "catchup": "`latest`, `skip` or `all`: what happens to slots nobody could send (every "
                "beat down, Redis unreachable). See [catch-up](../guide/catchup.md).",
     "catchup_window": "Missed slots older than this are never sent.",
