@@ -250,13 +250,12 @@ def test_a_save_among_many_entries_is_taken_in_by_name_not_by_reading_every_entr
 
 def test_a_standby_wakes_for_a_storm_of_saves_once_per_look_and_still_follows_the_last(
         servers, key_prefix):
-    """Every save publishes a notice; a standby woken by each one ticked once per save (40
-    a second here), and one that looked every ``POLL`` four times a second, though it
-    needs a definition only to rescue a slot, ``rescue_after`` (2 s) after its time. It
-    now looks every ``STANDBY_EVERY`` and dozes until then: one wake per look and one per
-    try for the lease (``standby_poll``, its default 1 s), and the last save is in its
-    schedule within a second. Celery's and leaderbeat's defaults but for the lease (3 s, as
-    in this module)."""
+    """Every save publishes a notice (40 a second here). A standby needs a definition only
+    to rescue a slot, ``rescue_after`` (2 s) after its time, so it looks every
+    ``STANDBY_EVERY`` and dozes until then, whatever the notices: one wake per look and
+    one per try for the lease (``standby_poll``, its default 1 s), not one per save; and
+    the last save is in its schedule within a second. Celery's and leaderbeat's defaults
+    but for the lease (3 s, as in this module)."""
     state, broker = servers
     apps = [make_app(state.url, broker.url, key_prefix,
                      {"static": {"task": NOOP, "schedule": 3600}}) for _ in range(2)]

@@ -153,13 +153,12 @@ def test_a_standby_beside_a_healthy_leader_sends_nothing_even_past_rescue_after(
 
 
 def test_a_standby_checks_entries_due_at_instants_of_their_own_together(servers, key_prefix):
-    """200 entries, each at an instant of its own (jitter): a standby that looked for the
-    leader's claims at each instant read their states 131 times in 4 s, and 20-21 times
-    looking at most every ``RESCUE_GATHER``. A look now also reads the entries due more
-    than ``CLAIMED_WITHIN`` ago, which a healthy leader has claimed: the next look is
-    ``rescue_after`` less that later (2-3 reads in 4 s; at least one asked, since a
-    loaded machine may push the second past the end), and it still rescues nothing
-    beside a healthy leader."""
+    """200 entries, each at an instant of its own (jitter): a look at the leader's claims
+    per instant would read their states dozens of times in 4 s. A look also reads the
+    entries due more than ``CLAIMED_WITHIN`` ago, which a healthy leader has claimed, so
+    the next look is ``rescue_after`` less that later: 2-3 reads in 4 s (at least one
+    asked, since a loaded machine may push the second past the end), and the standby
+    rescues nothing beside a healthy leader."""
     state, broker = servers
     schedule = {f"e{i}": {"task": NOOP, "schedule": 2.0,
                           "options": {"leaderbeat": {"jitter": 1.5}}} for i in range(200)}

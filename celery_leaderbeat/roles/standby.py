@@ -180,7 +180,8 @@ class Standby:
         due = self.agenda.pop_due(cutoff, self.since)
         if not due:
             return
-        # (rescue_after is CLAIMED_WITHIN at the least: this takes nothing of ``due`` again)
+        # pop_due takes an entry off the heap once: this takes none of ``due`` again (and
+        # nothing at all were rescue_after under CLAIMED_WITHIN)
         looked = due + self.agenda.pop_due(now - timedelta(seconds=CLAIMED_WITHIN), self.since)
         self._retry_at = time.monotonic() + RESCUE_GATHER
         try:
