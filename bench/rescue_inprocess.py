@@ -1,0 +1,182 @@
+"""What a rescue costs, in one process: standbys sending the bursts a stopped leader left.
+
+    python bench/rescue_inprocess.py                  # 10,000 entries, 8 phases of 20 s
+    python bench/rescue_inprocess.py --standbys 2     # two standbys race for the bursts
+                                                      # (one interpreter lock: not two beats)
+    python bench/rescue_inprocess.py --seconds 30
+
+A leader and one or more standbys (``Scheduler`` objects with Celery apps of their own,
+as beats would have) run against a redis-server of the run's own, the broker on the
+same server, so the leader claims and enqueues in one step and a rescue claims, then
+publishes. Once every entry has been sent and looked at, the leader stops ticking:
+its heartbeat thread goes on renewing the lease, so no standby is elected and every
+slot due afterwards is a rescue, ``rescue_after`` (2 s) after its time. The first
+standby ticks in the main thread, the others in threads of their own. Prints, for
+each of the first standby's rescue batches, its slots, wall seconds and the thread's
+CPU seconds, then how late the slots reached the broker (read from their
+``leaderbeat_slot`` header and the moment a thread of this process drained them, every
+20 ms).
+Not part of the test suite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shutil
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from celery import Celery
+
+from celery_leaderbeat.integrations.lifecycle import LEADER
+from celery_leaderbeat.roles import standby as standby_module
+from celery_leaderbeat.scheduler import Scheduler
+from tests.support.beat import NOOP
+from tests.support.redis_server import RedisServer
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--entries", type=int, default=10_000)
+    parser.add_argument("--every", type=int, default=20, help="each entry's period (s)")
+    parser.add_argument("--phases", type=int, default=8,
+                        help="entry i due at second i %% phases of every period")
+    parser.add_argument("--standbys", type=int, default=1)
+    parser.add_argument("--seconds", type=float, default=25.0,
+                        help="how long the standbys rescue after the leader stops")
+    return parser.parse_args()
+
+
+def make_app(args: argparse.Namespace, server: RedisServer, queue: str) -> Celery:
+    schedule = {f"e{i}": {"task": NOOP, "schedule": f"{i % args.phases}/{args.every} * * * * *",
+                          "args": [f"e{i}"]} for i in range(args.entries)}
+    app = Celery("bench")
+    app.conf.update(broker_url=server.url_for(0), leaderbeat_key_prefix="b",
+                    beat_schedule=schedule, timezone="UTC", beat_max_loop_interval=300,
+                    task_default_queue=queue)
+    return app
+
+
+class Loop(threading.Thread):
+    """Ticks a scheduler until stopped, sleeping as it asks (at most 1 s)."""
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        super().__init__(daemon=True)
+        self.scheduler, self.stop = scheduler, threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            self.stop.wait(min(self.scheduler.tick(), 1.0))
+
+
+class Batches:
+    """Wall and thread-CPU seconds of each rescue batch of the main thread's standby."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[int, float, float, int]] = []
+        self.thread = threading.get_ident()
+        original = standby_module.Standby._claim_and_send
+
+        def timed(standby: Any, unclaimed: list[Any]) -> Any:
+            if threading.get_ident() != self.thread:
+                return original(standby, unclaimed)
+            wall, cpu = time.monotonic(), time.thread_time()
+            outcome = original(standby, unclaimed)
+            self.rows.append((len(unclaimed), time.monotonic() - wall,
+                              time.thread_time() - cpu, outcome.sent if outcome else 0))
+            return outcome
+
+        standby_module.Standby._claim_and_send = timed  # type: ignore[method-assign,assignment]
+
+
+class Drain(threading.Thread):
+    """Drains the queue every 20 ms; each message's lateness (s), from its slot to then."""
+
+    def __init__(self, client: Any, queue: str) -> None:
+        super().__init__(daemon=True)
+        self.client, self.queue, self.stop = client, queue, threading.Event()
+        self.late: list[float] = []
+
+    def run(self) -> None:
+        while not self.stop.wait(0.02):
+            self.drain()
+
+    def drain(self) -> None:
+        with self.client.pipeline(transaction=True) as pipe:
+            pipe.lrange(self.queue, 0, -1)
+            pipe.delete(self.queue)
+            raw, _ = pipe.execute()
+        now = time.time()
+        for item in raw:
+            slot = json.loads(item)["headers"]["leaderbeat_slot"]
+            self.late.append(now - datetime.fromisoformat(slot).timestamp())
+
+
+def main() -> None:
+    args = parse_args()
+    work = Path(tempfile.mkdtemp(prefix="lb-rescue-inprocess-"))
+    logging.basicConfig(filename=str(work / "beat.log"), level=logging.INFO)
+    server = RedisServer(workdir=work / "redis")
+    queue = f"lb-rescue-inprocess-{uuid.uuid4().hex[:8]}"
+    client = server.client()
+    batches = Batches()
+    leader = Scheduler(app=make_app(args, server, queue))
+    standbys = [Scheduler(app=make_app(args, server, queue)) for _ in range(args.standbys)]
+    loops = [Loop(leader)] + [Loop(s) for s in standbys[1:]]
+    try:
+        deadline = time.monotonic() + 30
+        while leader.role != LEADER:
+            assert time.monotonic() < deadline, "no leader within 30 s"
+            time.sleep(min(leader.tick(), 0.05))
+        for loop in loops:
+            loop.start()
+        warm_until = time.monotonic() + args.every + 5  # every entry sent and looked at once
+        while time.monotonic() < warm_until:
+            time.sleep(min(standbys[0].tick(), 1.0))
+        loops[0].stop.set()  # the leader stops sending; its heartbeat keeps the lease
+        loops[0].join()
+        client.delete(queue)
+        batches.rows.clear()
+        drain = Drain(server.client(), queue)
+        drain.start()
+        end = time.monotonic() + args.seconds
+        while time.monotonic() < end:  # a standby's tick waits inside itself
+            time.sleep(min(standbys[0].tick(), 1.0))
+        time.sleep(1.0)
+        drain.stop.set()
+        drain.join()
+        late = drain.late
+        report(args, batches, late)
+    finally:
+        for loop in loops:
+            loop.stop.set()
+        for scheduler in [*standbys, leader]:
+            scheduler.close()
+        server.close()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def report(args: argparse.Namespace, batches: Batches, late: list[float]) -> None:
+    print(f"{args.entries} entries in {args.phases} phases of {args.every} s, "
+          f"{args.standbys} standby(s), the leader stopped:")
+    for slots, wall, cpu, sent in batches.rows:
+        print(f"  a rescue batch of {slots} slots (the first standby sent {sent}): "
+              f"{1000 * wall:.0f} ms wall, {1000 * cpu:.0f} CPU ms")
+    late.sort()
+    if late:
+        print(f"  {len(late)} slots reached the broker; lateness p50 {late[len(late) // 2]:.2f} s, "
+              f"p99 {late[int(len(late) * 0.99)]:.2f} s, worst {late[-1]:.2f} s")
+
+
+if __name__ == "__main__":
+    main()
