@@ -199,9 +199,9 @@ class Standby:
         held up past its publish window (what it had not sent is recorded unsent)."""
         gate = RescueGate(self.shared.ledger, self._publish_window())
         try:
-            # claimed first, then the chunk's granted slots published in one batch (one
-            # pipeline on a Redis broker), as a leader's are; slot by slot, a rescue of a
-            # 1,250-slot burst took a second of CPU, mostly Celery's publish of each message
+            # claimed first (no message built for what a healthy leader claimed), then each
+            # chunk's granted slots published in one batch (one pipeline on a Redis broker):
+            # a burst must be rescued within about a second of rescue_after, whole
             return run_batch(unclaimed, gate, self.shared.chunk_send(0),
                              memory=self.shared.sent, backlog=self.shared.backlog)
         except STORE_ERRORS:
