@@ -35,48 +35,24 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from celery import Celery
+from standby_inprocess import Loop, make_app, schedule_arguments
 
 from celery_leaderbeat.integrations.lifecycle import LEADER
 from celery_leaderbeat.roles import standby as standby_module
 from celery_leaderbeat.scheduler import Scheduler
-from tests.support.beat import NOOP
 from tests.support.redis_server import RedisServer
 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--entries", type=int, default=10_000)
-    parser.add_argument("--every", type=int, default=20, help="each entry's period (s)")
-    parser.add_argument("--phases", type=int, default=8,
-                        help="entry i due at second i %% phases of every period")
+    schedule_arguments(parser)
     parser.add_argument("--standbys", type=int, default=1)
     parser.add_argument("--seconds", type=float, default=25.0,
                         help="how long the standbys rescue after the leader stops")
+    parser.set_defaults(runtime=False)  # the entries in beat_schedule (standby_inprocess)
     return parser.parse_args()
-
-
-def make_app(args: argparse.Namespace, server: RedisServer, queue: str) -> Celery:
-    schedule = {f"e{i}": {"task": NOOP, "schedule": f"{i % args.phases}/{args.every} * * * * *",
-                          "args": [f"e{i}"]} for i in range(args.entries)}
-    app = Celery("bench")
-    app.conf.update(broker_url=server.url_for(0), leaderbeat_key_prefix="b",
-                    beat_schedule=schedule, timezone="UTC", beat_max_loop_interval=300,
-                    task_default_queue=queue)
-    return app
-
-
-class Loop(threading.Thread):
-    """Ticks a scheduler until stopped, sleeping as it asks (at most 1 s)."""
-
-    def __init__(self, scheduler: Scheduler) -> None:
-        super().__init__(daemon=True)
-        self.scheduler, self.stop = scheduler, threading.Event()
-
-    def run(self) -> None:
-        while not self.stop.is_set():
-            self.stop.wait(min(self.scheduler.tick(), 1.0))
 
 
 class Batches:
@@ -132,7 +108,7 @@ def main() -> None:
     batches = Batches()
     leader = Scheduler(app=make_app(args, server, queue))
     standbys = [Scheduler(app=make_app(args, server, queue)) for _ in range(args.standbys)]
-    loops = [Loop(leader)] + [Loop(s) for s in standbys[1:]]
+    loops = [Loop(leader.tick)] + [Loop(s.tick) for s in standbys[1:]]
     try:
         deadline = time.monotonic() + 30
         while leader.role != LEADER:

@@ -48,12 +48,17 @@ from tests.support.beat import NOOP
 from tests.support.redis_server import RedisServer
 
 
-def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def schedule_arguments(parser: argparse.ArgumentParser) -> None:
+    """The schedule's options (``schedule_of``), shared with ``bench/rescue_inprocess.py``."""
     parser.add_argument("--entries", type=int, default=10_000)
     parser.add_argument("--every", type=int, default=20, help="each entry's period (s)")
     parser.add_argument("--phases", type=int, default=8,
                         help="the entries fall due on this many seconds of each period")
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    schedule_arguments(parser)
     parser.add_argument("--runtime", action="store_true",
                         help="the entries saved through the Entry API, not in beat_schedule")
     parser.add_argument("--edit-every", type=float, default=0.0,

@@ -58,6 +58,14 @@ def beat_by_pid(cluster: BeatCluster, pid: int):
     return next(b for b in cluster if b.pid == pid)
 
 
+def kill_the_leader(client, prefix: str, cluster: BeatCluster) -> tuple[str, float]:
+    """SIGKILL the beat that holds the lease now; (its token, when, by the wall clock)."""
+    token, _ = wait_for_leader(client, prefix)
+    killed_at = time.time()
+    beat_by_pid(cluster, leader_pid(token)).kill()
+    return token, killed_at
+
+
 def replace_leader(client, prefix: str, cluster: BeatCluster, recorder: Recorder, how: str):
     """Once slots flow, ``how`` ("kill" or "term") the leader and time the next election.
 
@@ -166,9 +174,7 @@ def test_a_killed_leader_costs_no_slot_standbys_rescue_each_within_rescue_after(
     cluster, recorder = start(tmp_path, servers, key_prefix, every(1.0, 3))
     with cluster:
         follow(recorder, 20, until=lambda: len(recorder.messages) >= 6)
-        token, _ = wait_for_leader(client, key_prefix)
-        killed_at = time.time()
-        beat_by_pid(cluster, leader_pid(token)).kill()
+        token, killed_at = kill_the_leader(client, key_prefix, cluster)
         follow(recorder, TTL + POLL + 2,
                until=lambda: leader_token(client, key_prefix) not in (None, token))
         takeover = time.time() - killed_at
@@ -202,9 +208,7 @@ def test_a_killed_leaders_bursts_of_1500_slots_are_rescued_whole_within_rescue_a
     cluster, recorder = start(tmp_path, servers, key_prefix, burst)
     with cluster:
         follow(recorder, 30, until=lambda: len(recorder.messages) >= 1500)
-        token, _ = wait_for_leader(client, key_prefix)
-        killed_at = time.time()
-        beat_by_pid(cluster, leader_pid(token)).kill()
+        token, killed_at = kill_the_leader(client, key_prefix, cluster)
         follow(recorder, TTL + POLL + 2,
                until=lambda: leader_token(client, key_prefix) not in (None, token))
         elected_at = time.time()

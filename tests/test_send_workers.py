@@ -10,7 +10,6 @@ and the worker acknowledges late.
 from __future__ import annotations
 
 import re
-import time
 from collections import Counter
 
 import pytest
@@ -84,15 +83,13 @@ def test_on_the_fast_path_a_killed_leader_costs_no_slot_and_standbys_rescue_with
         POLL,
         RESCUE_AFTER,
         TTL,
-        beat_by_pid,
         every,
         follow,
         gaps,
-        leader_pid,
+        kill_the_leader,
         leader_token,
         slot_times,
         start,
-        wait_for_leader,
     )
 
     server = make_redis_server()
@@ -100,9 +97,7 @@ def test_on_the_fast_path_a_killed_leader_costs_no_slot_and_standbys_rescue_with
     cluster, recorder = start(tmp_path, (server, server), key_prefix, every(1.0, 3))
     with cluster:
         follow(recorder, 20, until=lambda: len(recorder.messages) >= 6)
-        token, _ = wait_for_leader(client, key_prefix)
-        killed_at = time.time()
-        beat_by_pid(cluster, leader_pid(token)).kill()
+        token, killed_at = kill_the_leader(client, key_prefix, cluster)
         follow(recorder, TTL + POLL + 2,
                until=lambda: leader_token(client, key_prefix) not in (None, token))
         follow(recorder, 4)
