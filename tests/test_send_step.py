@@ -27,7 +27,7 @@ from celery_leaderbeat.store.errors import StoreError
 from celery_leaderbeat.store.keys import Keys
 from celery_leaderbeat.store.redis_store import redis_store
 from celery_leaderbeat.store.types import ClaimItem, Code, Op, SlotStatus
-from tests.faults.seam import AFTER, Seam, faulty_client
+from tests.faults.seam import AFTER, BEFORE, Seam, faulty_client
 from tests.support.beat import NOOP
 
 #: a leader's claim of a chunk in a batch
@@ -145,6 +145,36 @@ def test_a_slot_enqueued_by_a_claim_whose_reply_was_lost_fires_after_task_publis
     queued = slots_of(client, "celery")
     assert len(set(queued)) == len(queued)
     assert sorted(after) == queued  # once for every message that reached the broker
+
+
+def test_a_lost_replys_slot_still_fires_after_task_publish_when_its_first_read_back_failed(
+        redis_server, key_prefix, monkeypatch):
+    """As above, the node now a standby, and the read of what the lost claim enqueued
+    fails when its first rescue batch starts: the rescue's chunk goes on, and the slot is
+    read again when the next batch starts, not dropped; after_task_publish fires once."""
+    seam = Seam()
+    seam.aim(BATCH_CLAIM, AFTER, occurrence=1)
+    app = make_app(redis_server.url_for(0), key_prefix, {"a": {"task": NOOP, "schedule": 1.0}})
+    client = redis_server.client()
+    with published_slots() as after, faulted(monkeypatch, seam):
+        scheduler = Scheduler(app=app)
+        try:
+            tick_until(scheduler, lambda: seam.injected())
+            assert client.llen("celery") == 1  # the lost reply's slot went out
+            client.delete(Keys(key_prefix).leader)  # the lease is gone: no retry comes
+            enqueuer = scheduler._enqueuer
+            assert enqueuer is not None and enqueuer.unanswered
+            name, slot, _, _ = enqueuer.unanswered[0]
+            seam.aim("ledger.load<sender.Enqueuer.settle", BEFORE, occurrence=1)
+            rescue = scheduler.chunk_sender(0)  # a rescue batch starts: its read fails
+            assert rescue is not None and rescue.prepare([(name, slot)]) == [None]
+            assert after == []
+            scheduler.chunk_sender(0)  # the next batch: read again
+        finally:
+            scheduler.close()
+    faults = [call.label for call in seam.injected()]
+    assert len(faults) == 2 and "Enqueuer.settle" in faults[1], faults
+    assert after == slots_of(client, "celery")  # once, for the one message at the broker
 
 
 # -- a claim retried with other broker commands than its first attempt ----------------------

@@ -112,6 +112,9 @@ class Enqueuer:
         #: slots whose commands went with the claim in flight: (name, slot, epoch, message);
         #: left here when its reply never came (see :meth:`settle`)
         self.unanswered: list[tuple[str, datetime, int, Captured | None]] = []
+        #: such slots of earlier claims, kept until a read tells what became of them: the
+        #: next chunk's claim replaces :attr:`unanswered`
+        self._doubt: list[tuple[str, datetime, int, Captured | None]] = []
         if not quiet:
             self._say_path()
 
@@ -178,27 +181,29 @@ class Enqueuer:
         the next batch, or idle-time preparation); when that read fails too, read again
         the next time. A slot a newer claim replaced
         meanwhile cannot be told from the stored state, and gets no signal."""
-        if not self.unanswered:
+        self._doubt += self.unanswered
+        self.unanswered = []
+        if not self._doubt:
             return
         s = self.scheduler
         try:
-            stored = s.ledger.load(sorted({name for name, _, _, _ in self.unanswered}))
-        except Exception as exc:  # noqa: BLE001 - kept: read again when the next chunk is sent
+            stored = s.ledger.load(sorted({name for name, _, _, _ in self._doubt}))
+        except Exception as exc:  # noqa: BLE001 - kept: read again when the next batch starts
             logger.debug("leaderbeat: could not read what an unanswered claim enqueued: %r", exc)
             return
-        doubt, self.unanswered = self.unanswered, []
+        doubt, self._doubt = self._doubt, []
         memory = self.memory
-        went = []
+        went: dict[int, list[tuple[str, datetime, Captured | None]]] = {}
         for name, slot, epoch, captured in doubt:
             state = stored.get(name)
             if (state is not None and state.slot_ms == to_ms(slot) and state.epoch == epoch
                     and state.state == SlotStatus.SENT and state.node is None
                     and not (memory is not None and memory.covers(name, state.slot_ms))):
-                went.append((name, slot, captured))
+                went.setdefault(epoch, []).append((name, slot, captured))
                 if memory is not None:
                     memory.note(name, state.slot_ms)
-        if went:
-            ChunkSender(self, 0, fast=False).said_enqueued(went, epoch=doubt[0][2])
+        for epoch, slots in went.items():
+            ChunkSender(self, 0, fast=False).said_enqueued(slots, epoch=epoch)
 
     def _capturing(self) -> Any:
         if self._producer is None:
