@@ -8,41 +8,37 @@
 A leader and one or more standbys (``Scheduler`` objects with Celery apps of their own,
 as beats would have) run against a redis-server of the run's own, the broker on the
 same server, so the leader claims and enqueues in one step and a rescue claims, then
-publishes. Once every entry has been sent and looked at, the leader stops ticking:
-its heartbeat thread goes on renewing the lease, so no standby is elected and every
-slot due afterwards is a rescue, ``rescue_after`` (2 s) after its time. The first
-standby ticks in the main thread, the others in threads of their own. Prints, for
-each of the first standby's rescue batches, its slots, wall seconds and the thread's
-CPU seconds, then how late the slots reached the broker (read from their
-``leaderbeat_slot`` header and the moment a thread of this process drained them, every
-20 ms).
+publishes. Once every entry has been sent and looked at, the leader stops ticking
+while its heartbeat thread goes on renewing the lease: the slots due afterwards are
+rescued, ``rescue_after`` (2 s) after their time, until the heartbeat gives the lease
+up (a loop silent past its planned wake-up and a ttl) and a standby is elected. The
+first standby ticks in the main thread, the others in threads of their own. Prints,
+for each of the first standby's rescue batches, its slots, wall seconds and the
+thread's CPU seconds, then how late the rescued slots (epoch 0) reached the broker
+(read from their ``leaderbeat_slot`` header and the moment a thread of this process
+drained them, every 20 ms; the tests' ``Recorder``), and how many a leader sent.
 Not part of the test suite.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import logging
 import shutil
 import sys
-import tempfile
 import threading
 import time
-import uuid
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from standby_inprocess import Loop, make_app, schedule_arguments
+from standby_inprocess import Loop, make_app, schedule_arguments, workspace
 
 from celery_leaderbeat.integrations.lifecycle import LEADER
 from celery_leaderbeat.roles import standby as standby_module
 from celery_leaderbeat.scheduler import Scheduler
-from tests.support.redis_server import RedisServer
+from tests.support.recorder import Recorder
 
 
 def parse_args() -> argparse.Namespace:
@@ -76,34 +72,21 @@ class Batches:
 
 
 class Drain(threading.Thread):
-    """Drains the queue every 20 ms; each message's lateness (s), from its slot to then."""
+    """Drains the queue every 20 ms (the tests' :class:`Recorder`: each message with when
+    it was seen, so its lateness)."""
 
-    def __init__(self, client: Any, queue: str) -> None:
+    def __init__(self, recorder: Recorder) -> None:
         super().__init__(daemon=True)
-        self.client, self.queue, self.stop = client, queue, threading.Event()
-        self.late: list[float] = []
+        self.recorder, self.stop = recorder, threading.Event()
 
     def run(self) -> None:
         while not self.stop.wait(0.02):
-            self.drain()
-
-    def drain(self) -> None:
-        with self.client.pipeline(transaction=True) as pipe:
-            pipe.lrange(self.queue, 0, -1)
-            pipe.delete(self.queue)
-            raw, _ = pipe.execute()
-        now = time.time()
-        for item in raw:
-            slot = json.loads(item)["headers"]["leaderbeat_slot"]
-            self.late.append(now - datetime.fromisoformat(slot).timestamp())
+            self.recorder.drain()
 
 
 def main() -> None:
     args = parse_args()
-    work = Path(tempfile.mkdtemp(prefix="lb-rescue-inprocess-"))
-    logging.basicConfig(filename=str(work / "beat.log"), level=logging.INFO)
-    server = RedisServer(workdir=work / "redis")
-    queue = f"lb-rescue-inprocess-{uuid.uuid4().hex[:8]}"
+    work, server, queue = workspace("rescue-inprocess")
     client = server.client()
     batches = Batches()
     leader = Scheduler(app=make_app(args, server, queue))
@@ -119,11 +102,11 @@ def main() -> None:
         warm_until = time.monotonic() + args.every + 5  # every entry sent and looked at once
         while time.monotonic() < warm_until:
             time.sleep(min(standbys[0].tick(), 1.0))
-        loops[0].stop.set()  # the leader stops sending; its heartbeat keeps the lease
+        loops[0].stop.set()  # the leader stops sending; its heartbeat renews on
         loops[0].join()
         client.delete(queue)
         batches.rows.clear()
-        drain = Drain(server.client(), queue)
+        drain = Drain(Recorder(server.client(), queue))
         drain.start()
         end = time.monotonic() + args.seconds
         while time.monotonic() < end:  # a standby's tick waits inside itself
@@ -131,8 +114,8 @@ def main() -> None:
         time.sleep(1.0)
         drain.stop.set()
         drain.join()
-        late = drain.late
-        report(args, batches, late)
+        drain.recorder.drain()
+        report(args, batches, drain.recorder.messages, standbys[0].role)
     finally:
         for loop in loops:
             loop.stop.set()
@@ -142,16 +125,21 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def report(args: argparse.Namespace, batches: Batches, late: list[float]) -> None:
+def report(args: argparse.Namespace, batches: Batches, messages: list[Any], role: str) -> None:
     print(f"{args.entries} entries in {args.phases} phases of {args.every} s, "
           f"{args.standbys} standby(s), the leader stopped:")
     for slots, wall, cpu, sent in batches.rows:
         print(f"  a rescue batch of {slots} slots (the first standby sent {sent}): "
               f"{1000 * wall:.0f} ms wall, {1000 * cpu:.0f} CPU ms")
-    late.sort()
+    late = sorted(m.lateness for m in messages if m.epoch == 0)
     if late:
-        print(f"  {len(late)} slots reached the broker; lateness p50 {late[len(late) // 2]:.2f} s, "
-              f"p99 {late[int(len(late) * 0.99)]:.2f} s, worst {late[-1]:.2f} s")
+        print(f"  {len(late)} rescued slots reached the broker; lateness p50 "
+              f"{late[len(late) // 2]:.2f} s, p99 {late[int(len(late) * 0.99)]:.2f} s, "
+              f"worst {late[-1]:.2f} s")
+    led = len(messages) - len(late)
+    if led:
+        print(f"  {led} slots were sent by a leader (the first standby is now {role}): the "
+              "stopped leader's lease lapsed and a standby was elected")
 
 
 if __name__ == "__main__":

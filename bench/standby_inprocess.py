@@ -56,6 +56,14 @@ def schedule_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the entries fall due on this many seconds of each period")
 
 
+def workspace(name: str) -> tuple[Path, RedisServer, str]:
+    """A run's directory (the log at INFO in it, as a beat's), its own redis-server and a
+    queue of its own; shared with ``bench/rescue_inprocess.py``."""
+    work = Path(tempfile.mkdtemp(prefix=f"lb-{name}-"))
+    logging.basicConfig(filename=str(work / "beat.log"), level=logging.INFO)
+    return work, RedisServer(workdir=work / "redis"), f"lb-{name}-{uuid.uuid4().hex[:8]}"
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     schedule_arguments(parser)
@@ -102,10 +110,7 @@ class Loop(threading.Thread):
 
 def main() -> None:
     args = parse_args()
-    work = Path(tempfile.mkdtemp(prefix="lb-standby-inprocess-"))
-    logging.basicConfig(filename=str(work / "beat.log"), level=logging.INFO)
-    server = RedisServer(workdir=work / "redis")
-    queue = f"lb-standby-inprocess-{uuid.uuid4().hex[:8]}"
+    work, server, queue = workspace("standby-inprocess")
     apps = [make_app(args, server, queue) for _ in range(3)]
     if args.runtime:
         for name, entry in schedule_of(args).items():

@@ -121,12 +121,12 @@ def published_slots() -> Iterator[list[str]]:
         signals.after_task_publish.disconnect(on_after)
 
 
-def test_a_slot_enqueued_by_a_claim_whose_reply_was_lost_fires_after_task_publish_once(
-        redis_server, key_prefix, monkeypatch, caplog):
-    """The claim script enqueued the slot and wrote its 'sent' event; the reply was lost,
-    and the lease with it: the next leader (this node again, a new epoch) never asks for
-    that slot again. after_task_publish still fires for it, once."""
-    seam = Seam()
+@contextmanager
+def lost_reply_and_lease(redis_server: Any, key_prefix: str, monkeypatch: pytest.MonkeyPatch,
+                         seam: Seam) -> Iterator[tuple[Scheduler, list[str]]]:
+    """A leader whose first chunk claim ran (its slot enqueued, its 'sent' event written)
+    and whose reply was lost, then its lease deleted, so no retry of that claim comes;
+    (the scheduler, the slots after_task_publish fired for, filled as it runs)."""
     seam.aim(BATCH_CLAIM, AFTER, occurrence=1)
     app = make_app(redis_server.url_for(0), key_prefix, {"a": {"task": NOOP, "schedule": 1.0}})
     client = redis_server.client()
@@ -135,11 +135,22 @@ def test_a_slot_enqueued_by_a_claim_whose_reply_was_lost_fires_after_task_publis
         try:
             tick_until(scheduler, lambda: seam.injected())
             assert client.llen("celery") == 1  # the lost reply's slot went out
-            client.delete(Keys(key_prefix).leader)  # the lease is gone: no retry comes
-            tick_until(scheduler, lambda: client.llen("celery") >= 3, timeout=40)
-            history = scheduler.ledger.history(100)
+            client.delete(Keys(key_prefix).leader)
+            yield scheduler, after
         finally:
             scheduler.close()
+
+
+def test_a_slot_enqueued_by_a_claim_whose_reply_was_lost_fires_after_task_publish_once(
+        redis_server, key_prefix, monkeypatch, caplog):
+    """The claim script enqueued the slot and wrote its 'sent' event; the reply was lost,
+    and the lease with it: the next leader (this node again, a new epoch) never asks for
+    that slot again. after_task_publish still fires for it, once."""
+    client = redis_server.client()
+    with lost_reply_and_lease(redis_server, key_prefix, monkeypatch, Seam()) as (scheduler,
+                                                                                after):
+        tick_until(scheduler, lambda: client.llen("celery") >= 3, timeout=40)
+        history = scheduler.ledger.history(100)
     epochs = {e["epoch"] for e in history if e.get("event") == "sent"}
     assert len(epochs) == 2, "the slots after the lost reply must go out under a new epoch"
     queued = slots_of(client, "celery")
@@ -153,25 +164,17 @@ def test_a_lost_replys_slot_still_fires_after_task_publish_when_its_first_read_b
     fails when its first rescue batch starts: the rescue's chunk goes on, and the slot is
     read again when the next batch starts, not dropped; after_task_publish fires once."""
     seam = Seam()
-    seam.aim(BATCH_CLAIM, AFTER, occurrence=1)
-    app = make_app(redis_server.url_for(0), key_prefix, {"a": {"task": NOOP, "schedule": 1.0}})
     client = redis_server.client()
-    with published_slots() as after, faulted(monkeypatch, seam):
-        scheduler = Scheduler(app=app)
-        try:
-            tick_until(scheduler, lambda: seam.injected())
-            assert client.llen("celery") == 1  # the lost reply's slot went out
-            client.delete(Keys(key_prefix).leader)  # the lease is gone: no retry comes
-            enqueuer = scheduler._enqueuer
-            assert enqueuer is not None and enqueuer.unanswered
-            name, slot, _, _ = enqueuer.unanswered[0]
-            seam.aim("ledger.load<sender.Enqueuer.settle", BEFORE, occurrence=1)
-            rescue = scheduler.chunk_sender(0)  # a rescue batch starts: its read fails
-            assert rescue is not None and rescue.prepare([(name, slot)]) == [None]
-            assert after == []
-            scheduler.chunk_sender(0)  # the next batch: read again
-        finally:
-            scheduler.close()
+    with lost_reply_and_lease(redis_server, key_prefix, monkeypatch, seam) as (scheduler,
+                                                                              after):
+        enqueuer = scheduler._enqueuer
+        assert enqueuer is not None and enqueuer.unanswered
+        name, slot, _, _ = enqueuer.unanswered[0]
+        seam.aim("ledger.load<sender.Enqueuer.settle", BEFORE, occurrence=1)
+        rescue = scheduler.chunk_sender(0)  # a rescue batch starts: its read fails
+        assert rescue is not None and rescue.prepare([(name, slot)]) == [None]
+        assert after == []
+        scheduler.chunk_sender(0)  # the next batch: read again
     faults = [call.label for call in seam.injected()]
     assert len(faults) == 2 and "Enqueuer.settle" in faults[1], faults
     assert after == slots_of(client, "celery")  # once, for the one message at the broker
