@@ -31,10 +31,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from standby_inprocess import Loop, make_app, schedule_arguments, workspace
-
+from bench.standby_inprocess import Loop, make_app, schedule_arguments, schedule_of, workspace
 from celery_leaderbeat.integrations.lifecycle import LEADER
 from celery_leaderbeat.roles import standby as standby_module
 from celery_leaderbeat.scheduler import Scheduler
@@ -47,7 +45,6 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--standbys", type=int, default=1)
     parser.add_argument("--seconds", type=float, default=25.0,
                         help="how long the standbys rescue after the leader stops")
-    parser.set_defaults(runtime=False)  # the entries in beat_schedule (standby_inprocess)
     return parser.parse_args()
 
 
@@ -89,8 +86,9 @@ def main() -> None:
     work, server, queue = workspace("rescue-inprocess")
     client = server.client()
     batches = Batches()
-    leader = Scheduler(app=make_app(args, server, queue))
-    standbys = [Scheduler(app=make_app(args, server, queue)) for _ in range(args.standbys)]
+    schedule = schedule_of(args)
+    leader = Scheduler(app=make_app(server, queue, schedule))
+    standbys = [Scheduler(app=make_app(server, queue, schedule)) for _ in range(args.standbys)]
     loops = [Loop(leader.tick)] + [Loop(s.tick) for s in standbys[1:]]
     try:
         deadline = time.monotonic() + 30

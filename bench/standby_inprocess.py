@@ -88,10 +88,11 @@ def schedule_of(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
                       "args": [f"e{i}"]} for i in range(args.entries)}
 
 
-def make_app(args: argparse.Namespace, server: RedisServer, queue: str) -> Celery:
+def make_app(server: RedisServer, queue: str, beat_schedule: dict[str, Any]) -> Celery:
+    """A beat's app on the run's server and queue (shared with ``bench/rescue_inprocess.py``)."""
     app = Celery("bench")
     app.conf.update(broker_url=server.url_for(0), leaderbeat_key_prefix="b",
-                    beat_schedule={} if args.runtime else schedule_of(args), timezone="UTC",
+                    beat_schedule=beat_schedule, timezone="UTC",
                     beat_max_loop_interval=300, task_default_queue=queue)
     return app
 
@@ -111,7 +112,8 @@ class Loop(threading.Thread):
 def main() -> None:
     args = parse_args()
     work, server, queue = workspace("standby-inprocess")
-    apps = [make_app(args, server, queue) for _ in range(3)]
+    static = {} if args.runtime else schedule_of(args)
+    apps = [make_app(server, queue, static) for _ in range(3)]
     if args.runtime:
         for name, entry in schedule_of(args).items():
             Entry(name, entry["task"], entry["schedule"], args=entry["args"]).save(apps[2])

@@ -58,11 +58,17 @@ def beat_by_pid(cluster: BeatCluster, pid: int):
     return next(b for b in cluster if b.pid == pid)
 
 
+def the_leader(client, prefix: str, cluster: BeatCluster):
+    """(token, BeatProcess) of the beat that holds the lease now (waited for)."""
+    token, _ = wait_for_leader(client, prefix)
+    return token, beat_by_pid(cluster, leader_pid(token))
+
+
 def kill_the_leader(client, prefix: str, cluster: BeatCluster) -> tuple[str, float]:
     """SIGKILL the beat that holds the lease now; (its token, when, by the wall clock)."""
-    token, _ = wait_for_leader(client, prefix)
+    token, leader = the_leader(client, prefix, cluster)
     killed_at = time.time()
-    beat_by_pid(cluster, leader_pid(token)).kill()
+    leader.kill()
     return token, killed_at
 
 
@@ -72,8 +78,7 @@ def replace_leader(client, prefix: str, cluster: BeatCluster, recorder: Recorder
     Returns (the old leader's BeatProcess, seconds from the signal to a new token).
     """
     recorder.wait_for(6, timeout=20)
-    token, _ = wait_for_leader(client, prefix)
-    leader = beat_by_pid(cluster, leader_pid(token))
+    token, leader = the_leader(client, prefix, cluster)
     signalled_at = time.monotonic()
     leader.kill() if how == "kill" else leader.proc.send_signal(15)
     _, took_over = wait_for_leader(client, prefix, other_than=token)
@@ -84,8 +89,7 @@ def leader_in_its_first_batch(client, broker_client, prefix: str, cluster: BeatC
                               published: int):
     """(token, BeatProcess) of the leader once ``published`` messages of its first batch
     are at the broker: the moment to hit it mid-batch."""
-    token, _ = wait_for_leader(client, prefix)
-    leader = beat_by_pid(cluster, leader_pid(token))
+    token, leader = the_leader(client, prefix, cluster)
     deadline = time.monotonic() + 30
     while broker_client.llen("celery") < published:
         assert time.monotonic() < deadline, "the leader never started its batch"
