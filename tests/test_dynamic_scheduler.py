@@ -10,7 +10,7 @@ from itertools import pairwise
 import pytest
 
 from celery_leaderbeat import Entry
-from celery_leaderbeat.roles.dynamic_schedule import POLL, STANDBY_EVERY
+from celery_leaderbeat.roles.dynamic_schedule import STANDBY_EVERY
 from celery_leaderbeat.scheduler import LEADER, STANDBY, Scheduler
 from celery_leaderbeat.store.keys import Keys
 from tests.support.beat import NOOP, Recorder, duplicates
@@ -248,14 +248,16 @@ def test_a_save_among_many_entries_is_taken_in_by_name_not_by_reading_every_entr
         second.close()
 
 
-def test_a_standby_wakes_for_a_storm_of_saves_once_per_look_and_still_follows_the_last(
+def test_a_storm_of_saves_wakes_no_standby_and_it_still_follows_the_last_within_a_second(
         servers, key_prefix):
-    """Every save publishes a notice (40 a second here). A standby needs a definition only
-    to rescue a slot, ``rescue_after`` (2 s) after its time, so it looks every
-    ``STANDBY_EVERY`` and dozes until then, whatever the notices: one wake per look and
-    one per try for the lease (``standby_poll``, its default 1 s), not one per save; and
-    the last save is in its schedule within a second. Celery's and leaderbeat's defaults
-    but for the lease (3 s, as in this module)."""
+    """40 saves a second for 3 s. A standby needs a definition only to rescue a slot,
+    ``rescue_after`` (2 s) after its time, and a wake costs it about as much as taking a
+    change in: no save publishes anything, and the standby looks at the changes at each
+    try for the lease, ``STANDBY_EVERY`` apart (its ``standby_poll`` is Celery's and
+    leaderbeat's default, 1 s): it reads nothing from the events channel, ticks once
+    per try (its one static entry is hourly: no rescue wakes it), and the last save is in
+    its schedule within a second. Celery's and leaderbeat's defaults but for the lease
+    (3 s, as in this module; its ``standby_poll`` of 0.2 s is set back to the default)."""
     state, broker = servers
     apps = [make_app(state.url, broker.url, key_prefix,
                      {"static": {"task": NOOP, "schedule": 3600}}) for _ in range(2)]
@@ -274,12 +276,12 @@ def test_a_standby_wakes_for_a_storm_of_saves_once_per_look_and_still_follows_th
         run([first, second], 10, until=lambda: first.role == LEADER)
         subscription = second._standby._pubsub  # made at its first wait
         read = subscription.next
-        woken: list[str | None] = []  # what each read that waited for an event returned
+        heard: list[str] = []
 
         def reading(timeout: float) -> str | None:
             data = read(timeout)
-            if timeout > 0:
-                woken.append(data)
+            if data is not None:
+                heard.append(data)
             return data
 
         subscription.next = reading
@@ -295,54 +297,31 @@ def test_a_standby_wakes_for_a_storm_of_saves_once_per_look_and_still_follows_th
                 assert time.monotonic() - saved_at < 1.0, "the last save not followed within 1 s"
                 second.tick()
         seconds = saved_at - saves[0][1]
-        # at most one look per STANDBY_EVERY and one try for the lease per standby_poll,
-        # with room for the ticks around the storm's start and end
-        assert ticks <= seconds * (1 / STANDBY_EVERY + 1) + 2, f"{ticks} ticks in {seconds:.1f} s"
-        notices = woken.count("entries")
-        assert notices <= ticks, f"woken {notices} times by a notice in {ticks} ticks"
+        assert heard == [], f"the standby read {len(heard)} events in a storm of saves"
+        # one tick per try for the lease, with room for the ticks around the storm's ends
+        assert ticks <= seconds / STANDBY_EVERY + 2, f"{ticks} ticks in {seconds:.1f} s"
         assert second.role == STANDBY
     finally:
         first.close()
         second.close()
 
 
-def test_a_standby_sleeping_through_a_storm_of_saves_still_takes_a_released_lease_at_once(
+def test_a_standby_takes_a_released_lease_at_once_whenever_its_next_try_was_due(
         servers, key_prefix):
-    """A standby woken by a save's notice sleeps until its next look and reads what came
-    meanwhile at once: a 'released' among the notices must still make it try for the
-    lease then. ``standby_poll`` is the lease's 3 s (as in this module; the most the
-    settings allow) on purpose, so that only that notice can make it try within a second."""
-    state, broker = servers
-    apps = [make_app(state.url, broker.url, key_prefix,
-                     {"static": {"task": NOOP, "schedule": 3600}}) for _ in range(2)]
-    apps[1].conf.leaderbeat_standby_poll = 3.0
-    first, second = (Scheduler(app=app) for app in apps)
-    stop = threading.Event()
-
-    def storm() -> None:
-        k = 0
-        while not stop.is_set():  # 40 saves a second until the test ends
-            Entry("dyn", NOOP, 60, args=[k]).save(apps[0])
-            k += 1
-            time.sleep(0.025)
-
-    saver = threading.Thread(target=storm)
+    """A standby tries for the lease every ``STANDBY_EVERY`` (it follows run-time entries)
+    and at once when the leader publishes 'released'. Its next routine try is put a minute
+    off here, so that only the release can make it lead within a second."""
+    apps, first, second = leader_and_standby(servers, key_prefix)
     try:
-        run([first, second], 10, until=lambda: first.role == LEADER)
-        saver.start()
-        with ticking_in_a_thread(first):
-            deadline = time.monotonic() + 1.0
-            while time.monotonic() < deadline:
-                second.tick()
-        first.close()  # releases the lease and publishes 'released', mid-storm
+        Entry("dyn", NOOP, 60).save(apps[0])
+        run([second], 3, until=lambda: "dyn" in second.schedule)
+        second._standby._next_attempt = time.monotonic() + 60
+        first.close()  # releases the lease and publishes 'released'
         released = time.monotonic()
         while second.role != LEADER:
-            assert time.monotonic() - released < POLL + 0.5, "the released lease not taken"
+            assert time.monotonic() - released < 1.0, "the released lease not taken"
             second.tick()
     finally:
-        stop.set()
-        if saver.is_alive():
-            saver.join(5)
         first.close()
         second.close()
 
@@ -369,27 +348,43 @@ def test_a_standby_elected_between_two_looks_starts_from_the_change_saved_before
         second.close()
 
 
-def test_a_notice_read_in_a_wait_that_ends_before_the_look_still_brings_the_look(
+def test_a_standbys_looks_at_the_changes_are_at_most_standby_every_apart_whatever_wakes_it(
         servers, key_prefix):
-    """A standby reads each save's notice once. Read in a wait that ends before the look
-    is due (a wait cut short by the next try for the lease, or a rescue), it must still
-    bring that look: the next wait ends when the look is due, instead of a whole
-    ``standby_poll`` (1 s, the default) with the change unread."""
-    apps, first, second = leader_and_standby(servers, key_prefix)
+    """A standby's looks ride on its tries for the lease, but other wakes come between:
+    its rescue looks at 40 static entries jittered over each second (each due at an
+    instant of its own, claimed by the healthy leader, read by the standby). Over 6 s,
+    the looks at the run-time entries are never more than ``STANDBY_EVERY`` apart (with
+    0.1 s for the tick around a look), so a change is in force on it within a second, and
+    not one per wake: no more than one per ``STANDBY_EVERY``, and fewer than its ticks."""
+    state, broker = servers
+    schedule = {f"s{i}": {"task": NOOP, "schedule": 1, "options": {"leaderbeat": {"jitter": 0.9}}}
+                for i in range(40)}
+    apps = [make_app(state.url, broker.url, key_prefix, schedule) for _ in range(2)]
+    for app in apps:
+        app.conf.leaderbeat_standby_poll = 1.0  # the default (this module's apps poll faster)
+    first, second = (Scheduler(app=app) for app in apps)
     try:
-        standby = second._standby
-        second._dynamic.refresh(force=True)  # a look now: the next one is a POLL away
-        Entry("dyn", NOOP, 60, args=["saved"]).save(apps[0])  # its notice is on its way
-        standby._wait(0.05)  # reads the notice, ends before the look is due
-        # the premise, checked: had the notice come only in the next wait, that wait would
-        # end at the look whatever this test is about
-        assert standby._owed_look is not None, "the notice was not read in the first wait"
-        started = time.monotonic()
-        standby._wait(1.0)
-        waited = time.monotonic() - started
-        assert waited < POLL + 0.2, f"the next wait took {waited:.2f} s"
-        second.tick()
-        assert list(second.schedule["dyn"].args) == ["saved"]
+        run([first, second], 10, until=lambda: first.role == LEADER)
+        changes = second._dynamic.store.changes
+        looks: list[float] = []
+
+        def looking(seen: int):
+            looks.append(time.monotonic())
+            return changes(seen)
+
+        second._dynamic.store.changes = looking
+        with ticking_in_a_thread(first):
+            ticks = 0
+            deadline = time.monotonic() + 6
+            while time.monotonic() < deadline:
+                second.tick()
+                ticks += 1
+        gaps = [b - a for a, b in pairwise(looks)]
+        assert len(looks) >= 5, f"{len(looks)} looks in 6 s"
+        assert max(gaps) <= STANDBY_EVERY + 0.1, f"looks {max(gaps):.3f} s apart"
+        assert min(gaps) >= STANDBY_EVERY - 0.05, f"looks {min(gaps):.3f} s apart"
+        assert ticks > len(looks), f"{ticks} ticks, {len(looks)} looks: no rescue woke it"
+        assert second.role == STANDBY
     finally:
         first.close()
         second.close()

@@ -68,7 +68,7 @@ def test_a_released_lease_wakes_a_subscriber(conninfo: str) -> None:
 def test_each_app_hears_only_its_own_events(conninfo: str, place: Place) -> None:
     other = Place(place.pool, place.schema, "other")
     mine = PostgresEvents(place).subscribe()
-    PostgresEvents(other).publish("entries")
+    PostgresEvents(other).publish("request")
     PostgresEvents(place).publish("request")
     assert mine.next(10) == "request"
     mine.close()
@@ -105,13 +105,13 @@ def test_a_subscription_listens_again_after_the_server_restarted() -> None:
             heard = None
             for _ in range(20):  # listening again; publish until heard (a hint may be lost)
                 try:
-                    events.publish("entries")
+                    events.publish("request")
                 except psycopg.OperationalError:
                     continue
                 heard = subscription.next(0.5)
                 if heard:
                     break
-            assert heard == "entries"
+            assert heard == "request"
             subscription.close()
         finally:
             lease.place.pool.close()

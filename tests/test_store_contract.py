@@ -27,7 +27,7 @@ from celery_leaderbeat.store.base import (
     one_step_client,
 )
 from celery_leaderbeat.store.entry_store import EntryExists, EntryUnknown
-from celery_leaderbeat.store.events import ENTRIES, RELEASED, REQUEST
+from celery_leaderbeat.store.events import RELEASED, REQUEST
 from celery_leaderbeat.store.keys import Keys
 from celery_leaderbeat.store.memory import MemoryStore
 from celery_leaderbeat.store.memory_state import MemoryState
@@ -322,11 +322,27 @@ def _listening(store: Store, subscription: Any) -> list[str]:
 
 def test_a_subscriber_hears_what_is_published_after_it_subscribed(backend):
     a, b = backend.make("a"), backend.make("b")
-    a.events.publish(ENTRIES)  # nobody listens yet: lost, as a hint may be
+    a.events.publish(REQUEST)  # nobody listens yet: lost, as a hint may be
     subscription = b.events.subscribe()
     assert _listening(a, subscription) == []
     a.events.publish(REQUEST)
     assert _events(subscription, 1) == [REQUEST]
+
+
+def test_a_change_of_a_runtime_entry_wakes_no_subscriber(backend):
+    """Standbys look at the entries' version on wakes they make anyway; a storm of saves
+    that woke each one per save cost it as much as taking every change in. A save, an
+    edit, a one-off's finish and a delete publish nothing; a request still does (the
+    channel works)."""
+    a, b = backend.make("a"), backend.make("b")
+    subscription = b.events.subscribe()
+    _listening(a, subscription)
+    a.entries.save("e", fingerprint="f1", timing="t", enabled=True, definition="{}")
+    a.entries.save("e", fingerprint="f2", timing="t", enabled=True, definition="{}")
+    assert a.entries.finish("e", "f2", 1_000)
+    assert a.entries.delete("e")
+    a.events.publish(REQUEST)
+    assert _events(subscription, 2) == [REQUEST]
 
 
 def test_a_released_lease_wakes_the_subscribers(backend):

@@ -102,9 +102,9 @@ class ScheduleState(Attributes):
         """Run-time entries anchored before any state was stored."""
         return self._dynamic.exact if self._dynamic is not None else ()
 
-    def next_look(self) -> float:
-        """Monotonic time from which the next look at the run-time entries may ask the store."""
-        return self._dynamic.next_look if self._dynamic is not None else 0.0
+    def follows_runtime_entries(self) -> bool:
+        """True unless a base scheduler keeps its own entries (no run-time entries then)."""
+        return self._dynamic is not None
 
     def _follow_dynamic(self, store: EntryDefinitions) -> DynamicSchedule | None:
         """Entries defined at run time (not behind a base scheduler: it has its own store)."""

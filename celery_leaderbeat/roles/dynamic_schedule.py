@@ -1,11 +1,11 @@
 """How a running beat follows the entries defined at run time.
 
-The scheduler calls :meth:`DynamicSchedule.refresh` on every tick (a standby
-wakes on the ``entries`` notice every save publishes, and at least every
-``leaderbeat_standby_poll``, 1 s by default; a leader with run-time entries at
-least every :data:`LEADER_LOOK`); at most every :data:`POLL` seconds on the leader, every
-:data:`STANDBY_EVERY` on a standby, it asks the store what changed since the version it
-has seen: one script call that answers with the version
+The scheduler calls :meth:`DynamicSchedule.refresh` on every tick (a leader with
+run-time entries wakes at least every :data:`LEADER_LOOK`, a standby at each try for
+the lease, at most :data:`STANDBY_EVERY` apart; no save wakes anyone); at most every
+:data:`POLL` seconds on the leader, at each try for the lease (and every
+:data:`STANDBY_EVERY`) on a standby, it asks the store what changed since the version
+it has seen: one script call that answers with the version
 alone when nothing changed, else with only the changed entries. Each one is
 checked with start-up's rules and put into (or taken out of) the scheduler's
 entries; the scheduler then bumps its schedule version, which makes the
@@ -53,13 +53,14 @@ POLL = 0.25
 #: seconds a leader with run-time entries sleeps at most: Celery's loop sleeps what a tick
 #: returns, deaf to the events channel, and a change must be in force within a second
 LEADER_LOOK = 0.5
-#: seconds between two looks of a standby. It plans with a definition only to rescue a
-#: slot, ``leaderbeat_rescue_after`` (2 s) after the slot's time at the earliest, and each
-#: look that finds a change costs two reads, a wake and the tick around them: a storm's
-#: changes are taken in half a second's worth at a time, half the looks of a POLL, and
-#: each change is still in force on every node within a second of its save. An elected
-#: standby looks at once, before it loads (``Scheduler._become_leader``)
-STANDBY_EVERY = 0.5
+#: seconds at most between two looks of a standby: it looks at each try for the lease
+#: (``Standby._poll``), every ``standby_poll`` but no further apart than this, so a change is
+#: in force on every node within a second of its save. No save wakes a standby: it plans
+#: with a definition only to rescue a slot, ``leaderbeat_rescue_after`` (2 s) after the
+#: slot's time at the earliest, and in a storm of saves a wake per save cost it as much
+#: as taking every change in (docs/benchmarks.md). An elected standby looks at once,
+#: before it loads (``Scheduler._become_leader``)
+STANDBY_EVERY = 0.9
 
 
 class DynamicSchedule:

@@ -85,7 +85,7 @@ class CelerySide(Protocol):
         """Run-time entries anchored before any state was stored."""
         ...
 
-    def next_look(self) -> float:
-        """Monotonic time from which the next look at the run-time entries may ask the
-        store (0: at once; see ``dynamic_schedule.POLL``)."""
+    def follows_runtime_entries(self) -> bool:
+        """True when the scheduler follows entries defined at run time (a standby then
+        wakes at least every ``dynamic_schedule.STANDBY_EVERY`` to look at them)."""
         ...

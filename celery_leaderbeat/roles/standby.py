@@ -28,12 +28,12 @@ from typing import Any
 from ..config import store_name
 from ..errors import LeaseLostError
 from ..store.base import STORE_ERRORS
-from ..store.events import ENTRIES, RELEASED
+from ..store.events import RELEASED
 from ..store.types import ClaimItem, Code, Event, Op, SlotStatus
 from ..timing.slots import Plan, from_ms
 from .agenda import Agenda, Tracked, small_change
 from .batch import Outcome, RescueGate, run_batch
-from .dynamic_schedule import POLL
+from .dynamic_schedule import STANDBY_EVERY
 from .shared import Shared, utcnow
 
 logger = logging.getLogger(__name__)
@@ -73,9 +73,6 @@ class Standby:
         self._retry_at = 0.0
         self._early_retry = _EARLY_RETRY  # the next wait after a "not yet"
         self._pubsub: Any = None
-        #: monotonic: the look an ``entries`` notice read in a wait is owed (None: none
-        #: owed); kept until that look is taken, since the notice is read only once
-        self._owed_look: float | None = None
         self._skew_refused = False
         self._server_checked = False
         self._differs: set[str] = set()  # entries whose definition is not the leader's (said)
@@ -112,19 +109,19 @@ class Standby:
 
     def tick(self, version: int) -> bool:
         """Try to lead, rescue what is overdue, wait; True once this node leads."""
-        shared, config = self.shared, self.shared.config
+        shared = self.shared
         if not self._server_checked:
             for warning in shared.store.warnings():
                 logger.warning("leaderbeat: %s", warning)
             self._server_checked = True
         if not self._clock_ok():
-            self._wait(config.standby_poll)
+            self._wait(self._poll())
             return False
         now = time.monotonic()
-        if now >= self._next_attempt and now >= self._head_start_until:
+        if self.attempt_due(now):
             if self._try_to_lead(now):
                 return True
-            self._next_attempt = now + config.standby_poll
+            self._next_attempt = now + self._poll()
         shared.losses.report_if_due(now, shared.sent)
         if shared.backlog:  # history events a failed call did not write: write them now
             events = list(shared.backlog)
@@ -133,6 +130,11 @@ class Standby:
         self._rescue(version)
         self._wait(self._timeout())
         return False
+
+    def attempt_due(self, now: float) -> bool:
+        """True when this tick tries for the lease (its scheduler looks at the run-time
+        entries first: see :meth:`_poll`)."""
+        return now >= self._next_attempt and now >= self._head_start_until
 
     def _try_to_lead(self, now: float) -> bool:
         """One attempt at the lease (after a loss of writes, see
@@ -359,9 +361,18 @@ class Standby:
 
     # -- waiting ---------------------------------------------------------------------------
 
+    def _poll(self) -> float:
+        """Seconds between two tries for the lease. A standby that follows run-time entries
+        looks at what changed at each (``Scheduler._tick``), so they are at most
+        ``STANDBY_EVERY`` apart: a change is in its schedule within a second of its save,
+        read at a wake it makes anyway. No save wakes a standby: in a storm of saves, a
+        wake per save cost a standby as much as taking every change in."""
+        poll = self.shared.config.standby_poll
+        return min(poll, STANDBY_EVERY) if self.shared.celery.follows_runtime_entries() else poll
+
     def _timeout(self) -> float:
         now = time.monotonic()
-        poll = self.shared.config.standby_poll
+        poll = self._poll()
         left = min(max(self._next_attempt, self._head_start_until) - now, poll)
         if self.agenda is not None:
             rescue = self.agenda.delay(time.time() - self.shared.config.rescue_after, poll)
@@ -369,50 +380,14 @@ class Standby:
         return max(0.01, left)
 
     def _wait(self, timeout: float) -> None:
-        """Sleep up to ``timeout``, waking at once when the leader publishes 'released', and
-        for an ``entries`` notice as soon as the run-time entries may be looked at again."""
+        """Sleep up to ``timeout``, waking at once when the leader publishes 'released'."""
         if self._pubsub is None:
             self._pubsub = self.shared.store.events.subscribe()
         deadline = time.monotonic() + timeout
-        if self._owed_look is not None:
-            if self.shared.celery.next_look() > self._owed_look:
-                self._owed_look = None  # taken: a look moves the next one on
-            else:  # a wait ended before the look a notice asked for: it ends there now
-                deadline = min(deadline, self._owed_look)
         while (left := deadline - time.monotonic()) > 0:
-            data = self._pubsub.next(left)
-            if data == RELEASED:
+            if self._pubsub.next(left) == RELEASED:
                 self._released()
                 return
-            if data == ENTRIES:
-                # an entry changed: the next tick takes it in, once the last look is a
-                # dynamic_schedule.STANDBY_EVERY behind. A storm publishes a notice per
-                # save; read one by one, each costs a wake and a read of the socket. Until
-                # the look, the standby dozes instead, reading what came every POLL (a
-                # 'released' among it is taken then, at most a POLL late)
-                look_at = self.shared.celery.next_look()
-                if look_at > time.monotonic():
-                    self._owed_look = look_at
-                self._doze(min(deadline, look_at))
-                return
-
-    def _doze(self, until: float) -> None:
-        """Sleep until ``until`` (monotonic) deaf to the channel, reading every POLL at once
-        what came meanwhile; back at once after a 'released'."""
-        while (left := until - time.monotonic()) > 0:
-            time.sleep(min(left, POLL))
-            if self._read_waiting():
-                return
-
-    def _read_waiting(self) -> bool:
-        """Read every event already waiting, without waiting for more; True: 'released'."""
-        assert self._pubsub is not None
-        released = False
-        while (data := self._pubsub.next(0.0)) is not None:
-            if data == RELEASED:
-                self._released()
-                released = True
-        return released
 
     def _released(self) -> None:
         self._next_attempt = 0.0

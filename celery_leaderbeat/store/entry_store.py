@@ -18,14 +18,9 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import EntryExists, EntryNotFound, ScriptError
-from .connection import ERRORS
-from .events import ENTRIES
 from .keys import Keys
 from .records import Changes, Saved, Stored
 from .scripts import source, text
-
-#: the message on the events channel after every change
-NOTICE = ENTRIES
 
 #: removed names remembered for nodes that are behind; older ones force a full read
 REMOVED_CAP = 10_000
@@ -75,34 +70,15 @@ class EntryStore:
             raise EntryNotFound(name, "among the runtime entries")
         if code not in (0, 1):
             raise ScriptError(f"entries.lua answered {reply!r} to a save")
-        if code == 1:
-            self._notify()
         return Saved(code == 1, int(reply[1]), int(reply[2]))
 
     def delete(self, name: str) -> bool:
         """Remove one entry; False when none was stored (or a retried delete already ran)."""
-        removed = int(self._call("delete", name, REMOVED_CAP)[0]) == 1
-        if removed:
-            self._notify()
-        return removed
+        return int(self._call("delete", name, REMOVED_CAP)[0]) == 1
 
     def finish(self, name: str, fingerprint: str, slot_ms: int) -> bool:
         """A one-off entry ran its slot: disable it, recording the slot (this definition only)."""
-        finished = int(self._call("finish", name, fingerprint, slot_ms)[0]) == 1
-        if finished:
-            self._notify()
-        return finished
-
-    def _notify(self) -> None:
-        """Say ``entries`` on the events channel: a node waiting on it may look at once.
-
-        Only a hint: every node also looks at the version at least once per poll, so a
-        notification lost (or a failed publish) delays a change by one poll at most.
-        """
-        try:
-            self.client.publish(self.keys.events, NOTICE)
-        except ERRORS:
-            pass
+        return int(self._call("finish", name, fingerprint, slot_ms)[0]) == 1
 
     def get(self, name: str) -> Stored | None:
         raw = self.client.hget(self.keys.entries, name)

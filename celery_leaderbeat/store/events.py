@@ -3,8 +3,9 @@
 Messages are hints, never state: a node that misses one (its subscription
 dropped, a publish that failed) finds the same thing at its next poll. Who
 says what: ``release.lua`` says ``released`` (standbys try for the lease at
-once), the run-time entries say ``entries`` after a change, the CLI says
-``request`` after queueing a trigger or a backfill (the leader looks at once).
+once), the CLI says ``request`` after queueing a trigger or a backfill (the
+leader looks at once). A save of a run-time entry says nothing: every node
+looks at the entries' version on a wake it makes anyway.
 """
 
 from __future__ import annotations
@@ -16,8 +17,6 @@ from .scripts import text
 
 #: the lease was released (release.lua publishes it)
 RELEASED = "released"
-#: a run-time entry changed
-ENTRIES = "entries"
 #: the CLI queued a request for the leader
 REQUEST = "request"
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from ..errors import EntryExists, EntryNotFound
 from .entry_store import REMOVED_CAP
-from .events import ENTRIES
 from .memory_state import MemoryState
 from .records import Changes, Saved, Stored
 
@@ -47,7 +46,6 @@ class MemoryEntries:
             if enabled:
                 first = anchor if first_ms is None else min(anchor, first_ms)
                 s.slots.setdefault(name, f"{first}|0|a")
-            s.publish(ENTRIES)
             return Saved(True, version, anchor)
 
     def delete(self, name: str) -> bool:
@@ -64,7 +62,6 @@ class MemoryEntries:
                 s.entries_floor = oldest[-1][1]
                 for gone, _ in oldest:
                     del s.entries_removed[gone]
-            s.publish(ENTRIES)
             return True
 
     def finish(self, name: str, fingerprint: str, slot_ms: int) -> bool:
@@ -78,7 +75,6 @@ class MemoryEntries:
                                      current.timing, False, slot_ms, current.definition,
                                      current.kept)
             s.entries_changed[name] = version
-            s.publish(ENTRIES)
             return True
 
     def get(self, name: str) -> Stored | None:

@@ -48,8 +48,9 @@ MEANING = {
     "lease_ttl": "After a crash a standby leads within ttl + `standby_poll`; standbys rescue "
                  "every due slot meanwhile. Must be more than 2 × `renew_interval`.",
     "renew_interval": "How often the leader's heartbeat renews the lease.",
-    "standby_poll": "How often a standby tries to lead (it also wakes on `released`) and the "
-                    "leader looks for CLI requests. At most `lease_ttl`.",
+    "standby_poll": "How often a standby tries to lead (it also wakes on `released`; at most "
+                    "every 0.9 s while it follows run-time entries, which it looks at then) "
+                    "and the leader looks for CLI requests. At most `lease_ttl`.",
     "catchup": "`latest`, `skip` or `all`: what happens to slots nobody could send (every "
                "beat down, Redis unreachable). See [catch-up](../guide/catchup.md).",
     "catchup_window": "Missed slots older than this are never sent.",

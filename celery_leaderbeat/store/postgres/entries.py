@@ -5,12 +5,7 @@ from __future__ import annotations
 from ...errors import EntryExists, EntryNotFound
 from ..records import Changes, Saved, Stored
 from . import entries_sql
-from .events import PostgresEvents
 from .place import Place
-from .pool import ERRORS
-
-#: the message on the events after every change
-NOTICE = "entries"
 
 
 def _stored(row: entries_sql.Row) -> Stored:
@@ -21,9 +16,8 @@ def _stored(row: entries_sql.Row) -> Stored:
 class PostgresEntries:
     """The run-time entries of one app: every save atomic and versioned, read by change."""
 
-    def __init__(self, place: Place, events: PostgresEvents) -> None:
+    def __init__(self, place: Place) -> None:
         self.place = place
-        self.events = events
 
     def save(self, name: str, *, fingerprint: str, timing: str, enabled: bool,
              definition: str, how: str = "upsert", anchor_ms: int | None = None,
@@ -36,28 +30,13 @@ class PostgresEntries:
             raise EntryExists(name, "a runtime entry of that name is stored")
         if code == 3:
             raise EntryNotFound(name, "among the runtime entries")
-        if code == 1:
-            self._notify()
         return Saved(code == 1, version, anchor)
 
     def delete(self, name: str) -> bool:
-        removed = self.place.run(entries_sql.delete, name) is not None
-        if removed:
-            self._notify()
-        return removed
+        return self.place.run(entries_sql.delete, name) is not None
 
     def finish(self, name: str, fingerprint: str, slot_ms: int) -> bool:
-        finished = self.place.run(entries_sql.finish, name, fingerprint, slot_ms) is not None
-        if finished:
-            self._notify()
-        return finished
-
-    def _notify(self) -> None:
-        """A hint: every node also reads the version at each poll."""
-        try:
-            self.events.publish(NOTICE)
-        except ERRORS:
-            pass
+        return self.place.run(entries_sql.finish, name, fingerprint, slot_ms) is not None
 
     def get(self, name: str) -> Stored | None:
         row = self.place.run(entries_sql.get, name)

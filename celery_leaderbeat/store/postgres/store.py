@@ -71,7 +71,7 @@ class PostgresStore:
         self.events: Events = events
         self.requests: RequestQueue = PostgresRequests(place)
         self.admin: ClusterAdmin = PostgresAdmin(place, config.history_length)
-        self.entries: EntryDefinitions = PostgresEntries(place, events)
+        self.entries: EntryDefinitions = PostgresEntries(place)
         self.guard: GuardStore = PostgresGuard(place, config)
 
         through_boundary(self, PARTS, errors=ERRORS, translate=store_error)
