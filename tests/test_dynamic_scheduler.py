@@ -354,8 +354,9 @@ def test_a_standbys_looks_at_the_changes_are_at_most_standby_every_apart_whateve
     its rescue looks at 40 static entries jittered over each second (each due at an
     instant of its own, claimed by the healthy leader, read by the standby). Over 6 s,
     the looks at the run-time entries are never more than ``STANDBY_EVERY`` apart (with
-    0.1 s for the tick around a look), so a change is in force on it within a second, and
-    not one per wake: no more than one per ``STANDBY_EVERY``, and fewer than its ticks."""
+    0.3 s for the tick around a look on a loaded machine), so a change is in force on it
+    within about a second, and not one per wake: no more than one per
+    ``STANDBY_EVERY``, and fewer than its ticks."""
     state, broker = servers
     schedule = {f"s{i}": {"task": NOOP, "schedule": 1, "options": {"leaderbeat": {"jitter": 0.9}}}
                 for i in range(40)}
@@ -381,7 +382,7 @@ def test_a_standbys_looks_at_the_changes_are_at_most_standby_every_apart_whateve
                 ticks += 1
         gaps = [b - a for a, b in pairwise(looks)]
         assert len(looks) >= 5, f"{len(looks)} looks in 6 s"
-        assert max(gaps) <= STANDBY_EVERY + 0.1, f"looks {max(gaps):.3f} s apart"
+        assert max(gaps) <= STANDBY_EVERY + 0.3, f"looks {max(gaps):.3f} s apart"
         assert min(gaps) >= STANDBY_EVERY - 0.05, f"looks {min(gaps):.3f} s apart"
         assert ticks > len(looks), f"{ticks} ticks, {len(looks)} looks: no rescue woke it"
         assert second.role == STANDBY

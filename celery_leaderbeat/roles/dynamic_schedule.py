@@ -57,8 +57,8 @@ LEADER_LOOK = 0.5
 #: (``Standby._poll``), every ``standby_poll`` but no further apart than this, so a change is
 #: in force on every node within a second of its save. No save wakes a standby: it plans
 #: with a definition only to rescue a slot, ``leaderbeat_rescue_after`` (2 s) after the
-#: slot's time at the earliest, and in a storm of saves a wake per save cost it as much
-#: as taking every change in (docs/benchmarks.md). An elected standby looks at once,
+#: slot's time at the earliest, and in a storm of saves a wake per save would cost it as
+#: much as taking every change in (docs/benchmarks.md). An elected standby looks at once,
 #: before it loads (``Scheduler._become_leader``)
 STANDBY_EVERY = 0.9
 

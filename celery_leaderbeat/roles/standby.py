@@ -366,7 +366,7 @@ class Standby:
         looks at what changed at each (``Scheduler._tick``), so they are at most
         ``STANDBY_EVERY`` apart: a change is in its schedule within a second of its save,
         read at a wake it makes anyway. No save wakes a standby: in a storm of saves, a
-        wake per save cost a standby as much as taking every change in."""
+        wake per save would cost it as much as taking every change in."""
         poll = self.shared.config.standby_poll
         return min(poll, STANDBY_EVERY) if self.shared.celery.follows_runtime_entries() else poll
 
