@@ -485,7 +485,7 @@ def test_a_leader_stepped_down_long_ago_does_not_carry_on_from_its_memory_after_
         state.crash(node="b")
         state.step_down()
         state.backfill(ahead=4.0, back=20.0, entry="s2")
-        state.a_redis_call_fails(ahead=39, kind="before")
+        state.a_redis_call_fails(ahead=38, kind="before")
         state.time_passes(seconds=13.0)  # c leads and sends
         state.redis_restarts_empty()
         state.start(node="b")
@@ -652,7 +652,7 @@ def test_an_anchor_left_by_a_leader_that_knew_of_no_loss_is_not_taken_for_a_sett
     try:
         state.step_down()
         state.backfill(ahead=4.0, back=20.0, entry="s2")
-        state.a_redis_call_fails(ahead=39, kind="late")
+        state.a_redis_call_fails(ahead=40, kind="late")
         state.crash(node="b")
         state.time_passes(seconds=12.0)
         state.time_passes(seconds=12.0)
@@ -743,7 +743,7 @@ def test_a_restore_between_two_calls_of_the_leader_is_not_sent_again_by_a_new_pr
         state.time_passes(seconds=0.5)
         state.time_passes(seconds=1.0)
         state.redis_snapshot()
-        state.a_redis_call_fails(ahead=19, kind="late")
+        state.a_redis_call_fails(ahead=18, kind="late")
         state.crash(node="a")
         state.step_down()
         state.time_passes(seconds=3.0)
