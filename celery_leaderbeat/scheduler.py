@@ -205,11 +205,7 @@ class Scheduler(ScheduleState, Sending, Trouble, Lifecycle, beat.Scheduler):
             # before the leader's tick sends what is due
             degraded = self._leader is not None and self._leader.outage is not None
             if not degraded:
-                # a standby looks at each try for the lease (and every STANDBY_EVERY while
-                # it may not try: a head start, a clock beyond max_clock_skew)
-                standby = self._standby
-                self._follow_changes(force=standby is not None and self._leader is None
-                                     and standby.attempt_due(time.monotonic()))
+                self._follow_changes()
             self._watch_wall_clock()
             delay = self._tick_role(node)
             if not degraded:

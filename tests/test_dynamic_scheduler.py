@@ -277,8 +277,11 @@ def test_a_storm_of_saves_wakes_no_standby_and_it_still_follows_the_last_within_
         subscription = second._standby._pubsub  # made at its first wait
         read = subscription.next
         heard: list[str] = []
+        waits = 0
 
         def reading(timeout: float) -> str | None:
+            nonlocal waits
+            waits += 1
             data = read(timeout)
             if data is not None:
                 heard.append(data)
@@ -297,6 +300,8 @@ def test_a_storm_of_saves_wakes_no_standby_and_it_still_follows_the_last_within_
                 assert time.monotonic() - saved_at < 1.0, "the last save not followed within 1 s"
                 second.tick()
         seconds = saved_at - saves[0][1]
+        assert second._standby._pubsub is subscription and waits >= ticks, \
+            "the standby waited on another subscription than the one watched"
         assert heard == [], f"the standby read {len(heard)} events in a storm of saves"
         # one tick per try for the lease, with room for the ticks around the storm's ends
         assert ticks <= seconds / STANDBY_EVERY + 2, f"{ticks} ticks in {seconds:.1f} s"

@@ -68,7 +68,7 @@ def test_a_released_lease_wakes_a_subscriber(conninfo: str) -> None:
 def test_each_app_hears_only_its_own_events(conninfo: str, place: Place) -> None:
     other = Place(place.pool, place.schema, "other")
     mine = PostgresEvents(place).subscribe()
-    PostgresEvents(other).publish("request")
+    PostgresEvents(other).publish("released")
     PostgresEvents(place).publish("request")
     assert mine.next(10) == "request"
     mine.close()

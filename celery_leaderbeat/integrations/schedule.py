@@ -7,6 +7,7 @@ only those (an older version means a full reload).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Collection, Mapping
 from datetime import tzinfo
 from typing import Any
@@ -119,9 +120,16 @@ class ScheduleState(Attributes):
 
     def _follow_changes(self, *, force: bool = False) -> None:
         """Run-time entries that changed go into the schedule, under a new version (looked
-        at every POLL on the leader, every STANDBY_EVERY on a standby, now with ``force``)."""
+        at every POLL on the leader; on a standby at each try for the lease, and every
+        STANDBY_EVERY while it may not try: a head start, a clock beyond max_clock_skew;
+        now with ``force``)."""
         if self._dynamic is not None:
-            every = POLL if self._leader is not None else STANDBY_EVERY
+            if self._leader is not None:
+                every = POLL
+            else:
+                every = STANDBY_EVERY
+                force = force or (self._standby is not None
+                                  and self._standby.attempt_due(time.monotonic()))
             touched = self._dynamic.refresh(force=force, every=every)
             if touched:  # the roles update only what changed
                 self._schedule_version += 1
